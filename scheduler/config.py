@@ -1,0 +1,75 @@
+"""Engine arguments as the user gives them; derived sizes are computed, never written back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What `Engine.from_pretrained(path, **engine_args)` accepts.
+
+    None means "choose for this machine": device cuda if available else cpu; dtype bf16 on CUDA,
+    fp32 on CPU; attention_backend triton on CUDA, torch on CPU; kv_cache_memory 1 GiB on CPU,
+    80% of free memory after loading on CUDA; max_model_len the model's limit, capped by what the
+    KV cache holds.
+    """
+
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    block_size: int = 16
+    kv_cache_memory: int | None = None  # bytes
+    max_model_len: int | None = None
+    dtype: str | torch.dtype | None = None
+    device: str | None = None
+    attention_backend: str | None = None  # "torch" | "triton"
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority"
+    trace: bool = False  # record every step for the schedule picture
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be > 0 bytes, got {self.kv_cache_memory}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.attention_backend not in (None, "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'torch' or 'triton', got {self.attention_backend!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        self.resolved_dtype()  # validates
+
+    def resolved_device(self) -> torch.device:
+        if self.device is not None:
+            return torch.device(self.device)
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def resolved_dtype(self) -> torch.dtype:
+        if isinstance(self.dtype, torch.dtype):
+            return self.dtype
+        if self.dtype in (None, "auto"):
+            return torch.bfloat16 if self.resolved_device().type == "cuda" else torch.float32
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        return _DTYPES[self.dtype]
+
+    def resolved_backend(self) -> str:
+        if self.attention_backend is not None:
+            return self.attention_backend
+        return "triton" if self.resolved_device().type == "cuda" else "torch"

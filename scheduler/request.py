@@ -1,0 +1,79 @@
+"""A request's scheduling state, owned by the engine thread."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+import torch
+
+from .outputs import RequestTimes
+from .sampling_params import SamplingParams
+
+_arrival_counter = itertools.count()
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Request:
+    """Tokens, progress and KV ownership of one request.
+
+    `num_computed_tokens` counts tokens whose K/V are in the cache. A step schedules some of the
+    remaining `num_tokens - num_computed_tokens`; when that catches up with `num_tokens`, the step
+    samples a new token. Prefill, chunked prefill, decode and recompute after preemption are all
+    this one rule.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        eos_token_ids: frozenset[int] = frozenset(),
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.params = params
+        self.priority = priority
+        self.arrival_seq = next(_arrival_counter)  # FCFS tie-break, stable under equal times
+        self.times = RequestTimes(arrival=arrival_time)
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None
+        self.stop_token_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else eos_token_ids
+        )
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def append_token(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def sort_key(self, by_priority: bool) -> tuple[int, int]:
+        """Smaller runs first; the largest is the first to be preempted."""
+        return (self.priority if by_priority else 0, self.arrival_seq)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, "
+            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,0 +1,76 @@
+"""One batched sampler for all requests that sample in a step, each with its own parameters."""
+
+from __future__ import annotations
+
+import torch
+
+from .request import Request
+
+
+def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
+    """Repetition (over prompt and output, HF semantics), presence and frequency (output only)."""
+    vocab = logits.shape[1]
+    for i, req in enumerate(reqs):
+        p = req.params
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(req.all_token_ids)), dtype=torch.long, device=logits.device)
+            vals = logits[i, seen]
+            logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and req.output_token_ids:
+            out = torch.tensor(req.output_token_ids, dtype=torch.long, device=logits.device)
+            counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits.dtype)  # [V]
+            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def _filter(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+    """top-k, top-p and min-p on temperature-scaled logits; filtered entries become -inf."""
+    top_k = [r.params.top_k if r.params.top_k > 0 else logits.shape[1] for r in reqs]
+    top_p = [r.params.top_p for r in reqs]
+    min_p = [r.params.min_p for r in reqs]
+    dev = logits.device
+    if any(p > 0 for p in min_p):
+        probs = logits.softmax(-1)
+        floor = torch.tensor(min_p, device=dev)[:, None] * probs.max(-1, keepdim=True).values
+        logits = logits.masked_fill(probs < floor, float("-inf"))
+    if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
+        sorted_logits, order = logits.sort(-1, descending=True)  # [S, V]
+        rank = torch.arange(logits.shape[1], device=dev)[None]
+        drop = rank >= torch.tensor(top_k, device=dev)[:, None]
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # keep a token while the mass before it is below top_p; the top token always stays
+        drop |= (cum - sorted_logits.softmax(-1)) >= torch.tensor(top_p, device=dev)[:, None]
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    return logits
+
+
+class Sampler:
+    """Greedy rows take the argmax; the rest sample by the exponential race.
+
+    argmax(p / E) with E ~ Exp(1) draws from p. A seeded request draws its E from its own
+    generator, so its tokens do not depend on the other requests in the batch.
+    """
+
+    def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        # logits [S, V] fp32
+        if not reqs:
+            return []
+        if any(
+            r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
+            for r in reqs
+        ):
+            logits = logits.clone()
+            _apply_penalties(logits, reqs)
+        greedy = logits.argmax(-1)
+        if all(r.params.greedy for r in reqs):
+            return greedy.tolist()
+
+        temps = torch.tensor([r.params.temperature or 1.0 for r in reqs], device=logits.device)
+        probs = _filter(logits / temps[:, None], reqs).softmax(-1)  # [S, V]
+        noise = torch.empty_like(probs)
+        for i, req in enumerate(reqs):
+            noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()
+        sampled = (probs / noise).argmax(-1)
+        is_greedy = torch.tensor([r.params.greedy for r in reqs], device=logits.device)
+        return torch.where(is_greedy, greedy, sampled).tolist()

@@ -1,0 +1,159 @@
+"""ORCA iteration-level scheduling under a token budget, with preemption by recomputation."""
+
+from __future__ import annotations
+
+import bisect
+import time
+from dataclasses import dataclass, field
+
+from .kv_cache_manager import KVCacheManager
+from .request import Request, RequestStatus
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's batch: which requests run and how many of their tokens each feeds."""
+
+    # request -> tokens to compute this step, in batch order
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, Request] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+
+class Scheduler:
+    """Chooses the batch of every step; the engine thread is its only caller.
+
+    Each step: running decodes first (one token each, so new arrivals never stall them), then
+    running requests that are still catching up (chunked prefill, recomputation), then waiting
+    requests in policy order, until `max_num_batched_tokens` or `max_num_seqs` is reached. A long
+    prompt takes what budget is left and continues next step. When the KV pool is empty the newest
+    (or, under the priority policy, the lowest-priority) running request is preempted: its blocks
+    are freed and it is recomputed later from its prompt and the tokens it already produced.
+    """
+
+    def __init__(
+        self,
+        kv_cache: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        policy: str = "fcfs",
+    ) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {policy!r}")
+        self.kv = kv_cache
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.by_priority = policy == "priority"
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []  # sorted by sort_key
+        self.running: list[Request] = []  # sorted by sort_key
+        self.num_preemptions = 0
+
+    # ---- queue maintenance -------------------------------------------------------------------
+    def _key(self, req: Request) -> tuple[int, int]:
+        return req.sort_key(self.by_priority)
+
+    def _insert(self, queue: list[Request], req: Request) -> None:
+        keys = [self._key(r) for r in queue]
+        queue.insert(bisect.bisect(keys, self._key(req)), req)
+
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
+        self._insert(self.waiting, req)
+
+    def finish_request(self, req: Request, reason: str) -> None:
+        """Remove a request for good and return its blocks."""
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req.status == RequestStatus.WAITING:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        self.requests.pop(req.request_id, None)
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._insert(self.waiting, req)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- the step ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+
+        def admit(req: Request, n: int) -> None:
+            nonlocal budget
+            out.num_scheduled_tokens[req.request_id] = n
+            out.requests[req.request_id] = req
+            budget -= n
+
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        catching_up = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + catching_up:
+            if budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate_slots(req, n):
+                victim = self.running[-1]
+                refund = out.num_scheduled_tokens.pop(victim.request_id, 0)
+                out.requests.pop(victim.request_id, None)
+                budget += refund
+                self._preempt(victim)
+                out.preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                admit(req, n)
+
+        # Admitting new work right after a preemption would only evict it again.
+        if not out.preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+                req = self.waiting[0]
+                n = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not self.kv.allocate_slots(req, n):
+                    break
+                self.waiting.pop(0)
+                req.status = RequestStatus.RUNNING
+                if req.times.first_scheduled is None:
+                    req.times.first_scheduled = time.time()
+                self._insert(self.running, req)
+                admit(req, n)
+        return out
+
+    def update_after_step(self, out: SchedulerOutput) -> list[Request]:
+        """Advance progress; returns the requests that sampled a token this step, in batch order."""
+        sampled = []
+        for rid, n in out.num_scheduled_tokens.items():
+            req = out.requests[rid]
+            req.num_computed_tokens += n
+            if req.num_computed_tokens == req.num_tokens:
+                sampled.append(req)
+        return sampled

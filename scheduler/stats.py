@@ -1,0 +1,80 @@
+"""Counters the engine keeps for metrics, and the per-step trace behind the schedule picture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kv_cache_manager import KVCacheManager
+from .request import Request
+from .scheduler import Scheduler, SchedulerOutput
+
+
+@dataclass
+class EngineStats:
+    """Running totals and last-step gauges; read by the serving loop after each step."""
+
+    num_blocks: int
+    num_steps: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_used: int = 0
+    last_step_tokens: int = 0
+    last_step_seconds: float = 0.0
+    num_preemptions: int = 0
+    num_aborted: int = 0
+    num_finished: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+
+    def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager, seconds: float) -> None:
+        self.num_steps += 1
+        self.num_running = scheduler.num_running
+        self.num_waiting = scheduler.num_waiting
+        self.kv_blocks_used = kv.pool.num_used
+        self.last_step_tokens = sched.total_tokens
+        self.last_step_seconds = seconds
+        self.num_preemptions = scheduler.num_preemptions
+
+    def record_finish(self, req: Request) -> None:
+        self.num_finished += 1
+        self.prompt_tokens += req.num_prompt_tokens
+        self.generation_tokens += len(req.output_token_ids)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.num_blocks
+
+
+@dataclass
+class StepTrace:
+    """What one iteration ran: per request, the tokens it fed and whether they were prefill."""
+
+    start: float
+    end: float
+    # request id -> (prefill tokens, decode tokens) this step
+    requests: dict[str, tuple[int, int]] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+    kv_blocks_used: int = 0
+    num_waiting: int = 0
+
+    @classmethod
+    def of(cls, sched: SchedulerOutput, kv: KVCacheManager, start: float, end: float, scheduler: Scheduler) -> "StepTrace":
+        rows = {}
+        for rid, n in sched.num_scheduled_tokens.items():
+            req = sched.requests[rid]
+            # After the step, a request fed a decode token iff it had exactly one token to catch up
+            # and that token was one it generated itself.
+            computed_before = req.num_computed_tokens - n
+            decode = n == 1 and computed_before >= req.num_prompt_tokens
+            rows[rid] = (0, 1) if decode else (n, 0)
+        return cls(start, end, rows, list(sched.preempted), kv.pool.num_used, scheduler.num_waiting)
+
+    def to_dict(self) -> dict:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "requests": {k: list(v) for k, v in self.requests.items()},
+            "preempted": self.preempted,
+            "kv_blocks_used": self.kv_blocks_used,
+            "num_waiting": self.num_waiting,
+        }
