@@ -63,10 +63,19 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str, **engine_args) -> "Engine":
-        """Load `path` (HF directory or .gguf file) and size the KV cache from the budget."""
+        """Load `path` (HF directory or .gguf file) and build an engine for it."""
         config = EngineConfig(**engine_args)
+        model, tokenizer = load_model_and_tokenizer(path, config.resolved_dtype(), config.resolved_device())
+        return cls.from_model(model, tokenizer, config)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None, **engine_args) -> "Engine":
+        """Build an engine around a loaded transformers model (moved to the config's device and
+        dtype), sizing the KV cache from `kv_cache_memory`. The engine takes over the model: its
+        attention is routed through the paged cache from now on."""
+        config = config or EngineConfig(**engine_args)
         device, dtype = config.resolved_device(), config.resolved_dtype()
-        model, tokenizer = load_model_and_tokenizer(path, dtype, device)
+        model.to(device=device, dtype=dtype).eval()
         layers, n_kv, head_dim = _model_dims(model.config)
         budget = config.kv_cache_memory
         if budget is None:
@@ -97,8 +106,8 @@ class Engine:
             ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
         else:
             ids = list(prompt)
-            if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
-                raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         if not ids:
             raise ValueError("prompt is empty")
         if len(ids) >= self.max_model_len:
@@ -192,8 +201,13 @@ class Engine:
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
         ids = [f"generate-{next(self._ids)}" for _ in prompts]
-        for rid, prompt, p in zip(ids, prompts, params):
-            self.add_request(rid, prompt, p)
+        try:
+            for rid, prompt, p in zip(ids, prompts, params):
+                self.add_request(rid, prompt, p)
+        except ValueError:
+            for rid in ids:
+                self.abort(rid)
+            raise
         final: dict[str, RequestOutput] = {}
         while len(final) < len(ids):
             for out in self.step():
