@@ -14,7 +14,9 @@ cache block size, so any power-of-two block_size works (one table lookup per key
 
 Tile configurations (`select_config`):
     decode  (max_seqlen_q * G <= 16): BLOCK_M = max(16, next_pow2(G)), TILE_N = 64, 4 warps
-    prefill (otherwise):              BLOCK_M = max(64, next_pow2(G)), TILE_N = 64, 4 warps
+    prefill (otherwise):              BLOCK_M = max(64, next_pow2(G)), TILE_N = 64, 8 warps
+    fp32 (the CPU path's dtype; exact "ieee" dots run on FMA units, so smaller tiles):
+                                      BLOCK_M = 16 / 32 (decode / prefill), TILE_N = 32, 4 warps
 BLOCK_M >= 16 and TILE_N >= 16 keep every tl.dot legal on sm_80 / sm_90.
 
 Split-K heuristic (`choose_num_splits`): the unified grid has P = (T // BLOCK_Q + B) * H_kv
@@ -109,12 +111,16 @@ def _unified_attention_kernel(
     )
 
 
-def select_config(max_seqlen_q: int, num_queries_per_kv: int) -> dict:
+def select_config(max_seqlen_q: int, num_queries_per_kv: int, dtype=torch.float16) -> dict:
     """Tile sizes and launch options; see the module docstring."""
     g_pad = triton.next_power_of_2(num_queries_per_kv)
-    if max_seqlen_q * num_queries_per_kv <= 16:
+    decode = max_seqlen_q * num_queries_per_kv <= 16
+    if dtype == torch.float32:
+        # fp32 "ieee" dots run on FMA units and hold whole tiles in registers: small tiles.
+        return dict(block_m=max(16 if decode else 32, g_pad), tile_n=32, num_warps=4, num_stages=1)
+    if decode:
         return dict(block_m=max(16, g_pad), tile_n=64, num_warps=4, num_stages=2)
-    return dict(block_m=max(64, g_pad), tile_n=64, num_warps=4, num_stages=2)
+    return dict(block_m=max(64, g_pad), tile_n=64, num_warps=8, num_stages=2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -136,11 +142,12 @@ def choose_num_splits(
     max_seqlen_q: int,
     max_seqlen_k: int,
     sms: int = DEFAULT_NUM_SMS,
+    dtype: torch.dtype = torch.float16,
 ) -> int:
     """Number of key splits for a step (1 = unified kernel); see the module docstring."""
     if max_seqlen_k < SPLIT_MIN_CONTEXT:
         return 1
-    block_q = select_config(max_seqlen_q, num_queries_per_kv)["block_m"] // num_queries_per_kv
+    block_q = select_config(max_seqlen_q, num_queries_per_kv, dtype)["block_m"] // num_queries_per_kv
     programs = (num_tokens // block_q + num_seqs) * num_kv_heads
     if programs >= sms:
         return 1
@@ -215,8 +222,10 @@ def unified_attention(
     if num_splits is None:
         if max_seqlen_k is None:
             max_seqlen_k = int(seq_lens.max())
-        num_splits = choose_num_splits(t, b, n_kv, g, max_seqlen_q, max_seqlen_k, num_sms(q.device))
-    cfg = select_config(max_seqlen_q, g)
+        num_splits = choose_num_splits(
+            t, b, n_kv, g, max_seqlen_q, max_seqlen_k, num_sms(q.device), q.dtype
+        )
+    cfg = select_config(max_seqlen_q, g, q.dtype)
     if num_splits > 1:
         launch_split_k(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, o,
                        num_splits, **cfg)

@@ -19,7 +19,7 @@ import triton.language as tl
 
 # Finite stand-in for -inf as the running max: a row that sees no key in a tile (causal mask, or a
 # padding row) then gives exp2(-inf - NEG_BIG) = 0 instead of exp2(-inf + inf) = NaN.
-NEG_BIG = -1.0e30
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit

@@ -1,0 +1,210 @@
+"""Compile every Triton kernel configuration for sm_80 and sm_90 without a GPU.
+
+    python -m orcaserve.kernels.compile_check            # full matrix, table on stdout
+    python -m orcaserve.kernels.compile_check --quick    # one representative row per kernel/target
+    python -m orcaserve.kernels.compile_check --jobs 4 --arch 90
+
+Each kernel x dtype (fp32/fp16/bf16) x head dim (64/80/96/128) x tile configuration (the ones
+`triton_attention.select_config` and the store/reduce launchers use) is built with
+`triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`, which runs Triton's
+bundled ptxas. Registers and spill bytes come from the `ptxas -v` log (TRITON_DUMP_PTXAS_LOG;
+CompiledKernel only learns n_regs/n_spills when a driver loads the binary), shared memory from
+`metadata.shared`. Exit status 1 on any compile error, so CI fails; spills are reported, not
+failed, because they cost speed, not correctness.
+
+The interpreter (TRITON_INTERPRET=1) would skip codegen entirely, so it is removed from the
+environment before Triton is imported; if Triton kernels were already defined in interpreted mode
+in this process, the check re-runs itself in a clean subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence 3.9's deprecation warning
+# A fresh cache: a cache hit would skip ptxas and leave no register report.
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="orcaserve-compile-check-")
+
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+HEAD_DIMS = (64, 80, 96, 128)
+ARCHS = (80, 90)
+
+
+def _configs() -> list[tuple[str, str, dict, dict, str]]:
+    """(kernel, label, constexprs without head dim, launch options, dtype) as the launchers use."""
+    from .triton_attention import select_config
+    from .triton_store_kv import BLOCK_T
+
+    import torch
+
+    out = []
+    for dtype in DTYPES:
+        for label, max_q in (("decode", 1), ("prefill", 64)):
+            cfg = select_config(max_q, 4, getattr(torch, DTYPES[dtype]))
+            opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            tiles = dict(BLOCK_M=cfg["block_m"], TILE_N=cfg["tile_n"])
+            name = f"{label} M{cfg['block_m']} N{cfg['tile_n']}"
+            out.append(("unified", name, tiles, opts, dtype))
+            out.append(("split_k", name, tiles, opts, dtype))
+        out.append(("reduce", "-", {}, dict(num_warps=0), dtype))  # 0: chosen like the launcher
+        out.append(("store_kv", f"T{BLOCK_T}", dict(BLOCK_T=BLOCK_T), dict(num_warps=0), dtype))
+    return out
+
+
+def _kernel(name: str):
+    from . import triton_attention, triton_split_k, triton_store_kv
+
+    return {
+        "unified": triton_attention._unified_attention_kernel,
+        "split_k": triton_split_k._split_k_kernel,
+        "reduce": triton_split_k._reduce_splits_kernel,
+        "store_kv": triton_store_kv._store_kv_kernel,
+    }[name]
+
+
+def _signature(fn, dtype: str):
+    """Types as the runtime would specialise them: 16-aligned pointers, strides divisible by 16
+    (true for every supported head dim), unit head-dim strides turned into constants."""
+    sig, attrs, consts = {}, {}, {}
+    for i, p in enumerate(fn.params):
+        n = p.name
+        if p.is_constexpr:
+            sig[n] = "constexpr"
+        elif n in ("stride_kd", "stride_vd"):
+            sig[n] = "constexpr"
+            consts[n] = 1
+        elif n in ("cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr"):
+            sig[n] = "*i32"
+        elif n == "slot_mapping_ptr":
+            sig[n] = "*i64"
+        elif n.endswith("_ws_ptr"):
+            sig[n] = "*fp32"
+        elif n.endswith("_ptr"):
+            sig[n] = "*" + dtype
+        elif n == "scale_log2":
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+        if n.endswith("_ptr") or n.startswith("stride") or n == "block_size":
+            if sig[n] != "constexpr":
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs, consts
+
+
+_LOG_RE = {
+    "regs": re.compile(r"Used (\d+) registers"),
+    "spill_st": re.compile(r"(\d+) bytes spill stores"),
+    "spill_ld": re.compile(r"(\d+) bytes spill loads"),
+}
+
+
+def compile_one(job: tuple) -> dict:
+    kernel, label, tiles, opts, dtype, head_dim, arch = job
+    import triton
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+
+    fn = _kernel(kernel)
+    sig, attrs, consts = _signature(fn, dtype)
+    d_pad = triton.next_power_of_2(head_dim)
+    consts.update(tiles, HEAD_DIM=head_dim, D_PAD=d_pad)
+    opts = dict(opts)
+    if opts.get("num_warps") == 0:
+        opts["num_warps"] = (1 if d_pad <= 64 else 2) if kernel == "reduce" else (4 if head_dim > 64 else 2)
+    row = dict(kernel=kernel, config=label, dtype=dtype, head_dim=head_dim, arch=f"sm_{arch}",
+               warps=opts["num_warps"], stages=opts.get("num_stages", 3))
+    knobs.nvidia.dump_ptxas_log = True
+    log = io.StringIO()
+    t0 = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(log):
+            c = triton.compile(
+                triton.compiler.ASTSource(fn, sig, consts, attrs),
+                target=GPUTarget("cuda", arch, 32), options=opts,
+            )
+    except Exception as e:  # noqa: BLE001 - every failure must end up in the table
+        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
+        return row
+    row["seconds"] = time.perf_counter() - t0
+    text = log.getvalue()
+    for key, rx in _LOG_RE.items():
+        m = rx.search(text)
+        row[key] = int(m.group(1)) if m else -1
+    row["smem"] = c.metadata.shared
+    return row
+
+
+def _jobs(quick: bool, archs, kernels=None, dtypes=None) -> list[tuple]:
+    jobs = []
+    for kernel, label, tiles, opts, dtype in _configs():
+        if kernels and kernel not in kernels or dtypes and dtype not in dtypes:
+            continue
+        for d in HEAD_DIMS:
+            if quick and (dtype, d) not in (("bf16", 80), ("fp16", 128)):
+                continue
+            if quick and kernel in ("reduce", "store_kv") and dtype != "bf16":
+                continue
+            jobs.extend((kernel, label, tiles, opts, dtype, d, arch) for arch in archs)
+    return jobs
+
+
+def _interpreted() -> bool:
+    from triton.runtime.jit import JITFunction
+
+    return not isinstance(_kernel("unified"), JITFunction)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="representative subset only")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--arch", type=int, action="append", choices=ARCHS, help="default: 80 and 90")
+    ap.add_argument("--kernel", action="append", choices=("unified", "split_k", "reduce", "store_kv"))
+    ap.add_argument("--dtype", action="append", choices=tuple(DTYPES))
+    args = ap.parse_args(argv)
+    if _interpreted():
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        cmd = [sys.executable, "-m", "orcaserve.kernels.compile_check", *(argv or sys.argv[1:])]
+        return subprocess.call(cmd, env=env)
+
+    jobs = _jobs(args.quick, tuple(args.arch or ARCHS), args.kernel, args.dtype)
+    t0 = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(compile_one, jobs))
+    else:
+        rows = [compile_one(j) for j in jobs]
+    wall = time.perf_counter() - t0
+
+    hdr = f"{'kernel':<9} {'config':<17} {'dtype':<5} {'D':>4} {'arch':<6} {'warps':>5} " \
+          f"{'stages':>6} {'regs':>5} {'smem B':>7} {'spill st/ld B':>14} {'compile s':>9}"
+    print(hdr)
+    print("-" * len(hdr))
+    errors = spilled = 0
+    for r in rows:
+        head = f"{r['kernel']:<9} {r['config']:<17} {r['dtype']:<5} {r['head_dim']:>4} {r['arch']:<6} " \
+               f"{r['warps']:>5} {r['stages']:>6}"
+        if "error" in r:
+            errors += 1
+            print(f"{head} COMPILE ERROR {r['error']}")
+            continue
+        spilled += r["spill_st"] > 0 or r["spill_ld"] > 0
+        spill = f"{r['spill_st']}/{r['spill_ld']}"
+        print(f"{head} {r['regs']:>5} {r['smem']:>7} {spill:>14} {r['seconds']:>9.2f}")
+    print(f"\n{len(rows)} configurations, {errors} compile errors, {spilled} with register spills, "
+          f"{wall:.1f} s wall with {args.jobs} jobs")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
