@@ -1,0 +1,328 @@
+"""Request-level batching baseline: what TorchServe users run today.
+
+TorchServe's own dynamic batching (`batchSize`, `maxBatchDelay` in model-config.yaml, default
+worker mode) hands this handler a batch of up to `batchSize` requests; the handler left-pads the
+prompts, runs one transformers `generate()` on the padded batch with
+`max_new_tokens = max(max_tokens over the batch)`, cuts each output to its own `max_tokens`, and
+answers every request when the whole batch is done. Nothing joins a running batch and nothing
+leaves it early: that is the cost ORCA's iteration-level scheduling removes.
+
+Same request JSON and response shapes as the orcaserve handler (it reuses
+`orcaserve.handler.protocol`): `POST /predictions/{model}/1.0/v1/completions` (and
+`v1/chat/completions`) with `prompt` (text or token ids), `max_tokens`, `temperature`, `top_p`,
+`top_k`, `stop`, `ignore_eos`, `stream`, `stream_options`. `stream: true` gets Server-Sent
+Events, all sent when the batch finishes (time to first token = end-to-end latency).
+Not supported here (400): `min_p`, repetition/presence/frequency penalties, `stop_token_ids`.
+`seed`, `priority` and `timeout` are accepted and ignored.
+
+Build the archive (model name `smollm2-baseline`, directory `model-store/smollm2-baseline/`):
+
+    python -m orcaserve.handler.baseline_handler --archive --export-path model-store
+    python -m orcaserve.handler.baseline_handler --archive --batch-size 16 --max-batch-delay 50
+
+See docs/benchmark-serving.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIG_TEMPLATE = os.path.join(HERE, "baseline-model-config.yaml")
+DEFAULT_NAME = "smollm2-baseline"
+_PHRASES = {400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
+_UNSUPPORTED = (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
+
+
+def _row_sampler(temps: list[float], top_ks: list[int], top_ps: list[float]):
+    """A logits processor applying each row's own temperature / top-k / top-p (0 = greedy row).
+
+    Built inside a function so that this module defines exactly one class (TorchServe loads the
+    single class of a handler file).
+    """
+    import torch
+    from transformers import LogitsProcessor
+
+    class RowSampler(LogitsProcessor):
+        def __call__(self, input_ids, scores):  # noqa: ARG002
+            scores = scores.float()
+            out = torch.empty_like(scores)
+            for i, (t, k, p) in enumerate(zip(temps, top_ks, top_ps)):
+                row = scores[i]
+                if t == 0.0:
+                    r = torch.full_like(row, -float("inf"))
+                    r[row.argmax()] = 0.0
+                    out[i] = r
+                    continue
+                row = row / t
+                if k > 0 and k < row.numel():
+                    kth = torch.topk(row, k).values[-1]
+                    row = row.masked_fill(row < kth, -float("inf"))
+                if p < 1.0:
+                    sorted_logits, idx = torch.sort(row, descending=True)
+                    cum = torch.softmax(sorted_logits, -1).cumsum(-1)
+                    drop = cum - torch.softmax(sorted_logits, -1) > p  # keep the token crossing p
+                    row = row.clone()
+                    row[idx[drop]] = -float("inf")
+                out[i] = row
+            return out
+
+    return RowSampler()
+
+
+class BaselineHandler:
+    """TorchServe handler (default worker mode): one padded `generate()` per TorchServe batch."""
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.model = None
+        self.tokenizer = None
+        self.model_name = DEFAULT_NAME
+        self.max_model_len = 2048
+        self.default_max_tokens: int | None = None
+        self.batches = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def initialize(self, context: Any) -> None:
+        import torch
+
+        from orcaserve.scheduler.loader import default_model_path, load_model_and_tokenizer
+
+        cfg = dict((getattr(context, "model_yaml_config", None) or {}).get("handler") or {})
+        path = cfg.get("model_path") or "default"
+        model_dir = (getattr(context, "system_properties", None) or {}).get("model_dir")
+        if path == "default":
+            path = default_model_path()
+        elif not os.path.isabs(path) and model_dir:
+            path = os.path.join(model_dir, path)
+        threads = cfg.get("torch_threads")
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.model, self.tokenizer = load_model_and_tokenizer(path, torch.float32, torch.device("cpu"))
+        self.tokenizer.padding_side = "left"
+        self.pad_id = self.tokenizer.pad_token_id
+        if self.pad_id is None:
+            self.pad_id = self.tokenizer.eos_token_id
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        self.eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
+        limit = getattr(self.model.config, "max_position_embeddings", None) or 2048
+        self.max_model_len = int(cfg.get("max_model_len") or limit)
+        self.default_max_tokens = cfg.get("default_max_tokens")
+        self.model_name = cfg.get("served_model_name") or getattr(context, "model_name", None) or DEFAULT_NAME
+        self.initialized = True
+        log.info("baseline handler ready: %s, max_model_len %d", path, self.max_model_len)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def _render_chat(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def _parse(self, item: dict, idx: int, context: Any):
+        from orcaserve.handler.protocol import ProtocolError, decode_body, parse_request, route
+
+        kind = route(context.get_request_header(idx, "url_path"))
+        raw = item.get("body") if item.get("body") is not None else item.get("data")
+        if raw is None:
+            raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
+        req = parse_request(decode_body(raw), kind, self._render_chat, None, self.default_max_tokens)
+        p = req.params
+        for name, neutral in _UNSUPPORTED:
+            if getattr(p, name) != neutral:
+                raise ProtocolError(f"{name} is not supported by the request-level baseline", name)
+        if p.stop_token_ids:
+            raise ProtocolError("stop_token_ids is not supported by the request-level baseline", "stop_token_ids")
+        if isinstance(req.prompt, str):
+            ids = self.tokenizer.encode(req.prompt, add_special_tokens=False)
+        else:
+            ids = list(req.prompt)
+            vocab = self.model.config.vocab_size
+            if any(not 0 <= t < vocab for t in ids):
+                raise ProtocolError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
+        if not ids:
+            raise ProtocolError("prompt is empty", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise ProtocolError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}", "prompt")
+        # Like the engine: generation stops at the context limit.
+        p.max_tokens = min(p.max_tokens, self.max_model_len - len(ids))
+        return req, ids
+
+    def handle(self, data: list, context: Any) -> list:
+        from orcaserve.handler.protocol import ProtocolError, error_body
+
+        received = time.time()
+        out: list = [None] * len(data)
+        jobs = []
+        for i, item in enumerate(data):
+            try:
+                req, ids = self._parse(item if isinstance(item, dict) else {}, i, context)
+                jobs.append((i, req, ids))
+            except ProtocolError as e:
+                out[i] = self._error(context, i, e.status, e.body())
+            except Exception as e:  # one bad request must not fail its batch
+                log.exception("parsing request %d failed", i)
+                out[i] = self._error(context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}",
+                                                                  None, "server_error"))
+        if jobs:
+            try:
+                results = self._generate([(req, ids) for _, req, ids in jobs])
+            except Exception as e:
+                log.exception("batch generation failed")
+                for i, _, _ in jobs:
+                    out[i] = self._error(context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}",
+                                                                      None, "server_error"))
+                return out
+            finished = time.time()
+            self.batches += 1
+            batch = {"id": self.batches, "size": len(jobs), "received": received, "start": results["start"],
+                     "end": finished, "max_new_tokens": results["max_new_tokens"],
+                     "padded_prompt_len": results["padded_len"]}
+            for (i, req, ids), (text, reason, n) in zip(jobs, results["rows"]):
+                out[i] = self._respond(context, i, req, len(ids), text, reason, n, batch)
+        return out
+
+    def _generate(self, batch: list) -> dict:
+        """One padded `generate()` for the whole batch; per-row (text, finish_reason, tokens)."""
+        import torch
+
+        n_new = max(req.params.max_tokens for req, _ in batch)
+        width = max(len(ids) for _, ids in batch)
+        input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for _, ids in batch])
+        mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch])
+        params = [req.params for req, _ in batch]
+        gc = copy.deepcopy(self.model.generation_config)
+        gc.max_new_tokens = n_new
+        gc.min_new_tokens = None
+        gc.pad_token_id = self.pad_id
+        # EOS may end the batch early only if no request in it ignores EOS.
+        gc.eos_token_id = None if any(p.ignore_eos for p in params) else sorted(self.eos_ids) or None
+        gc.temperature, gc.top_k, gc.top_p = None, None, None
+        kwargs: dict = {}
+        if all(p.greedy for p in params):
+            gc.do_sample = False
+        else:
+            gc.do_sample = True
+            kwargs["logits_processor"] = [_row_sampler([p.temperature for p in params], [p.top_k for p in params],
+                                                       [p.top_p for p in params])]
+        start = time.time()
+        with torch.inference_mode():
+            seqs = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gc, **kwargs)
+        rows = []
+        for (req, _), gen in zip(batch, seqs[:, width:].tolist()):
+            p = req.params
+            toks, reason = gen[: p.max_tokens], "length"
+            if not p.ignore_eos:
+                for j, t in enumerate(toks):
+                    if t in self.eos_ids:
+                        toks, reason = toks[:j], "stop"
+                        break
+            text = self.tokenizer.decode(toks, skip_special_tokens=True)
+            if p.stop:
+                cut = min((text.find(s) for s in p.stop if s in text), default=-1)
+                if cut >= 0:
+                    text, reason = text[:cut], "stop"
+            if reason == "length" and len(toks) < p.max_tokens:
+                reason = "stop"
+            rows.append((text, reason, len(toks)))
+        return {"rows": rows, "start": start, "max_new_tokens": n_new, "padded_len": width}
+
+    # ---- responses ---------------------------------------------------------------------------
+    def _respond(self, context: Any, idx: int, req, n_prompt: int, text: str, reason: str, n_out: int,
+                 batch: dict) -> str:
+        from orcaserve.handler.protocol import CHAT, SSE_DONE, final_response, sse, stream_chunk
+
+        rid = (context.get_request_id(idx) if hasattr(context, "get_request_id") else None) or f"req-{time.time_ns()}"
+        kind = req.kind
+        if not req.stream:
+            context.set_response_content_type(idx, "application/json")
+            body = final_response(kind, rid, self.model_name, text, reason, n_prompt, n_out)
+            body["baseline_batch"] = batch  # extra key: lets the benchmark draw the batches
+            return json.dumps(body)
+        created = int(time.time())
+        context.set_response_content_type(idx, "text/event-stream")
+        pieces = []
+        if kind == CHAT:
+            pieces.append(sse(stream_chunk(kind, rid, self.model_name, created, text="", role=True)))
+        if text:
+            pieces.append(sse(stream_chunk(kind, rid, self.model_name, created, text=text)))
+        last = stream_chunk(kind, rid, self.model_name, created, text=None if kind == CHAT else "", finish_reason=reason)
+        last["baseline_batch"] = batch
+        pieces.append(sse(last))
+        if req.include_usage:
+            pieces.append(sse(stream_chunk(kind, rid, self.model_name, created, usage=(n_prompt, n_out))))
+        pieces.append(SSE_DONE)
+        return "".join(pieces)
+
+    @staticmethod
+    def _error(context: Any, idx: int, status: int, body: dict) -> str:
+        context.set_response_status(status, _PHRASES.get(status, ""), idx)
+        context.set_response_content_type(idx, "application/json")
+        return json.dumps(body)
+
+
+# ---- archive ---------------------------------------------------------------------------------
+def build_archive(export_path: str = "model-store", name: str = DEFAULT_NAME, batch_size: int | None = None,
+                  max_batch_delay: int | None = None, model: str | None = None, fmt: str = "no-archive",
+                  force: bool = True) -> str:
+    """Write the baseline archive with torch-model-archiver; returns its path."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    import yaml
+
+    with open(CONFIG_TEMPLATE) as f:
+        config = yaml.safe_load(f)
+    if batch_size is not None:
+        config["batchSize"] = int(batch_size)
+    if max_batch_delay is not None:
+        config["maxBatchDelay"] = int(max_batch_delay)
+    if model is not None:
+        config.setdefault("handler", {})["model_path"] = model if model == "default" else os.path.abspath(model)
+    os.makedirs(export_path, exist_ok=True)
+    target = os.path.join(export_path, name + {"no-archive": "", "tgz": ".tar.gz"}.get(fmt, ".mar"))
+    if os.path.exists(target):
+        if not force:
+            raise FileExistsError(f"{target} exists")
+        shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
+    archiver = os.path.join(os.path.dirname(sys.executable), "torch-model-archiver")
+    if not os.path.exists(archiver):
+        archiver = "torch-model-archiver"
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg_path = os.path.join(tmp, "model-config.yaml")
+        with open(cfg_path, "w") as f:
+            f.write("# Generated by orcaserve.handler.baseline_handler --archive\n")
+            yaml.safe_dump(config, f, sort_keys=False)
+        subprocess.run([archiver, "--model-name", name, "--version", "1.0", "--handler", os.path.abspath(__file__),
+                        "--config-file", cfg_path, "--archive-format", fmt, "--export-path", export_path],
+                       check=True)
+    return target
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description="Build the request-level baseline TorchServe archive.")
+    p.add_argument("--archive", action="store_true", help="build the archive (the only action)")
+    p.add_argument("--export-path", default="model-store")
+    p.add_argument("--name", default=DEFAULT_NAME)
+    p.add_argument("--batch-size", type=int, default=None, help="override batchSize of baseline-model-config.yaml")
+    p.add_argument("--max-batch-delay", type=int, default=None, help="override maxBatchDelay (ms)")
+    p.add_argument("--model", default=None, help='HF directory or .gguf file; default: the bundled SmolLM2')
+    p.add_argument("--format", default="no-archive", choices=["no-archive", "default", "tgz"])
+    args = p.parse_args(argv)
+    if not args.archive:
+        p.error("nothing to do: pass --archive")
+    print(build_archive(args.export_path, args.name, args.batch_size, args.max_batch_delay, args.model, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

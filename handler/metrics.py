@@ -1,0 +1,116 @@
+"""Engine and request metrics, emitted through TorchServe's backend metrics.
+
+TorchServe's backend metrics are log lines (`[METRICS]name.unit:value|#dims|#type:...`) that the
+frontend parses and, with `metrics_mode=prometheus`, exposes at `:8082/metrics`. Emitting is a
+`logger.info` call, safe from any thread: gauges come from the engine loop thread (`on_step`),
+request latencies from the asyncio thread when a request finishes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ts.metrics.metric_type_enum import MetricTypes
+
+from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.outputs import RequestOutput
+
+H, G, C = MetricTypes.HISTOGRAM, MetricTypes.GAUGE, MetricTypes.COUNTER
+
+# name -> (unit, type, help). Latencies are histograms in seconds (Prometheus default buckets
+# span 5 ms .. 10 s); token counts per step would not fit those buckets, so they are counters.
+METRICS: dict[str, tuple[str, MetricTypes, str]] = {
+    "orca_time_to_first_token_seconds": ("s", H, "arrival to first generated token"),
+    "orca_time_per_output_token_seconds": ("s", H, "mean gap between output tokens of a request"),
+    "orca_queue_time_seconds": ("s", H, "arrival to first scheduling"),
+    "orca_e2e_latency_seconds": ("s", H, "arrival to finish"),
+    "orca_num_requests_running": ("count", G, "requests in the running batch"),
+    "orca_num_requests_waiting": ("count", G, "requests waiting to be scheduled"),
+    "orca_kv_blocks_used": ("count", G, "KV cache blocks in use"),
+    "orca_kv_cache_usage_ratio": ("ratio", G, "used / total KV blocks"),
+    "orca_step_tokens": ("count", G, "tokens fed in the last step"),
+    "orca_step_tokens_total": ("count", C, "tokens fed over all steps"),
+    "orca_steps_total": ("count", C, "engine steps"),
+    "orca_preemptions_total": ("count", C, "requests preempted (KV blocks reclaimed)"),
+    "orca_aborts_total": ("count", C, "requests aborted (deadline, shutdown, client)"),
+    "orca_generation_tokens_total": ("count", C, "tokens generated"),
+}
+
+DIMENSIONS = ["ModelName", "Level"]
+# Gauges are re-emitted at most this often while nothing changes, to keep the log volume sane.
+_GAUGE_PERIOD_S = 1.0
+
+
+class EngineMetrics:
+    """Publishes engine gauges/counters after each step and latencies per finished request."""
+
+    def __init__(self, metrics_cache: Any, model_name: str) -> None:
+        self._dims = [model_name, "Model"]
+        self._metrics = {}
+        for name, (unit, kind, _) in METRICS.items():
+            if metrics_cache is not None:
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+        self._lock = threading.Lock()  # on_step and request finish race on the counter baselines
+        self._last_gauges: tuple = ()
+        self._last_gauge_time = 0.0
+        self._counted = {"orca_preemptions_total": 0, "orca_aborts_total": 0, "orca_steps_total": 0,
+                         "orca_generation_tokens_total": 0, "orca_step_tokens_total": 0}
+        self._step_tokens = 0
+
+    def _emit(self, name: str, value: float) -> None:
+        metric = self._metrics.get(name)
+        if metric is not None:
+            metric.add_or_update(value, self._dims)
+
+    def on_step(self, engine: Engine) -> None:
+        """Engine-loop callback: on a change of the gauges (or periodically) emit them and the
+        counters' increments since the previous emission."""
+        s = engine.stats
+        with self._lock:
+            self._step_tokens += s.last_step_tokens
+            gauges = (s.num_running, s.num_waiting, s.kv_blocks_used, s.last_step_tokens)
+            now = time.monotonic()
+            if gauges == self._last_gauges and now - self._last_gauge_time < _GAUGE_PERIOD_S:
+                return
+            self._last_gauges, self._last_gauge_time = gauges, now
+            self._emit_deltas({"orca_preemptions_total": s.num_preemptions, "orca_aborts_total": s.num_aborted,
+                               "orca_steps_total": s.num_steps, "orca_generation_tokens_total": s.generation_tokens,
+                               "orca_step_tokens_total": self._step_tokens})
+            self._emit("orca_num_requests_running", s.num_running)
+            self._emit("orca_num_requests_waiting", s.num_waiting)
+            self._emit("orca_kv_blocks_used", s.kv_blocks_used)
+            self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
+            self._emit("orca_step_tokens", s.last_step_tokens)
+
+    def _emit_deltas(self, totals: dict[str, int]) -> None:
+        for name, total in totals.items():
+            delta = total - self._counted[name]
+            if delta > 0:
+                self._counted[name] = total
+                self._emit(name, delta)
+
+    def on_finish(self, out: RequestOutput, engine: Engine | None = None) -> None:
+        """Latencies of one finished request (aborts included: their queue time is real)."""
+        t = out.times
+        if t.first_scheduled is not None:
+            self._emit("orca_queue_time_seconds", max(0.0, t.first_scheduled - t.arrival))
+        if t.first_token is not None:
+            self._emit("orca_time_to_first_token_seconds", max(0.0, t.first_token - t.arrival))
+            if out.completion_tokens > 1 and t.finished is not None:
+                tpot = (t.finished - t.first_token) / (out.completion_tokens - 1)
+                self._emit("orca_time_per_output_token_seconds", max(0.0, tpot))
+        if t.finished is not None:
+            self._emit("orca_e2e_latency_seconds", max(0.0, t.finished - t.arrival))
+        if engine is not None and out.finish_reason == "abort":
+            # A deadline abort frees blocks without a step, so the step gauges are stale: read the
+            # live pool/scheduler sizes (plain ints; a racy read is at worst one step old).
+            with self._lock:
+                self._last_gauges = ()
+                self._emit_deltas({"orca_aborts_total": engine.stats.num_aborted})
+                used = engine.kv.pool.num_used
+                self._emit("orca_num_requests_running", engine.scheduler.num_running)
+                self._emit("orca_num_requests_waiting", engine.scheduler.num_waiting)
+                self._emit("orca_kv_blocks_used", used)
+                self._emit("orca_kv_cache_usage_ratio", round(used / engine.stats.num_blocks, 4))

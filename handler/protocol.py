@@ -1,0 +1,283 @@
+"""OpenAI-shaped request parsing and response shaping, independent of TorchServe.
+
+Parsing turns a decoded JSON body into a `ParsedRequest` (prompt + SamplingParams + serving
+options) or raises `ProtocolError` carrying the HTTP status and OpenAI error fields. Shaping turns
+engine outputs into `text_completion` / `chat.completion` objects and their streaming chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from orcaserve.scheduler.sampling_params import SamplingParams
+
+COMPLETIONS = "completions"
+CHAT = "chat"
+
+# Fields a client may send; anything else is an error naming the field (typos must not pass
+# silently: `max_token` would otherwise quietly generate 16 tokens).
+_COMMON = {
+    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
+    "frequency_penalty", "stream", "stream_options", "user", "n", "logit_bias",
+    # extensions
+    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "priority", "timeout",
+}
+_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
+_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+_ROLES = {"system", "user", "assistant", "developer"}
+
+
+class ProtocolError(Exception):
+    """A request the server refuses; becomes an OpenAI error body with `status`."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 type_: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type_
+
+    def body(self) -> dict:
+        return error_body(self.message, self.param, self.type)
+
+
+def error_body(message: str, param: str | None = None, type_: str = "invalid_request_error") -> dict:
+    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+
+
+@dataclass
+class ParsedRequest:
+    """Everything the handler needs to submit one request to the engine loop."""
+
+    kind: str  # COMPLETIONS | CHAT
+    prompt: str | list[int]  # chat: the rendered template text
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    priority: int = 0
+    timeout: float | None = None
+    model: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def route(url_path: str | None) -> str:
+    """Which API a URL suffix (TorchServe's `url_path` header) selects."""
+    path = (url_path or "").strip("/")
+    if path in ("", "v1/completions", "completions"):
+        return COMPLETIONS
+    if path in ("v1/chat/completions", "chat/completions"):
+        return CHAT
+    raise ProtocolError(f"unknown path {url_path!r}; use v1/completions or v1/chat/completions",
+                        None, 404, "not_found_error")
+
+
+def decode_body(raw: Any) -> dict:
+    """The JSON object of a request: TorchServe passes a dict for application/json, else bytes."""
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProtocolError("request body is not valid UTF-8") from None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else None
+        except json.JSONDecodeError as e:
+            raise ProtocolError(f"request body is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError("request body must be a JSON object")
+    return raw
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _expect(body: dict, name: str, check: Callable[[Any], bool], what: str) -> Any:
+    value = body.get(name)
+    if value is not None and not check(value):
+        raise ProtocolError(f"{name} must be {what}, got {value!r}", name)
+    return value
+
+
+def _parse_prompt(prompt: Any) -> str | list[int]:
+    # OpenAI also accepts a batch (list of strings / of token lists); one prompt per request here.
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ProtocolError("prompt is empty", "prompt")
+        return prompt
+    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        if not prompt:
+            raise ProtocolError("prompt is empty", "prompt")
+        return list(prompt)
+    raise ProtocolError("prompt must be a string or a list of token ids (one prompt per request)", "prompt")
+
+
+def _parse_messages(messages: Any) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ProtocolError("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            raise ProtocolError(f"messages[{i}] must be an object with role in {sorted(_ROLES)}", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is supported
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise ProtocolError(f"messages[{i}].content parts must be text parts", "messages")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise ProtocolError(f"messages[{i}].content must be a string", "messages")
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": content})
+    return out
+
+
+def parse_request(
+    body: dict,
+    kind: str,
+    render_chat: Callable[[list[dict]], str] | None = None,
+    default_timeout: float | None = None,
+    default_max_tokens: int | None = None,
+) -> ParsedRequest:
+    """Validate an OpenAI Completions / Chat Completions body; raises ProtocolError (400)."""
+    allowed = _COMPLETION_FIELDS if kind == COMPLETIONS else _CHAT_FIELDS
+    for key in body:
+        if key not in allowed:
+            raise ProtocolError(f"unknown field {key!r}", key)
+
+    if kind == COMPLETIONS:
+        if "prompt" not in body:
+            raise ProtocolError("prompt is required", "prompt")
+        prompt: str | list[int] = _parse_prompt(body["prompt"])
+        for name, ok in (("echo", (None, False)), ("logprobs", (None,)), ("best_of", (None, 1)), ("suffix", (None,))):
+            if body.get(name) not in ok:
+                raise ProtocolError(f"{name} is not supported", name)
+    else:
+        messages = _parse_messages(body.get("messages"))
+        for name, ok in (("logprobs", (None, False)), ("top_logprobs", (None,))):
+            if body.get(name) not in ok:
+                raise ProtocolError(f"{name} is not supported", name)
+        fmt = body.get("response_format")
+        if fmt is not None and fmt != {"type": "text"}:
+            raise ProtocolError("only response_format {'type': 'text'} is supported", "response_format")
+        assert render_chat is not None
+        try:
+            prompt = render_chat(messages)
+        except Exception as e:  # a template may refuse e.g. a role order
+            raise ProtocolError(f"messages could not be rendered by the chat template: {e}", "messages") from None
+
+    if body.get("n") not in (None, 1):
+        raise ProtocolError("only n=1 is supported", "n")
+    if body.get("logit_bias") not in (None, {}):
+        raise ProtocolError("logit_bias is not supported", "logit_bias")
+    _expect(body, "model", lambda v: isinstance(v, str), "a string")
+    _expect(body, "user", lambda v: isinstance(v, str), "a string")
+    stream = _expect(body, "stream", lambda v: isinstance(v, bool), "a boolean") or False
+    opts = _expect(body, "stream_options", lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
+                   and isinstance(v.get("include_usage", False), bool), "{'include_usage': bool}") or {}
+    if opts and not stream:
+        raise ProtocolError("stream_options needs stream: true", "stream_options")
+    priority = _expect(body, "priority", _is_int, "an integer") or 0
+    timeout = _expect(body, "timeout", lambda v: _is_number(v) and v > 0, "a positive number of seconds")
+    if timeout is None:
+        timeout = default_timeout
+
+    max_tokens = body.get("max_tokens")
+    if kind == CHAT and body.get("max_completion_tokens") is not None:
+        max_tokens, mt_name = body["max_completion_tokens"], "max_completion_tokens"
+    else:
+        mt_name = "max_tokens"
+    if max_tokens is None:
+        # OpenAI: 16 for completions; chat runs until EOS or the context is full.
+        max_tokens = default_max_tokens or (16 if kind == COMPLETIONS else 1 << 30)
+    elif not _is_int(max_tokens) or max_tokens < 1:
+        raise ProtocolError(f"{mt_name} must be a positive integer, got {max_tokens!r}", mt_name)
+
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
+
+    values = {"max_tokens": max_tokens, "stop": stop or []}
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "seed", "ignore_eos", "stop_token_ids"):
+        if body.get(name) is not None:
+            values[name] = body[name]
+    _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
+    try:
+        params = SamplingParams(**values)
+    except (ValueError, TypeError) as e:
+        name = str(e).split(" ", 1)[0]
+        raise ProtocolError(str(e), name if name in values else None) from None
+
+    return ParsedRequest(kind, prompt, params, stream, bool(opts.get("include_usage")), priority,
+                         timeout, body.get("model"))
+
+
+# ---- response shaping ------------------------------------------------------------------------
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def response_id(kind: str, request_id: str) -> str:
+    return ("cmpl-" if kind == COMPLETIONS else "chatcmpl-") + request_id
+
+
+def final_response(kind: str, request_id: str, model: str, text: str, finish_reason: str | None,
+                   prompt_tokens: int, completion_tokens: int, created: int | None = None) -> dict:
+    """The non-streamed `text_completion` or `chat.completion` object."""
+    created = created or int(time.time())
+    if kind == COMPLETIONS:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    else:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                  "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion"
+    return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
+            "choices": [choice], "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def stream_chunk(kind: str, request_id: str, model: str, created: int, text: str | None = None,
+                 finish_reason: str | None = None, role: bool = False, usage: tuple[int, int] | None = None) -> dict:
+    """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices)."""
+    obj = "text_completion" if kind == COMPLETIONS else "chat.completion.chunk"
+    chunk: dict = {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model}
+    if usage is not None:
+        chunk["choices"] = []
+        chunk["usage"] = _usage(*usage)
+        return chunk
+    if kind == COMPLETIONS:
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    else:
+        delta: dict = {}
+        if role:
+            delta["role"] = "assistant"
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    chunk["choices"] = [choice]
+    return chunk
+
+
+def sse(obj: dict | str) -> str:
+    """One Server-Sent Event carrying a JSON object (or the literal `[DONE]`)."""
+    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse("[DONE]")

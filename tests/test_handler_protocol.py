@@ -1,0 +1,241 @@
+"""Fast tests of the OpenAI protocol layer, handler config, archive config and the socket lock."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import pytest
+
+from orcaserve.handler import protocol as P
+from orcaserve.handler import socket_lock
+from orcaserve.handler.archive import model_config
+from orcaserve.handler.config import HandlerConfig, parse_bytes
+
+
+def render(messages):
+    return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+
+def parse(body, kind=P.COMPLETIONS, **kw):
+    return P.parse_request(body, kind, render, **kw)
+
+
+def test_route():
+    assert P.route(None) == P.route("") == P.route("/v1/completions") == P.COMPLETIONS
+    assert P.route("v1/chat/completions") == P.CHAT
+    with pytest.raises(P.ProtocolError) as e:
+        P.route("v1/embeddings")
+    assert e.value.status == 404
+
+
+@pytest.mark.parametrize("raw", [b'{"prompt": "hi"}', '{"prompt": "hi"}', {"prompt": "hi"}, bytearray(b'{"prompt":"hi"}')])
+def test_decode_body_forms(raw):
+    assert P.decode_body(raw) == {"prompt": "hi"}
+
+
+@pytest.mark.parametrize("raw", [b"{bad json", b"[1, 2]", b"\xff\xfe", "", None, 3])
+def test_decode_body_rejects(raw):
+    with pytest.raises(P.ProtocolError) as e:
+        P.decode_body(raw)
+    assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_completion_defaults_and_extensions():
+    r = parse({"prompt": "hello", "model": "m", "user": "u"})
+    assert r.prompt == "hello" and r.params.max_tokens == 16 and r.params.temperature == 1.0
+    assert not r.stream and r.timeout is None and r.priority == 0
+    r = parse({"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "x",
+               "presence_penalty": 0.1, "frequency_penalty": -0.2, "stream": True, "top_k": 4, "min_p": 0.1,
+               "repetition_penalty": 1.1, "ignore_eos": True, "priority": 3, "timeout": 2.5,
+               "stream_options": {"include_usage": True}})
+    p = r.params
+    assert r.prompt == [1, 2, 3] and p.max_tokens == 5 and p.greedy and p.top_p == 0.5 and p.seed == 7
+    assert p.stop == ["x"] and p.top_k == 4 and p.min_p == 0.1 and p.repetition_penalty == 1.1 and p.ignore_eos
+    assert r.stream and r.include_usage and r.priority == 3 and r.timeout == 2.5
+
+
+def test_single_prompt_batch_and_server_defaults():
+    assert parse({"prompt": ["hi"]}).prompt == "hi"
+    assert parse({"prompt": [[5, 6]]}).prompt == [5, 6]
+    r = parse({"prompt": "x"}, default_timeout=9.0, default_max_tokens=40)
+    assert r.timeout == 9.0 and r.params.max_tokens == 40
+    assert parse({"prompt": "x", "timeout": 1}, default_timeout=9.0).timeout == 1
+
+
+def test_nulls_mean_default():
+    r = parse({"prompt": "x", "temperature": None, "stop": None, "max_tokens": None, "seed": None})
+    assert r.params.temperature == 1.0 and r.params.stop == [] and r.params.max_tokens == 16
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "x", "max_token": 3}, "max_token"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [1, "a"]}, "prompt"),
+    ({"prompt": 3}, "prompt"),
+    ({}, "prompt"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": "3"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -2.5}, "frequency_penalty"),
+    ({"prompt": "x", "min_p": 2}, "min_p"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "top_k": -5}, "top_k"),
+    ({"prompt": "x", "seed": 1.5}, "seed"),
+    ({"prompt": "x", "stop": ["a", ""]}, "stop"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+    ({"prompt": "x", "stop": 5}, "stop"),
+    ({"prompt": "x", "stream": "yes"}, "stream"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
+    ({"prompt": "x", "priority": 1.5}, "priority"),
+    ({"prompt": "x", "timeout": 0}, "timeout"),
+    ({"prompt": "x", "timeout": "5"}, "timeout"),
+    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "echo": True}, "echo"),
+    ({"prompt": "x", "logprobs": 2}, "logprobs"),
+    ({"prompt": "x", "best_of": 3}, "best_of"),
+    ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+    ({"prompt": "x", "user": 5}, "user"),
+    ({"prompt": "x", "stop_token_ids": 5}, "stop_token_ids"),
+    ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+])
+def test_completion_rejects_with_param(body, param):
+    with pytest.raises(P.ProtocolError) as e:
+        parse(body)
+    err = e.value.body()["error"]
+    assert e.value.status == 400 and err["param"] == param and err["type"] == "invalid_request_error"
+    assert err["message"]
+
+
+def test_chat_parsing():
+    r = parse({"messages": [{"role": "system", "content": "be brief"},
+                            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
+               "max_completion_tokens": 7}, P.CHAT)
+    assert r.kind == P.CHAT and r.prompt == "<system>be brief<user>hi there<assistant>" and r.params.max_tokens == 7
+    assert parse({"messages": [{"role": "user", "content": "x"}]}, P.CHAT).params.max_tokens >= 1 << 20
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),
+])
+def test_chat_rejects(body, param):
+    with pytest.raises(P.ProtocolError) as e:
+        parse(body, P.CHAT)
+    assert e.value.body()["error"]["param"] == param
+
+
+def test_chat_template_failure_is_400():
+    def bad(messages):
+        raise ValueError("roles must alternate")
+
+    with pytest.raises(P.ProtocolError) as e:
+        P.parse_request({"messages": [{"role": "user", "content": "x"}]}, P.CHAT, bad)
+    assert e.value.status == 400 and "alternate" in e.value.message
+
+
+def test_response_shapes():
+    c = P.final_response(P.COMPLETIONS, "r1", "m", "Paris.", "stop", 5, 2)
+    assert c["object"] == "text_completion" and c["id"] == "cmpl-r1" and c["choices"][0]["text"] == "Paris."
+    assert c["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    ch = P.final_response(P.CHAT, "r1", "m", "Paris.", "length", 5, 2)
+    assert ch["object"] == "chat.completion" and ch["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
+    assert ch["choices"][0]["finish_reason"] == "length"
+    k = P.stream_chunk(P.CHAT, "r1", "m", 1, text="", role=True)
+    assert k["object"] == "chat.completion.chunk" and k["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    k = P.stream_chunk(P.CHAT, "r1", "m", 1, finish_reason="stop")
+    assert k["choices"][0]["delta"] == {} and k["choices"][0]["finish_reason"] == "stop"
+    k = P.stream_chunk(P.COMPLETIONS, "r1", "m", 1, text="é")
+    assert k["object"] == "text_completion" and k["choices"][0]["text"] == "é"
+    u = P.stream_chunk(P.COMPLETIONS, "r1", "m", 1, usage=(3, 4))
+    assert u["choices"] == [] and u["usage"]["total_tokens"] == 7
+
+
+def test_sse_framing_keeps_multibyte_text_whole():
+    frame = P.sse(P.stream_chunk(P.COMPLETIONS, "r", "m", 1, text="naïve 日本"))
+    assert frame.startswith("data: ") and frame.endswith("\n\n") and "\n" not in frame[:-2]
+    assert json.loads(frame[6:])["choices"][0]["text"] == "naïve 日本"
+    assert P.SSE_DONE == "data: [DONE]\n\n"
+
+
+def test_handler_config(tmp_path):
+    cfg = HandlerConfig.from_dict({"model_path": "w.gguf", "kv_cache_memory": "64MiB", "max_num_seqs": 4,
+                                   "default_timeout": 30}, str(tmp_path))
+    assert cfg.model_path == str(tmp_path / "w.gguf") and cfg.default_timeout == 30
+    assert cfg.engine == {"kv_cache_memory": 64 << 20, "max_num_seqs": 4}
+    assert HandlerConfig.from_dict({"model_path": "/abs/m"}).model_path == "/abs/m"
+    with pytest.raises(ValueError, match="max_num_seq"):
+        HandlerConfig.from_dict({"max_num_seq": 4})
+    with pytest.raises(ValueError, match="block_size"):
+        HandlerConfig.from_dict({"model_path": "/m", "block_size": 3})
+    with pytest.raises(ValueError, match="default_timeout"):
+        HandlerConfig.from_dict({"model_path": "/m", "default_timeout": -1})
+    assert parse_bytes("1G") == 1 << 30 and parse_bytes("512KiB") == 512 << 10 and parse_bytes(1000) == 1000
+
+
+def test_archive_config_covers_every_engine_argument():
+    from orcaserve.handler.config import ENGINE_ARGS
+
+    cfg = model_config("default", {"kv_cache_memory": "32MiB", "minWorkers": 1, "default_timeout": 5})
+    assert cfg["asyncCommunication"] is True and cfg["minWorkers"] == 1
+    handler = cfg["handler"]
+    assert handler["model_path"] == "default" and handler["kv_cache_memory"] == "32MiB" and handler["default_timeout"] == 5
+    assert set(ENGINE_ARGS) <= set(handler)
+
+
+def _frames(locked: bool, writers: int = 4, frames: int = 20, size: int = 256 << 10) -> list[bytes]:
+    """Several threads sendall big frames on one socket whose reader is slower than the writers."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    if locked:
+        assert socket_lock.install(a) and socket_lock.install(a)
+    received = bytearray()
+
+    def read():
+        while chunk := b.recv(1500):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    threads = [threading.Thread(target=lambda i=i: [a.sendall(bytes([65 + i]) * size) for _ in range(frames)])
+               for i in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a.close()
+    reader.join()
+    b.close()
+    return [bytes(received[i:i + size]) for i in range(0, len(received), size)]
+
+
+def test_socket_lock_keeps_frames_whole():
+    frames = _frames(locked=True)
+    assert len(frames) == 80
+    assert all(f == f[:1] * len(f) for f in frames), "frames of different writers interleaved"
+
+
+def test_socket_lock_ignores_foreign_objects():
+    assert socket_lock.install(None) is False and socket_lock.install(object()) is False
+
+
+def test_socket_without_lock_does_interleave():
+    # Shows the test above can fail: plain sendall from several threads mixes frames.
+    frames = _frames(locked=False)
+    assert any(f != f[:1] * len(f) for f in frames)
