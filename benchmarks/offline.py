@@ -1,0 +1,176 @@
+"""Offline throughput: orcaserve vs transformers padded `generate` vs transformers `generate_batch`.
+
+    python benchmarks/offline.py                      # the issue's workload, all systems
+    python benchmarks/offline.py --num-prompts 16 --systems orcaserve --json out.json
+
+Workload: N prompts of random token ids with lengths U[min_prompt, max_prompt] and output lengths
+U[min_out, max_out] (fixed seed, EOS ignored), all submitted at once. "Useful" tokens are each
+request's own output length: a padded batch that runs to its longest member produces more tokens
+than were asked for, and those do not count. Also measures the steady-state decode step time at
+batch B and context C: the engine's `step()` (scheduler, paged cache, sampler, detokenizer
+included) against a bare transformers forward of the same batch over a `DynamicCache`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import random
+import sys
+import time
+
+import torch
+
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.loader import load_model_and_tokenizer
+
+
+def make_workload(args, vocab: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(args.seed)
+    # Skip the first 100 ids: special and control tokens.
+    return [
+        (
+            [rng.randrange(100, vocab) for _ in range(rng.randint(args.min_prompt, args.max_prompt))],
+            rng.randint(args.min_out, args.max_out),
+        )
+        for _ in range(args.num_prompts)
+    ]
+
+
+def run_orcaserve(model, tokenizer, work, args) -> dict:
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+    )
+    engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+    t = time.perf_counter()
+    outs = engine.generate([p for p, _ in work], params)
+    wall = time.perf_counter() - t
+    assert [o.completion_tokens for o in outs] == [n for _, n in work]
+    return {"wall_s": wall, "useful_tokens": sum(n for _, n in work), "steps": engine.stats.num_steps,
+            "preemptions": engine.stats.num_preemptions}
+
+
+def run_padded_generate(model, tokenizer, work, args) -> dict:
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    produced = 0
+    t = time.perf_counter()
+    for i in range(0, len(work), args.batch):
+        batch = work[i : i + args.batch]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in batch])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
+        longest = max(n for _, n in batch)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                                 do_sample=False, pad_token_id=pad)
+        produced += (out.shape[1] - width) * len(batch)
+    wall = time.perf_counter() - t
+    return {"wall_s": wall, "useful_tokens": sum(n for _, n in work), "tokens_generated": produced}
+
+
+def run_generate_batch(model, tokenizer, work, args) -> dict:
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=args.max_out, do_sample=False, eos_token_id=None, pad_token_id=0)
+    t = time.perf_counter()
+    # The manager behind generate_batch, so that each request gets its own max_new_tokens.
+    with model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5) as manager:
+        ids = [manager.add_request(p, max_new_tokens=n) for p, n in work]
+        done = 0
+        while done < len(ids):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done += 1
+    wall = time.perf_counter() - t
+    return {"wall_s": wall, "useful_tokens": sum(n for _, n in work)}
+
+
+def step_time(model, tokenizer, args) -> dict:
+    """Decode steps at batch B over context C: engine step vs bare transformers forward."""
+    b, c, n = args.step_batch, args.step_context, args.step_tokens
+    rng = random.Random(1)
+    prompts = [[rng.randrange(100, 49000) for _ in range(c)] for _ in range(b)]
+
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=b, max_num_batched_tokens=max(512, c))
+    for i, p in enumerate(prompts):
+        engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
+        engine.step()  # prefill (chunked), not timed
+    t = time.perf_counter()
+    for _ in range(n):
+        engine.step()
+    engine_s = (time.perf_counter() - t) / n
+
+    from transformers import DynamicCache
+
+    ids = torch.tensor(prompts)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        t = time.perf_counter()
+        for _ in range(n):
+            out = model(nxt, cache=cache, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        bare_s = (time.perf_counter() - t) / n
+    return {"batch": b, "context": c, "engine_step_ms": engine_s * 1e3, "bare_forward_ms": bare_s * 1e3,
+            "ratio": engine_s / bare_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--num-prompts", type=int, default=128)
+    ap.add_argument("--min-prompt", type=int, default=16)
+    ap.add_argument("--max-prompt", type=int, default=256)
+    ap.add_argument("--min-out", type=int, default=8)
+    ap.add_argument("--max-out", type=int, default=128)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    ap.add_argument("--batch", type=int, default=32, help="padded generate batch size")
+    ap.add_argument("--systems", default="orcaserve,generate,generate_batch,step")
+    ap.add_argument("--step-batch", type=int, default=32)
+    ap.add_argument("--step-context", type=int, default=256)
+    ap.add_argument("--step-tokens", type=int, default=16)
+    ap.add_argument("--json", default="benchmarks/results/offline.json")
+    args = ap.parse_args()
+
+    model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), torch.float32, torch.device("cpu"))
+    model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
+    work = make_workload(args, model.config.vocab_size)
+    runners = {"orcaserve": run_orcaserve, "generate": run_padded_generate, "generate_batch": run_generate_batch}
+    results: dict = {"workload": vars(args), "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
+                     "platform": platform.platform(), "torch": torch.__version__}, "date": time.strftime("%Y-%m-%d")}
+    systems = args.systems.split(",")
+    for name in systems:
+        if name in runners:
+            r = runners[name](model, tokenizer, work, args)
+            r["useful_tok_s"] = r["useful_tokens"] / r["wall_s"]
+            results[name] = r
+            print(f"{name:>15}: {r['useful_tok_s']:7.1f} useful tok/s  wall {r['wall_s']:7.1f} s", file=sys.stderr)
+    if "step" in systems:
+        results["step_time"] = step_time(model, tokenizer, args)
+
+    print(f"\n{'system':<16}{'useful tok/s':>14}{'wall s':>10}{'vs generate':>13}")
+    base = results.get("generate", {}).get("useful_tok_s")
+    for name in runners:
+        if name in results:
+            r = results[name]
+            rel = f"{r['useful_tok_s'] / base:.2f}x" if base else "-"
+            print(f"{name:<16}{r['useful_tok_s']:>14.1f}{r['wall_s']:>10.1f}{rel:>13}")
+    if "step_time" in results:
+        s = results["step_time"]
+        print(f"\ndecode step, batch {s['batch']}, context {s['context']}: engine {s['engine_step_ms']:.1f} ms, "
+              f"bare transformers forward {s['bare_forward_ms']:.1f} ms, ratio {s['ratio']:.2f}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
