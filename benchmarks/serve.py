@@ -1,0 +1,524 @@
+"""Load generator for a running TorchServe: orcaserve vs the request-level baseline.
+
+    python benchmarks/serve.py --url http://127.0.0.1:8080 --key-file key_file.json \\
+        --model smollm2 --model smollm2-baseline --rates 0.25,0.5,1,2 --duration 40 \\
+        --out docs/benchmark-serving.json --plot docs/benchmark-serving.png
+
+Every request is a streamed `POST /predictions/{model}/1.0/v1/completions` with token-id
+prompts (exact input lengths), `max_tokens` = the sampled output length, `ignore_eos: true`,
+greedy, and `stream_options.include_usage`. Arrivals are Poisson at each `--rates` value (the same
+seeded workload, scaled in time, for every system and rate), or a closed loop of
+`--concurrency` clients. Lengths come from `--input-len A:B` / `--output-len A:B` (uniform,
+inclusive) or from `--dataset file.jsonl` (lines `{"prompt": str | [ids], "max_tokens": int?}`).
+
+Per request: TTFT (send -> first non-empty text chunk), TPOT (mean time between tokens after the
+first: (e2e - ttft) / (tokens - 1)), end-to-end latency, tokens. Per system and rate: request
+throughput, output tokens/s, p50/p90/p99 of each latency, errors. Writes a JSON file, a PNG
+(p50 / p99 latency vs achieved output tokens/s, one curve per system) and optionally a Markdown
+results section into a doc between `<!-- serve-results:begin -->` / `<!-- serve-results:end -->`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import random
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import requests
+
+BEGIN, END = "<!-- serve-results:begin -->", "<!-- serve-results:end -->"
+
+
+# ---- workload --------------------------------------------------------------------------------
+@dataclass
+class Spec:
+    """One request of the workload (arrival offset filled in per rate)."""
+
+    index: int
+    prompt: object  # str or list of token ids
+    input_len: int
+    max_tokens: int
+
+
+def _range(text: str) -> tuple[int, int]:
+    a, _, b = text.partition(":")
+    lo, hi = int(a), int(b or a)
+    if lo < 1 or hi < lo:
+        raise argparse.ArgumentTypeError(f"want A:B with 1 <= A <= B, got {text!r}")
+    return lo, hi
+
+
+def make_workload(n: int, seed: int, input_len: tuple[int, int], output_len: tuple[int, int],
+                  token_range: tuple[int, int], dataset: str | None = None) -> list[Spec]:
+    """`n` requests: synthetic token-id prompts, or lines of a JSONL dataset (cycled)."""
+    rng = random.Random(seed)
+    specs = []
+    if dataset:
+        rows = []
+        with open(dataset) as f:
+            for line in f:
+                if line.strip():
+                    rows.append(json.loads(line))
+        if not rows:
+            raise ValueError(f"{dataset} holds no prompts")
+        for i in range(n):
+            row = rows[i % len(rows)]
+            prompt = row["prompt"]
+            out = int(row.get("max_tokens") or rng.randint(*output_len))
+            specs.append(Spec(i, prompt, len(prompt) if isinstance(prompt, list) else -1, out))
+        return specs
+    for i in range(n):
+        k = rng.randint(*input_len)
+        ids = [rng.randrange(*token_range) for _ in range(k)]
+        specs.append(Spec(i, ids, k, rng.randint(*output_len)))
+    return specs
+
+
+def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
+    """Arrival offsets (s) of a Poisson process: the same unit-rate draws scaled by 1/rate."""
+    rng = random.Random(seed + 7919)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(1.0) / rate
+    return out
+
+
+# ---- one request -----------------------------------------------------------------------------
+@dataclass
+class Result:
+    index: int
+    system: str
+    rate: float | None
+    input_len: int
+    max_tokens: int
+    sent: float = 0.0  # time.time() when the request was sent
+    ttft: float | None = None
+    e2e: float | None = None
+    tpot: float | None = None
+    output_tokens: int = 0
+    chunks: int = 0
+    status: int | None = None
+    error: str | None = None
+    batch: dict | None = field(default=None)  # the baseline's batch (start/end/size), if reported
+
+
+def send(url: str, headers: dict, spec: Spec, system: str, rate: float | None, timeout: float) -> Result:
+    body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    res = Result(spec.index, system, rate, spec.input_len, spec.max_tokens)
+    res.sent = time.time()
+    t0 = time.perf_counter()
+    usage = None
+    done = False
+    try:
+        with requests.post(url, json=body, headers=headers, stream=True, timeout=timeout) as r:
+            res.status = r.status_code
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {r.text[:300]}"
+                return res
+            buf = b""
+            for piece in r.iter_content(chunk_size=None):
+                buf += piece
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            done = True
+                            continue
+                        obj = json.loads(data)
+                        if "error" in obj:
+                            res.error = f"in-band error: {obj['error']}"
+                            continue
+                        if obj.get("usage"):
+                            usage = obj["usage"]
+                        if obj.get("baseline_batch"):
+                            res.batch = obj["baseline_batch"]
+                        for choice in obj.get("choices") or []:
+                            if choice.get("text"):
+                                res.chunks += 1
+                                if res.ttft is None:
+                                    res.ttft = time.perf_counter() - t0
+        res.e2e = time.perf_counter() - t0
+    except (requests.RequestException, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    if res.error is None and not done:
+        res.error = "stream ended without [DONE]"
+    res.output_tokens = int(usage["completion_tokens"]) if usage else res.chunks
+    if res.ttft is None:  # no text at all (e.g. only whitespace-free special tokens)
+        res.ttft = res.e2e
+    if res.output_tokens > 1:
+        res.tpot = (res.e2e - res.ttft) / (res.output_tokens - 1)
+    return res
+
+
+# ---- one run (system x rate) -----------------------------------------------------------------
+def run_one(base: str, model: str, headers: dict, specs: list[Spec], rate: float | None, concurrency: int | None,
+            seed: int, timeout: float, bar=None) -> list[Result]:
+    url = f"{base}/predictions/{model}/1.0/v1/completions"
+    results: list[Result] = []
+    lock = threading.Lock()
+
+    def task(spec: Spec) -> None:
+        res = send(url, headers, spec, model, rate, timeout)
+        with lock:
+            results.append(res)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"{model} rate={rate if rate is not None else f'c{concurrency}'} "
+                                    f"errors={sum(r.error is not None for r in results)}")
+
+    if concurrency:
+        queue = list(specs)
+
+        def client() -> None:
+            while True:
+                with lock:
+                    if not queue:
+                        return
+                    spec = queue.pop(0)
+                task(spec)
+
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    else:
+        offsets = poisson_offsets(len(specs), rate, seed)
+        with ThreadPoolExecutor(max_workers=min(len(specs), 512)) as pool:
+            start = time.perf_counter()
+            for spec, off in zip(specs, offsets):
+                delay = start + off - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                pool.submit(task, spec)
+    return sorted(results, key=lambda r: r.index)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def summarize(results: list[Result], rate: float | None, concurrency: int | None) -> dict:
+    ok = [r for r in results if r.error is None]
+    out: dict = {"system": results[0].system if results else None, "rate": rate, "concurrency": concurrency,
+                 "requests": len(results), "completed": len(ok), "errors": len(results) - len(ok)}
+    if not ok:
+        return out
+    first = min(r.sent for r in ok)
+    last = max(r.sent + r.e2e for r in ok)
+    span = max(last - first, 1e-9)
+    tokens = sum(r.output_tokens for r in ok)
+    out.update(duration_s=span, request_throughput=len(ok) / span, output_tokens_per_s=tokens / span,
+               output_tokens=tokens, input_tokens=sum(max(r.input_len, 0) for r in ok))
+    for name in ("ttft", "tpot", "e2e"):
+        vals = [getattr(r, name) for r in ok if getattr(r, name) is not None]
+        out[name] = {"mean": sum(vals) / len(vals) if vals else None,
+                     **{f"p{q}": pct(vals, q) for q in (50, 90, 99)}}
+    # Saturated: the server no longer keeps up with the offered load (throughput falls behind the
+    # rate, or latency keeps growing over the run as the queue builds up).
+    if rate is not None:
+        arrivals = sorted(ok, key=lambda r: r.sent)
+        third = max(len(arrivals) // 3, 1)
+        early = pct([r.e2e for r in arrivals[:third]], 50)
+        late = pct([r.e2e for r in arrivals[-third:]], 50)
+        out["offered_rate"] = rate
+        out["latency_growth"] = late / early if early else None
+        out["saturated"] = bool(out["request_throughput"] < 0.8 * rate or (early and late > 2.0 * early))
+    return out
+
+
+# ---- verdict, table, plot --------------------------------------------------------------------
+def verdict(summaries: list[dict], ours: str, baseline: str) -> dict | None:
+    """ORCA's claim on this run: peak tokens/s ratio; p50 e2e at the baseline's unsaturated rates."""
+    a = [s for s in summaries if s["system"] == ours and s.get("completed")]
+    b = [s for s in summaries if s["system"] == baseline and s.get("completed")]
+    if not a or not b:
+        return None
+    peak_a = max(s["output_tokens_per_s"] for s in a)
+    peak_b = max(s["output_tokens_per_s"] for s in b)
+    rows = []
+    for sb in b:
+        if sb.get("rate") is None or sb.get("saturated"):
+            continue
+        sa = next((s for s in a if s.get("rate") == sb["rate"]), None)
+        if sa is None:
+            continue
+        rows.append({"rate": sb["rate"], ours: sa["e2e"]["p50"], baseline: sb["e2e"]["p50"],
+                     "lower": sa["e2e"]["p50"] < sb["e2e"]["p50"]})
+    errors = sum(s["errors"] for s in summaries)
+    return {"system": ours, "baseline": baseline, "peak_output_tokens_per_s": {ours: peak_a, baseline: peak_b},
+            "peak_ratio": peak_a / peak_b if peak_b else None, "peak_ratio_at_least_3x": peak_b > 0 and peak_a >= 3 * peak_b,
+            "p50_e2e_at_unsaturated_baseline_rates": rows,
+            "p50_e2e_lower_at_all_unsaturated": bool(rows) and all(r["lower"] for r in rows),
+            "errors": errors}
+
+
+def _f(v, spec=".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        f"Measured {report['date']} on {report['machine']['summary']}.",
+        "",
+        "```",
+        report["command"],
+        "```",
+        "",
+        f"Workload: {report['workload']['description']}.",
+        "",
+        "| system | rate (req/s) | done | errors | req/s | output tok/s | TTFT p50 / p99 (s) | TPOT p50 (s) "
+        "| e2e p50 / p90 / p99 (s) | saturated |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in report["summaries"]:
+        load = s["rate"] if s["rate"] is not None else f"c={s['concurrency']}"
+        if not s.get("completed"):
+            lines.append(f"| {s['system']} | {load} | 0 | {s['errors']} | - | - | - | - | - | - |")
+            continue
+        lines.append(
+            f"| {s['system']} | {load} | {s['completed']}/{s['requests']} | {s['errors']} "
+            f"| {_f(s['request_throughput'])} | {_f(s['output_tokens_per_s'], '.1f')} "
+            f"| {_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])} | {_f(s['tpot']['p50'], '.3f')} "
+            f"| {_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])} "
+            f"| {'yes' if s.get('saturated') else 'no' if 'saturated' in s else '-'} |")
+    v = report.get("verdict")
+    if v:
+        ours, base = v["system"], v["baseline"]
+        peak = v["peak_output_tokens_per_s"]
+        lines += ["", f"Peak output tokens/s: {ours} {peak[ours]:.1f}, {base} {peak[base]:.1f}: "
+                      f"**{_f(v['peak_ratio'])}x** (target >= 3x: {'met' if v['peak_ratio_at_least_3x'] else 'NOT met'})."]
+        rows = v["p50_e2e_at_unsaturated_baseline_rates"]
+        if rows:
+            parts = [f"{r['rate']} req/s: {r[ours]:.2f} s vs {r[base]:.2f} s" for r in rows]
+            lines.append(f"p50 e2e where {base} is not saturated ({ours} vs {base}): " + "; ".join(parts)
+                         + f" (lower at every such rate: {'yes' if v['p50_e2e_lower_at_all_unsaturated'] else 'NO'}).")
+        else:
+            lines.append(f"{base} was saturated at every rate of this sweep: no p50 comparison below saturation.")
+        lines.append(f"Errors: {v['errors']}.")
+    if report.get("plot"):
+        lines += ["", f"![latency vs throughput]({os.path.basename(report['plot'])})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    colors = ["tab:blue", "tab:red", "tab:green", "tab:purple"]
+    systems = list(dict.fromkeys(s["system"] for s in report["summaries"]))
+    for ax, metric, title in ((axes[0], "e2e", "end-to-end latency"), (axes[1], "ttft", "time to first token")):
+        for color, system in zip(colors, systems):
+            pts = sorted((s["output_tokens_per_s"], s[metric]["p50"], s[metric]["p99"], s["rate"] or s["concurrency"])
+                         for s in report["summaries"] if s["system"] == system and s.get("completed"))
+            if not pts:
+                continue
+            x = [p[0] for p in pts]
+            ax.plot(x, [p[1] for p in pts], "o-", color=color, label=f"{system} p50")
+            ax.plot(x, [p[2] for p in pts], "s--", color=color, alpha=0.6, label=f"{system} p99")
+            for p in pts:
+                ax.annotate(f"{p[3]:g}", (p[0], p[1]), textcoords="offset points", xytext=(3, 3), fontsize=7,
+                            color=color)
+        ax.set_xlabel("achieved output tokens/s")
+        ax.set_ylabel("seconds")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("orcaserve vs request-level batching (labels: offered req/s)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def update_doc(path: str, text: str) -> None:
+    with open(path) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc:
+        raise ValueError(f"{path} has no {BEGIN} ... {END} section")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w") as f:
+        f.write(head + BEGIN + "\n" + text + END + tail)
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    info = {"cpu": cpu, "cores": cores, "memory_gib": round(mem, 1) if mem else None,
+            "os": platform.platform(), "python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    info["summary"] = f"{cores} CPU cores ({cpu}), {info['memory_gib']} GiB, {info['os']}, torch {info.get('torch')}"
+    return info
+
+
+def read_key(args) -> str | None:
+    if args.key:
+        return args.key
+    if os.environ.get("ORCASERVE_KEY"):
+        return os.environ["ORCASERVE_KEY"]
+    if args.key_file and os.path.exists(args.key_file):
+        with open(args.key_file) as f:
+            return json.load(f)["inference"]["key"]
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="TorchServe inference address")
+    p.add_argument("--model", action="append", required=True,
+                   help="model name; repeat to compare systems (first = orcaserve, second = baseline)")
+    p.add_argument("--key", help="inference key (else $ORCASERVE_KEY, else --key-file)")
+    p.add_argument("--key-file", default="key_file.json", help="TorchServe's key_file.json")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="one Poisson arrival rate (req/s)")
+    load.add_argument("--rates", help="comma-separated Poisson rates (a sweep)")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests per rate (default: rate x --duration, at least 8; concurrency: 32)")
+    p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
+    p.add_argument("--input-len", type=_range, default=(16, 256), help="prompt tokens A:B, uniform")
+    p.add_argument("--output-len", type=_range, default=(1, 64), help="max_tokens A:B, uniform")
+    p.add_argument("--token-range", type=_range, default=(1000, 40000), help="synthetic prompt token ids")
+    p.add_argument("--dataset", help="JSONL prompts instead of synthetic ones")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=2, help="unrecorded requests per system first")
+    p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
+    p.add_argument("--out", default="benchmark-serving.json")
+    p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
+    p.add_argument("--update-doc", default=None, help=f"write the results table between {BEGIN} / {END}")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+
+    if args.rates:
+        rates = [float(x) for x in args.rates.split(",") if x.strip()]
+    elif args.rate:
+        rates = [args.rate]
+    elif args.concurrency:
+        rates = [None]
+    else:
+        p.error("give --rate, --rates or --concurrency")
+    if any(r is not None and r <= 0 for r in rates):
+        p.error("rates must be > 0")
+    key = read_key(args)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    base = args.url.rstrip("/")
+    plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
+
+    def count(rate):
+        if args.num_requests:
+            return args.num_requests
+        return 32 if rate is None else max(8, round(rate * args.duration))
+
+    n_max = max(count(r) for r in rates)
+    specs = make_workload(n_max, args.seed, args.input_len, args.output_len, args.token_range, args.dataset)
+    if args.dataset:
+        desc = f"{args.dataset}, output max_tokens from the file or U{list(args.output_len)}"
+    else:
+        desc = (f"synthetic token-id prompts, input U[{args.input_len[0]}, {args.input_len[1]}] tokens, output "
+                f"U[{args.output_len[0]}, {args.output_len[1]}] tokens (max_tokens, ignore_eos, greedy), seed {args.seed}")
+    load_desc = (f"Poisson arrivals, {args.duration:g} s of arrivals per rate" if rates != [None]
+                 else f"closed loop, {args.concurrency} clients")
+    desc += f"; {load_desc}"
+
+    # Warm-up: first requests pay lazy initialisation; keep them out of the figures.
+    for model in args.model:
+        for spec in make_workload(args.warmup, args.seed + 1, (8, 16), (2, 4), args.token_range):
+            r = send(f"{base}/predictions/{model}/1.0/v1/completions", headers, spec, model, None, args.timeout)
+            if r.error:
+                print(f"warm-up request to {model} failed: {r.error}", file=sys.stderr)
+                return 2
+
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(count(r) for r in rates) * len(args.model), unit="req", dynamic_ncols=True)
+    all_results: list[Result] = []
+    summaries = []
+    try:
+        for rate in rates:  # interleave systems per rate: drifting machine load hits both alike
+            for model in args.model:
+                res = run_one(base, model, headers, specs[: count(rate)], rate, args.concurrency, args.seed,
+                              args.timeout, bar)
+                all_results += res
+                summaries.append(summarize(res, rate, args.concurrency))
+    finally:
+        if bar is not None:
+            bar.close()
+
+    report = {
+        "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": "python " + " ".join([os.path.relpath(__file__)] + [a if " " not in a else repr(a) for a in
+                                                                        (argv if argv is not None else sys.argv[1:])]),
+        "machine": machine(),
+        "url": base,
+        "systems": args.model,
+        "workload": {"description": desc, "input_len": list(args.input_len), "output_len": list(args.output_len),
+                     "dataset": args.dataset, "seed": args.seed, "rates": rates, "concurrency": args.concurrency,
+                     "duration_s": args.duration},
+        "summaries": summaries,
+        "verdict": verdict(summaries, args.model[0], args.model[1]) if len(args.model) >= 2 else None,
+        "plot": plot_path,
+        "requests": [asdict(r) for r in all_results],
+    }
+    report["command"] = os.environ.get("SERVE_BENCH_COMMAND", report["command"])
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    plot(report, plot_path)
+    text = markdown(report)
+    if args.update_doc:
+        update_doc(args.update_doc, text)
+    print(text)
+    errors = sum(s["errors"] for s in summaries)
+    if errors:
+        bad = [r for r in all_results if r.error][:5]
+        for r in bad:
+            print(f"error: {r.system} #{r.index}: {r.error}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Smoke run of the serving benchmark (benchmarks/serve.py) against a live TorchServe.
+
+Starts TorchServe on free loopback ports (token auth on) with the request-level baseline archive
+and, when the orcaserve archive builder is available, the orcaserve archive too; sends a few
+streamed requests per system and checks the JSON report: every request answered, no errors.
+No performance figure is asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchserve_harness import TorchServe, free_ports
+
+REPO = Path(__file__).resolve().parents[1]
+SERVE = REPO / "benchmarks" / "serve.py"
+
+
+def isolation(workdir: Path) -> dict[str, str]:
+    """Config that lets this TorchServe run beside others: own gRPC ports, own Java temp dir
+    (the worker sockets `.ts.sock.9000...` live there), a queue deep enough for bursts."""
+    grpc_inf, grpc_mgmt = free_ports(2)
+    return {"grpc_inference_port": str(grpc_inf), "grpc_management_port": str(grpc_mgmt),
+            "vmargs": f"-Xmx1g -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={workdir / 'tmp'}",
+            "job_queue_size": "1000"}
+
+
+@pytest.mark.slow
+def test_serve_bench_smoke(tmp_path):
+    from orcaserve.handler.baseline_handler import build_archive
+
+    store = tmp_path / "model-store"
+    build_archive(str(store), "smollm2-baseline")
+    models = ["smollm2-baseline"]
+    if importlib.util.find_spec("orcaserve.handler.archive") is not None:
+        subprocess.run([sys.executable, "-m", "orcaserve.handler.archive", "--name", "smollm2", "--export-path",
+                        str(store), "--format", "no-archive"], check=True)
+        models.insert(0, "smollm2")
+    work = tmp_path / "ts"
+    with TorchServe(work, store, extra_config=isolation(work)) as ts:
+        for name in models:
+            ts.register(name)
+        out = tmp_path / "bench.json"
+        cmd = [sys.executable, str(SERVE), "--url", ts.url(""), "--key", ts.keys["inference"], "--rate", "4",
+               "--num-requests", "4", "--input-len", "8:32", "--output-len", "2:6", "--warmup", "1",
+               "--timeout", "120", "--out", str(out), "--no-progress"]
+        for name in models:
+            cmd += ["--model", name]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+        assert proc.returncode == 0, proc.stdout + proc.stderr + ts.logs()
+    report = json.loads(out.read_text())
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert [s["system"] for s in report["summaries"]] == models
+    for s in report["summaries"]:
+        assert s["errors"] == 0 and s["completed"] == 4, s
+    for r in report["requests"]:
+        assert r["error"] is None and r["output_tokens"] == r["max_tokens"], r
+        assert 0 < r["ttft"] <= r["e2e"]
+        if r["system"] == "smollm2-baseline":  # answered when its whole batch is done
+            assert r["batch"] and r["batch"]["size"] >= 1
