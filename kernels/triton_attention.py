@@ -16,7 +16,7 @@ Tile configurations (`select_config`):
     decode  (max_seqlen_q * G <= 16): BLOCK_M = max(16, next_pow2(G)), TILE_N = 64, 4 warps
     prefill (otherwise):              BLOCK_M = max(64, next_pow2(G)), TILE_N = 64, 8 warps
     fp32 (the CPU path's dtype; exact "ieee" dots run on FMA units, so smaller tiles):
-                                      BLOCK_M = 16 / 32 (decode / prefill), TILE_N = 32, 4 warps
+                                      BLOCK_M = 16 / 32 (decode / prefill), TILE_N = 32, 8 warps
 BLOCK_M >= 16 and TILE_N >= 16 keep every tl.dot legal on sm_80 / sm_90.
 
 Split-K heuristic (`choose_num_splits`): the unified grid has P = (T // BLOCK_Q + B) * H_kv
@@ -117,7 +117,7 @@ def select_config(max_seqlen_q: int, num_queries_per_kv: int, dtype=torch.float1
     decode = max_seqlen_q * num_queries_per_kv <= 16
     if dtype == torch.float32:
         # fp32 "ieee" dots run on FMA units and hold whole tiles in registers: small tiles.
-        return dict(block_m=max(16 if decode else 32, g_pad), tile_n=32, num_warps=4, num_stages=1)
+        return dict(block_m=max(16 if decode else 32, g_pad), tile_n=32, num_warps=8, num_stages=1)
     if decode:
         return dict(block_m=max(16, g_pad), tile_n=64, num_warps=4, num_stages=2)
     return dict(block_m=max(64, g_pad), tile_n=64, num_warps=8, num_stages=2)

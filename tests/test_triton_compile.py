@@ -1,8 +1,9 @@
 """Real sm_80 / sm_90 builds of the Triton kernels with the bundled ptxas (no GPU needed).
 
-pytest compiles a representative subset (bf16 with the padded head dim 80, fp16 with 128, every
-kernel and tile configuration, both architectures; ~10 s). The full matrix (every dtype x head
-dim, 144 builds, ~2-3 min on 2 cores) is `python -m orcaserve.kernels.compile_check`.
+pytest compiles a representative subset (20 builds: the fp16/bf16 tile configurations of every
+kernel, bf16 with the padded head dim 80 and fp16 with 128, both architectures; ~25 s). The full
+matrix (every dtype x head dim, 144 builds, ~2.5 min on 2 cores) is
+`python -m orcaserve.kernels.compile_check`.
 TRITON_INTERPRET=1 is set on purpose: the check must remove it and still build real binaries.
 """
 
