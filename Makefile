@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.orcaserve-installed
 
-.PHONY: venv test test-fast clean
+.PHONY: venv test test-fast clean serve archive
 
 venv: $(STAMP)
 
@@ -27,3 +27,30 @@ test-fast: venv
 
 clean:
 	rm -rf $(VENV) *.egg-info build
+
+# ---- serving (docs/serving.md) --------------------------------------------------------------
+STORE := model-store
+# `make archive MODEL=<hf dir | .gguf | default> NAME=<name> [FORMAT=default|tgz|no-archive]
+#  [ARCHIVE_ARGS="--set kv_cache_memory=512MiB --force"]`
+MODEL ?= default
+NAME ?= smollm2
+FORMAT ?= default
+ARCHIVE_ARGS ?=
+
+# The default model's archive, rebuilt when the handler's template or entry file changes.
+$(STORE)/smollm2.mar: handler/model-config.yaml handler/ts_entry.py | $(STAMP)
+	$(BIN)/python -m orcaserve.handler.archive --model default --name smollm2 --export-path $(STORE) --force
+
+# TorchServe in the foreground with ./config.properties (keys land in ./key_file.json); Ctrl-C stops it.
+serve: $(STAMP) $(STORE)/smollm2.mar
+	@echo "Starting TorchServe: inference http://127.0.0.1:8080, management :8081, metrics :8082"
+	@echo "When 'smollm2' is loaded, in another shell:"
+	@echo "  KEY=\$$(python3 -c \"import json;print(json.load(open('key_file.json'))['inference']['key'])\")"
+	@echo "  curl -s http://127.0.0.1:8080/predictions/smollm2/1.0/v1/chat/completions -H \"Authorization: Bearer \$$KEY\" \\"
+	@echo "    -H 'Content-Type: application/json' \\"
+	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"temperature\": 0}'"
+	@echo "More: docs/serving.md"
+	exec $(BIN)/torchserve --start --foreground --ncs --ts-config config.properties --model-store $(STORE)
+
+archive: $(STAMP)
+	$(BIN)/python -m orcaserve.handler.archive --model $(MODEL) --name $(NAME) --export-path $(STORE) --format $(FORMAT) $(ARCHIVE_ARGS)

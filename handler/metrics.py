@@ -58,6 +58,11 @@ class EngineMetrics:
         self._counted = {"orca_preemptions_total": 0, "orca_aborts_total": 0, "orca_steps_total": 0,
                          "orca_generation_tokens_total": 0, "orca_step_tokens_total": 0}
         self._step_tokens = 0
+        # Announce every non-histogram series at zero: the frontend registers a backend metric only
+        # when it first sees it, and a counter that never moves (no preemptions) would be missing.
+        for name, (_, kind, _) in METRICS.items():
+            if kind is not H:
+                self._emit(name, 0)
 
     def _emit(self, name: str, value: float) -> None:
         metric = self._metrics.get(name)

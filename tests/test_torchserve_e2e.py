@@ -1,0 +1,304 @@
+"""End to end: a real TorchServe, the model registered through the management API, HTTP clients.
+
+One server for the module (loading the model is the slow part). Greedy outputs over HTTP are held
+to the engine's offline `generate` with the same engine arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from orcaserve.handler.archive import build
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from torchserve_harness import TorchServe
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2"
+# A small KV cache (91 blocks of 16 tokens) keeps memory low and makes block accounting visible.
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512}
+PROMPTS = [
+    "The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are",
+    "Water boils at", "My favourite food is", "import numpy as np\n", "The quick brown fox",
+    "In 1492, Columbus", "Photosynthesis is", "The largest planet in the solar system", "To be or not to be,",
+    "A haiku about autumn:", "SELECT * FROM", "The speed of light is", "Dear diary, today",
+]
+QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?", "Say hello."]
+
+
+@pytest.fixture(scope="module")
+def ts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torchserve")
+    store = root / "model-store"
+    overrides = {**ENGINE_ARGS, "default_timeout": 300}
+    build("default", MODEL, str(store), fmt="default", overrides=overrides)
+    server = TorchServe(root / "work", store).start()
+    try:
+        started = time.time()
+        server.register(f"{MODEL}.mar")
+        print(f"registration took {time.time() - started:.1f} s")
+        yield server
+    except Exception:
+        print(server.logs())
+        raise
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def offline():
+    import torch
+
+    # One intra-op thread: beside the server's worker on a small shared machine, two OpenMP
+    # threads that spin-wait for a busy core make generation 20x slower, not faster.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield Engine.from_pretrained(default_model_path(), **ENGINE_ARGS)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def render(engine: Engine, question: str) -> str:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                                add_generation_prompt=True)
+
+
+def call(ts: TorchServe, path: str, body, stream: bool = False, headers=None, timeout: float = 300):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    h = {"Content-Type": "application/json", **ts.auth(), **(headers or {})}
+    return requests.post(ts.url(f"/predictions/{MODEL}{path}"), data=data, headers=h, stream=stream, timeout=timeout)
+
+
+def read_stream(resp) -> dict:
+    """Parse an SSE response strictly; returns text, finish_reason, usage, arrival times."""
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    text, finish, usage, times, ids, done = "", None, None, [], set(), False
+    for line in resp.iter_lines(decode_unicode=False):
+        if not line:
+            continue
+        line = line.decode("utf-8")  # raises on a split multi-byte character
+        assert line.startswith("data: "), line
+        assert not done, "data after [DONE]"
+        payload = line[6:]
+        times.append(time.time())
+        if payload == "[DONE]":
+            done = True
+            continue
+        chunk = json.loads(payload)
+        assert "error" not in chunk, chunk
+        ids.add(chunk["id"])
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk["choices"]:
+            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            finish = choice["finish_reason"] or finish
+    assert done and len(ids) == 1, (done, ids)
+    return {"text": text, "finish_reason": finish, "usage": usage, "times": times, "id": ids.pop()}
+
+
+def result(ts, kind: str, prompt: str, max_tokens: int, stream: bool, **extra) -> dict:
+    if kind == "chat":
+        path, body = "/1.0/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
+    else:
+        path, body = "/1.0/v1/completions", {"prompt": prompt}
+    body.update(max_tokens=max_tokens, temperature=0, stream=stream, **extra)
+    resp = call(ts, path, body, stream=stream)
+    if stream:
+        return read_stream(resp)
+    assert resp.status_code == 200, resp.text
+    obj = resp.json()
+    choice = obj["choices"][0]
+    assert obj["object"] == ("chat.completion" if kind == "chat" else "text_completion")
+    text = choice["message"]["content"] if kind == "chat" else choice["text"]
+    return {"text": text, "finish_reason": choice["finish_reason"], "usage": obj["usage"]}
+
+
+def expected(offline: Engine, items, max_tokens) -> list:
+    prompts = [render(offline, p) if kind == "chat" else p for kind, p in items]
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
+    return offline.generate(prompts, params)
+
+
+def test_requests_without_token_are_refused(ts):
+    r = requests.post(ts.url(f"/predictions/{MODEL}"), json={"prompt": "hi"}, timeout=30)
+    assert r.status_code in (400, 401) and "Token" in r.text
+    r = requests.post(ts.url(f"/predictions/{MODEL}"), json={"prompt": "hi"}, timeout=30,
+                      headers={"Authorization": "Bearer not-the-key"})
+    assert r.status_code in (400, 401)
+    r = requests.get(ts.url("/models", "management"), timeout=30)
+    assert r.status_code in (400, 401)
+
+
+def test_16_concurrent_mixed_requests_match_offline(ts, offline):
+    items = [("chat" if i % 4 == 3 else "completions", QUESTIONS[i // 4] if i % 4 == 3 else PROMPTS[i]) for i in range(16)]
+    max_tokens = [12 + (i % 5) * 4 for i in range(16)]
+    want = expected(offline, items, max_tokens)
+
+    def one(i):
+        time.sleep(0.12 * i)  # staggered arrivals join the running batch between iterations
+        kind, prompt = items[i]
+        return result(ts, kind, prompt, max_tokens[i], stream=i % 2 == 0)
+
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(one, range(16)))
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g["text"] == w.text, (i, items[i], g["text"], w.text)
+        assert g["finish_reason"] == w.finish_reason, i
+        if g["usage"]:
+            assert g["usage"]["completion_tokens"] == w.completion_tokens
+
+
+def test_stream_chunks_arrive_before_the_end(ts):
+    started = time.time()
+    r = result(ts, "completions", "Once upon a time", 48, stream=True, ignore_eos=True,
+               stream_options={"include_usage": True})
+    assert r["usage"]["completion_tokens"] == 48 and r["finish_reason"] == "length"
+    first, last = r["times"][0], r["times"][-1]
+    # Tokens are relayed as they are sampled: the first chunk long before the stream ends.
+    assert last - first > 0.4 * (last - started), (first - started, last - started)
+    assert len({round(t, 2) for t in r["times"]}) > 10
+
+
+def test_32_concurrent_streams_never_interleave(ts, offline):
+    prompts = PROMPTS[:8]
+    want = expected(offline, [("completions", p) for p in prompts], [20] * 8)
+    with ThreadPoolExecutor(32) as pool:
+        got = list(pool.map(lambda i: result(ts, "completions", prompts[i % 8], 20, stream=True,
+                                             stream_options={"include_usage": True}), range(32)))
+    assert len({g["id"] for g in got}) == 32
+    for i, g in enumerate(got):
+        assert g["text"] == want[i % 8].text, (i, g["text"])
+        assert g["usage"]["completion_tokens"] == want[i % 8].completion_tokens
+
+
+BAD = [
+    ({"prompt": "hi", "max_token": 5}, "max_token"),
+    ({"prompt": "hi", "temperature": "warm"}, "temperature"),
+    ({"prompt": "hi", "top_p": 7}, "top_p"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "hello " * 3000}, "prompt"),  # longer than max_model_len
+    (b'{"prompt": "hi",', None),  # bad JSON
+]
+
+
+def test_bad_requests_between_running_streams(ts, offline):
+    want = expected(offline, [("completions", p) for p in PROMPTS[:4]], [40] * 4)
+    streams, first_chunk = [], threading.Barrier(5, timeout=120)
+
+    def stream(i):
+        resp = call(ts, "/1.0/v1/completions", {"prompt": PROMPTS[i], "max_tokens": 40, "temperature": 0,
+                                                "stream": True}, stream=True)
+        lines = resp.iter_lines()
+        head = next(line for line in lines if line)
+        first_chunk.wait()
+
+        class Rest:  # the already-read line followed by the rest of the stream
+            status_code, headers = resp.status_code, resp.headers
+
+            @staticmethod
+            def iter_lines(decode_unicode=False):
+                yield head
+                yield from lines
+
+        return read_stream(Rest)
+
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(stream, i) for i in range(4)]
+        first_chunk.wait()  # every stream is running now
+        for body, param in BAD:
+            r = call(ts, "/1.0/v1/completions", body)
+            assert r.status_code == 400, (param, r.status_code, r.text)
+            err = r.json()["error"]
+            assert err["type"] == "invalid_request_error" and err["param"] == param and err["message"]
+        got = [f.result() for f in futures]
+    for g, w in zip(got, want):
+        assert g["text"] == w.text and g["finish_reason"] == w.finish_reason
+
+
+def _metric(text: str, name: str) -> float:
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") and f'ModelName="{MODEL}"' in line]
+    assert values, f"{name} not in /metrics"
+    return values[-1]
+
+
+def test_timeout_aborts_and_frees_blocks(ts):
+    r = result(ts, "completions", "Count to a thousand:", 1000, stream=False, ignore_eos=True, timeout=1.5)
+    assert r["finish_reason"] == "abort" and 0 < r["usage"]["completion_tokens"] < 1000
+    s = result(ts, "chat", "Tell me a long story.", 1000, stream=True, ignore_eos=True, timeout=1.5)
+    assert s["finish_reason"] == "abort"
+    # Expired before its first token: 408.
+    late = call(ts, "/1.0/v1/completions", {"prompt": "hi", "max_tokens": 5, "timeout": 1e-6})
+    assert late.status_code == 408 and late.json()["error"]["type"] == "timeout_error"
+    deadline = time.time() + 20
+    while True:  # metrics travel through the frontend's log parser: allow a moment
+        m = ts.metrics()
+        if _metric(m, "orca_kv_blocks_used") == 0 and _metric(m, "orca_aborts_total") >= 3:
+            break
+        assert time.time() < deadline, m[-3000:]
+        time.sleep(0.5)
+
+
+def test_openai_client(ts, offline):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=ts.url(f"/predictions/{MODEL}/1.0/v1"), api_key=ts.keys["inference"])
+    want = expected(offline, [("completions", "The capital of France is"), ("chat", QUESTIONS[0])], [16, 24])
+
+    c = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0)
+    assert c.choices[0].text == want[0].text and c.usage.completion_tokens == want[0].completion_tokens
+    pieces = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
+                                       temperature=0, stream=True)
+    assert "".join(p.choices[0].text for p in pieces if p.choices) == want[0].text
+
+    messages = [{"role": "user", "content": QUESTIONS[0]}]
+    ch = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0)
+    assert ch.choices[0].message.content == want[1].text and "Paris" in want[1].text
+    assert ch.choices[0].finish_reason == want[1].finish_reason
+    pieces = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=24, temperature=0, stream=True)
+    assert "".join(p.choices[0].delta.content or "" for p in pieces if p.choices) == want[1].text
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt="x", max_tokens=-1)
+    assert e.value.status_code == 400
+
+
+def test_metrics_are_scraped(ts):
+    m = ts.metrics()
+    for name in ("orca_time_to_first_token_seconds", "orca_time_per_output_token_seconds",
+                 "orca_queue_time_seconds", "orca_e2e_latency_seconds"):
+        assert _metric(m, name + "_count") > 10, name
+    for name in ("orca_num_requests_running", "orca_num_requests_waiting", "orca_kv_blocks_used",
+                 "orca_kv_cache_usage_ratio", "orca_step_tokens", "orca_step_tokens_total", "orca_steps_total",
+                 "orca_preemptions_total", "orca_aborts_total", "orca_generation_tokens_total"):
+        _metric(m, name)
+    assert _metric(m, "orca_step_tokens_total") > _metric(m, "orca_steps_total") > 10
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.3)
+    return False
+
+
+def test_unregister_stops_the_worker(ts):
+    pids = ts.worker_pids(MODEL)
+    assert len(pids) == 1
+    r = ts.unregister(MODEL)
+    assert r.status_code == 200, r.text
+    assert _gone(pids[0], 60), "worker process survived unregistration"
+    r = call(ts, "", {"prompt": "hi"})
+    assert r.status_code == 404
