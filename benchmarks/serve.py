@@ -236,14 +236,20 @@ def summarize(results: list[Result], rate: float | None, concurrency: int | None
                      **{f"p{q}": pct(vals, q) for q in (50, 90, 99)}}
     # Saturated: the server no longer keeps up with the offered load (throughput falls behind the
     # rate, or latency keeps growing over the run as the queue builds up).
-    if rate is not None:
+    # Unsaturated, the run lasts about (arrival span + a typical latency): the server completes
+    # requests as fast as they arrive. Saturated, a queue builds: the run drains long after the
+    # last arrival and later requests wait longer than early ones.
+    if rate is not None and len(ok) >= 3:
         arrivals = sorted(ok, key=lambda r: r.sent)
         third = max(len(arrivals) // 3, 1)
         early = pct([r.e2e for r in arrivals[:third]], 50)
         late = pct([r.e2e for r in arrivals[-third:]], 50)
-        out["offered_rate"] = rate
-        out["latency_growth"] = late / early if early else None
-        out["saturated"] = bool(out["request_throughput"] < 0.8 * rate or (early and late > 2.0 * early))
+        arrival_span = max(arrivals[-1].sent - arrivals[0].sent, 1e-9)
+        realized = (len(ok) - 1) / arrival_span
+        served = (len(ok) - 1) / max(span - out["e2e"]["p50"], 1e-9)
+        out.update(offered_rate=rate, realized_rate=realized, served_rate=served,
+                   latency_growth=late / early if early else None)
+        out["saturated"] = bool(served < 0.8 * realized or (early and late > 2.0 * early))
     return out
 
 
@@ -458,8 +464,9 @@ def main(argv=None) -> int:
     else:
         desc = (f"synthetic token-id prompts, input U[{args.input_len[0]}, {args.input_len[1]}] tokens, output "
                 f"U[{args.output_len[0]}, {args.output_len[1]}] tokens (max_tokens, ignore_eos, greedy), seed {args.seed}")
-    load_desc = (f"Poisson arrivals, {args.duration:g} s of arrivals per rate" if rates != [None]
-                 else f"closed loop, {args.concurrency} clients")
+    per_rate = f"{args.num_requests} requests" if args.num_requests else f"{args.duration:g} s of arrivals"
+    load_desc = (f"Poisson arrivals, {per_rate} per rate" if rates != [None]
+                 else f"closed loop, {args.concurrency} clients, {count(None)} requests")
     desc += f"; {load_desc}"
 
     # Warm-up: first requests pay lazy initialisation; keep them out of the figures.
