@@ -8,7 +8,8 @@
 # store, starts TorchServe once on free loopback ports (token auth on, gRPC on free ports, own
 # temp dir), registers both, runs benchmarks/serve.py with the same seeded Poisson sweep against
 # both (systems interleaved per rate), then draws the baseline's batches. Writes into $OUT
-# (default docs/): benchmark-serving.json, benchmark-serving.png, schedule-baseline.png, and the
+# (default docs/): benchmark-serving.json, benchmark-serving.png, benchmark-serving-batches.png (the
+# baseline's batches at the first rate), and the
 # results section of benchmark-serving.md (when $OUT/benchmark-serving.md exists).
 # Settings (environment): RATES, NUM_REQUESTS, INPUT_LEN, OUTPUT_LEN, SEED, BATCH_SIZE,
 # MAX_BATCH_DELAY (baseline), OUT, WORK (scratch dir, kept), PY, EXTRA (more serve.py args).
@@ -103,7 +104,7 @@ SERVE_BENCH_COMMAND="$CMD" "$PY" benchmarks/serve.py --url "http://127.0.0.1:$IN
 if [ -s "$OUT/benchmark-serving.json" ]; then
     FIRST_RATE=${RATES%%,*}
     "$PY" benchmarks/plot_schedule.py baseline "$OUT/benchmark-serving.json" --system smollm2-baseline \
-        --rate "$FIRST_RATE" --max-requests 24 --png "$OUT/schedule-baseline.png" || status=1
+        --rate "$FIRST_RATE" --max-requests 24 --png "$OUT/benchmark-serving-batches.png" || status=1
 fi
-echo "== done (exit $status): $OUT/benchmark-serving.{json,png}, $OUT/schedule-baseline.png; scratch: $WORK"
+echo "== done (exit $status): $OUT/benchmark-serving.{json,png}, $OUT/benchmark-serving-batches.png; scratch: $WORK"
 exit $status

@@ -10,8 +10,8 @@
     python benchmarks/plot_schedule.py baseline bench.json --system smollm2-baseline --rate 1 \\
         --png docs/schedule-baseline.png
 
-orcaserve picture: one row per request, one column per engine step (x = wall time, so a long
-prefill step is a wide column); orange = prefill tokens in that step, blue = one decode token,
+orcaserve picture: one row per request, one column per engine step (`--x time`: x = wall time,
+so a long prefill step is a wide column); orange = prefill tokens in that step, blue = one decode token,
 grey line = waiting in the queue, red x = preempted. Requests join and leave the running batch
 between any two steps (ORCA's "bus stop"). Top strip: requests per step and KV blocks in use.
 
@@ -24,6 +24,7 @@ of the batch is done. Everyone in a batch gets on and off together.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -79,7 +80,7 @@ def record_trace(rate: float, num_requests: int, input_len, output_len, seed: in
 
 
 # ---- orcaserve picture -----------------------------------------------------------------------
-def plot_orca(data, png: str, title: str | None = None) -> None:
+def plot_orca(data, png: str, title: str | None = None, x_axis: str = "step") -> None:
     plt = _plt()
     from matplotlib.patches import Patch
 
@@ -98,14 +99,29 @@ def plot_orca(data, png: str, title: str | None = None) -> None:
     row = {rid: i for i, rid in enumerate(ids)}
     fig, (top, ax) = plt.subplots(2, 1, figsize=(11, 1.6 + 0.22 * len(ids)), dpi=90, sharex=True,
                                   gridspec_kw={"height_ratios": [1, max(3, len(ids) / 5)]})
+    starts = [s["start"] for s in trace]
+
+    def xpos(t: float) -> float:
+        """Wall time -> x: seconds since t0, or the (fractional) iteration running at time t."""
+        if x_axis == "time":
+            return t - t0
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0:
+            return -0.5
+        step = trace[i]
+        return i + min(1.0, (t - step["start"]) / max(step["end"] - step["start"], 1e-9))
+
     for rid, info in reqs.items():  # queueing: arrival -> first step that ran it
         first = next((s["start"] for s in trace if rid in s["requests"]), None)
         if first is not None and "arrival" in info:
-            ax.plot([info["arrival"] - t0, first - t0], [row[rid]] * 2, color=WAIT, lw=1.5, zorder=1)
-            ax.plot(info["arrival"] - t0, row[rid], "|", color="0.4", ms=7, zorder=2)
+            ax.plot([xpos(info["arrival"]), xpos(first)], [row[rid]] * 2, color=WAIT, lw=1.5, zorder=1)
+            ax.plot(xpos(info["arrival"]), row[rid], "|", color="0.4", ms=7, zorder=2)
     bars: dict[str, list] = {PREFILL: [], DECODE: []}
-    for step in trace:
-        x, w = step["start"] - t0, max(step["end"] - step["start"], 1e-4)
+    for i, step in enumerate(trace):
+        if x_axis == "time":
+            x, w = step["start"] - t0, max(step["end"] - step["start"], 1e-4)
+        else:
+            x, w = i, 1.0
         for rid, (pre, dec) in step["requests"].items():
             bars[PREFILL if pre else DECODE].append((row[rid], x, w))
         for rid in step.get("preempted", []):
@@ -117,13 +133,13 @@ def plot_orca(data, png: str, title: str | None = None) -> None:
     ax.set_yticks(range(len(ids)))
     ax.set_yticklabels(ids, fontsize=6)
     ax.invert_yaxis()
-    ax.set_xlabel("seconds")
+    ax.set_xlabel("seconds" if x_axis == "time" else "iteration (engine step)")
     ax.set_ylabel("request (by arrival)")
     ax.legend(handles=[Patch(color=PREFILL, label="prefill step"), Patch(color=DECODE, label="decode step"),
                        Patch(color=WAIT, label="queued"),
                        plt.Line2D([], [], marker="x", color=PREEMPT, ls="", label="preempted")],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    xs = [s["start"] - t0 for s in trace]
+    xs = [s["start"] - t0 for s in trace] if x_axis == "time" else list(range(len(trace)))
     top.step(xs, [len(s["requests"]) for s in trace], where="post", color="tab:green", label="requests in step")
     top.set_ylabel("batch", fontsize=8)
     kv = top.twinx()
@@ -200,9 +216,11 @@ def main(argv=None) -> int:
     t.add_argument("--threads", type=int, default=None, help="torch threads")
     t.add_argument("--json", required=True)
     t.add_argument("--png", required=True)
+    t.add_argument("--x", choices=["step", "time"], default="step", help="x axis: iterations or seconds")
     o = sub.add_parser("orca", help="draw a saved trace JSON")
     o.add_argument("json")
     o.add_argument("--png", required=True)
+    o.add_argument("--x", choices=["step", "time"], default="step", help="x axis: iterations or seconds")
     b = sub.add_parser("baseline", help="draw the baseline's batches from a serve.py report")
     b.add_argument("json")
     b.add_argument("--system", default="smollm2-baseline")
@@ -222,11 +240,11 @@ def main(argv=None) -> int:
         data = record_trace(args.rate, args.num_requests, args.input_len, args.output_len, args.seed, engine_args)
         with open(args.json, "w") as f:
             json.dump(data, f, indent=None, separators=(",", ":"))
-        plot_orca(data, args.png)
+        plot_orca(data, args.png, x_axis=args.x)
         print(f"{len(data['trace'])} steps, {len(data['requests'])} requests -> {args.json}, {args.png}")
     elif args.cmd == "orca":
         with open(args.json) as f:
-            plot_orca(json.load(f), args.png)
+            plot_orca(json.load(f), args.png, x_axis=args.x)
     else:
         with open(args.json) as f:
             plot_baseline(json.load(f), args.png, args.system, args.rate, args.max_requests)

@@ -399,6 +399,20 @@ def machine() -> dict:
     return info
 
 
+def command_line(argv: list[str]) -> str:
+    """This run's command, with the inference key replaced by `$KEY`."""
+    shown, hide = [], False
+    for a in argv:
+        if hide:
+            shown.append("$KEY")
+        elif a.startswith("--key="):
+            shown.append("--key=$KEY")
+        else:
+            shown.append(a if " " not in a else repr(a))
+        hide = a == "--key"
+    return "python " + " ".join([os.path.relpath(__file__)] + shown)
+
+
 def read_key(args) -> str | None:
     if args.key:
         return args.key
@@ -497,8 +511,7 @@ def main(argv=None) -> int:
 
     report = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": "python " + " ".join([os.path.relpath(__file__)] + [a if " " not in a else repr(a) for a in
-                                                                        (argv if argv is not None else sys.argv[1:])]),
+        "command": command_line(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),
         "url": base,
         "systems": args.model,
