@@ -239,7 +239,9 @@ def summarize(results: list[Result], rate: float | None, concurrency: int | None
     # Unsaturated, the run lasts about (arrival span + a typical latency): the server completes
     # requests as fast as they arrive. Saturated, a queue builds: the run drains long after the
     # last arrival and later requests wait longer than early ones.
-    if rate is not None and len(ok) >= 3:
+    if rate is not None:
+        out["saturated"] = None  # too few requests to tell
+    if rate is not None and len(ok) >= 8:
         arrivals = sorted(ok, key=lambda r: r.sent)
         third = max(len(arrivals) // 3, 1)
         early = pct([r.e2e for r in arrivals[:third]], 50)
@@ -264,7 +266,7 @@ def verdict(summaries: list[dict], ours: str, baseline: str) -> dict | None:
     peak_b = max(s["output_tokens_per_s"] for s in b)
     rows = []
     for sb in b:
-        if sb.get("rate") is None or sb.get("saturated"):
+        if sb.get("rate") is None or sb.get("saturated") is not False:
             continue
         sa = next((s for s in a if s.get("rate") == sb["rate"]), None)
         if sa is None:
@@ -277,6 +279,9 @@ def verdict(summaries: list[dict], ours: str, baseline: str) -> dict | None:
             "p50_e2e_at_unsaturated_baseline_rates": rows,
             "p50_e2e_lower_at_all_unsaturated": bool(rows) and all(r["lower"] for r in rows),
             "errors": errors}
+
+
+_SAT = {True: "yes", False: "no"}
 
 
 def _f(v, spec=".2f") -> str:
@@ -307,7 +312,7 @@ def markdown(report: dict) -> str:
             f"| {_f(s['request_throughput'])} | {_f(s['output_tokens_per_s'], '.1f')} "
             f"| {_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])} | {_f(s['tpot']['p50'], '.3f')} "
             f"| {_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])} "
-            f"| {'yes' if s.get('saturated') else 'no' if 'saturated' in s else '-'} |")
+            f"| {_SAT.get(s.get('saturated'), '-')} |")
     v = report.get("verdict")
     if v:
         ours, base = v["system"], v["baseline"]
@@ -320,7 +325,8 @@ def markdown(report: dict) -> str:
             lines.append(f"p50 e2e where {base} is not saturated ({ours} vs {base}): " + "; ".join(parts)
                          + f" (lower at every such rate: {'yes' if v['p50_e2e_lower_at_all_unsaturated'] else 'NO'}).")
         else:
-            lines.append(f"{base} was saturated at every rate of this sweep: no p50 comparison below saturation.")
+            lines.append(f"{base} was saturated (or had too few requests to tell) at every rate of this sweep: "
+                         "no p50 comparison below saturation.")
         lines.append(f"Errors: {v['errors']}.")
     if report.get("plot"):
         lines += ["", f"![latency vs throughput]({os.path.basename(report['plot'])})"]
