@@ -444,8 +444,8 @@ def main(argv=None) -> int:
     p.add_argument("--num-requests", type=int, default=None,
                    help="requests per rate (default: rate x --duration, at least 8; concurrency: 32)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
-    p.add_argument("--input-len", type=_range, default=(16, 256), help="prompt tokens A:B, uniform")
-    p.add_argument("--output-len", type=_range, default=(1, 64), help="max_tokens A:B, uniform")
+    p.add_argument("--input-len", type=_range, default=(8, 128), help="prompt tokens A:B, uniform")
+    p.add_argument("--output-len", type=_range, default=(1, 128), help="max_tokens A:B, uniform")
     p.add_argument("--token-range", type=_range, default=(1000, 40000), help="synthetic prompt token ids")
     p.add_argument("--dataset", help="JSONL prompts instead of synthetic ones")
     p.add_argument("--seed", type=int, default=0)
