@@ -50,7 +50,7 @@ serve: $(STAMP) $(STORE)/smollm2.mar
 	@echo "    -H 'Content-Type: application/json' \\"
 	@echo "    -d '{\"messages\": [{\"role\": \"user\", \"content\": \"What is the capital of France?\"}], \"temperature\": 0}'"
 	@echo "More: docs/serving.md"
-	exec $(BIN)/torchserve --start --foreground --ncs --ts-config config.properties --model-store $(STORE)
+	exec $(BIN)/python -m orcaserve.handler.serve --ts-config config.properties --model-store $(STORE)
 
 archive: $(STAMP)
 	$(BIN)/python -m orcaserve.handler.archive --model $(MODEL) --name $(NAME) --export-path $(STORE) --format $(FORMAT) $(ARCHIVE_ARGS)

@@ -35,6 +35,7 @@ class HandlerConfig:
     default_timeout: per-request deadline in seconds when the request has no `timeout`; None = none.
     default_max_tokens: max_tokens when the request has none; None = OpenAI's (16 for
     completions, up to the context length for chat).
+    num_threads: torch intra-op threads of the worker; None = leave torch's choice.
     """
 
     model_path: str
@@ -42,12 +43,13 @@ class HandlerConfig:
     default_timeout: float | None = None
     default_max_tokens: int | None = None
     served_model_name: str | None = None
+    num_threads: int | None = None
 
     @classmethod
     def from_dict(cls, section: dict, model_dir: str | None = None) -> "HandlerConfig":
         """Validate the section; an unknown key raises ValueError naming it."""
         section = dict(section)
-        serving = {"model_path", "default_timeout", "default_max_tokens", "served_model_name"}
+        serving = {"model_path", "default_timeout", "default_max_tokens", "served_model_name", "num_threads"}
         for key in section:
             if key not in serving and key not in ENGINE_ARGS:
                 raise ValueError(f"unknown key {key!r} in model-config.yaml handler section; "
@@ -66,10 +68,13 @@ class HandlerConfig:
         if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
             raise ValueError(f"default_max_tokens must be a positive integer or null, got {max_tokens!r}")
         name = section.pop("served_model_name", None)
+        threads = section.pop("num_threads", None)
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"num_threads must be a positive integer or null, got {threads!r}")
         if "kv_cache_memory" in section:
             section["kv_cache_memory"] = parse_bytes(section["kv_cache_memory"])
         EngineConfig(**section)  # validate now: a bad value should fail the load with its name
-        return cls(path, section, timeout, max_tokens, name)
+        return cls(path, section, timeout, max_tokens, name, threads)
 
     def engine_args(self, gpu_id: Any = None) -> dict:
         """Engine arguments; on a GPU worker the device defaults to TorchServe's assigned GPU."""

@@ -54,17 +54,26 @@ class OrcaHandler:
         """Build the engine from model-config.yaml's `handler:` section and start its loop."""
         props = getattr(context, "system_properties", {}) or {}
         yaml_config = getattr(context, "model_yaml_config", {}) or {}
-        self.config = HandlerConfig.from_dict(yaml_config.get("handler") or {}, props.get("model_dir"))
-        self.model_name = self.config.served_model_name or getattr(context, "model_name", None) or "model"
-        engine_args = self.config.engine_args(props.get("gpu_id"))
-        log.info("orcaserve: loading %s with %s", self.config.model_path, engine_args)
-        self.engine = Engine.from_pretrained(self.config.model_path, **engine_args)
-        self.metrics = EngineMetrics(getattr(context, "metrics", None), self.model_name)
-        self.loop = EngineLoop(self.engine, on_step=self.metrics.on_step).start()
+        config = HandlerConfig.from_dict(yaml_config.get("handler") or {}, props.get("model_dir"))
+        engine_args = config.engine_args(props.get("gpu_id"))
+        if config.num_threads is not None:
+            import torch
+
+            torch.set_num_threads(config.num_threads)
+        log.info("orcaserve: loading %s with %s", config.model_path, engine_args)
+        engine = Engine.from_pretrained(config.model_path, **engine_args)
+        name = config.served_model_name or getattr(context, "model_name", None) or "model"
+        self.start(engine, config, getattr(context, "metrics", None), name)
         self._install_sigterm()
+        log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)", self.model_name,
+                 engine.max_model_len, engine.stats.num_blocks, _torch_threads())
+
+    def start(self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model") -> None:
+        """Serve `engine` (already built): start the loop thread that owns it from now on."""
+        self.config, self.engine, self.model_name = config, engine, model_name
+        self.metrics = EngineMetrics(metrics_cache, model_name)
+        self.loop = EngineLoop(engine, on_step=self.metrics.on_step).start()
         self.initialized = True
-        log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks)", self.model_name,
-                 self.engine.max_model_len, self.engine.stats.num_blocks)
 
     def _install_sigterm(self) -> None:
         # The frontend stops a worker (unregister, scale down) by terminating its process; stop
@@ -206,6 +215,12 @@ class OrcaHandler:
         reply.context.set_response_content_type(0, "application/json")
         reply.send_complete(json.dumps(body))
         return ""
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 class _Reply:

@@ -1,0 +1,206 @@
+"""OrcaHandler inside TorchServe's real backend code path, without the Java frontend.
+
+Requests go through `ts.async_service.predict` (the coroutine TorchServe's async worker runs per
+request) over a real socket pair; the test decodes the frames the frontend would read. The engine
+wraps a tiny random model, so greedy outputs are checked against the engine run offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import socket
+import struct
+import threading
+import types
+
+import pytest
+
+from conftest import tiny_model
+from orcaserve.handler.config import HandlerConfig
+from orcaserve.handler.orca_handler import OrcaHandler
+from orcaserve.scheduler import Engine, SamplingParams
+
+ts_async = pytest.importorskip("ts.async_service")
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl  # noqa: E402
+from ts.service import Service  # noqa: E402
+
+ENGINE_ARGS = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_cache_memory": 64 * 2 * 2 * 16 * 2 * 16 * 4}
+
+
+def _int(buf: memoryview, pos: int) -> tuple[int, int]:
+    return struct.unpack_from("!i", buf, pos)[0], pos + 4
+
+
+def _str(buf: memoryview, pos: int) -> tuple[bytes, int]:
+    n, pos = _int(buf, pos)
+    return bytes(buf[pos:pos + max(n, 0)]), pos + max(n, 0)
+
+
+def parse_frames(data: bytes) -> list[dict]:
+    """Decode `create_predict_response` frames (one request each) in arrival order."""
+    frames, buf, pos = [], memoryview(data), 0
+    while pos < len(data):
+        _code, pos = _int(buf, pos)
+        _msg, pos = _str(buf, pos)
+        rid, pos = _str(buf, pos)
+        ctype, pos = _str(buf, pos)
+        status, pos = _int(buf, pos)
+        _phrase, pos = _str(buf, pos)
+        nh, pos = _int(buf, pos)
+        headers = {}
+        for _ in range(nh):
+            k, pos = _str(buf, pos)
+            v, pos = _str(buf, pos)
+            headers[k.decode()] = v.decode()
+        body, pos = _str(buf, pos)
+        end, pos = _int(buf, pos)
+        assert end == -1
+        frames.append({"id": rid.decode(), "type": ctype.decode(), "status": status, "headers": headers, "body": body})
+    return frames
+
+
+class Backend:
+    """A handler behind TorchServe's async predict, writing frames to one socket like the worker."""
+
+    def __init__(self, tokenizer) -> None:
+        engine = Engine.from_model(copy.deepcopy(tiny_model("llama")), tokenizer, **ENGINE_ARGS)
+        self.engine = engine
+        self.handler = OrcaHandler()
+        self.handler.start(engine, HandlerConfig("unused", {}, default_timeout=60), None, "tiny")
+        cache = MetricsCacheYamlImpl(config_file_path=ts_async.__file__.replace("async_service.py", "configs/metrics.yaml"))
+        cache.initialize_cache()
+        self.service = Service("tiny", "/tmp", None, self.handler.handle, None, 1, metrics_cache=cache)
+        self.service.predict = types.MethodType(ts_async.predict, self.service)
+        self.writer, self.reader = socket.socketpair()
+        self.service.set_cl_socket(self.writer)
+        self.received = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while chunk := self.reader.recv(65536):
+            self.received.extend(chunk)
+
+    async def request(self, rid: str, body, path: str = "v1/completions") -> None:
+        value = body if isinstance(body, bytes) else body  # dict: as TorchServe decodes JSON bodies
+        batch = [{"requestId": rid.encode(), "headers": [{"name": b"url_path", "value": path.encode()}],
+                  "parameters": [{"name": "body", "contentType": "application/json", "value": value}]}]
+        final = await self.service.predict(batch)
+        self.service.cl_socket.sendall(final)  # what AsyncService.send_responses does
+
+    def frames(self) -> dict[str, list[dict]]:
+        self.writer.shutdown(socket.SHUT_WR)
+        self._reader.join(10)
+        by_id: dict[str, list[dict]] = {}
+        for f in parse_frames(bytes(self.received)):
+            by_id.setdefault(f["id"], []).append(f)
+        return by_id
+
+    def close(self) -> None:
+        self.handler.shutdown(5)
+        self.writer.close()
+        self.reader.close()
+
+
+@pytest.fixture
+def backend(tokenizer):
+    b = Backend(tokenizer)
+    yield b
+    b.close()
+
+
+def body_of(frames: list[dict]) -> bytes:
+    return b"".join(f["body"] for f in frames)
+
+
+def check_release(frames: list[dict]) -> None:
+    """Exactly one final frame, last, marked ts_stream_next: false."""
+    flags = [f["headers"].get("ts_stream_next") for f in frames]
+    assert flags[-1] == "false" and flags.count("false") == 1, flags
+
+
+def test_frames_statuses_and_errors(backend):
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    want = backend.engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+
+    async def run():
+        await asyncio.gather(
+            backend.request("ok-json", {"prompt": prompts[0], "max_tokens": 6, "temperature": 0, "ignore_eos": True}),
+            backend.request("ok-sse", {"prompt": prompts[1], "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                       "stream": True}),
+            backend.request("bad-field", {"prompt": [1], "bogus": 1}),
+            backend.request("bad-json", b"{nope"),
+            backend.request("too-long", {"prompt": [3] * 5000}),
+            backend.request("no-path", {"prompt": [1]}, path="v1/embeddings"),
+            backend.request("expired", {"prompt": [1, 2], "timeout": 1e-9}),
+        )
+
+    asyncio.run(run())
+    frames = backend.frames()
+    assert set(frames) == {"ok-json", "ok-sse", "bad-field", "bad-json", "too-long", "no-path", "expired"}
+    for rid, fs in frames.items():
+        check_release(fs)
+
+    ok = frames["ok-json"]
+    assert ok[0]["status"] == 200 and ok[0]["headers"]["ts_stream_next"] == "true" and ok[0]["type"] == "application/json"
+    obj = json.loads(body_of(ok))
+    assert obj["choices"][0]["text"] == want[0].text and obj["usage"]["completion_tokens"] == 6
+
+    sse = frames["ok-sse"]
+    assert sse[0]["type"] == "text/event-stream" and len(sse) >= 3  # tokens relayed one by one
+    events = [e for e in body_of(sse).decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
+    assert text == want[1].text
+
+    for rid, status, param in (("bad-field", 400, "bogus"), ("bad-json", 400, None), ("too-long", 400, "prompt"),
+                               ("no-path", 404, None), ("expired", 408, "timeout")):
+        first = frames[rid][0]
+        # A complete response (no ts_stream_next): the frontend sends status and body together.
+        assert first["status"] == status and "ts_stream_next" not in first["headers"], (rid, first)
+        err = json.loads(first["body"])["error"]
+        assert err["param"] == param and err["message"], rid
+        assert frames[rid][-1]["body"] == b""
+
+
+def test_internal_failure_is_a_500_for_that_request_only(backend):
+    real_submit = backend.handler.loop.submit
+
+    def submit(request_id, *args, **kwargs):
+        if request_id == "broken":
+            raise RuntimeError("injected failure")
+        return real_submit(request_id, *args, **kwargs)
+
+    backend.handler.loop.submit = submit
+
+    async def run():
+        await asyncio.gather(
+            backend.request("fine", {"prompt": [4, 5, 6], "max_tokens": 8, "temperature": 0, "stream": True}),
+            backend.request("broken", {"prompt": [4, 5, 6]}),
+        )
+        await backend.request("after", {"prompt": [4, 5, 6], "max_tokens": 3})
+
+    asyncio.run(run())
+    frames = backend.frames()
+    assert frames["broken"][0]["status"] == 500
+    assert json.loads(frames["broken"][0]["body"])["error"]["type"] == "server_error"
+    assert body_of(frames["fine"]).endswith(b"data: [DONE]\n\n") and frames["fine"][0]["status"] == 200
+    assert frames["after"][0]["status"] == 200
+    for fs in frames.values():
+        check_release(fs)
+
+
+def test_shutdown_stops_the_loop_thread(backend):
+    loop = backend.handler.loop
+    assert loop.alive
+    backend.handler.shutdown(5)
+    assert not loop.alive and backend.handler.engine is None
+
+    async def run():
+        await backend.request("late", {"prompt": [1, 2]})
+
+    asyncio.run(run())
+    late = backend.frames()["late"]
+    assert late[0]["status"] == 503
