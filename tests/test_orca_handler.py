@@ -106,9 +106,17 @@ class Backend:
 
 @pytest.fixture
 def backend(tokenizer):
+    import torch
+
+    # One thread: spin-waiting OpenMP threads on a busy 2-core machine make steps 20x slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     b = Backend(tokenizer)
-    yield b
-    b.close()
+    try:
+        yield b
+    finally:
+        b.close()
+        torch.set_num_threads(threads)
 
 
 def body_of(frames: list[dict]) -> bytes:

@@ -294,6 +294,19 @@ def _gone(pid: int, timeout: float) -> bool:
     return False
 
 
+def test_scaling_replaces_the_worker(ts):
+    old = ts.worker_pids(MODEL)
+    r = ts.scale(MODEL, 0)
+    assert r.status_code == 200, r.text
+    assert _gone(old[0], 60), "worker process survived scaling to zero"
+    r = ts.scale(MODEL, 1)
+    assert r.status_code == 200, r.text
+    new = ts.worker_pids(MODEL)
+    assert len(new) == 1 and new != old
+    out = result(ts, "chat", QUESTIONS[0], 24, stream=False)
+    assert "Paris" in out["text"]
+
+
 def test_unregister_stops_the_worker(ts):
     pids = ts.worker_pids(MODEL)
     assert len(pids) == 1

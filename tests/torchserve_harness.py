@@ -168,6 +168,10 @@ class TorchServe:
         return requests.delete(self.url(f"/models/{name}", "management"), headers=self.auth("management"),
                                timeout=timeout)
 
+    def scale(self, name: str, workers: int, timeout: float = 600.0) -> requests.Response:
+        return requests.put(self.url(f"/models/{name}", "management"), headers=self.auth("management"), timeout=timeout,
+                            params={"min_worker": workers, "max_worker": workers, "synchronous": "true"})
+
     def describe(self, name: str) -> list[dict]:
         r = requests.get(self.url(f"/models/{name}", "management"), headers=self.auth("management"), timeout=30)
         r.raise_for_status()
