@@ -25,8 +25,9 @@ MODEL = "smollm2"
 # A small KV cache (91 blocks of 16 tokens) keeps memory low and makes block accounting visible.
 ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512}
 PROMPTS = [
-    "The capital of France is", "Once upon a time", "def fibonacci(n):", "The three primary colors are",
-    "Water boils at", "My favourite food is", "import numpy as np\n", "The quick brown fox",
+    # Non-ASCII prompts stream multi-byte characters (tokens that end mid-character included).
+    "The capital of France is", "Once upon a time", "日本の首都は", "The three primary colors are",
+    "Water boils at", "My favourite food is", "Emoji weather report: ☀️", "The quick brown fox",
     "In 1492, Columbus", "Photosynthesis is", "The largest planet in the solar system", "To be or not to be,",
     "A haiku about autumn:", "SELECT * FROM", "The speed of light is", "Dear diary, today",
 ]
