@@ -54,3 +54,20 @@ serve: $(STAMP) $(STORE)/smollm2.mar
 
 archive: $(STAMP)
 	$(BIN)/python -m orcaserve.handler.archive --model $(MODEL) --name $(NAME) --export-path $(STORE) --format $(FORMAT) $(ARCHIVE_ARGS)
+
+# ---- benchmarks (docs/benchmark-serving.md, README "Measured") -------------------------------
+.PHONY: archive-baseline bench-offline bench-serving compile-check
+
+# The request-level baseline (TorchServe dynamic batching + padded generate), model `smollm2-baseline`.
+archive-baseline: $(STAMP)
+	$(BIN)/python -m orcaserve.handler.baseline_handler --archive --export-path $(STORE)
+
+bench-offline: $(STAMP)
+	$(BIN)/python benchmarks/offline.py
+
+bench-serving: $(STAMP)
+	PY=$(BIN)/python benchmarks/compare.sh
+
+# Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
+compile-check: $(STAMP)
+	$(BIN)/python -m orcaserve.kernels.compile_check

@@ -109,13 +109,13 @@ class EngineMetrics:
         if t.finished is not None:
             self._emit("orca_e2e_latency_seconds", max(0.0, t.finished - t.arrival))
         if engine is not None and out.finish_reason == "abort":
-            # A deadline abort frees blocks without a step, so the step gauges are stale: read the
-            # live pool/scheduler sizes (plain ints; a racy read is at worst one step old).
+            # An abort frees blocks between steps; the engine refreshes its gauges then, so emit
+            # them now rather than at the next step (which may never come if the engine is idle).
+            s = engine.stats
             with self._lock:
                 self._last_gauges = ()
-                self._emit_deltas({"orca_aborts_total": engine.stats.num_aborted})
-                used = engine.kv.pool.num_used
-                self._emit("orca_num_requests_running", engine.scheduler.num_running)
-                self._emit("orca_num_requests_waiting", engine.scheduler.num_waiting)
-                self._emit("orca_kv_blocks_used", used)
-                self._emit("orca_kv_cache_usage_ratio", round(used / engine.stats.num_blocks, 4))
+                self._emit_deltas({"orca_aborts_total": s.num_aborted})
+                self._emit("orca_num_requests_running", s.num_running)
+                self._emit("orca_num_requests_waiting", s.num_waiting)
+                self._emit("orca_kv_blocks_used", s.kv_blocks_used)
+                self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))

@@ -128,6 +128,7 @@ class Engine:
             return None
         self.scheduler.finish_request(req, "abort")
         self.stats.num_aborted += 1
+        self.stats.record_occupancy(self.scheduler, self.kv)
         return self._finish_output(req, [])
 
     def has_unfinished(self) -> bool:

@@ -28,11 +28,15 @@ class EngineStats:
 
     def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager, seconds: float) -> None:
         self.num_steps += 1
+        self.last_step_tokens = sched.total_tokens
+        self.last_step_seconds = seconds
+        self.record_occupancy(scheduler, kv)
+
+    def record_occupancy(self, scheduler: Scheduler, kv: KVCacheManager) -> None:
+        """Gauges of who holds what; after steps and after aborts, which free blocks in between."""
         self.num_running = scheduler.num_running
         self.num_waiting = scheduler.num_waiting
         self.kv_blocks_used = kv.pool.num_used
-        self.last_step_tokens = sched.total_tokens
-        self.last_step_seconds = seconds
         self.num_preemptions = scheduler.num_preemptions
 
     def record_finish(self, req: Request) -> None:

@@ -17,19 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from torchserve_harness import TorchServe, free_ports
+from torchserve_harness import TorchServe
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE = REPO / "benchmarks" / "serve.py"
-
-
-def isolation(workdir: Path) -> dict[str, str]:
-    """Config that lets this TorchServe run beside others: own gRPC ports, own Java temp dir
-    (the worker sockets `.ts.sock.9000...` live there), a queue deep enough for bursts."""
-    grpc_inf, grpc_mgmt = free_ports(2)
-    return {"grpc_inference_port": str(grpc_inf), "grpc_management_port": str(grpc_mgmt),
-            "vmargs": f"-Xmx1g -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={workdir / 'tmp'}",
-            "job_queue_size": "1000"}
 
 
 @pytest.mark.slow
@@ -44,7 +35,7 @@ def test_serve_bench_smoke(tmp_path):
                         str(store), "--format", "no-archive"], check=True)
         models.insert(0, "smollm2")
     work = tmp_path / "ts"
-    with TorchServe(work, store, extra_config=isolation(work)) as ts:
+    with TorchServe(work, store, extra_config={"job_queue_size": "1000"}) as ts:  # bursts queue
         for name in models:
             ts.register(name)
         out = tmp_path / "bench.json"

@@ -57,9 +57,14 @@ class TorchServe:
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def write_config(self) -> Path:
-        inf, mgmt, met = free_ports(3)
+        inf, mgmt, met, grpc_inf, grpc_mgmt = free_ports(5)
         self.ports = {"inference": inf, "management": mgmt, "metrics": met}
         lines = {
+            # Two servers on one machine collide on gRPC's default ports and on worker sockets in
+            # Java's temp dir (TMPDIR does not move java.io.tmpdir), so isolate both.
+            "grpc_inference_port": str(grpc_inf),
+            "grpc_management_port": str(grpc_mgmt),
+            "vmargs": f"-Xmx1g -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={self.workdir / 'tmp'}",
             "inference_address": f"http://127.0.0.1:{inf}",
             "management_address": f"http://127.0.0.1:{mgmt}",
             "metrics_address": f"http://127.0.0.1:{met}",
