@@ -97,7 +97,7 @@ DOC=()
 echo "== sweep: rates $RATES req/s, $NUM_REQUESTS requests per rate and system"
 status=0
 # shellcheck disable=SC2086
-SERVE_BENCH_COMMAND="$CMD" "$PY" benchmarks/serve.py --url "http://127.0.0.1:$INF" --key "$(key inference)" \
+SERVE_BENCH_COMMAND="$CMD" "$PY" benchmarks/serve.py --url "http://127.0.0.1:$INF" --key="$(key inference)" \
     --model smollm2 --model smollm2-baseline --rates "$RATES" --num-requests "$NUM_REQUESTS" \
     --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$SEED" \
     --out "$OUT/benchmark-serving.json" --plot "$OUT/benchmark-serving.png" "${DOC[@]}" $EXTRA || status=$?

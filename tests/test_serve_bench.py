@@ -39,7 +39,7 @@ def test_serve_bench_smoke(tmp_path):
         for name in models:
             ts.register(name)
         out = tmp_path / "bench.json"
-        cmd = [sys.executable, str(SERVE), "--url", ts.url(""), "--key", ts.keys["inference"], "--rate", "4",
+        cmd = [sys.executable, str(SERVE), "--url", ts.url(""), f"--key={ts.keys['inference']}", "--rate", "4",  # keys may start with "-"
                "--num-requests", "4", "--input-len", "8:32", "--output-len", "2:6", "--warmup", "1",
                "--timeout", "120", "--out", str(out), "--no-progress"]
         for name in models:
