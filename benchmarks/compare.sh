@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # orcaserve vs the request-level baseline, side by side in one run of one TorchServe.
 #
-#   benchmarks/compare.sh                      # full sweep (about 10-12 min on 2 CPU cores)
+#   benchmarks/compare.sh                      # full sweep (about 10 min on 2 CPU cores)
 #   RATES=0.5 NUM_REQUESTS=4 OUT=/tmp/cmp benchmarks/compare.sh   # quick smoke
 #
 # Builds both archives (orcaserve `smollm2`, baseline `smollm2-baseline`) into a scratch model
@@ -20,8 +20,8 @@ PY=${PY:-.venv/bin/python}
 PY=$(command -v "$PY")
 PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
 BIN=$(dirname "$PY")
-RATES=${RATES:-0.25,0.5,1,2}
-NUM_REQUESTS=${NUM_REQUESTS:-24}
+RATES=${RATES:-0.5,1,2,4,8}
+NUM_REQUESTS=${NUM_REQUESTS:-32}
 INPUT_LEN=${INPUT_LEN:-8:128}
 OUTPUT_LEN=${OUTPUT_LEN:-1:128}
 SEED=${SEED:-0}
