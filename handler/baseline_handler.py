@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_TEMPLATE = os.path.join(HERE, "baseline-model-config.yaml")
 DEFAULT_NAME = "smollm2-baseline"
-_PHRASES = {400: "Bad Request", 404: "Not Found", 500: "Internal Server Error", 503: "Service Unavailable"}
 _UNSUPPORTED = (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
 
 
@@ -93,15 +92,12 @@ class BaselineHandler:
     def initialize(self, context: Any) -> None:
         import torch
 
-        from orcaserve.scheduler.loader import default_model_path, load_model_and_tokenizer
+        from orcaserve.handler.config import resolve_model_path
+        from orcaserve.scheduler.loader import eos_token_ids, load_model_and_tokenizer
 
         cfg = dict((getattr(context, "model_yaml_config", None) or {}).get("handler") or {})
-        path = cfg.get("model_path") or "default"
         model_dir = (getattr(context, "system_properties", None) or {}).get("model_dir")
-        if path == "default":
-            path = default_model_path()
-        elif not os.path.isabs(path) and model_dir:
-            path = os.path.join(model_dir, path)
+        path = resolve_model_path(cfg.get("model_path"), model_dir)
         threads = cfg.get("torch_threads")
         if threads:
             torch.set_num_threads(int(threads))
@@ -110,9 +106,7 @@ class BaselineHandler:
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
             self.pad_id = self.tokenizer.eos_token_id
-        eos = self.model.generation_config.eos_token_id
-        eos = eos if eos is not None else self.tokenizer.eos_token_id
-        self.eos_ids = set([eos] if isinstance(eos, int) else (eos or []))
+        self.eos_ids = eos_token_ids(self.model, self.tokenizer)
         limit = getattr(self.model.config, "max_position_embeddings", None) or 2048
         self.max_model_len = int(cfg.get("max_model_len") or limit)
         self.default_max_tokens = cfg.get("default_max_tokens")
@@ -261,7 +255,9 @@ class BaselineHandler:
 
     @staticmethod
     def _error(context: Any, idx: int, status: int, body: dict) -> str:
-        context.set_response_status(status, _PHRASES.get(status, ""), idx)
+        from orcaserve.handler.protocol import HTTP_PHRASES
+
+        context.set_response_status(status, HTTP_PHRASES.get(status, ""), idx)
         context.set_response_content_type(idx, "application/json")
         return json.dumps(body)
 

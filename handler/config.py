@@ -26,6 +26,18 @@ def parse_bytes(value: Any) -> int | None:
     return int(float(m.group(1)) * _UNITS["B" if unit == "B" else unit])
 
 
+def resolve_model_path(path: Any, model_dir: str | None) -> str:
+    """`default` (the bundled SmolLM2 GGUF), an absolute path, or one relative to the archive."""
+    path = str(path or "default")
+    if path == "default":
+        from orcaserve.scheduler.loader import default_model_path
+
+        return default_model_path()
+    if not os.path.isabs(path) and model_dir:
+        return os.path.join(model_dir, path)
+    return path
+
+
 @dataclass
 class HandlerConfig:
     """Parsed `handler:` section. Engine arguments are exactly `EngineConfig`'s fields.
@@ -54,13 +66,7 @@ class HandlerConfig:
             if key not in serving and key not in ENGINE_ARGS:
                 raise ValueError(f"unknown key {key!r} in model-config.yaml handler section; "
                                  f"known: {sorted(serving | set(ENGINE_ARGS))}")
-        path = str(section.pop("model_path", "default"))
-        if path == "default":
-            from orcaserve.scheduler.loader import default_model_path
-
-            path = default_model_path()
-        elif not os.path.isabs(path) and model_dir:
-            path = os.path.join(model_dir, path)
+        path = resolve_model_path(section.pop("model_path", "default"), model_dir)
         timeout = section.pop("default_timeout", None)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"default_timeout must be a positive number of seconds or null, got {timeout!r}")

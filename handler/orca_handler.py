@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any
 
+import torch
+
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.engine_loop import EngineLoop, RequestError
 from orcaserve.scheduler.outputs import RequestOutput
@@ -28,13 +30,11 @@ from orcaserve.scheduler.outputs import RequestOutput
 from . import socket_lock
 from .config import HandlerConfig
 from .metrics import EngineMetrics
-from .protocol import (CHAT, SSE_DONE, ParsedRequest, ProtocolError, decode_body, error_body,
+from .protocol import (CHAT, HTTP_PHRASES, SSE_DONE, ParsedRequest, ProtocolError, decode_body, error_body,
                        final_response, parse_request, route, sse, stream_chunk)
 
 log = logging.getLogger(__name__)
 
-_PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
-            500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class OrcaHandler:
@@ -57,8 +57,6 @@ class OrcaHandler:
         config = HandlerConfig.from_dict(yaml_config.get("handler") or {}, props.get("model_dir"))
         engine_args = config.engine_args(props.get("gpu_id"))
         if config.num_threads is not None:
-            import torch
-
             torch.set_num_threads(config.num_threads)
         log.info("orcaserve: loading %s with %s", config.model_path, engine_args)
         engine = Engine.from_pretrained(config.model_path, **engine_args)
@@ -66,7 +64,7 @@ class OrcaHandler:
         self.start(engine, config, getattr(context, "metrics", None), name)
         self._install_sigterm()
         log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)", self.model_name,
-                 engine.max_model_len, engine.stats.num_blocks, _torch_threads())
+                 engine.max_model_len, engine.stats.num_blocks, torch.get_num_threads())
 
     def start(self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model") -> None:
         """Serve `engine` (already built): start the loop thread that owns it from now on."""
@@ -95,13 +93,8 @@ class OrcaHandler:
         self.engine = None
         self.initialized = False
         gc.collect()
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        except Exception:  # freeing is best effort
-            pass
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     # ---- requests ----------------------------------------------------------------------------
     async def handle(self, data: list, context: Any) -> list:
@@ -211,16 +204,10 @@ class OrcaHandler:
     def _fail(reply: "_Reply", status: int, body: dict) -> str:
         if reply.started:  # mid-stream: the status line is gone, report in-band
             return sse(body) + SSE_DONE
-        reply.context.set_response_status(status, _PHRASES.get(status, ""), 0)
+        reply.context.set_response_status(status, HTTP_PHRASES.get(status, ""), 0)
         reply.context.set_response_content_type(0, "application/json")
         reply.send_complete(json.dumps(body))
         return ""
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 class _Reply:

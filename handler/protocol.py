@@ -29,6 +29,9 @@ _COMMON = {
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
 _ROLES = {"system", "user", "assistant", "developer"}
+# Reason phrases for the statuses the handlers answer with.
+HTTP_PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+                500: "Internal Server Error", 503: "Service Unavailable"}
 
 
 class ProtocolError(Exception):

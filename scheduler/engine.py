@@ -13,7 +13,7 @@ from orcaserve.kernels import get_backend
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
-from .loader import load_model_and_tokenizer
+from .loader import eos_token_ids, load_model_and_tokenizer
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
 from .request import Request
@@ -53,9 +53,7 @@ class Engine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy)
         self.runner = ModelRunner(model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device)
         self.sampler = Sampler()
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        eos = eos if eos is not None else tokenizer.eos_token_id
-        self.eos_token_ids = frozenset([eos] if isinstance(eos, int) else (eos or []))
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self.stats = EngineStats(num_blocks=num_blocks)

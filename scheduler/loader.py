@@ -38,3 +38,11 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     model.to(device).eval()
     return model, tokenizer
+
+
+def eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """Token ids that end generation: the model's generation config, else the tokenizer's EOS."""
+    config = getattr(model, "generation_config", None)
+    eos = config.eos_token_id if config is not None else None
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    return frozenset([eos] if isinstance(eos, int) else (eos or []))
