@@ -11,8 +11,10 @@
 # (default docs/): benchmark-serving.json, benchmark-serving.png, benchmark-serving-batches.png (the
 # baseline's batches at the first rate), and the
 # results section of benchmark-serving.md (when $OUT/benchmark-serving.md exists).
-# Settings (environment): RATES, NUM_REQUESTS, INPUT_LEN, OUTPUT_LEN, SEED, BATCH_SIZE,
-# MAX_BATCH_DELAY (baseline), OUT, WORK (scratch dir, kept), PY, EXTRA (more serve.py args).
+# Settings (environment): RATES, NUM_REQUESTS (one count, or one per rate), INPUT_LEN, OUTPUT_LEN,
+# SEED, BATCH_SIZE, MAX_BATCH_DELAY (baseline), ORCA_SET (orcaserve model-config overrides, e.g.
+# "max_num_seqs=64 max_num_batched_tokens=512"), SYSTEMS (default both), OUT, WORK (scratch dir,
+# kept), PY, EXTRA (more serve.py args).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -30,12 +32,17 @@ MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-100}
 OUT=${OUT:-docs}
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/orcaserve-compare.XXXXXX")}
 EXTRA=${EXTRA:-}
+ORCA_SET=${ORCA_SET:-}
+SYSTEMS=${SYSTEMS:-smollm2 smollm2-baseline}
 mkdir -p "$OUT" "$WORK/tmp" "$WORK/logs"
 WORK=$(cd "$WORK" && pwd)
 STORE="$WORK/model-store"
 
 echo "== building archives in $STORE"
-"$PY" -m orcaserve.handler.archive --name smollm2 --export-path "$STORE" --format no-archive --force >/dev/null
+SET_ARGS=()
+for kv in $ORCA_SET; do SET_ARGS+=(--set "$kv"); done
+"$PY" -m orcaserve.handler.archive --name smollm2 --export-path "$STORE" --format no-archive --force \
+    "${SET_ARGS[@]}" >/dev/null
 "$PY" -m orcaserve.handler.baseline_handler --archive --export-path "$STORE" \
     --batch-size "$BATCH_SIZE" --max-batch-delay "$MAX_BATCH_DELAY" >/dev/null
 
@@ -84,24 +91,26 @@ for _ in $(seq 1 120); do
     kill -0 "$TS_PID" 2>/dev/null || { tail -50 "$WORK/torchserve.out"; exit 1; }
     sleep 1
 done
-for name in smollm2 smollm2-baseline; do
+MODEL_ARGS=()
+for name in $SYSTEMS; do
+    MODEL_ARGS+=(--model "$name")
     echo "== registering $name"
     curl -sf -X POST -H "Authorization: Bearer $(key management)" \
         "http://127.0.0.1:$MGMT/models?url=$name&initial_workers=1&synchronous=true" >/dev/null \
         || { echo "registering $name failed"; tail -80 "$WORK/torchserve.out"; exit 1; }
 done
 
-CMD="benchmarks/compare.sh  # RATES=$RATES NUM_REQUESTS=$NUM_REQUESTS INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN SEED=$SEED BATCH_SIZE=$BATCH_SIZE MAX_BATCH_DELAY=$MAX_BATCH_DELAY${EXTRA:+ EXTRA='$EXTRA'}"
+CMD="benchmarks/compare.sh  # RATES=$RATES NUM_REQUESTS=$NUM_REQUESTS${ORCA_SET:+ ORCA_SET='$ORCA_SET'} INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN SEED=$SEED BATCH_SIZE=$BATCH_SIZE MAX_BATCH_DELAY=$MAX_BATCH_DELAY${EXTRA:+ EXTRA='$EXTRA'}"
 DOC=()
 [ -f "$OUT/benchmark-serving.md" ] && DOC=(--update-doc "$OUT/benchmark-serving.md")
 echo "== sweep: rates $RATES req/s, $NUM_REQUESTS requests per rate and system"
 status=0
 # shellcheck disable=SC2086
 SERVE_BENCH_COMMAND="$CMD" "$PY" benchmarks/serve.py --url "http://127.0.0.1:$INF" --key="$(key inference)" \
-    --model smollm2 --model smollm2-baseline --rates "$RATES" --num-requests "$NUM_REQUESTS" \
+    "${MODEL_ARGS[@]}" --rates "$RATES" --num-requests "$NUM_REQUESTS" \
     --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$SEED" \
     --out "$OUT/benchmark-serving.json" --plot "$OUT/benchmark-serving.png" "${DOC[@]}" $EXTRA || status=$?
-if [ -s "$OUT/benchmark-serving.json" ]; then
+if [ -s "$OUT/benchmark-serving.json" ] && [[ " $SYSTEMS " == *" smollm2-baseline "* ]]; then
     FIRST_RATE=${RATES%%,*}
     "$PY" benchmarks/plot_schedule.py baseline "$OUT/benchmark-serving.json" --system smollm2-baseline \
         --rate "$FIRST_RATE" --max-requests 24 --png "$OUT/benchmark-serving-batches.png" || status=1

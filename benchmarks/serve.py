@@ -81,6 +81,13 @@ def make_workload(n: int, seed: int, input_len: tuple[int, int], output_len: tup
     return specs
 
 
+def _counts(text: str) -> list[int]:
+    counts = [int(x) for x in text.split(",") if x.strip()]
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"want N or N1,N2,... (each >= 1), got {text!r}")
+    return counts
+
+
 def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
     """Arrival offsets (s) of a Poisson process: the same unit-rate draws scaled by 1/rate."""
     rng = random.Random(seed + 7919)
@@ -229,8 +236,9 @@ def main(argv=None) -> int:
     load.add_argument("--rate", type=float, help="one Poisson arrival rate (req/s)")
     load.add_argument("--rates", help="comma-separated Poisson rates (a sweep)")
     load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back")
-    p.add_argument("--num-requests", type=int, default=None,
-                   help="requests per rate (default: rate x --duration, at least 8; concurrency: 32)")
+    p.add_argument("--num-requests", type=_counts, default=None,
+                   help="requests per rate: N, or N1,N2,... one per rate (default: rate x --duration, "
+                        "at least 8; concurrency: 32)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
     p.add_argument("--input-len", type=_range, default=(8, 128), help="prompt tokens A:B, uniform")
     p.add_argument("--output-len", type=_range, default=(1, 128), help="max_tokens A:B, uniform")
@@ -260,9 +268,12 @@ def main(argv=None) -> int:
     base = args.url.rstrip("/")
     plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
 
+    if args.num_requests and len(args.num_requests) not in (1, len(rates)):
+        p.error(f"--num-requests: give one count or one per rate ({len(rates)})")
+
     def count(rate):
         if args.num_requests:
-            return args.num_requests
+            return args.num_requests[rates.index(rate) if len(args.num_requests) > 1 else 0]
         return 32 if rate is None else max(8, round(rate * args.duration))
 
     n_max = max(count(r) for r in rates)
@@ -272,7 +283,7 @@ def main(argv=None) -> int:
     else:
         desc = (f"synthetic token-id prompts, input U[{args.input_len[0]}, {args.input_len[1]}] tokens, output "
                 f"U[{args.output_len[0]}, {args.output_len[1]}] tokens (max_tokens, ignore_eos, greedy), seed {args.seed}")
-    per_rate = f"{args.num_requests} requests" if args.num_requests else f"{args.duration:g} s of arrivals"
+    per_rate = f"{'/'.join(map(str, args.num_requests))} requests" if args.num_requests else f"{args.duration:g} s of arrivals"
     load_desc = (f"Poisson arrivals, {per_rate} per rate" if rates != [None]
                  else f"closed loop, {args.concurrency} clients, {count(None)} requests")
     desc += f"; {load_desc}"
@@ -310,7 +321,7 @@ def main(argv=None) -> int:
         "url": base,
         "systems": args.model,
         "workload": {"description": desc, "input_len": list(args.input_len), "output_len": list(args.output_len),
-                     "dataset": args.dataset, "seed": args.seed, "rates": rates, "concurrency": args.concurrency,
+                     "dataset": args.dataset, "seed": args.seed, "rates": rates, "num_requests": [count(r) for r in rates], "concurrency": args.concurrency,
                      "duration_s": args.duration},
         "summaries": summaries,
         "verdict": verdict(summaries, args.model[0], args.model[1]) if len(args.model) >= 2 else None,

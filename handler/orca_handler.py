@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -56,21 +56,30 @@ class OrcaHandler:
         yaml_config = getattr(context, "model_yaml_config", {}) or {}
         config = HandlerConfig.from_dict(yaml_config.get("handler") or {}, props.get("model_dir"))
         engine_args = config.engine_args(props.get("gpu_id"))
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
-        log.info("orcaserve: loading %s with %s", config.model_path, engine_args)
-        engine = Engine.from_pretrained(config.model_path, **engine_args)
         name = config.served_model_name or getattr(context, "model_name", None) or "model"
-        self.start(engine, config, getattr(context, "metrics", None), name)
+        log.info("orcaserve: loading %s with %s", config.model_path, engine_args)
+
+        def build() -> Engine:  # runs on the engine thread: all torch work stays on one thread
+            if config.num_threads is not None:
+                torch.set_num_threads(config.num_threads)
+            return Engine.from_pretrained(config.model_path, **engine_args)
+
+        self._serve_loop(lambda on_step: EngineLoop.launch(build, on_step), config,
+                         getattr(context, "metrics", None), name)
         self._install_sigterm()
         log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)", self.model_name,
-                 engine.max_model_len, engine.stats.num_blocks, torch.get_num_threads())
+                 self.engine.max_model_len, self.engine.stats.num_blocks, torch.get_num_threads())
 
     def start(self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model") -> None:
         """Serve `engine` (already built): start the loop thread that owns it from now on."""
-        self.config, self.engine, self.model_name = config, engine, model_name
+        self._serve_loop(lambda on_step: EngineLoop(engine, on_step).start(), config, metrics_cache, model_name)
+
+    def _serve_loop(self, make_loop: Callable[[Callable], EngineLoop], config: HandlerConfig,
+                    metrics_cache: Any, model_name: str) -> None:
+        self.config, self.model_name = config, model_name
         self.metrics = EngineMetrics(metrics_cache, model_name)
-        self.loop = EngineLoop(engine, on_step=self.metrics.on_step).start()
+        self.loop = make_loop(self.metrics.on_step)
+        self.engine = self.loop.engine
         self.initialized = True
 
     def _install_sigterm(self) -> None:

@@ -88,18 +88,40 @@ class EngineLoop:
     thread after each step (for metrics).
     """
 
-    def __init__(self, engine: Engine, on_step: Callable[[Engine], None] | None = None) -> None:
+    def __init__(self, engine: Engine | None, on_step: Callable[[Engine], None] | None = None) -> None:
         self.engine = engine
         self.on_step = on_step
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._deadlines: dict[str, float] = {}
         self._stop = threading.Event()
+        self._build: Callable[[], Engine] | None = None
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="orcaserve-engine", daemon=True)
 
     def start(self) -> "EngineLoop":
         self._thread.start()
         return self
+
+    @classmethod
+    def launch(cls, build: Callable[[], Engine], on_step: Callable[[Engine], None] | None = None) -> "EngineLoop":
+        """Build the engine on the loop thread itself, then serve; raises what `build` raises.
+
+        libgomp gives every thread that runs a parallel region its own team of workers, and once
+        a process holds more OpenMP threads than there are cores, all teams cut their spin-wait
+        and sleep in futexes between ops. Loading the model on the caller's thread and stepping
+        on this one makes two teams: 140 against 158 tok/s on the 2-core CPU. One thread for all
+        torch work avoids it.
+        """
+        loop = cls(None, on_step)
+        loop._build = build
+        loop.start()
+        loop._built.wait()
+        if loop._build_error is not None:
+            loop._thread.join()
+            raise loop._build_error
+        return loop
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Abort what is in flight, stop the thread and wait for it."""
@@ -141,6 +163,14 @@ class EngineLoop:
         return items
 
     def _run(self) -> None:
+        if self._build is not None:
+            try:
+                self.engine = self._build()
+            except BaseException as e:  # handed to launch(), which re-raises it on its thread
+                self._build_error = e
+                return
+            finally:
+                self._built.set()
         while not self._stop.is_set():
             for item in self._drain(block=not self.engine.has_unfinished()):
                 self._handle(item)

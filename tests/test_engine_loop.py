@@ -86,3 +86,28 @@ def test_explicit_abort_and_shutdown_fail_nothing_silently(loop_and_model):
     with pytest.raises(RequestError) as err:
         list(pending)
     assert err.value.status == 503
+
+
+def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
+    """All torch work, loading included, happens on one thread (one OpenMP team), and a failing
+    build surfaces on the caller's thread."""
+    model = tiny_model("llama")
+    built_on = []
+
+    def build() -> Engine:
+        built_on.append(threading.current_thread().name)
+        return Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=32)
+
+    loop = EngineLoop.launch(build)
+    try:
+        assert built_on == ["orcaserve-engine"] and loop.engine is not None
+        outs = list(loop.submit("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+        assert [t for o in outs for t in o.new_token_ids] == hf_greedy(model, [5, 6, 7], 4)
+    finally:
+        loop.shutdown()
+
+    def broken() -> Engine:
+        raise ValueError("no such model")
+
+    with pytest.raises(ValueError, match="no such model"):
+        EngineLoop.launch(broken)
