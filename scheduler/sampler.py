@@ -22,11 +22,14 @@ def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
-def _filter(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
-    """top-k, top-p and min-p on temperature-scaled logits; filtered entries become -inf."""
-    top_k = [r.params.top_k if r.params.top_k > 0 else logits.shape[1] for r in reqs]
-    top_p = [r.params.top_p for r in reqs]
-    min_p = [r.params.min_p for r in reqs]
+def filter_logits(
+    logits: torch.Tensor,  # [S, V] temperature-scaled
+    top_k: list[int],  # per row; 0 = off
+    top_p: list[float],  # per row; 1.0 = off
+    min_p: list[float],  # per row; 0.0 = off
+) -> torch.Tensor:
+    """top-k, top-p and min-p per row; filtered entries become -inf. Shared with the baseline."""
+    top_k = [k if 0 < k < logits.shape[1] else logits.shape[1] for k in top_k]
     dev = logits.device
     if any(p > 0 for p in min_p):
         probs = logits.softmax(-1)
@@ -67,7 +70,9 @@ class Sampler:
             return greedy.tolist()
 
         temps = torch.tensor([r.params.temperature or 1.0 for r in reqs], device=logits.device)
-        probs = _filter(logits / temps[:, None], reqs).softmax(-1)  # [S, V]
+        params = [r.params for r in reqs]
+        probs = filter_logits(logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params],
+                              [p.min_p for p in params]).softmax(-1)  # [S, V]
         noise = torch.empty_like(probs)
         for i, req in enumerate(reqs):
             noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()

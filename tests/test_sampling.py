@@ -10,7 +10,7 @@ import torch
 from conftest import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.request import Request
-from orcaserve.scheduler.sampler import _apply_penalties, _filter
+from orcaserve.scheduler.sampler import _apply_penalties, filter_logits
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_penalties_follow_their_definitions():
 
 def test_filters_keep_what_they_should():
     logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]]))
-    keep = lambda p: torch.isfinite(_filter(logits.clone(), [_req(p)]))[0].tolist()  # noqa: E731
+    keep = lambda p: torch.isfinite(filter_logits(logits.clone(), [p.top_k], [p.top_p], [p.min_p]))[0].tolist()  # noqa: E731
     assert keep(SamplingParams(top_k=2)) == [True, True, False, False]
     assert keep(SamplingParams(top_p=0.7)) == [True, True, False, False]
     assert keep(SamplingParams(top_p=0.01)) == [True, False, False, False]

@@ -25,7 +25,7 @@ SERVE = REPO / "benchmarks" / "serve.py"
 
 @pytest.mark.slow
 def test_serve_bench_smoke(tmp_path):
-    from orcaserve.handler.baseline_handler import build_archive
+    from orcaserve.handler.baseline_archive import build_archive
 
     store = tmp_path / "model-store"
     build_archive(str(store), "smollm2-baseline")
