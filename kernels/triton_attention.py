@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import attend_q_tile, find_seq_idx
+from .triton_common import attend_q_tile, locate_q_tile
 from .triton_split_k import launch_split_k
 from .triton_store_kv import store_kv
 
@@ -86,10 +86,7 @@ def _unified_attention_kernel(
     q_tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
     block_q = BLOCK_M // num_queries_per_kv
-    seq_idx = find_seq_idx(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q)
-    q_start = tl.load(cu_seqlens_q_ptr + seq_idx)
-    q_len = tl.load(cu_seqlens_q_ptr + seq_idx + 1) - q_start
-    q_tile_start = (q_tile_idx - (q_start // block_q + seq_idx)) * block_q
+    seq_idx, q_start, q_len, q_tile_start = locate_q_tile(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q)
     if q_tile_start >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq_idx)

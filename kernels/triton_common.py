@@ -38,6 +38,20 @@ def find_seq_idx(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q):
 
 
 @triton.jit
+def locate_q_tile(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q):
+    """The request a query-tile program serves: (seq_idx, q_start, q_len, q_tile_start).
+
+    Each request owns `q_len // block_q + 1` tile slots, so a program whose q_tile_start is at or
+    past q_len has nothing to do and the caller returns.
+    """
+    seq_idx = find_seq_idx(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q)
+    q_start = tl.load(cu_seqlens_q_ptr + seq_idx)
+    q_len = tl.load(cu_seqlens_q_ptr + seq_idx + 1) - q_start
+    q_tile_start = (q_tile_idx - (q_start // block_q + seq_idx)) * block_q
+    return seq_idx, q_start, q_len, q_tile_start
+
+
+@triton.jit
 def dot(a, b):
     # fp32 inputs: the PyTorch path computes in true fp32, so do not let tl.dot drop to tf32.
     if a.dtype == tl.float32:

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import NEG_BIG, attend_q_tile, find_seq_idx
+from .triton_common import NEG_BIG, attend_q_tile, locate_q_tile
 
 
 @triton.jit
@@ -50,10 +50,7 @@ def _split_k_kernel(
     kv_head = tl.program_id(1)
     split_idx = tl.program_id(2)
     block_q = BLOCK_M // num_queries_per_kv
-    seq_idx = find_seq_idx(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q)
-    q_start = tl.load(cu_seqlens_q_ptr + seq_idx)
-    q_len = tl.load(cu_seqlens_q_ptr + seq_idx + 1) - q_start
-    q_tile_start = (q_tile_idx - (q_start // block_q + seq_idx)) * block_q
+    seq_idx, q_start, q_len, q_tile_start = locate_q_tile(cu_seqlens_q_ptr, q_tile_idx, num_seqs, block_q)
     if q_tile_start >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq_idx)
