@@ -71,3 +71,14 @@ bench-serving: $(STAMP)
 # Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
 compile-check: $(STAMP)
 	$(BIN)/python -m orcaserve.kernels.compile_check
+
+# ---- orcaserve vs vLLM's CPU backend (docs/peers.md) ------------------------------------------
+# vLLM in its own venv (benchmarks/peers/.venv-vllm, idempotent), then both systems one after the
+# other: JSON benchmarks/results/peers.json, docs/peers.png, the table in docs/peers.md.
+# A subset or a smoke run: make bench-peers PEERS_ARGS="--systems vllm --dtypes bf16 --workloads offline"
+# or PEERS_ARGS="--smoke --work /tmp/peers".
+PEERS_ARGS ?=
+.PHONY: bench-peers
+bench-peers: $(STAMP)
+	benchmarks/peers/setup_vllm.sh
+	$(BIN)/python benchmarks/peers/run.py $(PEERS_ARGS)

@@ -2,6 +2,7 @@
 
     python benchmarks/offline.py                      # the workload, all systems
     python benchmarks/offline.py --num-prompts 16 --systems orcaserve --json out.json
+    python benchmarks/offline.py --systems orcaserve --dtype bf16 --max-model-len 1024   # as benchmarks/peers/run.py
 
 Workload: N prompts of random token ids with lengths U[min_prompt, max_prompt] and output lengths
 U[min_out, max_out] (fixed seed, EOS ignored), all submitted at once. "Useful" tokens are each
@@ -25,24 +26,15 @@ import time
 import torch
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from serve_workload import add_offline_args, offline_workload, workload_sha256
+from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.loader import load_model_and_tokenizer
-
-
-def make_workload(args, vocab: int) -> list[tuple[list[int], int]]:
-    rng = random.Random(args.seed)
-    # Skip the first 100 ids: special and control tokens.
-    return [
-        (
-            [rng.randrange(100, vocab) for _ in range(rng.randint(args.min_prompt, args.max_prompt))],
-            rng.randint(args.min_out, args.max_out),
-        )
-        for _ in range(args.num_prompts)
-    ]
 
 
 def run_orcaserve(model, tokenizer, work, args) -> dict:
     engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        copy.deepcopy(model), tokenizer, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, dtype=args.dtype,
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -51,7 +43,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
     wall = time.perf_counter() - t
     assert [o.completion_tokens for o in outs] == [n for _, n in work]
     return {"wall_s": wall, "useful_tokens": sum(n for _, n in work), "steps": engine.stats.num_steps,
-            "preemptions": engine.stats.num_preemptions}
+            "preemptions": engine.stats.num_preemptions, "dtype": str(engine.dtype).removeprefix("torch.")}
 
 
 def run_padded_generate(model, tokenizer, work, args) -> dict:
@@ -95,7 +87,8 @@ def step_time(model, tokenizer, args) -> dict:
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 49000) for _ in range(c)] for _ in range(b)]
 
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=b, max_num_batched_tokens=max(512, c))
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=b, max_num_batched_tokens=max(512, c),
+                               dtype=args.dtype)
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
@@ -124,14 +117,10 @@ def step_time(model, tokenizer, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
-    ap.add_argument("--num-prompts", type=int, default=128)
-    ap.add_argument("--min-prompt", type=int, default=16)
-    ap.add_argument("--max-prompt", type=int, default=256)
-    ap.add_argument("--min-out", type=int, default=8)
-    ap.add_argument("--max-out", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
+    add_offline_args(ap)
+    ap.add_argument("--max-model-len", type=int, default=None, help="engine max_model_len (default: the engine's)")
+    ap.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 for every system (default: fp32 load, "
+                    "the engine's own default dtype)")
     ap.add_argument("--batch", type=int, default=32, help="padded generate batch size")
     ap.add_argument("--systems", default="orcaserve,generate,generate_batch,step")
     ap.add_argument("--step-batch", type=int, default=32)
@@ -140,12 +129,15 @@ def main() -> None:
     ap.add_argument("--json", default="benchmarks/results/offline.json")
     args = ap.parse_args()
 
-    model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), torch.float32, torch.device("cpu"))
+    load_dtype = EngineConfig(dtype=args.dtype, device="cpu").resolved_dtype() if args.dtype else torch.float32
+    model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), load_dtype, torch.device("cpu"))
     model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
-    work = make_workload(args, model.config.vocab_size)
+    work = offline_workload(args.num_prompts, args.seed, (args.min_prompt, args.max_prompt),
+                            (args.min_out, args.max_out), model.config.vocab_size)
     runners = {"orcaserve": run_orcaserve, "generate": run_padded_generate, "generate_batch": run_generate_batch}
     results: dict = {"workload": vars(args), "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                     "platform": platform.platform(), "torch": torch.__version__}, "date": time.strftime("%Y-%m-%d")}
+                     "platform": platform.platform(), "torch": torch.__version__}, "date": time.strftime("%Y-%m-%d"),
+               "workload_sha256": workload_sha256(work)}
     systems = args.systems.split(",")
     for name in systems:
         if name in runners:

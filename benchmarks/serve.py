@@ -1,10 +1,15 @@
-"""Load generator for a running TorchServe: orcaserve vs the request-level baseline.
+"""Load generator for a running TorchServe (orcaserve vs the request-level baseline), or for any
+OpenAI completions endpoint (e.g. vLLM's server, benchmarks/peers/run.py).
 
     python benchmarks/serve.py --url http://127.0.0.1:8080 --key-file key_file.json \\
         --model smollm2 --model smollm2-baseline --rates 0.25,0.5,1,2 --duration 40 \\
         --out docs/benchmark-serving.json --plot docs/benchmark-serving.png
+    python benchmarks/serve.py --endpoint http://127.0.0.1:8000/v1/completions --key none \\
+        --model vllm --model-name smollm2 --concurrency 32 --num-requests 96 --out vllm.json
 
-Every request is a streamed `POST /predictions/{model}/1.0/v1/completions` with token-id
+Every request is a streamed `POST /predictions/{model}/1.0/v1/completions` (or, with
+`--endpoint`, a POST to that URL, one for all `--model`s or one per `--model`; `--model` is then
+the system's label in the report and `--model-name` the body's `model` field) with token-id
 prompts (exact input lengths), `max_tokens` = the sampled output length, `ignore_eos: true`,
 greedy, and `stream_options.include_usage`. Arrivals are Poisson at each `--rates` value (the same
 seeded workload, scaled in time, for every system and rate), or a closed loop of
@@ -24,7 +29,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import random
 import sys
 import threading
 import time
@@ -34,68 +38,7 @@ from dataclasses import asdict, dataclass, field
 import requests
 
 from serve_report import BEGIN, END, command_line, machine, markdown, plot, summarize, update_doc, verdict
-
-
-# ---- workload --------------------------------------------------------------------------------
-@dataclass
-class Spec:
-    """One request of the workload (arrival offset filled in per rate)."""
-
-    index: int
-    prompt: object  # str or list of token ids
-    input_len: int
-    max_tokens: int
-
-
-def _range(text: str) -> tuple[int, int]:
-    a, _, b = text.partition(":")
-    lo, hi = int(a), int(b or a)
-    if lo < 1 or hi < lo:
-        raise argparse.ArgumentTypeError(f"want A:B with 1 <= A <= B, got {text!r}")
-    return lo, hi
-
-
-def make_workload(n: int, seed: int, input_len: tuple[int, int], output_len: tuple[int, int],
-                  token_range: tuple[int, int], dataset: str | None = None) -> list[Spec]:
-    """`n` requests: synthetic token-id prompts, or lines of a JSONL dataset (cycled)."""
-    rng = random.Random(seed)
-    specs = []
-    if dataset:
-        rows = []
-        with open(dataset) as f:
-            for line in f:
-                if line.strip():
-                    rows.append(json.loads(line))
-        if not rows:
-            raise ValueError(f"{dataset} holds no prompts")
-        for i in range(n):
-            row = rows[i % len(rows)]
-            prompt = row["prompt"]
-            out = int(row.get("max_tokens") or rng.randint(*output_len))
-            specs.append(Spec(i, prompt, len(prompt) if isinstance(prompt, list) else -1, out))
-        return specs
-    for i in range(n):
-        k = rng.randint(*input_len)
-        ids = [rng.randrange(*token_range) for _ in range(k)]
-        specs.append(Spec(i, ids, k, rng.randint(*output_len)))
-    return specs
-
-
-def _counts(text: str) -> list[int]:
-    counts = [int(x) for x in text.split(",") if x.strip()]
-    if not counts or min(counts) < 1:
-        raise argparse.ArgumentTypeError(f"want N or N1,N2,... (each >= 1), got {text!r}")
-    return counts
-
-
-def poisson_offsets(n: int, rate: float, seed: int) -> list[float]:
-    """Arrival offsets (s) of a Poisson process: the same unit-rate draws scaled by 1/rate."""
-    rng = random.Random(seed + 7919)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(1.0) / rate
-    return out
+from serve_workload import Spec, _counts, _range, make_workload, poisson_offsets  # noqa: F401 (plot_schedule.py imports them from here)
 
 
 # ---- one request -----------------------------------------------------------------------------
@@ -117,9 +60,12 @@ class Result:
     batch: dict | None = field(default=None)  # the baseline's batch (start/end/size), if reported
 
 
-def send(url: str, headers: dict, spec: Spec, system: str, rate: float | None, timeout: float) -> Result:
+def send(url: str, headers: dict, spec: Spec, system: str, rate: float | None, timeout: float,
+         model_name: str | None = None) -> Result:
     body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
+    if model_name:
+        body["model"] = model_name
     res = Result(spec.index, system, rate, spec.input_len, spec.max_tokens)
     res.sent = time.time()
     t0 = time.perf_counter()
@@ -171,14 +117,15 @@ def send(url: str, headers: dict, spec: Spec, system: str, rate: float | None, t
 
 
 # ---- one run (system x rate) -----------------------------------------------------------------
-def run_one(base: str, model: str, headers: dict, specs: list[Spec], rate: float | None, concurrency: int | None,
-            seed: int, timeout: float, bar=None) -> list[Result]:
-    url = f"{base}/predictions/{model}/1.0/v1/completions"
+def run_one(url: str, model: str, headers: dict, specs: list[Spec], rate: float | None, concurrency: int | None,
+            seed: int, timeout: float, bar=None, model_name: str | None = None) -> list[Result]:
+    """One system at one load: Poisson arrivals at `rate`, or `concurrency` closed-loop clients
+    that share `specs` (each takes the next request when its last one ends) until all are sent."""
     results: list[Result] = []
     lock = threading.Lock()
 
     def task(spec: Spec) -> None:
-        res = send(url, headers, spec, model, rate, timeout)
+        res = send(url, headers, spec, model, rate, timeout, model_name)
         with lock:
             results.append(res)
             if bar is not None:
@@ -216,7 +163,7 @@ def run_one(base: str, model: str, headers: dict, specs: list[Spec], rate: float
 
 def read_key(args) -> str | None:
     if args.key:
-        return args.key
+        return None if args.key.lower() == "none" else args.key
     if os.environ.get("ORCASERVE_KEY"):
         return os.environ["ORCASERVE_KEY"]
     if args.key_file and os.path.exists(args.key_file):
@@ -228,17 +175,25 @@ def read_key(args) -> str | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:8080", help="TorchServe inference address")
+    p.add_argument("--endpoint", action="append", default=[],
+                   help="full OpenAI completions URL instead of TorchServe's path; once for all --model, "
+                        "or once per --model")
     p.add_argument("--model", action="append", required=True,
-                   help="model name; repeat to compare systems (first = orcaserve, second = baseline)")
-    p.add_argument("--key", help="inference key (else $ORCASERVE_KEY, else --key-file)")
+                   help="model name (with --endpoint: the system's label); repeat to compare systems "
+                        "(first = orcaserve, second = baseline)")
+    p.add_argument("--model-name", default=None,
+                   help="the body's `model` field (default: none for TorchServe, the --model value with --endpoint)")
+    p.add_argument("--key", help="inference key, or `none` for no Authorization header "
+                                 "(else $ORCASERVE_KEY, else --key-file)")
     p.add_argument("--key-file", default="key_file.json", help="TorchServe's key_file.json")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="one Poisson arrival rate (req/s)")
     load.add_argument("--rates", help="comma-separated Poisson rates (a sweep)")
-    load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back")
+    load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back, "
+                                                       "--num-requests requests in all")
     p.add_argument("--num-requests", type=_counts, default=None,
                    help="requests per rate: N, or N1,N2,... one per rate (default: rate x --duration, "
-                        "at least 8; concurrency: 32)")
+                        "at least 8; concurrency: 32 in all)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
     p.add_argument("--input-len", type=_range, default=(8, 128), help="prompt tokens A:B, uniform")
     p.add_argument("--output-len", type=_range, default=(1, 128), help="max_tokens A:B, uniform")
@@ -266,6 +221,15 @@ def main(argv=None) -> int:
     key = read_key(args)
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     base = args.url.rstrip("/")
+    if len(args.endpoint) not in (0, 1, len(args.model)):
+        p.error(f"--endpoint: give one URL or one per --model ({len(args.model)})")
+
+    def target(i: int, model: str) -> tuple[str, str | None]:
+        """(URL, body `model` field) of the i-th system."""
+        if args.endpoint:
+            return args.endpoint[i if len(args.endpoint) > 1 else 0], args.model_name or model
+        return f"{base}/predictions/{model}/1.0/v1/completions", args.model_name
+
     plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
 
     if args.num_requests and len(args.num_requests) not in (1, len(rates)):
@@ -289,9 +253,10 @@ def main(argv=None) -> int:
     desc += f"; {load_desc}"
 
     # Warm-up: first requests pay lazy initialisation; keep them out of the figures.
-    for model in args.model:
+    for i, model in enumerate(args.model):
+        url, name = target(i, model)
         for spec in make_workload(args.warmup, args.seed + 1, (8, 16), (2, 4), args.token_range):
-            r = send(f"{base}/predictions/{model}/1.0/v1/completions", headers, spec, model, None, args.timeout)
+            r = send(url, headers, spec, model, None, args.timeout, name)
             if r.error:
                 print(f"warm-up request to {model} failed: {r.error}", file=sys.stderr)
                 return 2
@@ -305,9 +270,10 @@ def main(argv=None) -> int:
     summaries = []
     try:
         for rate in rates:  # interleave systems per rate: drifting machine load hits both alike
-            for model in args.model:
-                res = run_one(base, model, headers, specs[: count(rate)], rate, args.concurrency, args.seed,
-                              args.timeout, bar)
+            for i, model in enumerate(args.model):
+                url, name = target(i, model)
+                res = run_one(url, model, headers, specs[: count(rate)], rate, args.concurrency, args.seed,
+                              args.timeout, bar, name)
                 all_results += res
                 summaries.append(summarize(res, rate, args.concurrency))
     finally:
@@ -319,6 +285,8 @@ def main(argv=None) -> int:
         "command": command_line(argv if argv is not None else sys.argv[1:]),
         "machine": machine(),
         "url": base,
+        "endpoints": {model: target(i, model)[0] for i, model in enumerate(args.model)},
+        "model_name": args.model_name,
         "systems": args.model,
         "workload": {"description": desc, "input_len": list(args.input_len), "output_len": list(args.output_len),
                      "dataset": args.dataset, "seed": args.seed, "rates": rates, "num_requests": [count(r) for r in rates], "concurrency": args.concurrency,

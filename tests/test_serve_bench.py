@@ -13,6 +13,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,15 @@ def test_serve_bench_smoke(tmp_path):
             assert r["batch"] and r["batch"]["size"] >= 1
 
 
-def test_serve_bench_against_stub(tmp_path):
-    """The load generator's client, sweep and report logic against a tiny in-process SSE server."""
+def _stub_server(check=None):
+    """A tiny in-process SSE server answering any POST like a streaming OpenAI completions
+    endpoint. `check(path, headers, body)` returns True to accept a request (else 400). Returns
+    (server, log): log holds every accepted (path, body) and the peak number of open requests."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    log = {"requests": [], "open": 0, "peak": 0}
+    lock = threading.Lock()
 
     class Stub(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -71,11 +77,16 @@ def test_serve_bench_against_stub(tmp_path):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if self.headers.get("Authorization") != "Bearer k" or not body.get("ignore_eos") or not body["stream"]:
+            if check is not None and not check(self.path, self.headers, body) or not body.get("ignore_eos") \
+                    or not body["stream"]:
                 self.send_response(400)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
+            with lock:
+                log["requests"].append((self.path, body))
+                log["open"] += 1
+                log["peak"] = max(log["peak"], log["open"])
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
@@ -86,14 +97,25 @@ def test_serve_bench_against_stub(tmp_path):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
-            for _ in range(body["max_tokens"]):
-                chunk({"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
-            chunk({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}})
-            chunk("[DONE]")
-            self.wfile.write(b"0\r\n\r\n")
+            try:
+                for _ in range(body["max_tokens"]):
+                    time.sleep(0.01)  # long enough for closed-loop clients to overlap
+                    chunk({"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
+                chunk({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}})
+                chunk("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+            finally:
+                with lock:
+                    log["open"] -= 1
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, log
+
+
+def test_serve_bench_against_stub(tmp_path):
+    """The load generator's client, sweep and report logic against a tiny in-process SSE server."""
+    server, _ = _stub_server(lambda path, headers, body: headers.get("Authorization") == "Bearer k")
     try:
         out = tmp_path / "stub.json"
         doc = tmp_path / "doc.md"
@@ -112,3 +134,37 @@ def test_serve_bench_against_stub(tmp_path):
     assert report["verdict"]["errors"] == 0
     text = doc.read_text()
     assert "old" not in text and "| a | 50.0 |" in text and text.endswith("tail\n")
+
+
+def test_serve_bench_openai_endpoint_closed_loop(tmp_path):
+    """--endpoint drives any OpenAI completions URL (vLLM's server in benchmarks/peers/run.py):
+    the URL as given, no Authorization header with `--key none` (even beside a key file), the
+    body's `model` from --model-name, token-id prompts; a closed loop of --concurrency clients
+    sends exactly --num-requests requests and never has more than that many open."""
+
+    def check(path, headers, body):
+        return (path == "/v1/completions" and "Authorization" not in headers and body.get("model") == "served"
+                and all(isinstance(t, int) and 100 <= t < 200 for t in body["prompt"]))
+
+    server, log = _stub_server(check)
+    (tmp_path / "key_file.json").write_text(json.dumps({"inference": {"key": "ts-key"}}))
+    try:
+        out = tmp_path / "vllm.json"
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+        cmd = [sys.executable, str(SERVE), "--endpoint", endpoint, "--key", "none", "--model", "vllm-bf16",
+               "--model-name", "served", "--concurrency", "3", "--num-requests", "10", "--input-len", "4:8",
+               "--output-len", "4:12", "--token-range", "100:200", "--warmup", "1", "--out", str(out),
+               "--no-progress"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    finally:
+        server.shutdown()
+    report = json.loads(out.read_text())
+    assert len(log["requests"]) == 10 + 1  # the warm-up request, then the measured ones
+    assert 2 <= log["peak"] <= 3, log["peak"]
+    [summary] = report["summaries"]
+    assert summary["system"] == "vllm-bf16" and summary["concurrency"] == 3
+    assert summary["completed"] == summary["requests"] == 10 and summary["errors"] == 0
+    assert report["endpoints"] == {"vllm-bf16": endpoint} and report["model_name"] == "served"
+    assert "closed loop, 3 clients, 10 requests" in report["workload"]["description"]
+    assert all(r["output_tokens"] == r["max_tokens"] for r in report["requests"])

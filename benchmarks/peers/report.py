@@ -1,0 +1,154 @@
+"""Table, chart and doc section of benchmarks/peers/run.py (orcaserve vs vLLM's CPU backend)."""
+
+from __future__ import annotations
+
+import os
+
+BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
+SYSTEMS = ("orcaserve", "vllm")
+LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM"}
+WORKLOADS = ("offline", "http")
+DTYPES = ("fp32", "bf16")
+DOC_TEMPLATE = """# orcaserve vs vLLM's CPU backend
+
+The same two workloads on both systems, one system at a time, by `make bench-peers`
+(`benchmarks/peers/run.py`; raw figures in `benchmarks/results/peers.json`):
+
+- **offline**: `benchmarks/offline.py`'s workload: random token-id prompts U[16, 256] (ids >= 100),
+  outputs U[8, 128] (seed 0, EOS ignored, greedy), all submitted at once to the engine's offline
+  API (`orcaserve.scheduler.Engine.generate`, `vllm.LLM.generate`). Output tok/s = sum of the
+  requested output lengths / wall time.
+- **http**: the same kind of requests streamed (`stream: true`, token-id prompts, `ignore_eos`,
+  temperature 0) by closed-loop clients of `benchmarks/serve.py`: orcaserve inside TorchServe
+  0.12, vLLM's OpenAI server. Output tok/s over the whole run; TTFT is the time to the first
+  non-empty text chunk.
+
+Both sides run with the same engine limits (32 sequences, 512 tokens per step, 1024 tokens per
+sequence) and the same dtype, on SmolLM2-135M-Instruct (vLLM reads an fp32 HF checkpoint made
+from the project's GGUF by `benchmarks/peers/convert_model.py`). vLLM runs tuned as its CPU docs
+advise: tcmalloc and its own libiomp5 preloaded, `VLLM_CPU_OMP_THREADS_BIND` over all cores,
+a 2 GiB KV cache.
+
+{begin}
+Not measured yet: run `make bench-peers`.
+{end}
+""".format(begin=BEGIN, end=END)
+
+
+def _f(v, spec=".1f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def find(results: list[dict], system: str, dtype: str, workload: str) -> dict | None:
+    return next((r for r in results if (r["system"], r["dtype"], r["workload"]) == (system, dtype, workload)), None)
+
+
+def ratios(results: list[dict]) -> dict:
+    """orcaserve / vLLM output tok/s per workload and dtype (where both ran without error)."""
+    out = {}
+    for w in WORKLOADS:
+        for d in DTYPES:
+            a, b = find(results, "orcaserve", d, w), find(results, "vllm", d, w)
+            if a and b and a.get("output_tok_s") and b.get("output_tok_s"):
+                out[f"{w}/{d}"] = a["output_tok_s"] / b["output_tok_s"]
+    return out
+
+
+def markdown(report: dict) -> str:
+    s = report["settings"]
+    lines = [
+        f"Measured {report['date']} on {report['machine']['summary']}; {report['versions_summary']}.",
+        "",
+        "```",
+        report["command"],
+        "```",
+        "",
+        f"offline: {s['offline']['num_prompts']} prompts; http: {s['http']['num_requests']} requests, "
+        f"{s['http']['concurrency']} closed-loop clients. Engine limits: max_num_seqs {s['engine']['max_num_seqs']}, "
+        f"max_num_batched_tokens {s['engine']['max_num_batched_tokens']}, max_model_len {s['engine']['max_model_len']}.",
+        "",
+        "| workload | dtype | orcaserve tok/s | vLLM tok/s | orcaserve / vLLM | orcaserve p50 TTFT / e2e (s) "
+        "| vLLM p50 TTFT / e2e (s) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    rat = report.get("ratios", {})
+    for w in WORKLOADS:
+        for d in DTYPES:
+            a, b = find(report["results"], "orcaserve", d, w), find(report["results"], "vllm", d, w)
+            if a is None and b is None:
+                continue
+
+            def tps(r):
+                if r is None:
+                    return "-"
+                return f"error: {r['error'][:60]}" if r.get("error") else _f(r.get("output_tok_s"))
+
+            def lat(r):
+                if r is None or r.get("error") or w != "http":
+                    return "-"
+                return f"{_f(r.get('ttft_p50'), '.2f')} / {_f(r.get('e2e_p50'), '.2f')}"
+
+            ratio = rat.get(f"{w}/{d}")
+            lines.append(f"| {w} | {d} | {tps(a)} | {tps(b)} | {_f(ratio, '.2f') + 'x' if ratio else '-'} "
+                         f"| {lat(a)} | {lat(b)} |")
+    errors = [r for r in report["results"] if r.get("error")]
+    if errors:
+        lines += ["", "Errors: " + "; ".join(f"{r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}"
+                                               for r in errors)]
+    if report.get("png"):
+        lines += ["", f"![orcaserve vs vLLM]({os.path.basename(report['png'])})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(report: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    colors = {"orcaserve": "tab:blue", "vllm": "tab:orange"}
+    width = 0.38
+    for ax, w in zip(axes, WORKLOADS):
+        for k, system in enumerate(SYSTEMS):
+            xs, ys = [], []
+            for i, d in enumerate(DTYPES):
+                r = find(report["results"], system, d, w)
+                if r and r.get("output_tok_s"):
+                    xs.append(i + (k - 0.5) * width)
+                    ys.append(r["output_tok_s"])
+            bars = ax.bar(xs, ys, width, color=colors[system], label=LABEL[system])
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+        for i, d in enumerate(DTYPES):
+            ratio = report.get("ratios", {}).get(f"{w}/{d}")
+            if ratio:
+                ax.annotate(f"{ratio:.2f}x", (i, 0), xytext=(0, -28), textcoords="offset points", ha="center",
+                            fontsize=8, color="dimgray")
+        ax.set_xticks(range(len(DTYPES)), DTYPES)
+        ax.set_ylabel("output tokens/s")
+        ax.set_title({"offline": "offline (all prompts at once)", "http": "HTTP streaming (closed loop)"}[w])
+        ax.margins(y=0.15)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"orcaserve vs vLLM CPU, SmolLM2-135M, {report['machine'].get('cores')} CPU cores "
+                 "(grey: orcaserve / vLLM)", fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def update_doc(path: str, text: str) -> None:
+    """Write `text` between the markers of `path` (created from the template if missing)."""
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(DOC_TEMPLATE)
+    with open(path) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc:
+        raise ValueError(f"{path} has no {BEGIN} ... {END} section")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w") as f:
+        f.write(head + BEGIN + "\n" + text + END + tail)
