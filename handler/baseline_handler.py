@@ -188,7 +188,7 @@ class BaselineHandler:
             gc.do_sample = False
         else:
             gc.do_sample = True
-            kwargs["logits_processor"] = [_row_sampler([p.temperature for p in params], [p.top_k for p in params],
+            kwargs["logits_processor"] = [_row_sampler([0.0 if p.greedy else p.temperature for p in params], [p.top_k for p in params],
                                                        [p.top_p for p in params])]
         start = time.time()
         with torch.inference_mode():

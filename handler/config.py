@@ -15,13 +15,13 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def parse_bytes(value: Any) -> int | None:
+def parse_bytes(value: Any, name: str = "kv_cache_memory") -> int | None:
     """An int, or a size like "256MiB" / "1G" (binary units)."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     m = _SIZE.match(str(value))
     if not m:
-        raise ValueError(f"kv_cache_memory must be bytes or a size like '512MiB', got {value!r}")
+        raise ValueError(f"{name} must be bytes or a size like '512MiB', got {value!r}")
     unit = (m.group(2) or "").upper()[:1]
     return int(float(m.group(1)) * _UNITS["B" if unit == "B" else unit])
 
@@ -38,6 +38,15 @@ def resolve_model_path(path: Any, model_dir: str | None) -> str:
     return path
 
 
+def _positive(name: str, value: Any, kind: type | tuple[type, ...] = int, allow_none: bool = True) -> Any:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name} must be a positive {what}{' or null' if allow_none else ''}, got {value!r}")
+    return value
+
+
 @dataclass
 class HandlerConfig:
     """Parsed `handler:` section. Engine arguments are exactly `EngineConfig`'s fields.
@@ -46,8 +55,11 @@ class HandlerConfig:
     directory or .gguf file, or a path relative to the extracted archive (for --extra-files).
     default_timeout: per-request deadline in seconds when the request has no `timeout`; None = none.
     default_max_tokens: max_tokens when the request has none; None = OpenAI's (16 for
-    completions, up to the context length for chat).
+    completions, up to the context length for chat), capped by `max_tokens_limit`.
     num_threads: torch intra-op threads of the worker; None = leave torch's choice.
+    Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
+    a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
+    (beyond it: 503 with Retry-After). None = unlimited.
     """
 
     model_path: str
@@ -56,31 +68,36 @@ class HandlerConfig:
     default_max_tokens: int | None = None
     served_model_name: str | None = None
     num_threads: int | None = None
+    max_body_bytes: int | None = 1 << 20
+    max_tokens_limit: int | None = 2048
+    max_waiting_requests: int | None = 64
+
+    SERVING_KEYS = ("model_path", "default_timeout", "default_max_tokens", "served_model_name", "num_threads",
+                    "max_body_bytes", "max_tokens_limit", "max_waiting_requests")
 
     @classmethod
     def from_dict(cls, section: dict, model_dir: str | None = None) -> "HandlerConfig":
         """Validate the section; an unknown key raises ValueError naming it."""
         section = dict(section)
-        serving = {"model_path", "default_timeout", "default_max_tokens", "served_model_name", "num_threads"}
         for key in section:
-            if key not in serving and key not in ENGINE_ARGS:
+            if key not in cls.SERVING_KEYS and key not in ENGINE_ARGS:
                 raise ValueError(f"unknown key {key!r} in model-config.yaml handler section; "
-                                 f"known: {sorted(serving | set(ENGINE_ARGS))}")
+                                 f"known: {sorted(set(cls.SERVING_KEYS) | set(ENGINE_ARGS))}")
         path = resolve_model_path(section.pop("model_path", "default"), model_dir)
-        timeout = section.pop("default_timeout", None)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"default_timeout must be a positive number of seconds or null, got {timeout!r}")
-        max_tokens = section.pop("default_max_tokens", None)
-        if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-            raise ValueError(f"default_max_tokens must be a positive integer or null, got {max_tokens!r}")
-        name = section.pop("served_model_name", None)
-        threads = section.pop("num_threads", None)
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-            raise ValueError(f"num_threads must be a positive integer or null, got {threads!r}")
+        serving: dict[str, Any] = {
+            "default_timeout": _positive("default_timeout", section.pop("default_timeout", None), (int, float)),
+            "default_max_tokens": _positive("default_max_tokens", section.pop("default_max_tokens", None)),
+            "served_model_name": section.pop("served_model_name", None),
+            "num_threads": _positive("num_threads", section.pop("num_threads", None)),
+        }
+        for key in ("max_body_bytes", "max_tokens_limit", "max_waiting_requests"):
+            if key in section:
+                value = section.pop(key)
+                serving[key] = _positive(key, parse_bytes(value, key) if key == "max_body_bytes" else value)
         if "kv_cache_memory" in section:
             section["kv_cache_memory"] = parse_bytes(section["kv_cache_memory"])
         EngineConfig(**section)  # validate now: a bad value should fail the load with its name
-        return cls(path, section, timeout, max_tokens, name, threads)
+        return cls(path, section, **serving)
 
     def engine_args(self, gpu_id: Any = None) -> dict:
         """Engine arguments; on a GPU worker the device defaults to TorchServe's assigned GPU."""

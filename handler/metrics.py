@@ -8,7 +8,7 @@ request latencies from the asyncio thread when a request finishes.
 
 from __future__ import annotations
 
-import threading
+import logging
 import time
 from typing import Any
 
@@ -16,6 +16,8 @@ from ts.metrics.metric_type_enum import MetricTypes
 
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
 
 H, G, C = MetricTypes.HISTOGRAM, MetricTypes.GAUGE, MetricTypes.COUNTER
 
@@ -35,6 +37,7 @@ METRICS: dict[str, tuple[str, MetricTypes, str]] = {
     "orca_steps_total": ("count", C, "engine steps"),
     "orca_preemptions_total": ("count", C, "requests preempted (KV blocks reclaimed)"),
     "orca_aborts_total": ("count", C, "requests aborted (deadline, shutdown, client)"),
+    "orca_request_failures_total": ("count", C, "requests failed by an internal error"),
     "orca_generation_tokens_total": ("count", C, "tokens generated"),
 }
 
@@ -52,12 +55,13 @@ class EngineMetrics:
         for name, (unit, kind, _) in METRICS.items():
             if metrics_cache is not None:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
-        self._lock = threading.Lock()  # on_step and request finish race on the counter baselines
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
         self._counted = {"orca_preemptions_total": 0, "orca_aborts_total": 0, "orca_steps_total": 0,
-                         "orca_generation_tokens_total": 0, "orca_step_tokens_total": 0}
+                         "orca_generation_tokens_total": 0, "orca_step_tokens_total": 0,
+                         "orca_request_failures_total": 0}
         self._step_tokens = 0
+        self._last_step = 0
         # Announce every non-histogram series at zero: the frontend registers a backend metric only
         # when it first sees it, and a counter that never moves (no preemptions) would be missing.
         for name, (_, kind, _) in METRICS.items():
@@ -70,24 +74,27 @@ class EngineMetrics:
             metric.add_or_update(value, self._dims)
 
     def on_step(self, engine: Engine) -> None:
-        """Engine-loop callback: on a change of the gauges (or periodically) emit them and the
-        counters' increments since the previous emission."""
+        """Engine-loop callback (after each step and after aborts, on the loop thread): on a
+        change of the gauges (or periodically) emit them and the counters' increments since the
+        previous emission."""
         s = engine.stats
-        with self._lock:
+        if s.num_steps != self._last_step:
+            self._last_step = s.num_steps
             self._step_tokens += s.last_step_tokens
-            gauges = (s.num_running, s.num_waiting, s.kv_blocks_used, s.last_step_tokens)
-            now = time.monotonic()
-            if gauges == self._last_gauges and now - self._last_gauge_time < _GAUGE_PERIOD_S:
-                return
-            self._last_gauges, self._last_gauge_time = gauges, now
-            self._emit_deltas({"orca_preemptions_total": s.num_preemptions, "orca_aborts_total": s.num_aborted,
-                               "orca_steps_total": s.num_steps, "orca_generation_tokens_total": s.generation_tokens,
-                               "orca_step_tokens_total": self._step_tokens})
-            self._emit("orca_num_requests_running", s.num_running)
-            self._emit("orca_num_requests_waiting", s.num_waiting)
-            self._emit("orca_kv_blocks_used", s.kv_blocks_used)
-            self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
-            self._emit("orca_step_tokens", s.last_step_tokens)
+        gauges = (s.num_running, s.num_waiting, s.kv_blocks_used, s.last_step_tokens)
+        now = time.monotonic()
+        if gauges == self._last_gauges and now - self._last_gauge_time < _GAUGE_PERIOD_S:
+            return
+        self._last_gauges, self._last_gauge_time = gauges, now
+        self._emit_deltas({"orca_preemptions_total": s.num_preemptions, "orca_aborts_total": s.num_aborted,
+                           "orca_steps_total": s.num_steps, "orca_generation_tokens_total": s.generation_tokens,
+                           "orca_step_tokens_total": self._step_tokens,
+                           "orca_request_failures_total": s.num_failed})
+        self._emit("orca_num_requests_running", s.num_running)
+        self._emit("orca_num_requests_waiting", s.num_waiting)
+        self._emit("orca_kv_blocks_used", s.kv_blocks_used)
+        self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
+        self._emit("orca_step_tokens", s.last_step_tokens)
 
     def _emit_deltas(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():
@@ -96,26 +103,19 @@ class EngineMetrics:
                 self._counted[name] = total
                 self._emit(name, delta)
 
-    def on_finish(self, out: RequestOutput, engine: Engine | None = None) -> None:
-        """Latencies of one finished request (aborts included: their queue time is real)."""
-        t = out.times
-        if t.first_scheduled is not None:
-            self._emit("orca_queue_time_seconds", max(0.0, t.first_scheduled - t.arrival))
-        if t.first_token is not None:
-            self._emit("orca_time_to_first_token_seconds", max(0.0, t.first_token - t.arrival))
-            if out.completion_tokens > 1 and t.finished is not None:
-                tpot = (t.finished - t.first_token) / (out.completion_tokens - 1)
-                self._emit("orca_time_per_output_token_seconds", max(0.0, tpot))
-        if t.finished is not None:
-            self._emit("orca_e2e_latency_seconds", max(0.0, t.finished - t.arrival))
-        if engine is not None and out.finish_reason == "abort":
-            # An abort frees blocks between steps; the engine refreshes its gauges then, so emit
-            # them now rather than at the next step (which may never come if the engine is idle).
-            s = engine.stats
-            with self._lock:
-                self._last_gauges = ()
-                self._emit_deltas({"orca_aborts_total": s.num_aborted})
-                self._emit("orca_num_requests_running", s.num_running)
-                self._emit("orca_num_requests_waiting", s.num_waiting)
-                self._emit("orca_kv_blocks_used", s.kv_blocks_used)
-                self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
+    def on_finish(self, out: RequestOutput) -> None:
+        """Latencies of one finished request, from its output's snapshot of timestamps (asyncio
+        thread). Never raises: metrics must not fail a request."""
+        try:
+            t = out.times
+            if t.first_scheduled is not None:
+                self._emit("orca_queue_time_seconds", max(0.0, t.first_scheduled - t.arrival))
+            if t.first_token is not None:
+                self._emit("orca_time_to_first_token_seconds", max(0.0, t.first_token - t.arrival))
+                if out.completion_tokens > 1 and t.finished is not None:
+                    tpot = (t.finished - t.first_token) / (out.completion_tokens - 1)
+                    self._emit("orca_time_per_output_token_seconds", max(0.0, tpot))
+            if t.finished is not None:
+                self._emit("orca_e2e_latency_seconds", max(0.0, t.finished - t.arrival))
+        except Exception:
+            log.exception("metrics emission failed")

@@ -2,21 +2,26 @@
 
 TorchServe (with `asyncCommunication: true`) calls `async def handle` once per request on its
 asyncio thread while earlier requests still stream. The handler only parses, submits to the
-`EngineLoop` (whose thread owns the engine) and relays outputs; it never blocks that asyncio loop.
-Rules of the async backend this file follows (see docs/serving.md):
+`EngineLoop` (whose thread owns the engine) and relays outputs; it never blocks that asyncio loop
+and never touches the engine. Rules of the async backend this file follows (docs/serving.md):
 - nothing may escape `handle`: an exception fails every in-flight request of the worker, so
   per-request errors are answered with `context.set_response_status`;
-- a job is released only by a frame carrying `ts_stream_next: false`, so every final frame sets it.
+- a job is released only by a frame carrying `ts_stream_next: false`, so every final frame sets it;
+- a worker that stops (SIGTERM, a dead engine loop) answers its requests before it exits; if it
+  dies outright, its supervisor answers them and starts a replacement (`supervisor.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import json
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -24,17 +29,62 @@ from typing import Any, Callable
 import torch
 
 from orcaserve.scheduler.engine import Engine
-from orcaserve.scheduler.engine_loop import EngineLoop, RequestError
-from orcaserve.scheduler.outputs import RequestOutput
+from orcaserve.scheduler.engine_loop import EngineLoop
+from orcaserve.scheduler.request_stream import RequestError, RequestStream
 
-from . import socket_lock
+from . import socket_lock, supervisor
 from .config import HandlerConfig
+from .faults import FaultInjector
 from .metrics import EngineMetrics
-from .protocol import (CHAT, HTTP_PHRASES, SSE_DONE, ParsedRequest, ProtocolError, decode_body, error_body,
-                       final_response, parse_request, route, sse, stream_chunk)
+from .protocol import (CHAT, SSE_DONE, ParsedRequest, ProtocolError, decode_body, error_body, final_response,
+                       parse_request, route, sse, stream_chunk)
+from .reply import Reply
 
 log = logging.getLogger(__name__)
 
+# Seconds a stopping worker gives its requests to send their final frames.
+_EXIT_GRACE_S = 5.0
+
+
+def _start_supervisor(context: Any, props: dict) -> supervisor.SupervisorLink | None:
+    """Lock and observe the connection to the frontend and start the supervisor beside it.
+
+    The connection is not handed to handlers: during `initialize` it is the `cl_socket` local of
+    TorchServe's `handle_connection_async`, up the stack (ts 0.12). Finding it there means
+    observing from the first request on, at a message boundary."""
+    frame = sys._getframe()
+    while frame is not None and not isinstance(frame.f_locals.get("cl_socket"), socket.socket):
+        frame = frame.f_back
+    if frame is None:
+        log.warning("orcaserve: no TorchServe connection found; a dead worker's requests will not be answered")
+        return None
+    sock = frame.f_locals["cl_socket"]
+    try:
+        socket_lock.install(sock)
+        link = supervisor.SupervisorLink.start(sock, _load_spec(context, props), _metrics_config())
+    except Exception:
+        log.exception("orcaserve: could not start the supervisor; a dead worker's requests will not be answered")
+        return None
+    socket_lock.observe(link)
+    return link
+
+
+def _load_spec(context: Any, props: dict) -> dict:
+    """What TorchServe's LOAD message said, so that a replacement worker loads the same way."""
+    manifest = getattr(context, "manifest", None) or {}
+    return {"model_name": getattr(context, "model_name", None), "model_dir": props.get("model_dir"),
+            "batch_size": props.get("batch_size") or 1, "handler": (manifest.get("model") or {}).get("handler"),
+            "gpu": props.get("gpu_id"), "limit_max_image_pixels": props.get("limit_max_image_pixels", True)}
+
+
+def _metrics_config() -> str:
+    """The metrics config TorchServe gave this worker (`--metrics-config`), for a replacement."""
+    argv = sys.argv
+    if "--metrics-config" in argv[:-1]:
+        return argv[argv.index("--metrics-config") + 1]
+    import ts
+
+    return os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
 
 
 class OrcaHandler:
@@ -43,11 +93,16 @@ class OrcaHandler:
 
     def __init__(self) -> None:
         self.initialized = False
-        self.engine: Engine | None = None
         self.loop: EngineLoop | None = None
         self.config: HandlerConfig | None = None
         self.metrics: EngineMetrics | None = None
         self.model_name = "model"
+        self._tokenizer: Any = None  # the handler's own copy: tokenizers are not thread-safe
+        self._faults = FaultInjector()
+        self._active = 0  # handle() calls in progress (asyncio thread)
+        self._guard_worker = False  # a real TorchServe worker: exit on loop death, supervised
+        self._link: supervisor.SupervisorLink | None = None
+        self._exiting = threading.Event()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -62,44 +117,78 @@ class OrcaHandler:
         def build() -> Engine:  # runs on the engine thread: all torch work stays on one thread
             if config.num_threads is not None:
                 torch.set_num_threads(config.num_threads)
-            return Engine.from_pretrained(config.model_path, **engine_args)
+            engine = Engine.from_pretrained(config.model_path, **engine_args)
+            self._tokenizer = copy.deepcopy(engine.tokenizer)
+            if self._faults.enabled:
+                engine.fault_hook = self._faults.hook
+            log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)", name,
+                     engine.max_model_len, engine.stats.num_blocks, torch.get_num_threads())
+            return engine
 
-        self._serve_loop(lambda on_step: EngineLoop.launch(build, on_step), config,
-                         getattr(context, "metrics", None), name)
+        self._serve_loop(lambda on_step: EngineLoop.launch(build, on_step, config.max_waiting_requests,
+                                                           self._on_loop_death),
+                         config, getattr(context, "metrics", None), name)
+        self._guard_worker = True
+        # A replacement worker's link is already on its socket (takeover.py); a worker TorchServe
+        # started gets its supervisor now, while its socket is between messages.
+        self._link = socket_lock.observer() or _start_supervisor(context, props)
         self._install_sigterm()
-        log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)", self.model_name,
-                 self.engine.max_model_len, self.engine.stats.num_blocks, torch.get_num_threads())
 
     def start(self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model") -> None:
         """Serve `engine` (already built): start the loop thread that owns it from now on."""
-        self._serve_loop(lambda on_step: EngineLoop(engine, on_step).start(), config, metrics_cache, model_name)
+        self._tokenizer = copy.deepcopy(engine.tokenizer)
+        self._serve_loop(lambda on_step: EngineLoop(engine, on_step, config.max_waiting_requests,
+                                                    self._on_loop_death).start(),
+                         config, metrics_cache, model_name)
 
     def _serve_loop(self, make_loop: Callable[[Callable], EngineLoop], config: HandlerConfig,
                     metrics_cache: Any, model_name: str) -> None:
         self.config, self.model_name = config, model_name
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.loop = make_loop(self.metrics.on_step)
-        self.engine = self.loop.engine
         self.initialized = True
 
     def _install_sigterm(self) -> None:
-        # The frontend stops a worker (unregister, scale down) by terminating its process; stop
-        # the loop first so in-flight requests get a final answer instead of a dropped socket.
+        # The frontend stops a worker (unregister, scale down) by terminating its process. The
+        # signal arrives on the asyncio thread, which must keep running to send the final frames:
+        # stop from another thread.
         if threading.current_thread() is not threading.main_thread():
             return
 
         def on_term(signum, frame):  # noqa: ARG001
-            self.shutdown(timeout=5.0)
-            os._exit(0)
+            if self._link is not None:
+                self._link.stopping()  # stopped on purpose: the supervisor must not replace us
+            threading.Thread(target=self.exit_process, args=(0, "SIGTERM"), daemon=True).start()
 
         signal.signal(signal.SIGTERM, on_term)
+
+    def _on_loop_death(self, error: BaseException) -> None:
+        # The loop has answered its requests already; a worker without an engine must not linger
+        # answering 503: exit, and TorchServe starts a new worker.
+        if self._guard_worker:  # from another thread: this one is the dying loop thread
+            threading.Thread(target=self.exit_process, args=(1, f"engine loop died: {type(error).__name__}: {error}"),
+                             daemon=True).start()
+
+    def exit_process(self, code: int, reason: str) -> None:
+        """Stop the loop (its requests end with 503), let their final frames go out, then exit."""
+        if self._exiting.is_set():
+            return
+        self._exiting.set()
+        log.warning("orcaserve: worker exiting (%s)", reason)
+        if self.loop is not None:
+            self.loop.shutdown(_EXIT_GRACE_S)
+        deadline = time.monotonic() + _EXIT_GRACE_S
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # TorchServe's sender thread writes the final frames after handle() returns
+        logging.shutdown()
+        os._exit(code)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine loop (in-flight requests end with 503) and drop the model."""
         if self.loop is not None:
             self.loop.shutdown(timeout)
         self.loop = None
-        self.engine = None
         self.initialized = False
         gc.collect()
         if torch.cuda.is_available():
@@ -110,28 +199,35 @@ class OrcaHandler:
         """Serve one request (TorchServe async mode sends batches of one)."""
         socket_lock.install(getattr(context, "cl_socket", None))
         request_id = context.get_request_id(0) or f"req-{time.time_ns()}"
-        reply = _Reply(context)
+        reply = Reply(context)
+        self._active += 1
         try:
             body = await self._serve(data[0] if data else {}, reply, request_id)
         except ProtocolError as e:
-            body = self._fail(reply, e.status, e.body())
+            body = reply.fail(e.status, e.body())
         except RequestError as e:
-            body = self._fail(reply, e.status, self._engine_error(e))
+            body = reply.fail(e.status, self._engine_error(e), e.retry_after)
         except Exception as e:  # the worker must survive anything one request does
             log.exception("request %s failed", request_id)
-            body = self._fail(reply, 500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))
+            body = reply.fail(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))
+        finally:
+            self._active -= 1
         return [reply.finish(body)]
 
-    async def _serve(self, item: dict, reply: "_Reply", request_id: str) -> str:
+    async def _serve(self, item: dict, reply: Reply, request_id: str) -> str:
         context = reply.context
         if not self.initialized or self.loop is None or not self.loop.alive:
-            raise RequestError(503, "the engine is not running")
+            raise RequestError(503, "the engine is not running", retry_after=5)
         kind = route(context.get_request_header(0, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
         cfg = self.config
-        req = parse_request(decode_body(raw), kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens)
+        self._check_size(raw, context.get_request_header(0, "content-length"))
+        body = decode_body(raw)
+        req = parse_request(body, kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens,
+                            cfg.max_tokens_limit)
+        self._faults.arm(request_id, body.get("user"))
         stream = self.loop.submit(request_id, req.prompt, req.params, req.priority, req.timeout,
                                   asyncio.get_running_loop())
         try:
@@ -140,34 +236,36 @@ class OrcaHandler:
             final = None
             async for out in stream:
                 final = out
-            self._check_expired(final, req)
-            self._finished(final)
+            if final is None:
+                raise RequestError(500, "the request ended without output")
+            self.metrics.on_finish(final)
             context.set_response_content_type(0, "application/json")
             return json.dumps(final_response(kind, request_id, self.model_name, final.text, final.finish_reason,
                                              final.prompt_tokens, final.completion_tokens))
         finally:
+            self._faults.disarm(request_id)
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
                 self.loop.abort(request_id)
 
-    async def _relay(self, stream, req: ParsedRequest, reply: "_Reply", request_id: str) -> str:
-        """Stream SSE chunks as tokens arrive; returns the last frame (ends with `[DONE]`)."""
+    async def _relay(self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str) -> str:
+        """Stream SSE chunks as tokens arrive; returns the last frame (ends with `[DONE]`).
+
+        The HTTP status goes out with the first frame, so nothing is sent before the request has
+        produced a token: a validation error or a deadline before it are still real 4xx answers."""
         created, model, kind = int(time.time()), self.model_name, req.kind
         started = False
         try:
             async for out in stream:
-                if not started:
-                    # The HTTP status is fixed by the first frame: hold it until the request
-                    # has produced a token, so validation errors and early expiry stay 4xx.
-                    self._check_expired(out, req)
-                    reply.context.set_response_content_type(0, "text/event-stream")
                 pieces = []
-                if not started and kind == CHAT:
-                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text="", role=True)))
+                if not started:
+                    reply.context.set_response_content_type(0, "text/event-stream")
+                    if kind == CHAT:
+                        pieces.append(sse(stream_chunk(kind, request_id, model, created, text="", role=True)))
                 started = True
                 if out.new_text:
                     pieces.append(sse(stream_chunk(kind, request_id, model, created, text=out.new_text)))
                 if out.finished:
-                    self._finished(out)
+                    self.metrics.on_finish(out)
                     pieces.append(sse(stream_chunk(kind, request_id, model, created, text=None if kind == CHAT else "",
                                                    finish_reason=out.finish_reason)))
                     if req.include_usage:
@@ -186,75 +284,30 @@ class OrcaHandler:
 
     # ---- helpers -----------------------------------------------------------------------------
     def _render_chat(self, messages: list[dict]) -> str:
-        return self.engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def _check_expired(self, out: RequestOutput | None, req: ParsedRequest) -> None:
-        if out is None:
-            raise RequestError(500, "the request ended without output")
-        if out.finished and out.finish_reason == "abort" and out.completion_tokens == 0:
-            self._finished(out)
-            raise RequestError(408, f"request timed out after {req.timeout} s before its first token")
-
-    def _finished(self, out: RequestOutput) -> None:
-        try:
-            self.metrics.on_finish(out, self.engine)
-        except Exception:  # metrics must never fail a request
-            log.exception("metrics emission failed")
+    def _check_size(self, raw: Any, content_length: str | None) -> None:
+        """`max_body_bytes`: from Content-Length when the frontend passes it, else measured."""
+        limit = self.config.max_body_bytes
+        if limit is None:
+            return
+        if content_length and content_length.strip().isdigit():
+            size = int(content_length)
+        elif isinstance(raw, (bytes, bytearray, str)):
+            size = len(raw)
+        else:
+            try:
+                size = len(json.dumps(raw))
+            except (ValueError, RecursionError):
+                return  # decode_body refuses it next, with a better reason
+        if size > limit:
+            raise ProtocolError(f"request body has {size} bytes; this server accepts at most {limit} "
+                                "(max_body_bytes)", None, 413)
 
     @staticmethod
     def _engine_error(e: RequestError) -> dict:
         if e.status == 400:
-            return error_body(e.message, "prompt" if e.message.startswith("prompt") else None)
+            return error_body(e.message, e.param)
         if e.status == 408:
-            return error_body(e.message, "timeout", "timeout_error")
+            return error_body(e.message, e.param or "timeout", "timeout_error")
         return error_body(e.message, None, "server_error")
-
-    @staticmethod
-    def _fail(reply: "_Reply", status: int, body: dict) -> str:
-        if reply.started:  # mid-stream: the status line is gone, report in-band
-            return sse(body) + SSE_DONE
-        reply.context.set_response_status(status, HTTP_PHRASES.get(status, ""), 0)
-        reply.context.set_response_content_type(0, "application/json")
-        reply.send_complete(json.dumps(body))
-        return ""
-
-
-class _Reply:
-    """The frames of one request's HTTP response.
-
-    TorchServe's frontend (RestJob) writes the status line and headers with the first frame that
-    carries `ts_stream_next: true`, and only a frame with `ts_stream_next: false` releases the job;
-    a lone `false` frame would be written as a body chunk without any status line. So a 200
-    response is at least one `true` frame followed by exactly one `false` frame. An error status
-    cannot go that way (the frontend closes the connection right after an error status line, before
-    the body chunk), so errors are one complete frame without the header, then the `false` frame
-    that releases the job (its empty body lands on the closed connection and is dropped).
-    """
-
-    def __init__(self, context: Any) -> None:
-        self.context = context
-        self.started = False
-
-    def send(self, text: str) -> None:
-        """An intermediate frame (written now, from the asyncio thread)."""
-        from ts.handler_utils.utils import send_intermediate_predict_response
-
-        send_intermediate_predict_response([text], self.context.request_ids, "Intermediate Prediction success",
-                                           200, self.context)
-        self.started = True
-
-    def send_complete(self, text: str) -> None:
-        """A complete (non-chunked) response: status, headers and body in one frame."""
-        from ts.protocol.otf_message_handler import create_predict_response
-
-        frame = create_predict_response([text], self.context.request_ids, "Prediction error", 200, self.context)
-        self.context.cl_socket.sendall(frame)
-        self.started = True
-
-    def finish(self, text: str) -> str:
-        """The final frame's body; TorchServe sends it after `handle` returns."""
-        if not self.started:
-            self.send(text)
-            text = ""
-        self.context.set_response_header(0, "ts_stream_next", "false")
-        return text

@@ -30,7 +30,7 @@ _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix
 _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
 _ROLES = {"system", "user", "assistant", "developer"}
 # Reason phrases for the statuses the handlers answer with.
-HTTP_PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
+HTTP_PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
                 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
@@ -80,8 +80,16 @@ def route(url_path: str | None) -> str:
                         None, 404, "not_found_error")
 
 
+MAX_NESTING = 32
+
+
 def decode_body(raw: Any) -> dict:
-    """The JSON object of a request: TorchServe passes a dict for application/json, else bytes."""
+    """The JSON object of a request: TorchServe passes a dict for application/json, else bytes.
+
+    Refuses (400) what no field may hold: invalid UTF-8, nesting deeper than `MAX_NESTING`, and
+    strings that are not valid Unicode (JSON's `\\ud800` escapes decode to unpaired surrogates,
+    which tokenizers and encoders reject later, far from the request).
+    """
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = raw.decode("utf-8")
@@ -90,11 +98,31 @@ def decode_body(raw: Any) -> dict:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw) if raw.strip() else None
-        except json.JSONDecodeError as e:
-            raise ProtocolError(f"request body is not valid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            raise ProtocolError(f"request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(raw, dict):
         raise ProtocolError("request body must be a JSON object")
+    _check_values(raw, "", 0)
     return raw
+
+
+def _check_values(value: Any, path: str, depth: int) -> None:
+    field = path.split(".")[0].split("[")[0] or None  # the top-level field, for the error's `param`
+    if depth > MAX_NESTING:
+        raise ProtocolError(f"request body nests deeper than {MAX_NESTING} levels", field)
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ProtocolError(f"{path or 'request body'} is not valid Unicode (an unpaired UTF-16 surrogate)",
+                                field) from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_values(k, path, depth + 1)
+            _check_values(v, f"{path}.{k}" if path else str(k), depth + 1)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_values(v, f"{path}[{i}]", depth + 1)
 
 
 def _is_int(v: Any) -> bool:
@@ -153,8 +181,11 @@ def parse_request(
     render_chat: Callable[[list[dict]], str] | None = None,
     default_timeout: float | None = None,
     default_max_tokens: int | None = None,
+    max_tokens_limit: int | None = None,
 ) -> ParsedRequest:
-    """Validate an OpenAI Completions / Chat Completions body; raises ProtocolError (400)."""
+    """Validate an OpenAI Completions / Chat Completions body; raises ProtocolError (400).
+
+    `max_tokens_limit` caps what a request may ask for (400 above it) and the default."""
     allowed = _COMPLETION_FIELDS if kind == COMPLETIONS else _CHAT_FIELDS
     for key in body:
         if key not in allowed:
@@ -194,8 +225,8 @@ def parse_request(
         raise ProtocolError("stream_options needs stream: true", "stream_options")
     priority = _expect(body, "priority", _is_int, "an integer") or 0
     timeout = _expect(body, "timeout", lambda v: _is_number(v) and v > 0, "a positive number of seconds")
-    if timeout is None:
-        timeout = default_timeout
+    if timeout is None or (default_timeout is not None and timeout > default_timeout):
+        timeout = default_timeout  # the server's deadline is also the longest a client may ask for
 
     max_tokens = body.get("max_tokens")
     if kind == CHAT and body.get("max_completion_tokens") is not None:
@@ -205,8 +236,12 @@ def parse_request(
     if max_tokens is None:
         # OpenAI: 16 for completions; chat runs until EOS or the context is full.
         max_tokens = default_max_tokens or (16 if kind == COMPLETIONS else 1 << 30)
+        max_tokens = min(max_tokens, max_tokens_limit or max_tokens)
     elif not _is_int(max_tokens) or max_tokens < 1:
         raise ProtocolError(f"{mt_name} must be a positive integer, got {max_tokens!r}", mt_name)
+    elif max_tokens_limit is not None and max_tokens > max_tokens_limit:
+        raise ProtocolError(f"{mt_name} must be at most {max_tokens_limit} on this server "
+                            f"(max_tokens_limit), got {max_tokens}", mt_name)
 
     stop = body.get("stop")
     if stop is not None:

@@ -1,4 +1,4 @@
-"""Whole-frame writes on the TorchServe worker socket.
+"""Whole-frame writes on the TorchServe worker socket, and an observer of what crosses it.
 
 In async mode two threads write to the same socket: the asyncio thread sends intermediate
 (streaming) frames from `send_intermediate_predict_response`, and `AsyncService.send_responses`
@@ -7,14 +7,44 @@ sends final frames. `socket.sendall` is not atomic: under back-pressure it loops
 frontend then reads garbage. Both writers call `cl_socket.sendall` on the same socket object, so
 switching that object's class to one whose `sendall` holds a process-wide lock serialises every
 frame without touching TorchServe's code.
+
+The same class lets an observer (the supervisor's link, supervisor.py) see every byte the worker
+reads and every frame it writes, so the supervisor knows exactly which requests a dead worker
+left without an answer.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+from typing import Protocol
 
 _LOCK = threading.Lock()
+
+
+class SocketObserver(Protocol):
+    """Sees what the worker reads and writes (the supervisor's link, supervisor.py)."""
+
+    def read(self, data: bytes) -> None:
+        """Bytes just read from the frontend."""
+
+    def writing(self, frame: bytes) -> None:
+        """A frame about to be written (under the lock)."""
+
+    def written(self) -> None:
+        """The frame reported by `writing` is entirely on the socket."""
+
+
+_OBSERVER: SocketObserver | None = None
+
+
+def observe(observer: SocketObserver | None) -> None:
+    global _OBSERVER
+    _OBSERVER = observer
+
+
+def observer() -> SocketObserver | None:
+    return _OBSERVER
 
 
 class LockedSocket(socket.socket):
@@ -24,7 +54,20 @@ class LockedSocket(socket.socket):
 
     def sendall(self, data, flags: int = 0) -> None:  # type: ignore[override]
         with _LOCK:
+            obs = _OBSERVER
+            if obs is None:
+                super().sendall(data, flags)
+                return
+            obs.writing(bytes(data))
             super().sendall(data, flags)
+            obs.written()
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:  # type: ignore[override]
+        data = super().recv(bufsize, flags)
+        obs = _OBSERVER
+        if obs is not None:
+            obs.read(data)
+        return data
 
 
 def install(sock: object) -> bool:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import time
-from typing import Sequence
+from collections import deque
+from typing import Callable, Sequence
 
 import torch
 
@@ -16,13 +19,16 @@ from .kv_cache_manager import KVCacheManager
 from .loader import eos_token_ids, load_model_and_tokenizer
 from .model_runner import ModelRunner
 from .outputs import RequestOutput
-from .request import Request
+from .request import Request, RequestStatus
 from .sampler import Sampler
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .stats import EngineStats, StepTrace
 
+log = logging.getLogger(__name__)
+
 _CPU_KV_BYTES = 1 << 30
+TRACE_STEPS = 100_000
 
 
 def _model_dims(cfg) -> tuple[int, int, int]:
@@ -57,7 +63,10 @@ class Engine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self._ids = itertools.count()
         self.stats = EngineStats(num_blocks=num_blocks)
-        self.trace: list[StepTrace] | None = [] if config.trace else None
+        # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
+        self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
+        # Test hook: called with each step's batch before the model runs; raising fails that step.
+        self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
     @classmethod
     def from_pretrained(cls, path: str, **engine_args) -> "Engine":
@@ -98,12 +107,18 @@ class Engine:
         priority: int = 0,
         arrival_time: float | None = None,
     ) -> None:
-        """Queue a request; raises ValueError for an empty, too long or malformed prompt."""
+        """Queue a request; raises ValueError (message starting with the field's name) for an
+        empty, too long or malformed prompt. Nothing is queued unless everything succeeded."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
-        else:
+            try:
+                ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+            except Exception as e:  # e.g. a string that is not valid Unicode
+                raise ValueError(f"prompt could not be tokenized: {type(e).__name__}: {e}") from None
+        elif isinstance(prompt, (list, tuple)):
             ids = list(prompt)
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         if not ids:
@@ -116,15 +131,17 @@ class Engine:
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids)
-        self.scheduler.add_request(req)
-        self._detok[request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self.scheduler.add_request(req)  # raises on a duplicate id, before anything is recorded
+        self._detok[request_id] = detok
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Stop a request and free its blocks; returns its final output (None if unknown)."""
+    def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
+        """Stop a request and free its blocks; returns its final output (None if unknown).
+        `reason` becomes its finish reason ("abort", or "timeout" for a deadline)."""
         req = self.scheduler.requests.get(request_id)
         if req is None:
             return None
-        self.scheduler.finish_request(req, "abort")
+        self.scheduler.finish_request(req, reason)
         self.stats.num_aborted += 1
         self.stats.record_occupancy(self.scheduler, self.kv)
         return self._finish_output(req, [])
@@ -134,35 +151,89 @@ class Engine:
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns an output for every request that produced a token."""
+        """Run one iteration; returns an output for every request that produced a token.
+
+        A request whose model run or sampling fails gets a final output with
+        `finish_reason="error"` and `error` set, and gives its blocks back; the batch is re-run
+        without it (see `_run`), so its batch-mates go on. A failure while post-processing one
+        request fails that request alone.
+        """
         started = time.time()
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
-        logits, samplers = self.runner.execute(sched, self.kv)
-        tokens = self.sampler(logits, samplers)
+        sampled, failed = self._run(sched)
+        outputs = [self._fail(req, error) for req, error in failed]
         self.scheduler.update_after_step(sched)
         now = time.time()
-        outputs = []
-        for req, token in zip(samplers, tokens):
-            req.append_token(token)
-            if req.times.first_token is None:
-                req.times.first_token = now
-            detok = self._detok[req.request_id]
-            hit_stop = detok.update(req.output_token_ids)
-            reason = None
-            if hit_stop or token in req.stop_token_ids:
-                reason = "stop"
-            elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
-                reason = "length"
-            if reason is not None:
-                self.scheduler.finish_request(req, reason)
-                req.times.finished = now
-            outputs.append(self._finish_output(req, [token]) if reason else self._output(req, [token]))
+        for req, token in sampled:
+            try:
+                outputs.append(self._postprocess(req, token, now))
+            except Exception as e:
+                log.exception("post-processing failed; failing request %s", req.request_id)
+                outputs.append(self._fail(req, e))
         self.stats.record_step(sched, self.scheduler, self.kv, now - started)
         if self.trace is not None:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
         return outputs
+
+    def _run(self, sched: SchedulerOutput) -> tuple[list[tuple[Request, int]], list[tuple[Request, Exception]]]:
+        """Model and sampler over `sched`: (request, token) pairs, and (request, error) failures.
+
+        On a failure the batch is halved and each half re-run until the failing requests stand
+        alone: re-running a step is safe (the scheduler has not advanced; K/V slots are rewritten
+        with the same values), and a failure of one request costs its batch-mates a few extra
+        forwards instead of their answers.
+        """
+        try:
+            if self.fault_hook is not None:
+                self.fault_hook(sched)
+            logits = self.runner.execute(sched, self.kv)
+            return list(zip(sched.sampling, self.sampler(logits, sched.sampling))), []
+        except Exception as e:
+            ids = list(sched.num_scheduled_tokens)
+            if len(ids) == 1:
+                log.error("request %s failed in the model run: %s: %s", ids[0], type(e).__name__, e)
+                return [], [(sched.requests[ids[0]], e)]
+            log.warning("a step of %d requests failed (%s: %s); re-running it in halves", len(ids), type(e).__name__, e)
+            sampled: list[tuple[Request, int]] = []
+            failed: list[tuple[Request, Exception]] = []
+            for half in (ids[: len(ids) // 2], ids[len(ids) // 2 :]):
+                ok, bad = self._run(sched.subset(half))
+                sampled += ok
+                failed += bad
+            return sampled, failed
+
+    def _postprocess(self, req: Request, token: int, now: float) -> RequestOutput:
+        req.append_token(token)
+        if req.times.first_token is None:
+            req.times.first_token = now
+        hit_stop = self._detok[req.request_id].update(req.output_token_ids)
+        reason = None
+        if hit_stop or token in req.stop_token_ids:
+            reason = "stop"
+        elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is None:
+            return self._output(req, [token])
+        self.scheduler.finish_request(req, reason)
+        req.times.finished = now
+        return self._finish_output(req, [token])
+
+    def _fail(self, req: Request, error: Exception) -> RequestOutput:
+        """Finish `req` as failed; its output carries the error instead of text."""
+        if req.status != RequestStatus.FINISHED:
+            self.scheduler.finish_request(req, "error")
+        self._detok.pop(req.request_id, None)
+        self.stats.num_failed += 1
+        self.stats.record_occupancy(self.scheduler, self.kv)
+        return RequestOutput(
+            request_id=req.request_id, new_token_ids=[], output_token_ids=list(req.output_token_ids),
+            new_text="", text="", finished=True, finish_reason="error",
+            prompt_tokens=req.num_prompt_tokens, completion_tokens=len(req.output_token_ids),
+            times=dataclasses.replace(req.times), num_preemptions=req.num_preemptions,
+            error=f"{type(error).__name__}: {error}",
+        )
 
     def _output(self, req: Request, new_ids: list[int], finished: bool = False) -> RequestOutput:
         detok = self._detok[req.request_id]
@@ -176,7 +247,7 @@ class Engine:
             finish_reason=req.finish_reason if finished else None,
             prompt_tokens=req.num_prompt_tokens,
             completion_tokens=len(req.output_token_ids),
-            times=req.times,
+            times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
             num_preemptions=req.num_preemptions,
         )
 

@@ -8,67 +8,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Sequence
+from typing import Callable, Sequence
 
 from .engine import Engine
 from .outputs import RequestOutput
+from .request_stream import RequestError, RequestStream
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-_END = object()
-
-
-class RequestError(Exception):
-    """A request failed: `status` is the HTTP-like code (400 invalid, 408 deadline, 500 internal)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-class RequestStream:
-    """Outputs of one request, written by the engine thread, read from a thread or asyncio.
-
-    Iterate it (`for out in stream` or `async for out in stream`) to get `RequestOutput`s until
-    the final one; a failure is raised as `RequestError`.
-    """
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self.request_id = request_id
-        self._loop = loop
-        self._sync: queue.Queue = queue.Queue()
-        self._async: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
-        self.finished = False
-
-    def put(self, item: RequestOutput | RequestError) -> None:
-        """Called by the engine thread only."""
-        if self._async is not None:
-            self._loop.call_soon_threadsafe(self._async.put_nowait, item)
-        else:
-            self._sync.put(item)
-
-    @staticmethod
-    def _done(item) -> bool:
-        return isinstance(item, RequestError) or item.finished
-
-    def __iter__(self):
-        while not self.finished:
-            item = self._sync.get()
-            self.finished = self._done(item)
-            if isinstance(item, RequestError):
-                raise item
-            yield item
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        assert self._async is not None, "create the stream with an event loop to read it async"
-        while not self.finished:
-            item = await self._async.get()
-            self.finished = self._done(item)
-            if isinstance(item, RequestError):
-                raise item
-            yield item
 
 
 @dataclass
@@ -77,24 +24,54 @@ class _Submit:
     prompt: str | Sequence[int]
     params: SamplingParams
     priority: int
+    timeout: float | None
     deadline: float | None
 
 
+@dataclass
+class _Abort:
+    request_id: str
+
+
+_STOP = object()
+_FIELDS = {"prompt", "priority", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids", "ignore_eos"}
+
+
+def _param_of(message: str) -> str | None:
+    """Validation messages start with the field's name (see SamplingParams, Engine.add_request)."""
+    first = message.split(" ", 1)[0]
+    return first if first in _FIELDS else None
+
+
 class EngineLoop:
-    """Runs `engine.step()` continuously while there is work, sleeping on its queue otherwise.
+    """Runs `engine.step()` while there is work; otherwise blocks on its inbox until a request,
+    an abort, a shutdown or the nearest deadline.
 
     `submit` and `abort` may be called from any thread. The loop thread is the only one that
     touches the engine, so the scheduler needs no locks. `on_step(engine)` runs on the loop
-    thread after each step (for metrics).
+    thread after each step and after aborts (for metrics). Nothing a request carries ends the
+    thread: admission failures fail that request, step failures the step's requests. Should the
+    thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
+
+    `max_waiting` bounds the requests submitted but not running: beyond it `submit` raises a
+    503 `RequestError` at once instead of queueing without limit.
     """
 
-    def __init__(self, engine: Engine | None, on_step: Callable[[Engine], None] | None = None) -> None:
+    def __init__(self, engine: Engine | None, on_step: Callable[[Engine], None] | None = None,
+                 max_waiting: int | None = None,
+                 on_death: Callable[[BaseException], None] | None = None) -> None:
         self.engine = engine
         self.on_step = on_step
+        self.on_death = on_death
+        self.max_waiting = max_waiting
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
-        self._deadlines: dict[str, float] = {}
-        self._stop = threading.Event()
+        self._deadlines: dict[str, tuple[float, float]] = {}  # id -> (deadline, timeout)
+        self._lock = threading.Lock()  # guards _closed and _in_flight against submitters
+        self._closed = False
+        self._in_flight = 0  # submitted, final item not yet delivered
+        self._num_running = 0  # published by the loop thread after each step
         self._build: Callable[[], Engine] | None = None
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -105,16 +82,17 @@ class EngineLoop:
         return self
 
     @classmethod
-    def launch(cls, build: Callable[[], Engine], on_step: Callable[[Engine], None] | None = None) -> "EngineLoop":
+    def launch(cls, build: Callable[[], Engine], on_step: Callable[[Engine], None] | None = None,
+               max_waiting: int | None = None,
+               on_death: Callable[[BaseException], None] | None = None) -> "EngineLoop":
         """Build the engine on the loop thread itself, then serve; raises what `build` raises.
 
         libgomp gives every thread that runs a parallel region its own team of workers, and once
         a process holds more OpenMP threads than there are cores, all teams cut their spin-wait
-        and sleep in futexes between ops. Loading the model on the caller's thread and stepping
-        on this one makes two teams: 140 against 158 tok/s on the 2-core CPU. One thread for all
-        torch work avoids it.
+        and sleep in futexes between ops (docs/engine.md, "One thread for all torch work"); one
+        thread for all torch work, loading included, avoids it.
         """
-        loop = cls(None, on_step)
+        loop = cls(None, on_step, max_waiting, on_death)
         loop._build = build
         loop.start()
         loop._built.wait()
@@ -124,14 +102,18 @@ class EngineLoop:
         return loop
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Abort what is in flight, stop the thread and wait for it."""
-        self._stop.set()
-        self._inbox.put(_END)
-        self._thread.join(timeout)
+        """Stop the thread and wait for it; requests in flight or still queued end with a 503."""
+        self._inbox.put(_STOP)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and not self._closed
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._in_flight
 
     def submit(
         self,
@@ -142,94 +124,172 @@ class EngineLoop:
         timeout: float | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
-        """Queue a request; its outputs (or a RequestError) arrive on the returned stream."""
+        """Queue a request; its outputs (or a RequestError) arrive on the returned stream.
+
+        Raises RequestError(503) at once if the loop is shut down or the waiting queue is full.
+        """
         stream = RequestStream(request_id, loop)
         deadline = time.time() + timeout if timeout is not None else None
-        self._inbox.put(_Submit(stream, prompt, params, priority, deadline))
+        with self._lock:
+            if self._closed:
+                raise RequestError(503, "the engine is not running", retry_after=5)
+            waiting = self._in_flight - self._num_running
+            if self.max_waiting is not None and waiting >= self.max_waiting:
+                raise RequestError(503, f"server overloaded: {waiting} requests are already waiting "
+                                        f"(max_waiting_requests={self.max_waiting}); retry later",
+                                   retry_after=1)
+            self._in_flight += 1
+            self._inbox.put(_Submit(stream, prompt, params, priority, timeout, deadline))
         return stream
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(request_id)
+        self._inbox.put(_Abort(request_id))
 
     # ---- loop thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        death: BaseException | None = None
+        try:
+            if self._build is not None:
+                try:
+                    self.engine = self._build()
+                except BaseException as e:
+                    self._build_error = e  # launch() re-raises it on its thread
+                    self._closed = True
+                    return
+                finally:
+                    self._built.set()
+            self._serve()
+        except BaseException as e:
+            log.critical("orcaserve engine loop died", exc_info=True)
+            death = e
+        self._close(death)
+        if death is not None and self.on_death is not None:
+            self.on_death(death)
+
+    def _serve(self) -> None:
+        assert self.engine is not None
+        while True:
+            busy = self.engine.has_unfinished()
+            for item in self._drain(block=not busy):
+                if item is _STOP:
+                    return
+                self._handle(item)
+            self._expire_deadlines()
+            if self.engine.has_unfinished():
+                self._step()
+
     def _drain(self, block: bool) -> list:
+        """Everything in the inbox; when idle, wait for the first item or the nearest deadline."""
         items = []
         try:
-            items.append(self._inbox.get(timeout=0.1) if block else self._inbox.get_nowait())
+            if block:
+                wait = min((d for d, _ in self._deadlines.values()), default=None)
+                items.append(self._inbox.get(timeout=None if wait is None else max(0.0, wait - time.time())))
             while True:
                 items.append(self._inbox.get_nowait())
         except queue.Empty:
             pass
         return items
 
-    def _run(self) -> None:
-        if self._build is not None:
-            try:
-                self.engine = self._build()
-            except BaseException as e:  # handed to launch(), which re-raises it on its thread
-                self._build_error = e
-                return
-            finally:
-                self._built.set()
-        while not self._stop.is_set():
-            for item in self._drain(block=not self.engine.has_unfinished()):
-                self._handle(item)
-            self._expire_deadlines()
-            if self.engine.has_unfinished():
-                self._step()
-        for rid in list(self._streams):
-            self._abort(rid, RequestError(503, "the engine is shutting down"))
-
-    def _handle(self, item) -> None:
-        if item is _END:
-            return
-        if isinstance(item, str):
-            self._abort(item, None)
+    def _handle(self, item: _Submit | _Abort) -> None:
+        if isinstance(item, _Abort):
+            self._end_early(item.request_id, "abort", None)
             return
         rid = item.stream.request_id
         if rid in self._streams:
-            item.stream.put(RequestError(400, f"request id {rid!r} is already in flight"))
+            self._finish_stream(item.stream, RequestError(400, f"request id {rid!r} is already in flight"))
             return
         try:
             self.engine.add_request(rid, item.prompt, item.params, item.priority)
         except ValueError as e:
-            item.stream.put(RequestError(400, str(e)))
+            self._finish_stream(item.stream, RequestError(400, str(e), _param_of(str(e))))
+            return
+        except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the loop
+            log.exception("request %s could not be admitted", rid)
+            self._finish_stream(item.stream, RequestError(500, f"internal error while admitting the request: "
+                                                        f"{type(e).__name__}: {e}"))
             return
         self._streams[rid] = item.stream
         if item.deadline is not None:
-            self._deadlines[rid] = item.deadline
+            self._deadlines[rid] = (item.deadline, item.timeout or 0.0)
 
-    def _abort(self, rid: str, error: RequestError | None) -> None:
+    def _finish_stream(self, stream: RequestStream, item: RequestOutput | RequestError) -> None:
+        """Put a stream's final item and release its place in the in-flight count."""
+        stream.put(item)
+        with self._lock:
+            self._in_flight -= 1
+
+    def _deliver(self, rid: str, item: RequestOutput | RequestError) -> None:
+        """Send `rid` its final item and forget it."""
         stream = self._streams.pop(rid, None)
         self._deadlines.pop(rid, None)
-        out = self.engine.abort(rid)
         if stream is not None:
-            stream.put(error if error is not None else out)
+            self._finish_stream(stream, item)
+
+    def _end_early(self, rid: str, reason: str, error: RequestError | None) -> None:
+        """Abort `rid` in the engine (freeing its blocks) and answer it with its final output, or
+        with `error` when given."""
+        out = self.engine.abort(rid, reason)
+        if rid not in self._streams:
+            return
+        if error is None and out is not None and reason == "timeout" and out.completion_tokens == 0:
+            timeout = self._deadlines[rid][1]
+            error = RequestError(408, f"request timed out after {timeout:g} s before its first token", "timeout")
+        self._deliver(rid, error if error is not None or out is None else out)
+        self._notify()
 
     def _expire_deadlines(self) -> None:
         now = time.time()
-        for rid, deadline in list(self._deadlines.items()):
+        for rid, (deadline, _) in list(self._deadlines.items()):
             if now >= deadline:
-                self._abort(rid, None)
+                self._end_early(rid, "timeout", None)
 
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
-        except Exception as e:  # keep serving: fail the requests in flight, not the loop
-            log.exception("engine step failed")
+        except Exception as e:  # the scheduler itself failed: its state cannot be trusted
+            log.exception("engine step failed outside the model; failing every request in flight")
             for rid in list(self._streams):
-                self._abort(rid, RequestError(500, f"internal error: {type(e).__name__}: {e}"))
+                self._end_early(rid, "error", RequestError(500, f"internal error: {type(e).__name__}: {e}"))
             return
         for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None:
-                continue
-            stream.put(out)
-            if out.finished:
-                del self._streams[out.request_id]
-                self._deadlines.pop(out.request_id, None)
-        if self.on_step is not None:
+            rid = out.request_id
+            if out.error is not None:
+                self._deliver(rid, RequestError(500, f"internal error: {out.error}"))
+            elif out.finished:
+                self._deliver(rid, out)
+            elif rid in self._streams:
+                self._streams[rid].put(out)
+        self._num_running = self.engine.scheduler.num_running
+        self._notify()
+
+    def _notify(self) -> None:
+        if self.on_step is None:
+            return
+        try:
+            self.on_step(self.engine)
+        except Exception:
+            log.exception("on_step callback failed")
+
+    def _close(self, death: BaseException | None) -> None:
+        """Answer everything in flight and everything still queued; refuse new submissions."""
+        with self._lock:
+            self._closed = True
+        if death is None:
+            message, status = "the engine is shutting down", 503
+        else:
+            message, status = f"the engine stopped after an internal error: {type(death).__name__}", 500
+        for rid in list(self._streams):
             try:
-                self.on_step(self.engine)
+                if death is None and self.engine is not None:
+                    self.engine.abort(rid)
             except Exception:
-                log.exception("on_step callback failed")
+                log.exception("abort of %s at shutdown failed", rid)
+            self._deliver(rid, RequestError(status, message, retry_after=5))
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Submit):
+                self._finish_stream(item.stream, RequestError(503, "the engine is shutting down", retry_after=5))

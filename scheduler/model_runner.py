@@ -12,7 +12,6 @@ from transformers.masking_utils import AttentionMaskInterface
 from orcaserve.kernels import AttentionBackend
 
 from .kv_cache_manager import KVCacheManager
-from .request import Request
 from .scheduler import SchedulerOutput
 
 ATTN_NAME = "orcaserve_paged"
@@ -70,8 +69,8 @@ class ModelRunner:
         model.set_attn_implementation(ATTN_NAME)
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> tuple[torch.Tensor, list[Request]]:
-        """Forward the step; returns logits `[S, V]` (fp32) and the S requests that sample."""
+    def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
+        """Forward the step; returns logits `[S, V]` (fp32) of the S requests in `sched.sampling`."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -79,7 +78,6 @@ class ModelRunner:
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         sample_rows: list[int] = []
-        samplers: list[Request] = []
         for rid, n in sched.num_scheduled_tokens.items():
             req = sched.requests[rid]
             start = req.num_computed_tokens
@@ -88,9 +86,8 @@ class ModelRunner:
             cu.append(cu[-1] + n)
             seq_lens.append(start + n)
             tables.append(kv.blocks_of(rid))
-            if start + n == req.num_tokens:
+            if start + n == req.num_tokens:  # the scheduler put it in sched.sampling
                 sample_rows.append(cu[-1] - 1)
-                samplers.append(req)
 
         dev = self.device
         width = max(len(t) for t in tables)
@@ -113,4 +110,4 @@ class ModelRunner:
             logits_to_keep=torch.tensor(sample_rows, dtype=torch.long, device=dev),
             orca_step=ctx,
         )
-        return out.logits[0].float(), samplers  # [S, V]
+        return out.logits[0].float()  # [S, V]

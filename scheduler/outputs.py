@@ -30,9 +30,10 @@ class RequestOutput:
     new_text: str
     text: str
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    # "stop" | "length" | "abort" | "timeout" (deadline) | "error" (see `error`) | None while running
+    finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
     times: RequestTimes
     num_preemptions: int = 0
-    error: str | None = field(default=None)  # set when the request failed inside the engine
+    error: str | None = field(default=None)  # why the engine failed the request (finish_reason "error")

@@ -69,7 +69,7 @@ class Sampler:
         if all(r.params.greedy for r in reqs):
             return greedy.tolist()
 
-        temps = torch.tensor([r.params.temperature or 1.0 for r in reqs], device=logits.device)
+        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in reqs], device=logits.device)
         params = [r.params for r in reqs]
         probs = filter_logits(logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params],
                               [p.min_p for p in params]).softmax(-1)  # [S, V]

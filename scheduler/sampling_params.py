@@ -12,7 +12,7 @@ from typing import Any
 class SamplingParams:
     """How one request is sampled and when it stops.
 
-    `temperature=0` is greedy. `top_k` <= 0 and `top_p=1` disable those filters. `seed` gives the
+    `temperature=0` (or below 1e-5) is greedy. `top_k` 0 or -1 and `top_p=1` disable those filters. `seed` gives the
     request its own random generator, so its tokens do not depend on what else runs in the batch.
     `stop` strings end generation and are not included in the text.
     """
@@ -52,7 +52,9 @@ class SamplingParams:
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.seed is not None:
-            _check_int("seed", self.seed)
+            _check_int("seed", self.seed, low=0)
+            if self.seed >= 1 << 64:  # torch.Generator.manual_seed takes 64 bits
+                raise ValueError(f"seed must be < 2**64, got {self.seed}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")
@@ -63,7 +65,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Temperatures this small only turn logits into overflowing infinities.
+        return self.temperature < 1e-5
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":

@@ -18,6 +18,9 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     requests: dict[str, Request] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
+    # Requests whose scheduled tokens reach the end of their sequence: they sample a token this
+    # step, in batch order. Decided here once; the runner and the engine read it.
+    sampling: list[Request] = field(default_factory=list)
 
     @property
     def total_tokens(self) -> int:
@@ -26,6 +29,15 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.num_scheduled_tokens
+
+    def subset(self, request_ids: list[str]) -> "SchedulerOutput":
+        """The same step restricted to `request_ids` (to re-run part of a batch that failed)."""
+        keep = set(request_ids)
+        return SchedulerOutput(
+            num_scheduled_tokens={r: n for r, n in self.num_scheduled_tokens.items() if r in keep},
+            requests={r: req for r, req in self.requests.items() if r in keep},
+            sampling=[req for req in self.sampling if req.request_id in keep],
+        )
 
 
 class Scheduler:
@@ -146,14 +158,13 @@ class Scheduler:
                     req.times.first_scheduled = time.time()
                 self._insert(self.running, req)
                 admit(req, n)
-        return out
-
-    def update_after_step(self, out: SchedulerOutput) -> list[Request]:
-        """Advance progress; returns the requests that sampled a token this step, in batch order."""
-        sampled = []
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]
-            req.num_computed_tokens += n
-            if req.num_computed_tokens == req.num_tokens:
-                sampled.append(req)
-        return sampled
+            if req.num_computed_tokens + n == req.num_tokens:
+                out.sampling.append(req)
+        return out
+
+    def update_after_step(self, out: SchedulerOutput) -> None:
+        """Advance every scheduled request by the tokens it computed this step."""
+        for rid, n in out.num_scheduled_tokens.items():
+            out.requests[rid].num_computed_tokens += n

@@ -22,6 +22,7 @@ class EngineStats:
     last_step_seconds: float = 0.0
     num_preemptions: int = 0
     num_aborted: int = 0
+    num_failed: int = 0  # requests ended by an internal error
     num_finished: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real SmolLM2 tokenizer and tiny random-weight models built from configs."""
+"""Shared fixtures: the real SmolLM2 tokenizer and engines over private copies of tiny models."""
 
 from __future__ import annotations
 
@@ -23,47 +23,6 @@ def tokenizer(smollm2_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(os.path.dirname(smollm2_path), gguf_file=os.path.basename(smollm2_path))
-
-
-TINY_VOCAB = 512  # ids below 512 are real SmolLM2 tokens, so the real tokenizer decodes them
-
-
-def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
-    """A 2-layer GQA model with random weights; larger init spreads logits so greedy ties are rare."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig, MistralForCausalLM
-
-    common = dict(
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        initializer_range=0.2,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-    )
-    cls = {
-        "llama": (LlamaConfig, LlamaForCausalLM),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-        "mistral": (MistralConfig, MistralForCausalLM),
-    }[arch]
-    torch.manual_seed(seed)
-    model = cls[1](cls[0](**common)).eval()
-    model.generation_config.eos_token_id = None
-    return model
-
-
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers generate() for one request, the reference every engine output is held to."""
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False,
-        )
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from conftest import TINY_VOCAB, hf_greedy, tiny_model
+from tiny_models import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 
 

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from conftest import hf_greedy, tiny_model
+from tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams
-from orcaserve.scheduler.engine_loop import RequestError
+from orcaserve.scheduler.request_stream import RequestError
 
 
 @pytest.fixture
@@ -47,44 +47,172 @@ def test_threads_stream_tokens_and_match_transformers(loop_and_model):
 
 def test_asyncio_errors_and_deadlines(loop_and_model):
     loop, _ = loop_and_model
+    engine = loop.engine
+    steps = []
+
+    def slow_third_step(sched):  # deterministic deadline: step 3 outlasts the request's timeout
+        steps.append(list(sched.requests))
+        if len(steps) == 3:
+            time.sleep(2.2)
 
     async def main():
         ev = asyncio.get_running_loop()
-        bad = loop.submit("bad", [], SamplingParams(), loop=ev)
-        with pytest.raises(RequestError) as err:
-            async for _ in bad:
-                pass
-        assert err.value.status == 400 and "empty" in err.value.message
+        for prompt, needle in (([], "empty"), ("\ud800 unpaired", "tokenized"), ([10**9], "token ids")):
+            bad = loop.submit(f"bad-{needle}", prompt, SamplingParams(), loop=ev)
+            with pytest.raises(RequestError) as err:
+                async for _ in bad:
+                    pass
+            assert err.value.status == 400 and needle in err.value.message and err.value.param == "prompt"
 
-        # Deadline: a long request is aborted at its timeout and gives its blocks back.
-        slow = loop.submit("slow", [5] * 50, SamplingParams(max_tokens=100000 // 100, ignore_eos=True), timeout=0.3, loop=ev)
+        # Expired before its first token: 408 naming the field, not an empty 200.
+        late = loop.submit("late", [5, 6], SamplingParams(max_tokens=5), timeout=0.0, loop=ev)
+        with pytest.raises(RequestError) as err:
+            async for _ in late:
+                pass
+        assert err.value.status == 408 and err.value.param == "timeout"
+
+        # Expired after some tokens: the tokens so far, finish_reason "timeout"; blocks come back.
+        engine.fault_hook = slow_third_step
+        slow = loop.submit("slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0, loop=ev)
         outs = [o async for o in slow]
-        assert outs[-1].finish_reason == "abort" and outs[-1].completion_tokens < 1000
+        engine.fault_hook = None
+        assert outs[-1].finish_reason == "timeout" and 1 <= outs[-1].completion_tokens < 1000
 
         ok = loop.submit("ok", [7, 8], SamplingParams(temperature=0, max_tokens=3), loop=ev)
         outs = [o async for o in ok]
         assert outs[-1].finish_reason == "length"
+        # Outputs are snapshots: the engine thread's later writes do not show in earlier ones.
+        assert outs[0].times is not outs[-1].times and outs[0].times.finished is None
 
     asyncio.run(main())
-    time.sleep(0.2)
-    assert loop.engine.kv.pool.num_used == 0
-    assert loop.engine.stats.num_aborted >= 1
+    loop.shutdown()  # joins the thread: everything below is final
+    assert engine.kv.pool.num_used == 0
+    assert engine.stats.num_aborted == 2
 
 
-def test_explicit_abort_and_shutdown_fail_nothing_silently(loop_and_model):
+def test_abort_is_not_a_timeout(loop_and_model):
     loop, _ = loop_and_model
+    gate = threading.Event()
+    loop.engine.fault_hook = lambda sched: gate.wait(10)  # hold the first step
+    before = loop.submit("before", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
+    loop.abort("before")  # aborted before its first token: a final output, not a 408
+    gate.set()
+    outs = list(before)
+    assert outs[-1].finish_reason == "abort" and outs[-1].completion_tokens == 0
+    loop.engine.fault_hook = None
     stream = loop.submit("x", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
     it = iter(stream)
-    first = next(it)
-    assert not first.finished
+    assert not next(it).finished
     loop.abort("x")
     rest = list(it)
-    assert rest[-1].finish_reason == "abort"
-    pending = loop.submit("y", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
-    next(iter(pending))
-    loop.shutdown()
+    assert rest[-1].finish_reason == "abort" and rest[-1].completion_tokens < 1000
+
+
+def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
+    loop, _ = loop_and_model
+    gate = threading.Event()
+    running = loop.submit("running", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
+    next(iter(running))
+    loop.engine.fault_hook = lambda sched: gate.wait(10)  # the loop is busy in a step ...
+    time.sleep(0.05)
+    queued = loop.submit("queued", [9] * 20, SamplingParams(max_tokens=5))  # ... so this stays in the inbox
+    stopper = threading.Thread(target=loop.shutdown)
+    stopper.start()
+    gate.set()
+    stopper.join(30)
+    for stream in (running, queued):
+        with pytest.raises(RequestError) as err:
+            list(stream)
+        assert err.value.status == 503
     with pytest.raises(RequestError) as err:
-        list(pending)
+        loop.submit("after", [1, 2], SamplingParams())
+    assert err.value.status == 503 and not loop.alive
+
+
+def test_waiting_queue_is_bounded(tokenizer):
+    model = tiny_model("llama")
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=1, max_num_batched_tokens=64)
+    entered, gate = threading.Event(), threading.Event()
+
+    def hold(sched):
+        entered.set()
+        gate.wait(10)
+
+    engine.fault_hook = hold
+    loop = EngineLoop(engine, max_waiting=2).start()
+    try:
+        a = loop.submit("a", [5, 6], SamplingParams(max_tokens=2))
+        entered.wait(10)  # "a" is in its first step; nothing is published as running yet
+        b = loop.submit("b", [5, 6], SamplingParams(max_tokens=2))
+        with pytest.raises(RequestError) as err:
+            loop.submit("c", [5, 6], SamplingParams(max_tokens=2))
+        assert err.value.status == 503 and err.value.retry_after and "max_waiting_requests=2" in err.value.message
+        engine.fault_hook = None
+        gate.set()
+        assert list(a)[-1].finished and list(b)[-1].finished
+        assert list(loop.submit("d", [5, 6], SamplingParams(max_tokens=2)))[-1].finished  # room again
+        assert loop.num_in_flight == 0
+    finally:
+        gate.set()
+        loop.shutdown()
+
+
+def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
+    model = tiny_model("llama")
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64)
+    batches = []
+
+    def hook(sched):
+        batches.append(sorted(sched.requests))
+        if "bad" in sched.requests:
+            raise RuntimeError("injected")
+
+    engine.fault_hook = hook
+    loop = EngineLoop(engine)
+    prompts = {f"good{i}": [5 + i, 6, 7] for i in range(3)}
+    bad = loop.submit("bad", [5, 6, 7], SamplingParams(max_tokens=4))
+    good = {rid: loop.submit(rid, p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+            for rid, p in prompts.items()}
+    loop.start()  # all four are in the inbox: they share the first step
+    try:
+        with pytest.raises(RequestError) as err:
+            list(bad)
+        assert err.value.status == 500 and "injected" in err.value.message
+        for rid, stream in good.items():
+            assert [t for o in stream for t in o.new_token_ids] == hf_greedy(model, prompts[rid], 4)
+        assert batches[0] == ["bad", "good0", "good1", "good2"]  # then halves until "bad" stands alone
+        assert ["bad"] in batches and loop.alive
+    finally:
+        loop.shutdown()
+    assert engine.kv.pool.num_used == 0 and engine.stats.num_failed == 1
+
+
+class _Boom(BaseException):
+    pass
+
+
+def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
+    model = tiny_model("llama")
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64)
+    died = []
+
+    def hook(sched):
+        if "killer" in sched.requests:
+            raise _Boom("a bug in the loop")
+
+    engine.fault_hook = hook
+    loop = EngineLoop(engine, on_death=died.append).start()
+    victim = loop.submit("victim", [5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True))
+    next(iter(victim))
+    killer = loop.submit("killer", [5, 6], SamplingParams(max_tokens=4))
+    for stream in (victim, killer):
+        with pytest.raises(RequestError) as err:
+            list(stream)
+        assert err.value.status == 500
+    loop._thread.join(10)
+    assert not loop.alive and len(died) == 1 and isinstance(died[0], _Boom)
+    with pytest.raises(RequestError) as err:
+        loop.submit("after", [1, 2], SamplingParams())
     assert err.value.status == 503
 
 

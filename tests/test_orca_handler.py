@@ -17,7 +17,7 @@ import types
 
 import pytest
 
-from conftest import tiny_model
+from tiny_models import tiny_model
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.orca_handler import OrcaHandler
 from orcaserve.scheduler import Engine, SamplingParams
@@ -64,11 +64,14 @@ def parse_frames(data: bytes) -> list[dict]:
 class Backend:
     """A handler behind TorchServe's async predict, writing frames to one socket like the worker."""
 
-    def __init__(self, tokenizer) -> None:
-        engine = Engine.from_model(copy.deepcopy(tiny_model("llama")), tokenizer, **ENGINE_ARGS)
+    def __init__(self, tokenizer, **config) -> None:
+        model = tiny_model("llama")
+        engine = Engine.from_model(copy.deepcopy(model), tokenizer, **ENGINE_ARGS)
+        # Expectations come from an engine of their own: the served one belongs to the loop thread.
+        self.reference = Engine.from_model(copy.deepcopy(model), tokenizer, **ENGINE_ARGS)
         self.engine = engine
         self.handler = OrcaHandler()
-        self.handler.start(engine, HandlerConfig("unused", {}, default_timeout=60), None, "tiny")
+        self.handler.start(engine, HandlerConfig("unused", {}, **{"default_timeout": 60, **config}), None, "tiny")
         cache = MetricsCacheYamlImpl(config_file_path=ts_async.__file__.replace("async_service.py", "configs/metrics.yaml"))
         cache.initialize_cache()
         self.service = Service("tiny", "/tmp", None, self.handler.handle, None, 1, metrics_cache=cache)
@@ -85,7 +88,10 @@ class Backend:
 
     async def request(self, rid: str, body, path: str = "v1/completions") -> None:
         value = body if isinstance(body, bytes) else body  # dict: as TorchServe decodes JSON bodies
-        batch = [{"requestId": rid.encode(), "headers": [{"name": b"url_path", "value": path.encode()}],
+        size = len(body) if isinstance(body, bytes) else len(json.dumps(body))
+        headers = [{"name": b"url_path", "value": path.encode()},
+                   {"name": b"content-length", "value": str(size).encode()}]
+        batch = [{"requestId": rid.encode(), "headers": headers,
                   "parameters": [{"name": "body", "contentType": "application/json", "value": value}]}]
         final = await self.service.predict(batch)
         self.service.cl_socket.sendall(final)  # what AsyncService.send_responses does
@@ -105,18 +111,29 @@ class Backend:
 
 
 @pytest.fixture
-def backend(tokenizer):
+def make_backend(tokenizer):
     import torch
 
     # One thread: spin-waiting OpenMP threads on a busy 2-core machine make steps 20x slower.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    b = Backend(tokenizer)
+    made = []
+
+    def make(**config) -> Backend:
+        made.append(Backend(tokenizer, **config))
+        return made[-1]
+
     try:
-        yield b
+        yield make
     finally:
-        b.close()
+        for b in made:
+            b.close()
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def backend(make_backend):
+    return make_backend()
 
 
 def body_of(frames: list[dict]) -> bytes:
@@ -131,7 +148,7 @@ def check_release(frames: list[dict]) -> None:
 
 def test_frames_statuses_and_errors(backend):
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
-    want = backend.engine.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    want = backend.reference.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
 
     async def run():
         await asyncio.gather(
@@ -204,7 +221,7 @@ def test_shutdown_stops_the_loop_thread(backend):
     loop = backend.handler.loop
     assert loop.alive
     backend.handler.shutdown(5)
-    assert not loop.alive and backend.handler.engine is None
+    assert not loop.alive and backend.handler.loop is None
 
     async def run():
         await backend.request("late", {"prompt": [1, 2]})
@@ -212,3 +229,56 @@ def test_shutdown_stops_the_loop_thread(backend):
     asyncio.run(run())
     late = backend.frames()["late"]
     assert late[0]["status"] == 503
+
+
+def test_limits_and_unusable_values_are_4xx(make_backend):
+    backend = make_backend(max_body_bytes=2000, max_tokens_limit=50)
+    assert backend.handler._tokenizer is not backend.engine.tokenizer  # never shared across threads
+
+    async def run():
+        await asyncio.gather(
+            backend.request("huge", {"prompt": "x" * 3000}),
+            backend.request("surrogate", {"prompt": "\ud800"}),
+            backend.request("surrogate-chat", {"messages": [{"role": "user", "content": "a\udfff"}]},
+                            path="v1/chat/completions"),
+            backend.request("deep", b"[" * 900 + b"]" * 900),
+            backend.request("deep-field", {"prompt": "hi", "stop": json.loads("[" * 40 + '"x"' + "]" * 40)}),
+            backend.request("seed", {"prompt": "hi", "seed": 2**64}),
+            backend.request("neg-seed", {"prompt": "hi", "seed": -1}),
+            backend.request("too-many", {"prompt": "hi", "max_tokens": 51}),
+            backend.request("nan", b'{"prompt": "hi", "temperature": NaN}'),
+            backend.request("ok", {"prompt": [5, 6], "max_tokens": 2}),
+        )
+
+    asyncio.run(run())
+    frames = backend.frames()
+    for rid, status, param in (("huge", 413, None), ("surrogate", 400, "prompt"), ("surrogate-chat", 400, "messages"),
+                               ("deep", 400, None), ("deep-field", 400, "stop"), ("seed", 400, "seed"),
+                               ("neg-seed", 400, "seed"), ("too-many", 400, "max_tokens"),
+                               ("nan", 400, "temperature")):
+        first = frames[rid][0]
+        assert first["status"] == status, (rid, first)
+        assert json.loads(first["body"])["error"]["param"] == param, (rid, first["body"])
+        check_release(frames[rid])
+    assert frames["ok"][0]["status"] == 200
+
+
+def test_a_full_queue_answers_503_with_retry_after(make_backend):
+    backend = make_backend(max_waiting_requests=1)
+    gate = threading.Event()
+    backend.engine.fault_hook = lambda sched: gate.wait(10)  # the engine stays in its first step
+
+    async def run():
+        first = asyncio.ensure_future(backend.request("first", {"prompt": [5, 6], "max_tokens": 2}))
+        await asyncio.sleep(0.2)
+        await backend.request("second", {"prompt": [5, 6], "max_tokens": 2})
+        backend.engine.fault_hook = None
+        gate.set()
+        await first
+
+    asyncio.run(run())
+    frames = backend.frames()
+    assert frames["first"][0]["status"] == 200
+    second = frames["second"][0]
+    assert second["status"] == 503 and second["headers"]["Retry-After"] == "1"
+    assert "max_waiting_requests" in json.loads(second["body"])["error"]["message"]

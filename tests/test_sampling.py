@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import hf_greedy, tiny_model
+from tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.request import Request
 from orcaserve.scheduler.sampler import _apply_penalties, filter_logits

@@ -24,7 +24,8 @@ def req(rid: str, prompt_len: int, max_tokens: int = 8, priority: int = 0) -> Re
 def run_step(s: Scheduler, token: int = 1):
     """One iteration with a fake model: every request that caught up 'samples' `token`."""
     out = s.schedule()
-    for r in s.update_after_step(out):
+    s.update_after_step(out)
+    for r in out.sampling:
         r.append_token(token)
         if len(r.output_token_ids) >= r.params.max_tokens:
             s.finish_request(r, "length")

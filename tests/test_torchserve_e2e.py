@@ -6,7 +6,6 @@ to the engine's offline `generate` with the same engine arguments.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -16,7 +15,9 @@ import pytest
 import requests
 
 from orcaserve.handler.archive import build
-from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler import Engine, default_model_path
+import openai_http
+from openai_http import expected, read_stream
 from torchserve_harness import TorchServe
 
 pytestmark = pytest.mark.slow
@@ -67,66 +68,12 @@ def offline():
         torch.set_num_threads(threads)
 
 
-def render(engine: Engine, question: str) -> str:
-    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                                add_generation_prompt=True)
-
-
 def call(ts: TorchServe, path: str, body, stream: bool = False, headers=None, timeout: float = 300):
-    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
-    h = {"Content-Type": "application/json", **ts.auth(), **(headers or {})}
-    return requests.post(ts.url(f"/predictions/{MODEL}{path}"), data=data, headers=h, stream=stream, timeout=timeout)
+    return openai_http.call(ts, MODEL, path, body, stream, headers, timeout)
 
 
-def read_stream(resp) -> dict:
-    """Parse an SSE response strictly; returns text, finish_reason, usage, arrival times."""
-    assert resp.status_code == 200, resp.text
-    assert resp.headers["content-type"].startswith("text/event-stream")
-    text, finish, usage, times, ids, done = "", None, None, [], set(), False
-    for line in resp.iter_lines(decode_unicode=False):
-        if not line:
-            continue
-        line = line.decode("utf-8")  # raises on a split multi-byte character
-        assert line.startswith("data: "), line
-        assert not done, "data after [DONE]"
-        payload = line[6:]
-        times.append(time.time())
-        if payload == "[DONE]":
-            done = True
-            continue
-        chunk = json.loads(payload)
-        assert "error" not in chunk, chunk
-        ids.add(chunk["id"])
-        if chunk.get("usage"):
-            usage = chunk["usage"]
-        for choice in chunk["choices"]:
-            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-            finish = choice["finish_reason"] or finish
-    assert done and len(ids) == 1, (done, ids)
-    return {"text": text, "finish_reason": finish, "usage": usage, "times": times, "id": ids.pop()}
-
-
-def result(ts, kind: str, prompt: str, max_tokens: int, stream: bool, **extra) -> dict:
-    if kind == "chat":
-        path, body = "/1.0/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]}
-    else:
-        path, body = "/1.0/v1/completions", {"prompt": prompt}
-    body.update(max_tokens=max_tokens, temperature=0, stream=stream, **extra)
-    resp = call(ts, path, body, stream=stream)
-    if stream:
-        return read_stream(resp)
-    assert resp.status_code == 200, resp.text
-    obj = resp.json()
-    choice = obj["choices"][0]
-    assert obj["object"] == ("chat.completion" if kind == "chat" else "text_completion")
-    text = choice["message"]["content"] if kind == "chat" else choice["text"]
-    return {"text": text, "finish_reason": choice["finish_reason"], "usage": obj["usage"]}
-
-
-def expected(offline: Engine, items, max_tokens) -> list:
-    prompts = [render(offline, p) if kind == "chat" else p for kind, p in items]
-    params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
-    return offline.generate(prompts, params)
+def result(ts: TorchServe, kind: str, prompt: str, max_tokens: int, stream: bool, **extra) -> dict:
+    return openai_http.result(ts, MODEL, kind, prompt, max_tokens, stream, **extra)
 
 
 def test_requests_without_token_are_refused(ts):
@@ -193,7 +140,7 @@ BAD = [
 
 def test_bad_requests_between_running_streams(ts, offline):
     want = expected(offline, [("completions", p) for p in PROMPTS[:4]], [40] * 4)
-    streams, first_chunk = [], threading.Barrier(5, timeout=120)
+    first_chunk = threading.Barrier(5, timeout=120)
 
     def stream(i):
         resp = call(ts, "/1.0/v1/completions", {"prompt": PROMPTS[i], "max_tokens": 40, "temperature": 0,
@@ -226,17 +173,14 @@ def test_bad_requests_between_running_streams(ts, offline):
 
 
 def _metric(text: str, name: str) -> float:
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + "{") and f'ModelName="{MODEL}"' in line]
-    assert values, f"{name} not in /metrics"
-    return values[-1]
+    return openai_http.metric(text, name, MODEL)
 
 
 def test_timeout_aborts_and_frees_blocks(ts):
     r = result(ts, "completions", "Count to a thousand:", 1000, stream=False, ignore_eos=True, timeout=1.5)
-    assert r["finish_reason"] == "abort" and 0 < r["usage"]["completion_tokens"] < 1000
+    assert r["finish_reason"] == "timeout" and 0 < r["usage"]["completion_tokens"] < 1000
     s = result(ts, "chat", "Tell me a long story.", 1000, stream=True, ignore_eos=True, timeout=1.5)
-    assert s["finish_reason"] == "abort"
+    assert s["finish_reason"] == "timeout"
     # Expired before its first token: 408.
     late = call(ts, "/1.0/v1/completions", {"prompt": "hi", "max_tokens": 5, "timeout": 1e-6})
     assert late.status_code == 408 and late.json()["error"]["type"] == "timeout_error"

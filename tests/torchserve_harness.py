@@ -46,10 +46,12 @@ class TorchServe:
     """A TorchServe process on free loopback ports with a generated config.properties."""
 
     def __init__(self, workdir: str | os.PathLike, model_store: str | os.PathLike,
-                 extra_config: dict[str, str] | None = None, token_auth: bool = True) -> None:
+                 extra_config: dict[str, str] | None = None, token_auth: bool = True,
+                 env: dict[str, str] | None = None) -> None:
         self.workdir = Path(workdir)
         self.model_store = Path(model_store).resolve()
         self.extra_config = dict(extra_config or {})
+        self.env = dict(env or {})  # extra environment for the frontend and its workers
         self.token_auth = token_auth
         self.proc: subprocess.Popen | None = None
         self.ports: dict[str, int] = {}
@@ -89,7 +91,7 @@ class TorchServe:
         tmp.mkdir(exist_ok=True)
         config = self.write_config()
         env = dict(os.environ, TMPDIR=str(tmp), LOG_LOCATION=str(self.workdir / "logs"),
-                   METRICS_LOCATION=str(self.workdir / "logs"))
+                   METRICS_LOCATION=str(self.workdir / "logs"), **self.env)
         torchserve = str(Path(sys.executable).parent / "torchserve")
         cmd = [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(config),
                "--model-store", str(self.model_store)]

@@ -1,0 +1,63 @@
+"""The frames of one request's HTTP response in TorchServe's async mode."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .protocol import HTTP_PHRASES, SSE_DONE, sse
+
+
+class Reply:
+    """Writes one request's response frames.
+
+    TorchServe's frontend (RestJob) writes the status line and headers with the first frame that
+    carries `ts_stream_next: true`, and only a frame with `ts_stream_next: false` releases the job;
+    a lone `false` frame would be written as a body chunk without any status line. So a 200
+    response is at least one `true` frame followed by exactly one `false` frame. An error status
+    cannot go that way (the frontend closes the connection right after an error status line, before
+    the body chunk), so errors are one complete frame without the header, then the `false` frame
+    that releases the job (its empty body lands on the closed connection and is dropped).
+    """
+
+    def __init__(self, context: Any) -> None:
+        self.context = context
+        self.started = False
+
+    def send(self, text: str) -> None:
+        """An intermediate frame (written now, from the asyncio thread)."""
+        from ts.handler_utils.utils import send_intermediate_predict_response
+
+        send_intermediate_predict_response([text], self.context.request_ids, "Intermediate Prediction success",
+                                           200, self.context)
+        self.started = True
+
+    def send_complete(self, text: str) -> None:
+        """A complete (non-chunked) response: status, headers and body in one frame."""
+        from ts.protocol.otf_message_handler import create_predict_response
+
+        frame = create_predict_response([text], self.context.request_ids, "Prediction error", 200, self.context)
+        self.context.cl_socket.sendall(frame)
+        self.started = True
+
+    def fail(self, status: int, body: dict, retry_after: int | None = None) -> str:
+        """Answer with an error; returns the final frame's body.
+
+        Before anything was sent this is a real HTTP status with an OpenAI error object; once a
+        200 went out the error can only travel in-band, as OpenAI's streaming API does."""
+        if self.started:
+            return sse(body) + SSE_DONE
+        self.context.set_response_status(status, HTTP_PHRASES.get(status, ""), 0)
+        self.context.set_response_content_type(0, "application/json")
+        if retry_after is not None:
+            self.context.set_response_header(0, "Retry-After", str(retry_after))
+        self.send_complete(json.dumps(body))
+        return ""
+
+    def finish(self, text: str) -> str:
+        """The final frame's body; TorchServe sends it after `handle` returns."""
+        if not self.started:
+            self.send(text)
+            text = ""
+        self.context.set_response_header(0, "ts_stream_next", "false")
+        return text

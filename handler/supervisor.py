@@ -1,0 +1,297 @@
+"""A process beside the model worker that keeps the worker's connection to TorchServe served.
+
+TorchServe 0.12's async mode handles a dead worker badly (docs/reliability.md, "Worker death"):
+the requests in flight on it are never answered, and the worker it starts instead takes queued
+requests while its LOAD is still pending (`loadingFinished` is never reset after the first
+load), which drops such a request and kills the new worker; under steady traffic every restart
+fails the same way. So the worker must never look dead to the frontend.
+
+The supervisor is started by the first worker and holds a copy of that worker's connection to the
+frontend. The worker reports on a pipe what crosses its socket (`B id` request read, `S id` status
+line written, `E id` final frame written, `Q` stopping on request; see `SupervisorLink`). When the
+pipe reaches EOF (the worker is gone, however it went):
+- every request still open gets a final frame: an in-band SSE error if its 200 went out, else a
+  503 JSON error;
+- unless the worker stopped on request (`Q`) or the frontend has closed the connection, a
+  replacement worker (`takeover.py`) starts on the same connection and loads the model; requests
+  sent meanwhile wait in the socket buffer. The supervisor then watches the replacement alike.
+  The frontend stops reading a dead worker's stdout, so from then on the supervisor and the
+  replacements log to files (`log_path`), and the engine's metrics no longer reach TorchServe.
+- After `MAX_RESTARTS` replacements within `RESTART_WINDOW_S` it gives up: it answers what the
+  frontend sends for `LINGER_S` with 503, closes the connection and leaves the worker to
+  TorchServe.
+
+Standard library only (no torch): it starts in milliseconds and costs a few MB.
+Run as `python -m orcaserve.handler.supervisor` (see `SupervisorLink.start`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import mmap
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from .frames import InboundParser, final_frames, read_request_ids, written_requests
+
+log = logging.getLogger(__name__)
+
+ENV = "ORCASERVE_SUPERVISED"  # "EVENTS_FD,FLAG_FD" in a replacement worker's environment
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
+LINGER_S = 2.0
+FLAG_BYTES = 2
+
+
+class SupervisorLink:
+    """The worker's end: tells the supervisor what crosses the worker's socket.
+
+    It observes the socket (`socket_lock.observe`): a request is open from the moment the worker
+    has read its message (`B`) until its final frame is on the socket (`E`); `S` marks its first
+    frame (the 200 status line). Events precede the bytes they describe, and a shared flag
+    covers each write and each half-read message, so that after a death the supervisor knows
+    whether its picture is exact. Event writes are single `os.write` calls under PIPE_BUF bytes
+    (atomic); if the supervisor is gone or its pipe is full, reporting stops rather than block.
+    """
+
+    def __init__(self, events_fd: int, flag: mmap.mmap, proc: subprocess.Popen | None = None) -> None:
+        self._fd = events_fd
+        os.set_blocking(self._fd, False)
+        self.flag = flag  # [0]: a frame is being written; [1]: a message is half read
+        self._proc = proc
+        self._ok = True
+        self._inbound = InboundParser()
+        self._lost = False
+        self._started: set[str] = set()  # requests with a frame on the socket, not yet final
+
+    @classmethod
+    def start(cls, sock: socket.socket, load: dict, metrics_config: str) -> "SupervisorLink":
+        """Start the supervisor beside this worker (the one TorchServe started), while the socket
+        is between messages. `load`: how a replacement loads the model, as TorchServe's LOAD did."""
+        read_fd, write_fd = os.pipe()
+        flag_fd = _flag_fd()
+        fds = (sock.fileno(), read_fd, flag_fd)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orcaserve.handler.supervisor", "--sock-fd", str(fds[0]), "--events-fd",
+             str(read_fd), "--flag-fd", str(flag_fd), "--worker-pid", str(os.getpid()), "--load", json.dumps(load),
+             "--metrics-config", metrics_config],
+            pass_fds=fds, stdin=subprocess.DEVNULL)
+        os.close(read_fd)
+        flag = mmap.mmap(flag_fd, FLAG_BYTES)
+        os.close(flag_fd)
+        log.info("orcaserve: supervisor %d watches worker %d", proc.pid, os.getpid())
+        return cls(write_fd, flag, proc)
+
+    @classmethod
+    def attach(cls, spec: str) -> "SupervisorLink":
+        """In a replacement worker: the pipe and flag its supervisor passed (`ENV`)."""
+        events_fd, flag_fd = (int(x) for x in spec.split(","))
+        flag = mmap.mmap(flag_fd, FLAG_BYTES)
+        os.close(flag_fd)
+        return cls(events_fd, flag)
+
+    def _send(self, event: str) -> None:
+        if not self._ok:
+            return
+        try:
+            os.write(self._fd, f"{event}\n".encode())
+        except OSError as e:
+            self._ok = False
+            log.error("orcaserve: supervisor unreachable (%s); a dead worker's requests will not be answered", e)
+
+    def read(self, data: bytes) -> None:
+        if self._lost:
+            return
+        try:
+            for rid in self._inbound.feed(data):
+                self._send(f"B {rid}")
+            self.flag[1] = self._inbound.mid_message
+        except Exception:  # a message it cannot follow: from now on it cannot vouch for anything
+            self.flag[1] = 1
+            self._lost = True
+            log.exception("orcaserve: cannot follow the frontend's messages; a takeover will not be tried")
+
+    def writing(self, frame: bytes) -> None:
+        self.flag[0] = 1
+        try:
+            updates = written_requests(frame)
+        except Exception:  # not a predict frame: nothing to report
+            return
+        for rid, final in updates:
+            if final:
+                self._started.discard(rid)
+                self._send(f"E {rid}")
+            elif rid not in self._started:
+                self._started.add(rid)
+                self._send(f"S {rid}")
+
+    def written(self) -> None:
+        self.flag[0] = 0
+
+    def stopping(self) -> None:
+        """This worker stops on request (SIGTERM): do not replace it."""
+        self._send("Q")
+
+
+def _flag_fd() -> int:
+    fd = os.memfd_create("orcaserve-socket-flags")
+    os.ftruncate(fd, FLAG_BYTES)
+    return fd
+
+
+# ---- the supervisor process ------------------------------------------------------------------
+@dataclass
+class _Watched:
+    pid: int
+    events: BinaryIO
+    flag: mmap.mmap
+    proc: subprocess.Popen | None  # None for the worker TorchServe started (not our child)
+
+
+def _watch(worker: _Watched) -> tuple[dict[str, bool], bool]:
+    """Follow the worker's events until it exits: (open request id -> status line sent, quit)."""
+    open_requests: dict[str, bool] = {}
+    stopping = False
+    for line in worker.events:
+        op, _, rid = line.decode().rstrip("\n").partition(" ")
+        if op == "B":
+            open_requests[rid] = False
+        elif op == "S" and rid in open_requests:
+            open_requests[rid] = True
+        elif op == "E":
+            open_requests.pop(rid, None)
+        elif op == "Q":
+            stopping = True
+    worker.events.close()
+    if worker.proc is not None:
+        worker.proc.wait()
+    return open_requests, stopping
+
+
+def _frontend_closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def log_path(model_name: str, role: str, pid: int) -> str:
+    """Where the supervisor and replacement workers log once the first worker is gone: the
+    frontend closes its end of a dead worker's stdout and stderr, so nothing written there
+    arrives (and progress bars that write to a closed pipe can deadlock)."""
+    folder = os.environ.get("LOG_LOCATION") or tempfile.gettempdir()
+    return os.path.join(folder, f"orcaserve-{model_name}-{role}-{pid}.log")
+
+
+def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
+    read_fd, write_fd = os.pipe()
+    flag_fd = _flag_fd()
+    env = dict(os.environ, **{ENV: f"{write_fd},{flag_fd}"}, TQDM_DISABLE="1")
+    out = open(log_path(json.loads(load)["model_name"], "worker", os.getpid()), "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "orcaserve.handler.takeover", "--sock-fd", str(sock.fileno()),
+                             "--load", load, "--metrics-config", metrics_config],
+                            pass_fds=(sock.fileno(), write_fd, flag_fd), env=env, stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    os.close(write_fd)
+    flag = mmap.mmap(flag_fd, FLAG_BYTES)
+    os.close(flag_fd)
+    return _Watched(proc.pid, os.fdopen(read_fd, "rb"), flag, proc)
+
+
+def _linger(sock: socket.socket, seconds: float) -> int:
+    """Answer new requests with 503 for `seconds`, so that none reaches a closing connection."""
+    answered = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            for rid in read_request_ids(sock):
+                sock.sendall(final_frames(rid, False))
+                answered += 1
+    except (OSError, EOFError, ValueError):
+        pass  # time is up, the frontend closed, or a message the dead worker had half read
+    return answered
+
+
+def _log_to_file(path: str) -> None:
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(logging.FileHandler(path))
+    for stream in (1, 2):  # nothing may reach the dead worker's pipes any more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream)
+
+
+def supervise(sock: socket.socket, worker: _Watched, load: str, metrics_config: str) -> None:
+    restarts: deque[float] = deque()
+    first = True
+    while True:
+        open_requests, stopping = _watch(worker)
+        if first and not stopping:
+            path = log_path(json.loads(load)["model_name"], "supervisor", os.getpid())
+            log.warning("orcaserve supervisor: worker %d is gone; logging to %s from now on", worker.pid, path)
+            _log_to_file(path)
+            first = False
+        if worker.flag[0] or worker.flag[1]:
+            log.error("orcaserve supervisor: worker %d died while %s; %d requests cannot be answered, and the "
+                      "connection goes back to TorchServe", worker.pid,
+                      "writing a frame" if worker.flag[0] else "reading a message", len(open_requests))
+            return
+        if open_requests:
+            log.warning("orcaserve supervisor: worker %d is gone; answering its %d requests in flight",
+                        worker.pid, len(open_requests))
+            try:
+                for rid, started in open_requests.items():
+                    sock.sendall(final_frames(rid, started))
+            except OSError as e:
+                log.error("orcaserve supervisor: could not answer: %s", e)
+        if stopping or _frontend_closed(sock):
+            return
+        now = time.monotonic()
+        while restarts and now - restarts[0] > RESTART_WINDOW_S:
+            restarts.popleft()
+        if len(restarts) >= MAX_RESTARTS:
+            log.error("orcaserve supervisor: %d replacements in %.0f s; leaving the worker to TorchServe",
+                      len(restarts), RESTART_WINDOW_S)
+            _linger(sock, LINGER_S)
+            return
+        restarts.append(now)
+        old = worker.pid
+        worker = _spawn(sock, load, metrics_config)
+        log.warning("orcaserve supervisor: replacement %d takes over the connection of worker %d",
+                    worker.pid, old)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="orcaserve worker supervisor (started by the handler)")
+    p.add_argument("--sock-fd", type=int, required=True)
+    p.add_argument("--events-fd", type=int, required=True)
+    p.add_argument("--flag-fd", type=int, required=True)
+    p.add_argument("--worker-pid", type=int, required=True)
+    p.add_argument("--load", required=True, help="JSON: how a replacement loads the model")
+    p.add_argument("--metrics-config", required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
+    sock = socket.socket(fileno=args.sock_fd)
+    first = _Watched(args.worker_pid, os.fdopen(args.events_fd, "rb"), mmap.mmap(args.flag_fd, FLAG_BYTES), None)
+    try:
+        supervise(sock, first, args.load, args.metrics_config)
+    finally:
+        sock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,389 @@
+"""The reliability suites against a real TorchServe (docs/reliability.md).
+
+`tests/test_reliability_e2e.py` runs short versions in `make test`; the long ones run as a script:
+
+    .venv/bin/python tests/reliability_suites.py --fuzz 500 --soak-minutes 10 --out reliability.json
+
+Each suite returns a dict of what it tried and what was lost; the script prints them as the table
+of docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psutil
+import requests
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fuzz_bodies import chats, completions  # noqa: E402
+from openai_http import CHAT, COMPLETIONS, call, expected, metric, read_stream  # noqa: E402
+from torchserve_harness import REPO, TorchServe  # noqa: E402
+
+from orcaserve.handler.archive import build  # noqa: E402
+from orcaserve.scheduler import Engine, default_model_path  # noqa: E402
+
+MODEL = "smollm2"
+# fp32 so greedy answers match the offline engine to the token; a small cache keeps blocks visible.
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, "dtype": "float32"}
+SERVING = {"default_timeout": 120, "max_tokens_limit": 64}
+PROMPTS = ["The capital of France is", "Once upon a time", "日本の首都は", "The three primary colors are",
+           "Water boils at", "My favourite food is", "Emoji weather report: ☀️", "The quick brown fox",
+           "In 1492, Columbus", "Photosynthesis is", "The largest planet in the solar system", "To be or not to be,",
+           "A haiku about autumn:", "SELECT * FROM", "The speed of light is", "Dear diary, today"]
+
+
+def shipped_config() -> dict[str, str]:
+    """config.properties as `make serve` uses it."""
+    lines = (REPO / "config.properties").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+def start_server(root: Path, faults: bool = True) -> TorchServe:
+    """A TorchServe with the shipped security settings and the test archive registered."""
+    store = root / "model-store"
+    build("default", MODEL, str(store), fmt="default", overrides={**ENGINE_ARGS, **SERVING})
+    env = {"ORCASERVE_TEST_FAULTS": "1"} if faults else {}
+    ts = TorchServe(root / "work", store, extra_config={"allowed_urls": shipped_config()["allowed_urls"]}, env=env)
+    ts.start()
+    try:
+        ts.register(f"{MODEL}.mar")
+    except Exception:
+        ts.stop()
+        raise
+    return ts
+
+
+def offline_engine(**overrides) -> Engine:
+    return Engine.from_pretrained(default_model_path(), **{**ENGINE_ARGS, "kv_cache_memory": 256 << 20, **overrides})
+
+
+def serving_pid(ts: TorchServe, model: str = MODEL) -> int:
+    """The process serving the model now: a replacement worker if one took over, else TorchServe's."""
+    takeovers = [p for p in psutil.process_iter(["pid", "cmdline", "create_time"])
+                 if "orcaserve.handler.takeover" in " ".join(p.info["cmdline"] or [])
+                 and f'"model_name": "{model}"' in " ".join(p.info["cmdline"] or [])]
+    if takeovers:
+        return max(takeovers, key=lambda p: p.info["create_time"]).pid
+    return ts.worker_pids(model)[0]
+
+
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def wait_idle(ts: TorchServe, model: str = MODEL, timeout: float = 120.0) -> dict:
+    """Wait until the engine reports no running request and no KV block in use (via /metrics)."""
+    deadline = time.time() + timeout
+    while True:
+        m = ts.metrics()
+        used, running = metric(m, "orca_kv_blocks_used", model), metric(m, "orca_num_requests_running", model)
+        if used == 0 and running == 0 or time.time() > deadline:
+            return {"kv_blocks_used": used, "running": running}
+        time.sleep(0.5)
+
+
+# ---- fuzz ---------------------------------------------------------------------------------------
+def draw_bodies(n: int, rng_seed: int = 0) -> list[tuple[str, object]]:
+    """`n` (path, body) pairs from the fuzz strategies of both endpoints."""
+    out: list[tuple[str, object]] = []
+
+    @seed(rng_seed)
+    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.one_of(st.tuples(st.just(COMPLETIONS), completions), st.tuples(st.just(CHAT), chats)))
+    def draw(pair):
+        out.append(pair)
+
+    draw()
+    return out
+
+
+def check_answer(resp: requests.Response, stream_asked: bool) -> str:
+    """Classify one answer; raises AssertionError if it is not a 4xx JSON error or a sound 200."""
+    if resp.status_code != 200:
+        assert 400 <= resp.status_code < 500, (resp.status_code, resp.text[:300])
+        assert resp.json()["error"]["message"], resp.text[:300]
+        return str(resp.status_code)
+    if resp.headers.get("content-type", "").startswith("text/event-stream"):
+        assert stream_asked
+        read_stream(resp)
+    else:
+        assert resp.json()["choices"], resp.text[:300]
+    return "200"
+
+
+def live_fuzz(ts: TorchServe, offline: Engine, n: int, model: str = MODEL) -> dict:
+    """`n` fuzz bodies, 8 at a time, while 4 greedy streams run; the streams must stay exact."""
+    bodies = draw_bodies(n)
+    greedy = PROMPTS[:4]
+    want = expected(offline, [("completions", p) for p in greedy], [48] * 4)
+    outcomes: Counter = Counter()
+    failures: list[str] = []
+
+    def one(pair) -> None:
+        path, body = pair
+        try:
+            data = json.dumps(body).encode()
+        except (ValueError, RecursionError):
+            return
+        asked = isinstance(body, dict) and body.get("stream") is True
+        try:
+            outcomes[check_answer(call(ts, model, path, data, stream=asked, timeout=120), asked)] += 1
+        except Exception as e:  # noqa: BLE001 - every kind of failure is a finding
+            failures.append(f"{type(e).__name__}: {str(e)[:300]} for {data[:200]!r}")
+
+    def stream(prompt: str) -> str:
+        body = {"prompt": prompt, "max_tokens": 48, "temperature": 0, "stream": True}
+        return read_stream(call(ts, model, COMPLETIONS, body, stream=True))["text"]
+
+    with ThreadPoolExecutor(4) as streams, ThreadPoolExecutor(8) as pool:
+        texts = [streams.submit(stream, p) for p in greedy]
+        list(pool.map(one, bodies))
+        got = [t.result() for t in texts]
+    mismatches = sum(g != w.text for g, w in zip(got, want))
+    after = check_answer(call(ts, model, COMPLETIONS, {"prompt": "hi", "max_tokens": 4}), False)
+    return {"bodies": len(bodies), "answers": dict(outcomes), "failures": failures, "stream_mismatches": mismatches,
+            "served_after": after == "200"}
+
+
+# ---- soak ---------------------------------------------------------------------------------------
+def soak(ts: TorchServe, offline: Engine, clients: int, seconds: float, model: str = MODEL, rng_seed: int = 0) -> dict:
+    """`clients` streaming clients for `seconds`: most run greedy requests checked against the
+    offline engine, some hang up early, some carry short deadlines."""
+    lengths = (8, 16, 32, 64)
+    items = [(p, n) for p in PROMPTS for n in lengths]
+    want = {item: out.text for item, out in zip(items, expected(offline, [("completions", p) for p, _ in items],
+                                                                [n for _, n in items]))}
+    counts: Counter = Counter()
+    failures: list[str] = []
+    pid = serving_pid(ts, model)
+    call(ts, model, COMPLETIONS, {"prompt": "warm up", "max_tokens": 8}).raise_for_status()
+    rss_start = rss_mib(pid)
+    stop_at = time.time() + seconds
+
+    def client(k: int) -> None:
+        rng = random.Random(rng_seed * 1000 + k)
+        while time.time() < stop_at:
+            prompt, n = rng.choice(items)
+            kind = rng.random()
+            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": False,
+                    "stream": rng.random() < 0.75}
+            try:
+                if kind < 0.15:  # hangs up after the first chunk
+                    body["stream"] = True
+                    resp = call(ts, model, COMPLETIONS, body, stream=True, timeout=120)
+                    next(line for line in resp.iter_lines() if line)
+                    resp.close()
+                    counts["cancelled"] += 1
+                elif kind < 0.25:  # a deadline that may pass before or during generation
+                    body["timeout"] = rng.choice((0.05, 0.5, 2.0))
+                    resp = call(ts, model, COMPLETIONS, body, stream=body["stream"], timeout=120)
+                    if resp.status_code == 408:
+                        counts["deadline_408"] += 1
+                    else:
+                        out = read_stream(resp) if body["stream"] else resp.json()["choices"][0]
+                        assert out["finish_reason"] in ("timeout", "stop", "length"), out
+                        assert want[(prompt, n)].startswith(out["text"]), (prompt, n, out["text"])
+                        counts["deadline_partial" if out["finish_reason"] == "timeout" else "deadline_met"] += 1
+                else:
+                    resp = call(ts, model, COMPLETIONS, body, stream=body["stream"], timeout=300)
+                    out = read_stream(resp) if body["stream"] else resp.json()["choices"][0]
+                    assert out["text"] == want[(prompt, n)], (prompt, n, out["text"], want[(prompt, n)])
+                    counts["completed_exact"] += 1
+            except Exception as e:  # noqa: BLE001
+                failures.append(f"{type(e).__name__}: {str(e)[:300]}")
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    idle = wait_idle(ts, model)
+    return {"clients": clients, "seconds": seconds, **dict(counts), "failures": failures,
+            "kv_blocks_used_at_end": idle["kv_blocks_used"], "running_at_end": idle["running"],
+            "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(rss_mib(pid), 1)}
+
+
+# ---- KV exhaustion --------------------------------------------------------------------------------
+def kv_exhaustion(ts: TorchServe, offline: Engine, n: int = 12, model: str = "smollm2-kv") -> dict:
+    """A second model with a 24-block cache (384 tokens) and `n` requests needing ~170 each."""
+    store = ts.model_store
+    block_bytes = 2 * 30 * 16 * 3 * 64 * 4  # SmolLM2 fp32
+    build("default", model, str(store), fmt="default", force=True,
+          overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING})
+    ts.register(f"{model}.mar")
+    try:
+        prompts = [f"{PROMPTS[i % 16]} " + "and then " * (25 + 3 * i) for i in range(n)]
+        want = expected(offline, [("completions", p) for p in prompts], [48] * n)
+
+        def one(i: int) -> bool:
+            body = {"prompt": prompts[i], "max_tokens": 48, "temperature": 0, "stream": i % 2 == 0}
+            resp = call(ts, model, COMPLETIONS, body, stream=i % 2 == 0, timeout=600)
+            text = read_stream(resp)["text"] if i % 2 == 0 else resp.json()["choices"][0]["text"]
+            return text == want[i].text
+
+        with ThreadPoolExecutor(n) as pool:
+            exact = sum(pool.map(one, range(n)))
+        idle = wait_idle(ts, model)
+        preemptions = metric(ts.metrics(), "orca_preemptions_total", model)
+    finally:
+        ts.unregister(model)
+    return {"requests": n, "exact": exact, "preemptions": preemptions, "kv_blocks_used_at_end": idle["kv_blocks_used"]}
+
+
+# ---- client disconnect -----------------------------------------------------------------------------
+def abandoned_stream(ts: TorchServe, max_tokens: int = 64, model: str = MODEL) -> dict:
+    """What a client that hangs up costs: the request runs on to `max_tokens` (or its deadline)."""
+    wait_idle(ts, model)
+    before = metric(ts.metrics(), "orca_generation_tokens_total", model)
+    body = {"prompt": "Count to one hundred:", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    resp = call(ts, model, COMPLETIONS, body, stream=True)
+    started = time.time()
+    next(line for line in resp.iter_lines() if line)
+    resp.close()
+    idle = wait_idle(ts, model)
+    return {"max_tokens": max_tokens, "tokens_generated_after_hangup": metric(ts.metrics(),
+            "orca_generation_tokens_total", model) - before, "seconds_running_after_hangup": round(time.time() - started, 1),
+            "kv_blocks_used_at_end": idle["kv_blocks_used"]}
+
+
+# ---- faults -------------------------------------------------------------------------------------------
+class Traffic:
+    """A client sending a short request every `period` s, recording (sent, answered, status)."""
+
+    def __init__(self, ts: TorchServe, model: str = MODEL, period: float = 0.5) -> None:
+        self.ts, self.model, self.period = ts, model, period
+        self.log: list[tuple[float, float, object]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sent = time.time()
+            try:
+                status: object = call(self.ts, self.model, COMPLETIONS, {"prompt": "hi", "max_tokens": 2},
+                                      timeout=300).status_code
+            except requests.RequestException as e:
+                status = type(e).__name__
+            self.log.append((sent, time.time(), status))
+            time.sleep(self.period)
+
+    def __enter__(self) -> "Traffic":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(320)
+
+    def first_ok_after(self, t: float, timeout: float = 300.0) -> float:
+        """Seconds from `t` until a request sent after `t` got 200."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            ok = [answered for sent, answered, status in list(self.log) if sent > t and status == 200]
+            if ok:
+                return round(ok[0] - t, 1)
+            time.sleep(0.2)
+        raise AssertionError(f"no 200 within {timeout} s after the fault: {self.log[-5:]}")
+
+
+def in_flight(ts: TorchServe, model: str = MODEL) -> tuple[ThreadPoolExecutor, list]:
+    """A long stream (status line sent; returned as its iterator of lines) and a long
+    non-streamed request in flight."""
+    body = {"prompt": "Count to one hundred:", "max_tokens": 64, "ignore_eos": True, "temperature": 0}
+    resp = call(ts, model, COMPLETIONS, {**body, "stream": True}, stream=True, timeout=120)
+    lines = (line for line in resp.iter_lines(chunk_size=None) if line)  # each HTTP chunk as it comes
+    first = next(lines)
+    assert first.startswith(b"data: {"), first
+    pool = ThreadPoolExecutor(1)
+    plain = pool.submit(call, ts, model, COMPLETIONS, body, False, None, 120)
+    time.sleep(0.3)
+    return pool, [lines, plain]
+
+
+def kill_worker(ts: TorchServe, how: str, model: str = MODEL) -> dict:
+    """Kill the serving process mid-request (`how`: SIGKILL, or "loop" to kill its engine loop),
+    with traffic running; returns how the requests in flight ended and when service came back."""
+    pid = serving_pid(ts, model)
+    with Traffic(ts, model) as traffic:
+        pool, (stream, plain) = in_flight(ts, model)
+        t = time.time()
+        if how == "loop":
+            killer = call(ts, model, COMPLETIONS, {"prompt": "x", "max_tokens": 4, "user": "orcaserve-fault:loop"})
+            assert killer.status_code == 500, killer.text
+        else:
+            os.kill(pid, signal.SIGKILL)
+        rest = list(stream)
+        stream_end = round(time.time() - t, 2)
+        plain_resp = plain.result(timeout=120)
+        plain_end = round(time.time() - t, 2)
+        pool.shutdown()
+        recovery = traffic.first_ok_after(t)
+        time.sleep(1)
+    statuses = Counter(str(s) for _, _, s in traffic.log)
+    assert len(rest) >= 2 and b"error" in rest[-2] and rest[-1] == b"data: [DONE]", rest[-3:]
+    return {"fault": how, "killed_pid": pid, "replacement_pid": serving_pid(ts, model),
+            "stream_ended_s": stream_end, "stream_error": json.loads(rest[-2][6:])["error"]["message"],
+            "plain_status": plain_resp.status_code, "plain_answered_s": plain_end, "recovery_s": recovery,
+            "traffic": dict(statuses), "traffic_unanswered": sum(not isinstance(s, int) for _, _, s in traffic.log)}
+
+
+def sigterm_mid_stream(ts: TorchServe, model: str = MODEL) -> dict:
+    """SIGTERM (how TorchServe stops a worker): the stream in flight still gets its last frames."""
+    pid = serving_pid(ts, model)
+    pool, (stream, plain) = in_flight(ts, model)
+    t = time.time()
+    os.kill(pid, signal.SIGTERM)
+    rest = list(stream)
+    stream_end = round(time.time() - t, 2)
+    plain_resp = plain.result(timeout=120)
+    pool.shutdown()
+    assert len(rest) >= 2 and rest[-1] == b"data: [DONE]", rest[-3:]
+    return {"stream_ended_s": stream_end, "stream_last_event": rest[-2].decode()[:120],
+            "plain_status": plain_resp.status_code, "plain_error": plain_resp.json()["error"]["message"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import tempfile
+
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fuzz", type=int, default=300, help="live fuzz bodies")
+    p.add_argument("--soak-minutes", type=float, default=10.0)
+    p.add_argument("--soak-clients", type=int, default=64)
+    p.add_argument("--out", default=None, help="JSON results")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    offline = offline_engine()
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ts = start_server(Path(tmp))
+        try:
+            results["fuzz"] = live_fuzz(ts, offline, args.fuzz)
+            results["soak"] = soak(ts, offline, args.soak_clients, args.soak_minutes * 60)
+            results["kv_exhaustion"] = kv_exhaustion(ts, offline)
+            results["abandoned_stream"] = abandoned_stream(ts)
+            results["sigkill"] = [kill_worker(ts, "SIGKILL"), kill_worker(ts, "SIGKILL")]
+            results["loop_death"] = kill_worker(ts, "loop")
+            results["sigterm"] = sigterm_mid_stream(ts)
+        finally:
+            ts.stop()
+    print(json.dumps(results, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
