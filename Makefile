@@ -60,7 +60,7 @@ archive: $(STAMP)
 
 # The request-level baseline (TorchServe dynamic batching + padded generate), model `smollm2-baseline`.
 archive-baseline: $(STAMP)
-	$(BIN)/python -m orcaserve.handler.baseline_handler --archive --export-path $(STORE)
+	$(BIN)/python benchmarks/baseline/archive.py --export-path $(STORE)
 
 bench-offline: $(STAMP)
 	$(BIN)/python benchmarks/offline.py

@@ -43,7 +43,7 @@ SET_ARGS=()
 for kv in $ORCA_SET; do SET_ARGS+=(--set "$kv"); done
 "$PY" -m orcaserve.handler.archive --name smollm2 --export-path "$STORE" --format no-archive --force \
     "${SET_ARGS[@]}" >/dev/null
-"$PY" -m orcaserve.handler.baseline_handler --archive --export-path "$STORE" \
+"$PY" benchmarks/baseline/archive.py --export-path "$STORE" \
     --batch-size "$BATCH_SIZE" --max-batch-delay "$MAX_BATCH_DELAY" >/dev/null
 
 read -r INF MGMT MET GRPC1 GRPC2 < <("$PY" - <<'EOF'

@@ -47,7 +47,7 @@ def _plt():
 # ---- offline trace ---------------------------------------------------------------------------
 def record_trace(rate: float, num_requests: int, input_len, output_len, seed: int, engine_args: dict) -> dict:
     """Run the engine on a Poisson workload in real time; returns {"trace", "requests", ...}."""
-    from serve import make_workload, poisson_offsets
+    from serve_workload import make_workload, poisson_offsets
 
     from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 

@@ -36,9 +36,9 @@ from . import socket_lock, supervisor
 from .config import HandlerConfig
 from .faults import FaultInjector
 from .metrics import EngineMetrics
-from .protocol import (CHAT, SSE_DONE, ParsedRequest, ProtocolError, decode_body, error_body, final_response,
-                       parse_request, route, sse, stream_chunk)
+from .protocol import CHAT, ParsedRequest, ProtocolError, decode_body, error_body, parse_request, route
 from .reply import Reply
+from .responses import SSE_DONE, final_response, sse, stream_chunk
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class OrcaHandler:
 
     def __init__(self) -> None:
         self.initialized = False
-        self.loop: EngineLoop | None = None
+        self.engine_loop: EngineLoop | None = None
         self.config: HandlerConfig | None = None
         self.metrics: EngineMetrics | None = None
         self.model_name = "model"
@@ -145,7 +145,7 @@ class OrcaHandler:
                     metrics_cache: Any, model_name: str) -> None:
         self.config, self.model_name = config, model_name
         self.metrics = EngineMetrics(metrics_cache, model_name)
-        self.loop = make_loop(self.metrics.on_step)
+        self.engine_loop = make_loop(self.metrics.on_step)
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -175,8 +175,8 @@ class OrcaHandler:
             return
         self._exiting.set()
         log.warning("orcaserve: worker exiting (%s)", reason)
-        if self.loop is not None:
-            self.loop.shutdown(_EXIT_GRACE_S)
+        if self.engine_loop is not None:
+            self.engine_loop.shutdown(_EXIT_GRACE_S)
         deadline = time.monotonic() + _EXIT_GRACE_S
         while self._active and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -186,9 +186,9 @@ class OrcaHandler:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the engine loop (in-flight requests end with 503) and drop the model."""
-        if self.loop is not None:
-            self.loop.shutdown(timeout)
-        self.loop = None
+        if self.engine_loop is not None:
+            self.engine_loop.shutdown(timeout)
+        self.engine_loop = None
         self.initialized = False
         gc.collect()
         if torch.cuda.is_available():
@@ -216,7 +216,7 @@ class OrcaHandler:
 
     async def _serve(self, item: dict, reply: Reply, request_id: str) -> str:
         context = reply.context
-        if not self.initialized or self.loop is None or not self.loop.alive:
+        if not self.initialized or self.engine_loop is None or not self.engine_loop.alive:
             raise RequestError(503, "the engine is not running", retry_after=5)
         kind = route(context.get_request_header(0, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
@@ -228,7 +228,7 @@ class OrcaHandler:
         req = parse_request(body, kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens,
                             cfg.max_tokens_limit)
         self._faults.arm(request_id, body.get("user"))
-        stream = self.loop.submit(request_id, req.prompt, req.params, req.priority, req.timeout,
+        stream = self.engine_loop.submit(request_id, req.prompt, req.params, req.priority, req.timeout,
                                   asyncio.get_running_loop())
         try:
             if req.stream:
@@ -245,7 +245,7 @@ class OrcaHandler:
         finally:
             self._faults.disarm(request_id)
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
-                self.loop.abort(request_id)
+                self.engine_loop.abort(request_id)
 
     async def _relay(self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str) -> str:
         """Stream SSE chunks as tokens arrive; returns the last frame (ends with `[DONE]`).

@@ -1,16 +1,15 @@
-"""OpenAI-shaped request parsing and response shaping, independent of TorchServe.
+"""OpenAI-shaped request parsing, independent of TorchServe.
 
 Parsing turns a decoded JSON body into a `ParsedRequest` (prompt + SamplingParams + serving
-options) or raises `ProtocolError` carrying the HTTP status and OpenAI error fields. Shaping turns
-engine outputs into `text_completion` / `chat.completion` objects and their streaming chunks.
+options) or raises `ProtocolError` carrying the HTTP status and OpenAI error fields. The answers'
+shapes are in `responses.py`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from orcaserve.scheduler.sampling_params import SamplingParams
@@ -66,7 +65,6 @@ class ParsedRequest:
     priority: int = 0
     timeout: float | None = None
     model: str | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def route(url_path: str | None) -> str:
@@ -175,6 +173,62 @@ def _parse_messages(messages: Any) -> list[dict]:
     return out
 
 
+def _completion_prompt(body: dict) -> str | list[int]:
+    if "prompt" not in body:
+        raise ProtocolError("prompt is required", "prompt")
+    for name, ok in (("echo", (None, False)), ("logprobs", (None,)), ("best_of", (None, 1)), ("suffix", (None,))):
+        if body.get(name) not in ok:
+            raise ProtocolError(f"{name} is not supported", name)
+    return _parse_prompt(body["prompt"])
+
+
+def _chat_prompt(body: dict, render_chat: Callable[[list[dict]], str]) -> str:
+    messages = _parse_messages(body.get("messages"))
+    for name, ok in (("logprobs", (None, False)), ("top_logprobs", (None,))):
+        if body.get(name) not in ok:
+            raise ProtocolError(f"{name} is not supported", name)
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise ProtocolError("only response_format {'type': 'text'} is supported", "response_format")
+    try:
+        return render_chat(messages)
+    except Exception as e:  # a template may refuse e.g. a role order
+        raise ProtocolError(f"messages could not be rendered by the chat template: {e}", "messages") from None
+
+
+def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -> int:
+    name = "max_completion_tokens" if kind == CHAT and body.get("max_completion_tokens") is not None else "max_tokens"
+    value = body.get(name)
+    if value is None:
+        # OpenAI: 16 for completions; chat runs until EOS or the context is full.
+        value = default or (16 if kind == COMPLETIONS else 1 << 30)
+        return min(value, limit or value)
+    if not _is_int(value) or value < 1:
+        raise ProtocolError(f"{name} must be a positive integer, got {value!r}", name)
+    if limit is not None and value > limit:
+        raise ProtocolError(f"{name} must be at most {limit} on this server (max_tokens_limit), got {value}", name)
+    return value
+
+
+def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+            raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
+    _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
+    values = {"max_tokens": max_tokens, "stop": stop or []}
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "seed", "ignore_eos", "stop_token_ids"):
+        if body.get(name) is not None:
+            values[name] = body[name]
+    try:
+        return SamplingParams(**values)
+    except (ValueError, TypeError) as e:
+        name = str(e).split(" ", 1)[0]
+        raise ProtocolError(str(e), name if name in values else None) from None
+
+
 def parse_request(
     body: dict,
     kind: str,
@@ -185,33 +239,17 @@ def parse_request(
 ) -> ParsedRequest:
     """Validate an OpenAI Completions / Chat Completions body; raises ProtocolError (400).
 
-    `max_tokens_limit` caps what a request may ask for (400 above it) and the default."""
+    `max_tokens_limit` caps what a request may ask for (400 above it) and the default; a
+    request's `timeout` is capped by `default_timeout`."""
     allowed = _COMPLETION_FIELDS if kind == COMPLETIONS else _CHAT_FIELDS
     for key in body:
         if key not in allowed:
             raise ProtocolError(f"unknown field {key!r}", key)
-
     if kind == COMPLETIONS:
-        if "prompt" not in body:
-            raise ProtocolError("prompt is required", "prompt")
-        prompt: str | list[int] = _parse_prompt(body["prompt"])
-        for name, ok in (("echo", (None, False)), ("logprobs", (None,)), ("best_of", (None, 1)), ("suffix", (None,))):
-            if body.get(name) not in ok:
-                raise ProtocolError(f"{name} is not supported", name)
+        prompt: str | list[int] = _completion_prompt(body)
     else:
-        messages = _parse_messages(body.get("messages"))
-        for name, ok in (("logprobs", (None, False)), ("top_logprobs", (None,))):
-            if body.get(name) not in ok:
-                raise ProtocolError(f"{name} is not supported", name)
-        fmt = body.get("response_format")
-        if fmt is not None and fmt != {"type": "text"}:
-            raise ProtocolError("only response_format {'type': 'text'} is supported", "response_format")
         assert render_chat is not None
-        try:
-            prompt = render_chat(messages)
-        except Exception as e:  # a template may refuse e.g. a role order
-            raise ProtocolError(f"messages could not be rendered by the chat template: {e}", "messages") from None
-
+        prompt = _chat_prompt(body, render_chat)
     if body.get("n") not in (None, 1):
         raise ProtocolError("only n=1 is supported", "n")
     if body.get("logit_bias") not in (None, {}):
@@ -227,95 +265,6 @@ def parse_request(
     timeout = _expect(body, "timeout", lambda v: _is_number(v) and v > 0, "a positive number of seconds")
     if timeout is None or (default_timeout is not None and timeout > default_timeout):
         timeout = default_timeout  # the server's deadline is also the longest a client may ask for
-
-    max_tokens = body.get("max_tokens")
-    if kind == CHAT and body.get("max_completion_tokens") is not None:
-        max_tokens, mt_name = body["max_completion_tokens"], "max_completion_tokens"
-    else:
-        mt_name = "max_tokens"
-    if max_tokens is None:
-        # OpenAI: 16 for completions; chat runs until EOS or the context is full.
-        max_tokens = default_max_tokens or (16 if kind == COMPLETIONS else 1 << 30)
-        max_tokens = min(max_tokens, max_tokens_limit or max_tokens)
-    elif not _is_int(max_tokens) or max_tokens < 1:
-        raise ProtocolError(f"{mt_name} must be a positive integer, got {max_tokens!r}", mt_name)
-    elif max_tokens_limit is not None and max_tokens > max_tokens_limit:
-        raise ProtocolError(f"{mt_name} must be at most {max_tokens_limit} on this server "
-                            f"(max_tokens_limit), got {max_tokens}", mt_name)
-
-    stop = body.get("stop")
-    if stop is not None:
-        stop = [stop] if isinstance(stop, str) else stop
-        if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
-            raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
-
-    values = {"max_tokens": max_tokens, "stop": stop or []}
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "seed", "ignore_eos", "stop_token_ids"):
-        if body.get(name) is not None:
-            values[name] = body[name]
-    _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
-    try:
-        params = SamplingParams(**values)
-    except (ValueError, TypeError) as e:
-        name = str(e).split(" ", 1)[0]
-        raise ProtocolError(str(e), name if name in values else None) from None
-
+    params = _sampling_params(body, _max_tokens(body, kind, default_max_tokens, max_tokens_limit))
     return ParsedRequest(kind, prompt, params, stream, bool(opts.get("include_usage")), priority,
                          timeout, body.get("model"))
-
-
-# ---- response shaping ------------------------------------------------------------------------
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def response_id(kind: str, request_id: str) -> str:
-    return ("cmpl-" if kind == COMPLETIONS else "chatcmpl-") + request_id
-
-
-def final_response(kind: str, request_id: str, model: str, text: str, finish_reason: str | None,
-                   prompt_tokens: int, completion_tokens: int, created: int | None = None) -> dict:
-    """The non-streamed `text_completion` or `chat.completion` object."""
-    created = created or int(time.time())
-    if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        obj = "text_completion"
-    else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
-        obj = "chat.completion"
-    return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
-            "choices": [choice], "usage": _usage(prompt_tokens, completion_tokens)}
-
-
-def stream_chunk(kind: str, request_id: str, model: str, created: int, text: str | None = None,
-                 finish_reason: str | None = None, role: bool = False, usage: tuple[int, int] | None = None) -> dict:
-    """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices)."""
-    obj = "text_completion" if kind == COMPLETIONS else "chat.completion.chunk"
-    chunk: dict = {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model}
-    if usage is not None:
-        chunk["choices"] = []
-        chunk["usage"] = _usage(*usage)
-        return chunk
-    if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-    else:
-        delta: dict = {}
-        if role:
-            delta["role"] = "assistant"
-        if text is not None:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-    chunk["choices"] = [choice]
-    return chunk
-
-
-def sse(obj: dict | str) -> str:
-    """One Server-Sent Event carrying a JSON object (or the literal `[DONE]`)."""
-    data = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {data}\n\n"
-
-
-SSE_DONE = sse("[DONE]")

@@ -12,9 +12,10 @@ CompiledKernel only learns n_regs/n_spills when a driver loads the binary), shar
 `metadata.shared`. Exit status 1 on any compile error, so CI fails; spills are reported, not
 failed, because they cost speed, not correctness.
 
-The interpreter (TRITON_INTERPRET=1) would skip codegen entirely, so it is removed from the
+The interpreter (TRITON_INTERPRET=1) would skip codegen entirely, so `main` removes it from the
 environment before Triton is imported; if Triton kernels were already defined in interpreted mode
-in this process, the check re-runs itself in a clean subprocess.
+in this process, the check re-runs itself in a clean subprocess. Importing the module has no
+effect on the environment.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-
-os.environ.pop("TRITON_INTERPRET", None)
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence 3.9's deprecation warning
-# A fresh cache: a cache hit would skip ptxas and leave no register report.
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="orcaserve-compile-check-")
 
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 HEAD_DIMS = (64, 80, 96, 128)
@@ -172,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", action="append", choices=("unified", "split_k", "reduce", "store_kv"))
     ap.add_argument("--dtype", action="append", choices=tuple(DTYPES))
     args = ap.parse_args(argv)
+    # Before Triton is imported (`_interpreted` imports the kernels). Importing this module
+    # changes nothing: only running the check does.
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence 3.9's deprecation warning
+    # A fresh cache: a cache hit would skip ptxas and leave no register report.
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="orcaserve-compile-check-")
     if _interpreted():
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         cmd = [sys.executable, "-m", "orcaserve.kernels.compile_check", *(argv or sys.argv[1:])]

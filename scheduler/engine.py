@@ -172,7 +172,7 @@ class Engine:
             except Exception as e:
                 log.exception("post-processing failed; failing request %s", req.request_id)
                 outputs.append(self._fail(req, e))
-        self.stats.record_step(sched, self.scheduler, self.kv, now - started)
+        self.stats.record_step(sched, self.scheduler, self.kv)
         if self.trace is not None:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
         return outputs

@@ -122,13 +122,14 @@ class EngineLoop:
         params: SamplingParams,
         priority: int = 0,
         timeout: float | None = None,
-        loop: asyncio.AbstractEventLoop | None = None,
+        event_loop: asyncio.AbstractEventLoop | None = None,
     ) -> RequestStream:
-        """Queue a request; its outputs (or a RequestError) arrive on the returned stream.
+        """Queue a request; its outputs (or a RequestError) arrive on the returned stream, read
+        from a thread, or from `event_loop`'s coroutines when given.
 
         Raises RequestError(503) at once if the loop is shut down or the waiting queue is full.
         """
-        stream = RequestStream(request_id, loop)
+        stream = RequestStream(request_id, event_loop)
         deadline = time.time() + timeout if timeout is not None else None
         with self._lock:
             if self._closed:

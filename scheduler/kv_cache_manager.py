@@ -41,7 +41,3 @@ class KVCacheManager:
         blocks = self._blocks.pop(request.request_id, None)
         if blocks:
             self.pool.free(blocks)
-
-    @property
-    def usage(self) -> float:
-        return self.pool.num_used / self.pool.num_blocks

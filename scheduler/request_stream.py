@@ -31,19 +31,19 @@ class RequestStream:
     the final one; a failure is raised as `RequestError`.
     """
 
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, request_id: str, event_loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.request_id = request_id
-        self._loop = loop
+        self._event_loop = event_loop
         self._sync: queue.Queue = queue.Queue()
-        self._async: asyncio.Queue | None = asyncio.Queue() if loop is not None else None
+        self._async: asyncio.Queue | None = asyncio.Queue() if event_loop is not None else None
         self.finished = False
 
     def put(self, item: RequestOutput | RequestError) -> None:
         """Called by the engine thread only."""
         if self._async is not None:
-            assert self._loop is not None
+            assert self._event_loop is not None
             try:
-                self._loop.call_soon_threadsafe(self._async.put_nowait, item)
+                self._event_loop.call_soon_threadsafe(self._async.put_nowait, item)
             except RuntimeError:  # the reader's event loop is closed: nobody is listening
                 pass
         else:
@@ -62,7 +62,7 @@ class RequestStream:
             yield item
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        assert self._async is not None, "create the stream with an event loop to read it async"
+        assert self._async is not None, "submit with event_loop= to read the stream from asyncio"
         while not self.finished:
             item = await self._async.get()
             self.finished = self._done(item)

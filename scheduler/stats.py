@@ -19,18 +19,15 @@ class EngineStats:
     num_waiting: int = 0
     kv_blocks_used: int = 0
     last_step_tokens: int = 0
-    last_step_seconds: float = 0.0
     num_preemptions: int = 0
     num_aborted: int = 0
     num_failed: int = 0  # requests ended by an internal error
-    num_finished: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
 
-    def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager, seconds: float) -> None:
+    def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager) -> None:
         self.num_steps += 1
         self.last_step_tokens = sched.total_tokens
-        self.last_step_seconds = seconds
         self.record_occupancy(scheduler, kv)
 
     def record_occupancy(self, scheduler: Scheduler, kv: KVCacheManager) -> None:
@@ -41,7 +38,6 @@ class EngineStats:
         self.num_preemptions = scheduler.num_preemptions
 
     def record_finish(self, req: Request) -> None:
-        self.num_finished += 1
         self.prompt_tokens += req.num_prompt_tokens
         self.generation_tokens += len(req.output_token_ids)
 

@@ -58,14 +58,14 @@ def test_asyncio_errors_and_deadlines(loop_and_model):
     async def main():
         ev = asyncio.get_running_loop()
         for prompt, needle in (([], "empty"), ("\ud800 unpaired", "tokenized"), ([10**9], "token ids")):
-            bad = loop.submit(f"bad-{needle}", prompt, SamplingParams(), loop=ev)
+            bad = loop.submit(f"bad-{needle}", prompt, SamplingParams(), event_loop=ev)
             with pytest.raises(RequestError) as err:
                 async for _ in bad:
                     pass
             assert err.value.status == 400 and needle in err.value.message and err.value.param == "prompt"
 
         # Expired before its first token: 408 naming the field, not an empty 200.
-        late = loop.submit("late", [5, 6], SamplingParams(max_tokens=5), timeout=0.0, loop=ev)
+        late = loop.submit("late", [5, 6], SamplingParams(max_tokens=5), timeout=0.0, event_loop=ev)
         with pytest.raises(RequestError) as err:
             async for _ in late:
                 pass
@@ -73,12 +73,12 @@ def test_asyncio_errors_and_deadlines(loop_and_model):
 
         # Expired after some tokens: the tokens so far, finish_reason "timeout"; blocks come back.
         engine.fault_hook = slow_third_step
-        slow = loop.submit("slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0, loop=ev)
+        slow = loop.submit("slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0, event_loop=ev)
         outs = [o async for o in slow]
         engine.fault_hook = None
         assert outs[-1].finish_reason == "timeout" and 1 <= outs[-1].completion_tokens < 1000
 
-        ok = loop.submit("ok", [7, 8], SamplingParams(temperature=0, max_tokens=3), loop=ev)
+        ok = loop.submit("ok", [7, 8], SamplingParams(temperature=0, max_tokens=3), event_loop=ev)
         outs = [o async for o in ok]
         assert outs[-1].finish_reason == "length"
         # Outputs are snapshots: the engine thread's later writes do not show in earlier ones.

@@ -9,6 +9,7 @@ import threading
 import pytest
 
 from orcaserve.handler import protocol as P
+from orcaserve.handler import responses as R
 from orcaserve.handler import socket_lock
 from orcaserve.handler.archive import model_config
 from orcaserve.handler.config import HandlerConfig, parse_bytes
@@ -151,27 +152,27 @@ def test_chat_template_failure_is_400():
 
 
 def test_response_shapes():
-    c = P.final_response(P.COMPLETIONS, "r1", "m", "Paris.", "stop", 5, 2)
+    c = R.final_response(P.COMPLETIONS, "r1", "m", "Paris.", "stop", 5, 2)
     assert c["object"] == "text_completion" and c["id"] == "cmpl-r1" and c["choices"][0]["text"] == "Paris."
     assert c["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-    ch = P.final_response(P.CHAT, "r1", "m", "Paris.", "length", 5, 2)
+    ch = R.final_response(P.CHAT, "r1", "m", "Paris.", "length", 5, 2)
     assert ch["object"] == "chat.completion" and ch["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
     assert ch["choices"][0]["finish_reason"] == "length"
-    k = P.stream_chunk(P.CHAT, "r1", "m", 1, text="", role=True)
+    k = R.stream_chunk(P.CHAT, "r1", "m", 1, text="", role=True)
     assert k["object"] == "chat.completion.chunk" and k["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    k = P.stream_chunk(P.CHAT, "r1", "m", 1, finish_reason="stop")
+    k = R.stream_chunk(P.CHAT, "r1", "m", 1, finish_reason="stop")
     assert k["choices"][0]["delta"] == {} and k["choices"][0]["finish_reason"] == "stop"
-    k = P.stream_chunk(P.COMPLETIONS, "r1", "m", 1, text="é")
+    k = R.stream_chunk(P.COMPLETIONS, "r1", "m", 1, text="é")
     assert k["object"] == "text_completion" and k["choices"][0]["text"] == "é"
-    u = P.stream_chunk(P.COMPLETIONS, "r1", "m", 1, usage=(3, 4))
+    u = R.stream_chunk(P.COMPLETIONS, "r1", "m", 1, usage=(3, 4))
     assert u["choices"] == [] and u["usage"]["total_tokens"] == 7
 
 
 def test_sse_framing_keeps_multibyte_text_whole():
-    frame = P.sse(P.stream_chunk(P.COMPLETIONS, "r", "m", 1, text="naïve 日本"))
+    frame = R.sse(R.stream_chunk(P.COMPLETIONS, "r", "m", 1, text="naïve 日本"))
     assert frame.startswith("data: ") and frame.endswith("\n\n") and "\n" not in frame[:-2]
     assert json.loads(frame[6:])["choices"][0]["text"] == "naïve 日本"
-    assert P.SSE_DONE == "data: [DONE]\n\n"
+    assert R.SSE_DONE == "data: [DONE]\n\n"
 
 
 def test_handler_config(tmp_path):

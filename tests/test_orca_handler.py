@@ -191,14 +191,14 @@ def test_frames_statuses_and_errors(backend):
 
 
 def test_internal_failure_is_a_500_for_that_request_only(backend):
-    real_submit = backend.handler.loop.submit
+    real_submit = backend.handler.engine_loop.submit
 
     def submit(request_id, *args, **kwargs):
         if request_id == "broken":
             raise RuntimeError("injected failure")
         return real_submit(request_id, *args, **kwargs)
 
-    backend.handler.loop.submit = submit
+    backend.handler.engine_loop.submit = submit
 
     async def run():
         await asyncio.gather(
@@ -218,10 +218,10 @@ def test_internal_failure_is_a_500_for_that_request_only(backend):
 
 
 def test_shutdown_stops_the_loop_thread(backend):
-    loop = backend.handler.loop
+    loop = backend.handler.engine_loop
     assert loop.alive
     backend.handler.shutdown(5)
-    assert not loop.alive and backend.handler.loop is None
+    assert not loop.alive and backend.handler.engine_loop is None
 
     async def run():
         await backend.request("late", {"prompt": [1, 2]})

@@ -89,7 +89,7 @@ def test_soak(ts, offline):
     r = rs.soak(ts, offline, clients=64, seconds=120)
     print(r)
     assert not r["failures"], r["failures"][:5]
-    assert r["completed_exact"] > 50 and r.get("cancelled", 0) > 0
+    assert r.get("completed_exact", 0) > 50 and r.get("cancelled", 0) > 0
     assert r["kv_blocks_used_at_end"] == 0 and r["running_at_end"] == 0
 
 

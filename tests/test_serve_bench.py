@@ -26,7 +26,8 @@ SERVE = REPO / "benchmarks" / "serve.py"
 
 @pytest.mark.slow
 def test_serve_bench_smoke(tmp_path):
-    from orcaserve.handler.baseline_archive import build_archive
+    sys.path.insert(0, str(REPO / "benchmarks" / "baseline"))
+    from archive import build_archive
 
     store = tmp_path / "model-store"
     build_archive(str(store), "smollm2-baseline")

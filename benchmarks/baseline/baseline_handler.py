@@ -15,10 +15,11 @@ Events, all sent when the batch finishes (time to first token = end-to-end laten
 Not supported here (400): `min_p`, repetition/presence/frequency penalties, `stop_token_ids`.
 `seed`, `priority` and `timeout` are accepted and ignored.
 
-Build the archive (model name `smollm2-baseline`, directory `model-store/smollm2-baseline/`):
+A benchmark comparator, not part of the orcaserve package. Build the archive (model name
+`smollm2-baseline`, directory `model-store/smollm2-baseline/`) with `make archive-baseline`, or:
 
-    python -m orcaserve.handler.baseline_handler --archive --export-path model-store
-    python -m orcaserve.handler.baseline_handler --archive --batch-size 16 --max-batch-delay 50
+    python benchmarks/baseline/archive.py --export-path model-store
+    python benchmarks/baseline/archive.py --batch-size 16 --max-batch-delay 50
 
 See docs/benchmark-serving.md.
 """
@@ -215,7 +216,8 @@ class BaselineHandler:
     # ---- responses ---------------------------------------------------------------------------
     def _respond(self, context: Any, idx: int, req, n_prompt: int, text: str, reason: str, n_out: int,
                  batch: dict) -> str:
-        from orcaserve.handler.protocol import CHAT, SSE_DONE, final_response, sse, stream_chunk
+        from orcaserve.handler.protocol import CHAT
+        from orcaserve.handler.responses import SSE_DONE, final_response, sse, stream_chunk
 
         rid = (context.get_request_id(idx) if hasattr(context, "get_request_id") else None) or f"req-{time.time_ns()}"
         kind = req.kind
@@ -246,9 +248,3 @@ class BaselineHandler:
         context.set_response_status(status, HTTP_PHRASES.get(status, ""), idx)
         context.set_response_content_type(idx, "application/json")
         return json.dumps(body)
-
-
-if __name__ == "__main__":  # python -m orcaserve.handler.baseline_handler --archive ...
-    from orcaserve.handler.baseline_archive import main
-
-    raise SystemExit(main())
