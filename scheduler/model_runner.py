@@ -91,9 +91,7 @@ class ModelRunner:
 
         dev = self.device
         width = max(len(t) for t in tables)
-        table = torch.zeros(len(tables), width, dtype=torch.int32)
-        for i, blocks in enumerate(tables):
-            table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        table = torch.tensor([blocks + [0] * (width - len(blocks)) for blocks in tables], dtype=torch.int32)
         cu_t = torch.tensor(cu, dtype=torch.int32)
         pos_t = torch.tensor(positions, dtype=torch.long)  # [T]
         req_of_token = torch.repeat_interleave(torch.arange(len(seq_lens)), cu_t.diff().long())

@@ -19,16 +19,18 @@ class RequestTimes:
 class RequestOutput:
     """Incremental output of one request.
 
-    `new_token_ids` and `new_text` cover what was produced since this request's previous output;
-    `output_token_ids` and `text` everything so far. `text` never contains a stop string, and
-    while a request runs it holds back any tail that could still become one.
+    `new_token_ids` and `new_text` cover what was produced since this request's previous output.
+    The final output (`finished`) also carries the whole answer in `output_token_ids` and `text`;
+    earlier ones leave them empty, so a long answer is not copied again at every step. `text`
+    never contains a stop string, and while a request runs `new_text` holds back any tail that
+    could still become one.
     """
 
     request_id: str
     new_token_ids: list[int]
-    output_token_ids: list[int]
+    output_token_ids: list[int]  # the whole answer, on the final output only
     new_text: str
-    text: str
+    text: str  # the whole answer, on the final output only
     finished: bool
     # "stop" | "length" | "abort" | "timeout" (deadline) | "error" (see `error`) | None while running
     finish_reason: str | None

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass, field
 
 from .kv_cache_manager import KVCacheManager
 from .request import Request, RequestStatus
+from .request_queue import WaitingQueue
 
 
 @dataclass
@@ -65,28 +65,24 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.by_priority = policy == "priority"
         self.requests: dict[str, Request] = {}
-        self.waiting: list[Request] = []  # sorted by sort_key
-        self.running: list[Request] = []  # sorted by sort_key
+        self.waiting = WaitingQueue(self.by_priority)
+        self.running: dict[str, Request] = {}  # in admission order; O(1) removal
         self.num_preemptions = 0
 
     # ---- queue maintenance -------------------------------------------------------------------
     def _key(self, req: Request) -> tuple[int, int]:
         return req.sort_key(self.by_priority)
 
-    def _insert(self, queue: list[Request], req: Request) -> None:
-        keys = [self._key(r) for r in queue]
-        queue.insert(bisect.bisect(keys, self._key(req)), req)
-
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req
-        self._insert(self.waiting, req)
+        self.waiting.push(req)
 
     def finish_request(self, req: Request, reason: str) -> None:
         """Remove a request for good and return its blocks."""
         if req.status == RequestStatus.RUNNING:
-            self.running.remove(req)
+            del self.running[req.request_id]
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
         self.kv.free(req)
@@ -95,13 +91,13 @@ class Scheduler:
         self.requests.pop(req.request_id, None)
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        del self.running[req.request_id]
         self.kv.free(req)
         req.status = RequestStatus.WAITING
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self._insert(self.waiting, req)
+        self.waiting.push(req, front=True)
 
     @property
     def num_running(self) -> int:
@@ -125,8 +121,9 @@ class Scheduler:
             out.requests[req.request_id] = req
             budget -= n
 
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        catching_up = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes = [r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1]
+        catching_up = sorted((r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1),
+                             key=self._key)
         for req in decodes + catching_up:
             if budget <= 0:
                 break
@@ -134,7 +131,7 @@ class Scheduler:
                 continue  # preempted earlier in this loop
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             while not self.kv.allocate_slots(req, n):
-                victim = self.running[-1]
+                victim = max(self.running.values(), key=self._key)  # newest, or lowest priority
                 refund = out.num_scheduled_tokens.pop(victim.request_id, 0)
                 out.requests.pop(victim.request_id, None)
                 budget += refund
@@ -147,16 +144,15 @@ class Scheduler:
 
         # Admitting new work right after a preemption would only evict it again.
         if not out.preempted:
-            while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-                req = self.waiting[0]
+            while budget > 0 and len(self.running) < self.max_num_seqs and (req := self.waiting.peek()) is not None:
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
                 if not self.kv.allocate_slots(req, n):
                     break
-                self.waiting.pop(0)
+                self.waiting.pop()
                 req.status = RequestStatus.RUNNING
                 if req.times.first_scheduled is None:
                     req.times.first_scheduled = time.time()
-                self._insert(self.running, req)
+                self.running[req.request_id] = req
                 admit(req, n)
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]

@@ -27,10 +27,11 @@ def tokenizer(smollm2_path):
 
 @pytest.fixture
 def engine_for(tokenizer):
-    """engine_for(model, **engine_args): an engine over a private copy of `model`."""
+    """engine_for(model, **engine_args): an engine over a private copy of `model`, in fp32 unless
+    `dtype` says otherwise (transformers' fp32 answer is the reference, token for token)."""
     from orcaserve.scheduler import Engine
 
     def make(model, **engine_args):
-        return Engine.from_model(copy.deepcopy(model), tokenizer, **engine_args)
+        return Engine.from_model(copy.deepcopy(model), tokenizer, **{"dtype": "float32", **engine_args})
 
     return make

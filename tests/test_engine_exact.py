@@ -98,7 +98,8 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
         gen = out[0, len(p):].tolist()
         expected.append(gen[: gen.index(2) + 1] if 2 in gen else gen)  # generate stops at EOS
 
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=128)
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=128,
+                               dtype="float32")
     outs = engine.generate(ids, SamplingParams(temperature=0, max_tokens=32))
     for q, exp, out in zip(questions, expected, outs):
         assert out.output_token_ids == exp, q

@@ -17,7 +17,7 @@ from orcaserve.scheduler.request_stream import RequestError
 @pytest.fixture
 def loop_and_model(tokenizer):
     model = tiny_model("llama")
-    loop = EngineLoop(Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64)).start()
+    loop = EngineLoop(Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")).start()
     yield loop, model
     loop.shutdown()
     assert not loop.alive
@@ -131,7 +131,7 @@ def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
 
 def test_waiting_queue_is_bounded(tokenizer):
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=1, max_num_batched_tokens=64)
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=1, max_num_batched_tokens=64, dtype="float32")
     entered, gate = threading.Event(), threading.Event()
 
     def hold(sched):
@@ -159,7 +159,7 @@ def test_waiting_queue_is_bounded(tokenizer):
 
 def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64)
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
     batches = []
 
     def hook(sched):
@@ -193,7 +193,7 @@ class _Boom(BaseException):
 
 def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64)
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
     died = []
 
     def hook(sched):
@@ -224,7 +224,7 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
 
     def build() -> Engine:
         built_on.append(threading.current_thread().name)
-        return Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=32)
+        return Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=32, dtype="float32")
 
     loop = EngineLoop.launch(build)
     try:

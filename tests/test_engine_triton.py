@@ -33,7 +33,7 @@ SCRIPT = textwrap.dedent(
     prompts = [[5, 6, 7], list(range(10, 50)), [9] * 17]
     expected = [hf_greedy(model, p, 5) for p in prompts]
     engine = Engine.from_model(copy.deepcopy(model), ByteTokenizer(), attention_backend="triton",
-                               max_num_seqs=4, max_num_batched_tokens=24, block_size=16)
+                               max_num_seqs=4, max_num_batched_tokens=24, block_size=16, dtype="float32")
     assert type(engine.runner.backend).__name__ == "TritonBackend"
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     got = [o.output_token_ids for o in outs]

@@ -26,7 +26,8 @@ ts_async = pytest.importorskip("ts.async_service")
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl  # noqa: E402
 from ts.service import Service  # noqa: E402
 
-ENGINE_ARGS = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_cache_memory": 64 * 2 * 2 * 16 * 2 * 16 * 4}
+ENGINE_ARGS = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_cache_memory": 64 * 2 * 2 * 16 * 2 * 16 * 4,
+               "dtype": "float32"}
 
 
 def _int(buf: memoryview, pos: int) -> tuple[int, int]:

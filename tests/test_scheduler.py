@@ -124,3 +124,25 @@ def test_no_block_leaks_after_thousands_of_mixed_requests():
         run_step(s)
     assert created > 2000 and aborted > 50 and s.num_preemptions > 100
     assert s.kv.pool.num_free == s.kv.pool.num_blocks
+
+
+def test_waiting_queue_orders_and_removes_in_constant_time():
+    from orcaserve.scheduler.request_queue import WaitingQueue
+
+    fifo = WaitingQueue(by_priority=False)
+    a, b, c = req("a", 4), req("b", 4), req("c", 4)
+    for r in (a, b, c):
+        fifo.push(r)
+    fifo.remove(b)
+    assert len(fifo) == 2 and fifo.pop() is a
+    fifo.push(a, front=True)  # preempted: back to the front
+    again = req("b", 4)  # a new request reusing a removed one's id is not removed
+    fifo.push(again)
+    assert [fifo.pop() for _ in range(3)] == [a, c, again] and fifo.peek() is None and len(fifo) == 0
+
+    prio = WaitingQueue(by_priority=True)
+    low, high, high2 = req("low", 4, priority=5), req("high", 4, priority=-1), req("high2", 4, priority=-1)
+    for r in (low, high, high2):
+        prio.push(r)
+    prio.remove(high)
+    assert [prio.pop() for _ in range(2)] == [high2, low]

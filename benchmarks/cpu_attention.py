@@ -1,0 +1,106 @@
+"""Per-layer attention time on the CPU: `TorchAttentionPlan.attend` vs the C++ paged operator.
+
+    python benchmarks/cpu_attention.py [--threads 2] [--repeats 5] [--iters 20] [--quick]
+
+SmolLM2-135M heads (H=9, H_kv=3, D=64), block size 16, fp32 and bf16. Shapes: decode batches of
+1/8/32/64 at contexts 128/512/1024, and a mixed step (one 512-token prefill chunk with no history
+plus 31 decodes at contexts 128-1024). Per shape: median and minimum over `--repeats` x `--iters`
+calls (the plan is built once per step and is not timed, as in the engine).
+The cache is sized for the shape only, so it may sit in L3 cache: a real engine's per-layer
+cache for 30 layers does not, which favours neither path more than the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from orcaserve.kernels.cpu_attention import CpuBackend, load_cpu_ops
+from orcaserve.kernels.reference import TorchAttentionPlan
+
+H, H_KV, D, BS = 9, 3, 64, 16
+
+
+def make_step(q_lens: list[int], ctx: list[int], dtype: torch.dtype, seed: int = 0):
+    """Random cache with shuffled block tables for one step (every request owns its blocks)."""
+    g = torch.Generator().manual_seed(seed)
+    per_req = [-(-c // BS) for c in ctx]
+    num_blocks = sum(per_req) + 1
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    tables = torch.zeros(len(ctx), max(per_req), dtype=torch.int32)
+    used = 0
+    for i, n in enumerate(per_req):
+        tables[i, :n] = perm[used : used + n]
+        used += n
+    k_cache = torch.randn(num_blocks, BS, H_KV, D, generator=g).to(dtype)  # [num_blocks, bs, H_kv, D]
+    v_cache = torch.randn(num_blocks, BS, H_KV, D, generator=g).to(dtype)
+    cu = torch.zeros(len(ctx) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    q = torch.randn(int(cu[-1]), H, D, generator=g).to(dtype)  # [T, H, D]
+    return q, k_cache, v_cache, cu, torch.tensor(ctx, dtype=torch.int32), tables
+
+
+def time_ms(fn, iters: int, repeats: int) -> tuple[float, float]:
+    """(median, minimum) milliseconds per call over `repeats` rounds of `iters` calls.
+
+    On a shared machine the median carries other jobs' preemptions (OpenMP regions wait for
+    their slowest thread); the minimum is the closest to the uncontended cost.
+    """
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        for _ in range(iters):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3, min(times) * 1e3
+
+
+def shapes(quick: bool) -> list[tuple[str, list[int], list[int]]]:
+    out = []
+    for batch in (1, 8, 32, 64):
+        for ctx in (128, 512, 1024):
+            if quick and (batch, ctx) not in ((1, 128), (32, 512)):
+                continue
+            out.append((f"decode B={batch} ctx={ctx}", [1] * batch, [ctx] * batch))
+    decode_ctx = [128 + (1024 - 128) * i // 30 for i in range(31)]
+    out.append(("mixed: prefill 512 + 31 decodes", [512] + [1] * 31, [512] + decode_ctx))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="two decode shapes and the mixed step")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    op, reason = load_cpu_ops(build=True)
+    print(f"threads={torch.get_num_threads()} op: {reason}")
+    if op is None:
+        return
+    backend = CpuBackend(op)
+    scale = D**-0.5
+    print(f"{'':41s}{'median ms':>28s}   {'minimum ms':>27s}")
+    print(f"{'shape':34s} {'dtype':5s} {'torch':>9s} {'C++':>8s} {'ratio':>7s}   {'torch':>9s} {'C++':>8s} {'ratio':>7s}"
+          "  max|diff|")
+    for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        for name, q_lens, ctx in shapes(args.quick):
+            q, kc, vc, cu, sl, bt = make_step(q_lens, ctx, dtype)
+            ref_plan = TorchAttentionPlan(cu, sl, bt, BS)
+            plan = backend.plan(cu, sl, bt, BS, max(q_lens), max(ctx))
+            out_ref, out_cpp = torch.empty_like(q), torch.empty_like(q)
+            ref_med, ref_min = time_ms(lambda: ref_plan.attend(q, kc, vc, scale, out_ref), args.iters, args.repeats)
+            cpp_med, cpp_min = time_ms(lambda: backend.attend(plan, q, kc, vc, scale, out_cpp), args.iters, args.repeats)
+            diff = (out_ref.float() - out_cpp.float()).abs().max().item()
+            print(f"{name:34s} {tag:5s} {ref_med:9.3f} {cpp_med:8.3f} {ref_med / cpp_med:6.1f}x   "
+                  f"{ref_min:9.3f} {cpp_min:8.3f} {ref_min / cpp_min:6.1f}x  {diff:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""The waiting queue: FCFS or priority order, O(1) or O(log n) per operation."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+
+from .request import Request
+
+
+class WaitingQueue:
+    """Requests waiting to run, in policy order; preempted ones go back to the front of theirs.
+
+    FCFS is a deque: arrivals at the back, preempted requests at the front (they arrived before
+    every request still waiting, and victims are taken newest first, so pushing each to the
+    front keeps arrival order). Priority is a heap on (priority, arrival). Removal (an abort of a
+    waiting request) is lazy: the request is skipped when it reaches the head.
+    """
+
+    def __init__(self, by_priority: bool) -> None:
+        self.by_priority = by_priority
+        self._fifo: deque[Request] = deque()
+        self._heap: list[tuple[int, int, int, Request]] = []
+        self._tie = itertools.count()  # the heap never compares Requests
+        self._removed: set[Request] = set()  # by identity: an id may come back in a new request
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def push(self, req: Request, front: bool = False) -> None:
+        """Queue `req`; `front` for a preempted request (FCFS: ahead of every arrival)."""
+        if self.by_priority:
+            heapq.heappush(self._heap, (req.priority, req.arrival_seq, next(self._tie), req))
+        elif front:
+            self._fifo.appendleft(req)
+        else:
+            self._fifo.append(req)
+        self._size += 1
+
+    def remove(self, req: Request) -> None:
+        self._removed.add(req)
+        self._size -= 1
+
+    def peek(self) -> Request | None:
+        while True:
+            if self.by_priority:
+                head = self._heap[0][3] if self._heap else None
+            else:
+                head = self._fifo[0] if self._fifo else None
+            if head is None or head not in self._removed:
+                return head
+            self._discard_head()
+            self._removed.discard(head)
+
+    def pop(self) -> Request:
+        head = self.peek()
+        assert head is not None, "pop from an empty queue"
+        self._discard_head()
+        self._size -= 1
+        return head
+
+    def _discard_head(self) -> None:
+        if self.by_priority:
+            heapq.heappop(self._heap)
+        else:
+            self._fifo.popleft()

@@ -1,0 +1,186 @@
+"""The C++ CPU paged attention (`torch.ops.orcaserve.paged_attention`) against the PyTorch reference.
+
+Same kinds of cases as test_triton_kernels.py: decodes, prefills, chunked prefill with history,
+mixed ragged steps, GQA ratios 1-4, block sizes 8/16/32, head dims 64/80/96/128, every slot a
+request does not own poisoned with NaN, output pre-filled with NaN. Skipped if the operator cannot
+be built (no compiler): the engine then falls back to the PyTorch path.
+"""
+
+import logging
+
+import pytest
+import torch
+
+from orcaserve.kernels import reference as ref
+from orcaserve.kernels import cpu_attention as ca
+
+OP, REASON = ca.load_cpu_ops(build=True)
+if OP is None:
+    pytest.skip(f"C++ CPU attention not built: {REASON}", allow_module_level=True)
+
+HEADS = [(4, 4), (8, 4), (9, 3), (8, 2)]  # (H, H_kv): GQA ratios 1, 2, 3, 4
+HEAD_DIMS = [64, 80, 96, 128]
+BLOCK_SIZES = [8, 16, 32]
+TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+
+# (name, new tokens per request, context length incl. new tokens); bs = block size.
+SCENARIOS = [
+    ("seq_len_1", lambda bs: ([1], [1])),
+    ("block_boundaries_decode", lambda bs: ([1, 1, 1, 1], [bs - 1, bs, bs + 1, 2 * bs])),
+    ("block_boundaries_prefill", lambda bs: ([bs - 1, bs, bs + 1], [bs - 1, bs, bs + 1])),
+    ("zero_new_tokens", lambda bs: ([0, 3, 0, 1, 0], [10, 20, 5, 33, 0])),
+    ("pure_decode", lambda bs: ([1, 1, 1], [70, 3, 129])),
+    ("pure_prefill", lambda bs: ([37, 16, 2], [37, 16, 2])),
+    ("chunked_prefill_history", lambda bs: ([2, 30, 130], [50, 77, 200])),  # several query tiles
+    ("mixed_ragged", lambda bs: ([1, 20, 1, 7, 0, 1], [70, 45, 3, 47, 9, 300])),
+]
+
+
+def make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=0):
+    """Shuffled block tables; every slot a request does not own (tails of its blocks, unused
+    blocks, the table's padding entries) holds NaN."""
+    g = torch.Generator().manual_seed(seed)
+    b = len(q_lens)
+    per_req = [max(1, -(-c // bs)) for c in ctx]
+    num_blocks = sum(per_req) + 3
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = torch.full((b, max(per_req) + 1), int(perm[-1]), dtype=torch.int32)
+    k_cache = torch.full((num_blocks, bs, h_kv, d), float("nan"), dtype=dtype)
+    v_cache = k_cache.clone()
+    used = 0
+    for i, c in enumerate(ctx):
+        tables[i, : per_req[i]] = perm[used : used + per_req[i]].to(torch.int32)
+        used += per_req[i]
+        slots = tables[i].long().repeat_interleave(bs)[:c] * bs + torch.arange(c) % bs  # [c]
+        k_cache.view(-1, h_kv, d)[slots] = torch.randn(c, h_kv, d, generator=g).to(dtype)
+        v_cache.view(-1, h_kv, d)[slots] = torch.randn(c, h_kv, d, generator=g).to(dtype)
+    cu = torch.zeros(b + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
+    q = torch.randn(int(cu[-1]), h, d, generator=g).to(dtype)
+    return q, k_cache, v_cache, cu, torch.tensor(ctx, dtype=torch.int32), tables
+
+
+def want(q, kc, vc, cu, sl, bt, scale):
+    f = torch.float32
+    return ref.unified_attention(q.to(f), kc.to(f), vc.to(f), cu, sl, bt, scale)
+
+
+def run_op(q, kc, vc, cu, sl, bt, scale):
+    out = torch.full_like(q, float("nan"))
+    OP(q, kc, vc, cu, sl, bt, scale, out)
+    return out
+
+
+def check(out, expected, dtype, what):
+    assert not out.isnan().any(), f"{what}: NaN in output"
+    err = (out.float() - expected).abs().max().item() if out.numel() else 0.0
+    assert err <= TOL[dtype], f"{what}: max abs error {err:.3g} > {TOL[dtype]}"
+
+
+def _cases():
+    """Every scenario under every block size, rotating head layouts and head dims."""
+    k = 0
+    for name, fn in SCENARIOS:
+        for bs in BLOCK_SIZES:
+            h, h_kv = HEADS[k % len(HEADS)]
+            d = HEAD_DIMS[k % len(HEAD_DIMS)]
+            k += 1
+            yield f"{name}-H{h}/{h_kv}-D{d}-bs{bs}", *fn(bs), h, h_kv, d, bs
+    for j, (h, h_kv) in enumerate(HEADS):  # every head layout x head dim on a mixed step
+        for d in HEAD_DIMS:
+            yield f"mix-H{h}/{h_kv}-D{d}", [1, 9, 0, 1, 3], [40, 30, 4, 17, 3], h, h_kv, d, BLOCK_SIZES[j % 3]
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_matches_reference(dtype):
+    for i, (name, q_lens, ctx, h, h_kv, d, bs) in enumerate(CASES):
+        q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=i)
+        check(run_op(q, kc, vc, cu, sl, bt, d**-0.5), want(q, kc, vc, cu, sl, bt, d**-0.5), dtype, name)
+
+
+def test_large_step_parallel_and_deterministic():
+    """A step big enough to run on all threads (one long prefill split into query tiles plus 31
+    decodes), bitwise identical with one thread: every item is computed by one thread."""
+    q_lens, ctx = [300] + [1] * 31, [340] + [50 + 17 * i for i in range(31)]
+    q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, 9, 3, 64, 16, torch.float32, seed=7)
+    out = run_op(q, kc, vc, cu, sl, bt, 0.125)
+    check(out, want(q, kc, vc, cu, sl, bt, 0.125), torch.float32, "large step")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(run_op(q, kc, vc, cu, sl, bt, 0.125), out)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_strided_query_and_empty_step():
+    """q as the model runner passes it (a transposed view, head dim contiguous); an empty step."""
+    q, kc, vc, cu, sl, bt = make_case([1, 5], [20, 5], 8, 2, 64, 16, torch.float32, seed=3)
+    q_view = q.transpose(0, 1).contiguous().transpose(0, 1)  # [T, H, D] with stride(0) == D
+    assert not q_view.is_contiguous()
+    check(run_op(q_view, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), torch.float32, "strided")
+    empty = torch.empty(0, 8, 64)
+    OP(empty, kc, vc, torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
+       torch.zeros(0, 1, dtype=torch.int32), 0.125, empty)
+
+
+def test_rejects_bad_tables():
+    q, kc, vc, cu, sl, bt = make_case([1], [20], 4, 2, 64, 16, torch.float32)
+    bt[0, 1] = kc.shape[0]  # a block id past the cache
+    with pytest.raises(RuntimeError, match="out of range"):
+        run_op(q, kc, vc, cu, sl, bt, 0.125)
+
+
+def test_fake_registration_for_compile():
+    q, kc, vc, cu, sl, bt = make_case([1, 4], [9, 4], 4, 2, 64, 8, torch.float32)
+    out = torch.empty_like(q)
+    torch.library.opcheck(torch.ops.orcaserve.paged_attention.default, (q, kc, vc, cu, sl, bt, 0.125, out),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_backend_store_and_attend():
+    """The "cpu" backend against the reference path: store this step's K/V, then attend."""
+    be = ca.make_cpu_backend()
+    assert be.name == "cpu"
+    q, kc, vc, cu, sl, bt = make_case([1, 12, 0], [50, 12, 3], 8, 2, 80, 16, torch.bfloat16, seed=4)
+    key, value = torch.randn(2, q.shape[0], 2, 80).to(torch.bfloat16)
+    # Request 0 decodes position 49, request 1 prefills positions 0..11.
+    slots = [int(bt[0, 49 // 16]) * 16 + 49 % 16] + [int(bt[1, p // 16]) * 16 + p % 16 for p in range(12)]
+    slots = torch.tensor(slots, dtype=torch.int64)
+    be.store_kv(key, value, kc, vc, slots)
+    plan = be.plan(cu, sl, bt.long(), 16, 12, 50)  # the plan converts metadata to int32
+    check(be.attend(plan, q, kc, vc, 80**-0.5), want(q, kc, vc, cu, sl, bt, 80**-0.5), torch.bfloat16, "backend")
+    out = torch.empty_like(q)
+    assert be.attend(plan, q, kc, vc, 80**-0.5, out) is out
+
+
+def test_backend_falls_back_loudly(monkeypatch, caplog):
+    monkeypatch.setattr(ca, "load_cpu_ops", lambda build=True: (None, "no compiler"))
+    with caplog.at_level(logging.WARNING):
+        be = ca.make_cpu_backend()
+    assert be.name == "torch"
+    assert any("no compiler" in r.getMessage() for r in caplog.records)
+
+
+def test_build_is_not_triggered_on_import_or_without_build(tmp_path, monkeypatch):
+    """load(build=False) never compiles: with an empty cache directory it reports why."""
+    monkeypatch.setenv("ORCASERVE_EXTENSIONS_DIR", str(tmp_path))
+    op, reason = ca._load(build=False, verbose=False)
+    assert op is None and "not built" in reason
+    assert not any(tmp_path.iterdir())
+
+
+def test_backend_uncompiled_head_dim_uses_pytorch_path(caplog):
+    """A head dim without a template instance goes through the PyTorch path, with one warning."""
+    be = ca.make_cpu_backend()
+    q, kc, vc, cu, sl, bt = make_case([1, 3], [20, 3], 4, 2, 48, 16, torch.float32, seed=5)
+    kc, vc = kc.nan_to_num(0.0), vc.nan_to_num(0.0)  # the engine's caches are finite
+    plan = be.plan(cu, sl, bt, 16, 3, 20)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            got = be.attend(plan, q, kc, vc, 48**-0.5)
+    assert sum("head dim 48" in r.getMessage() for r in caplog.records) == 1
+    check(got, want(q, kc, vc, cu, sl, bt, 48**-0.5), torch.float32, "fallback D48")
