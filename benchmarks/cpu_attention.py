@@ -19,7 +19,7 @@ import time
 import torch
 
 from orcaserve.kernels.cpu_attention import CpuBackend, load_cpu_ops
-from orcaserve.kernels.reference import TorchAttentionPlan
+from orcaserve.kernels.torch_attention import TorchAttentionPlan
 
 H, H_KV, D, BS = 9, 3, 64, 16
 

@@ -18,7 +18,7 @@ Per head layout HxH_kvxD (`--shapes`; the first gets the full grid, the others t
   SDPA (flash) on the same fresh prompt as a yardstick.
 * mixed: ORCA's merged steps (running decodes plus one prefill chunk).
 * store_kv: a decode batch up to a long prefill chunk.
-* the PyTorch twin (`reference.TorchAttentionPlan`, the CPU engine's path) for small decode shapes.
+* the PyTorch twin (`torch_attention.TorchAttentionPlan`, the CPU engine's path) for small decode shapes.
 
 Each timed call runs after a 256 MiB write that evicts the L2 (so small shapes are not served
 from the 50-60 MB L2), between CUDA events; the median is reported. The JSON (--json) is
@@ -155,7 +155,7 @@ def grid(quick: bool, smoke: bool):
 
 def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
     """Every section for one head layout; results accumulate in `out` (saved after each shape)."""
-    from orcaserve.kernels import reference
+    from orcaserve.kernels import torch_attention
     from orcaserve.kernels.triton_attention import choose_num_splits, num_sms, select_config, unified_attention
     from orcaserve.kernels.triton_store_kv import store_kv
 
@@ -217,7 +217,7 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
             ref_ms = None
             if not args.no_reference and b * c <= args.reference_max_tokens:
                 try:
-                    plan = reference.TorchAttentionPlan(cu, sl, bt, bs)
+                    plan = torch_attention.TorchAttentionPlan(cu, sl, bt, bs)
                     ref_ms = timer(functools.partial(plan.attend, q, pool.k, pool.v, scale, o), max_iters=5)
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
@@ -309,7 +309,7 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
         value = qkv[:, (h + h_kv) * d :].view(t, h_kv, d)
         slots = torch.randperm(kc.shape[0] * bs, device=dev)[:t]
         ms = timer(functools.partial(store_kv, key, value, kc, vc, slots))
-        ref_ms = timer(functools.partial(reference.store_kv, key, value, kc, vc, slots), max_iters=5)
+        ref_ms = timer(functools.partial(torch_attention.store_kv, key, value, kc, vc, slots), max_iters=5)
         gbps = 4 * t * h_kv * d * esz / ms / 1e6
         out["store_kv"].append({"tokens": t, "ms": ms, "torch_ms": ref_ms, "gbps": gbps, "pct_peak": pct(gbps, peak)})
         print(f"T={t:<6} {ms:>9.4f} ms (torch {ref_ms:.4f}) {gbps:>7.0f} GB/s")

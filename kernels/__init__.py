@@ -1,7 +1,7 @@
 """Attention kernels for the merged (prefill + decode) step: PyTorch twins and Triton kernels."""
 
 from .backend import AttentionBackend, TorchBackend, get_backend
-from .reference import TorchAttentionPlan, store_kv, unified_attention
+from .torch_attention import TorchAttentionPlan, store_kv, unified_attention
 
 __all__ = [
     "AttentionBackend",

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from . import reference
+from . import torch_attention
 
 
 class AttentionBackend(ABC):
@@ -62,10 +62,10 @@ class TorchBackend(AttentionBackend):
     name = "torch"
 
     def plan(self, cu_seqlens_q, seq_lens, block_tables, block_size, max_seqlen_q, max_seqlen_k):
-        return reference.TorchAttentionPlan(cu_seqlens_q, seq_lens, block_tables, block_size)
+        return torch_attention.TorchAttentionPlan(cu_seqlens_q, seq_lens, block_tables, block_size)
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        torch_attention.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attend(self, plan, q, k_cache, v_cache, scale, out=None) -> torch.Tensor:
         return plan.attend(q, k_cache, v_cache, scale, out)

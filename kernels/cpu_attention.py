@@ -2,7 +2,7 @@
 
 `cpu_attention.cpp` registers `torch.ops.orcaserve.paged_attention(q, k_cache, v_cache,
 cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
-`reference.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
+`torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
 `torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_attention
@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from . import reference
+from . import torch_attention
 from .backend import AttentionBackend, TorchBackend
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
 ) -> torch.Tensor:
-    """`reference.unified_attention` through the C++ operator (which must load)."""
+    """`torch_attention.unified_attention` through the C++ operator (which must load)."""
     op, reason = load_cpu_ops(build=True)
     if op is None:
         raise RuntimeError(f"orcaserve CPU attention unavailable: {reason}")
@@ -186,7 +186,7 @@ class CpuAttentionPlan:
     seq_lens: torch.Tensor  # [B] int32
     block_tables: torch.Tensor  # [B, max_blocks] int32
     block_size: int
-    fallback: reference.TorchAttentionPlan | None = None  # built only if a layer cannot use the op
+    fallback: torch_attention.TorchAttentionPlan | None = None  # built only if a layer cannot use the op
 
 
 class CpuBackend(AttentionBackend):
@@ -224,7 +224,7 @@ class CpuBackend(AttentionBackend):
         v_cache: torch.Tensor,
         slot_mapping: torch.Tensor,  # [T] int64
     ) -> None:
-        reference.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        torch_attention.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def attend(
         self,
@@ -256,7 +256,7 @@ class CpuBackend(AttentionBackend):
             self._warned = True
         if plan.fallback is None:
             dev = q.device
-            plan.fallback = reference.TorchAttentionPlan(
+            plan.fallback = torch_attention.TorchAttentionPlan(
                 plan.cu_seqlens_q.to(dev), plan.seq_lens.to(dev), plan.block_tables.to(dev), plan.block_size)
         return plan.fallback.attend(q, k_cache, v_cache, scale, out)
 

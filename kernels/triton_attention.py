@@ -1,7 +1,7 @@
 """Triton paged attention for ORCA's merged steps: prefill chunks and decodes in one launch.
 
 `store_kv` and `unified_attention` take the same positional arguments as their PyTorch twins in
-`orcaserve.kernels.reference` (which are also their test oracle).
+`orcaserve.kernels.torch_attention` (which are also their test oracle).
 
 Unified kernel (`_unified_attention_kernel`): grid (T // BLOCK_Q + B, H_kv). A program owns one
 query tile (BLOCK_Q new tokens of one request x the G query heads of one KV head, see

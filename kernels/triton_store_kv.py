@@ -1,4 +1,4 @@
-"""Scatter a step's new keys and values into the paged cache (Triton twin of reference.store_kv).
+"""Scatter a step's new keys and values into the paged cache (Triton twin of torch_attention.store_kv).
 
 Grid (cdiv(T, BLOCK_T), H_kv): a program copies BLOCK_T tokens of one KV head, K and V together.
 Sources are addressed through all three strides, so slices of a fused qkv projection (or any

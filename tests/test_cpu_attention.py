@@ -11,7 +11,10 @@ import logging
 import pytest
 import torch
 
-from orcaserve.kernels import reference as ref
+from attention_cases import SCENARIOS as SHARED
+from attention_cases import make_case
+
+from orcaserve.kernels import torch_attention as ref
 from orcaserve.kernels import cpu_attention as ca
 
 OP, REASON = ca.load_cpu_ops(build=True)
@@ -23,41 +26,12 @@ HEAD_DIMS = [64, 80, 96, 128]
 BLOCK_SIZES = [8, 16, 32]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
 
-# (name, new tokens per request, context length incl. new tokens); bs = block size.
-SCENARIOS = [
-    ("seq_len_1", lambda bs: ([1], [1])),
-    ("block_boundaries_decode", lambda bs: ([1, 1, 1, 1], [bs - 1, bs, bs + 1, 2 * bs])),
-    ("block_boundaries_prefill", lambda bs: ([bs - 1, bs, bs + 1], [bs - 1, bs, bs + 1])),
-    ("zero_new_tokens", lambda bs: ([0, 3, 0, 1, 0], [10, 20, 5, 33, 0])),
-    ("pure_decode", lambda bs: ([1, 1, 1], [70, 3, 129])),
-    ("pure_prefill", lambda bs: ([37, 16, 2], [37, 16, 2])),
-    ("chunked_prefill_history", lambda bs: ([2, 30, 130], [50, 77, 200])),  # several query tiles
+# The shared cases plus two that cross several query tiles.
+SCENARIOS = SHARED + [
+    ("pure_prefill_3", lambda bs: ([37, 16, 2], [37, 16, 2])),
+    ("chunked_prefill_history", lambda bs: ([2, 30, 130], [50, 77, 200])),
     ("mixed_ragged", lambda bs: ([1, 20, 1, 7, 0, 1], [70, 45, 3, 47, 9, 300])),
 ]
-
-
-def make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=0):
-    """Shuffled block tables; every slot a request does not own (tails of its blocks, unused
-    blocks, the table's padding entries) holds NaN."""
-    g = torch.Generator().manual_seed(seed)
-    b = len(q_lens)
-    per_req = [max(1, -(-c // bs)) for c in ctx]
-    num_blocks = sum(per_req) + 3
-    perm = torch.randperm(num_blocks, generator=g)
-    tables = torch.full((b, max(per_req) + 1), int(perm[-1]), dtype=torch.int32)
-    k_cache = torch.full((num_blocks, bs, h_kv, d), float("nan"), dtype=dtype)
-    v_cache = k_cache.clone()
-    used = 0
-    for i, c in enumerate(ctx):
-        tables[i, : per_req[i]] = perm[used : used + per_req[i]].to(torch.int32)
-        used += per_req[i]
-        slots = tables[i].long().repeat_interleave(bs)[:c] * bs + torch.arange(c) % bs  # [c]
-        k_cache.view(-1, h_kv, d)[slots] = torch.randn(c, h_kv, d, generator=g).to(dtype)
-        v_cache.view(-1, h_kv, d)[slots] = torch.randn(c, h_kv, d, generator=g).to(dtype)
-    cu = torch.zeros(b + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
-    q = torch.randn(int(cu[-1]), h, d, generator=g).to(dtype)
-    return q, k_cache, v_cache, cu, torch.tensor(ctx, dtype=torch.int32), tables
 
 
 def want(q, kc, vc, cu, sl, bt, scale):

@@ -26,48 +26,11 @@ import sys  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from attention_cases import SCENARIOS, make_case  # noqa: E402
+
 HEADS = [(8, 2), (4, 1), (4, 4)]  # GQA, MQA, MHA: (H, H_kv)
 HEAD_DIMS = [64, 80, 96, 128]
 BLOCK_SIZES = [16, 32, 64]
-
-# (name, new tokens per request, context length per request incl. new tokens); bs = block size.
-SCENARIOS = [
-    ("seq_len_1", lambda bs: ([1], [1])),
-    ("block_boundaries_decode", lambda bs: ([1, 1, 1, 1], [bs - 1, bs, bs + 1, 2 * bs])),
-    ("block_boundaries_prefill", lambda bs: ([bs - 1, bs, bs + 1], [bs - 1, bs, bs + 1])),
-    ("zero_new_tokens", lambda bs: ([0, 3, 0, 1, 0], [10, 20, 5, 33, 0])),
-    ("pure_decode", lambda bs: ([1, 1, 1], [70, 3, 129])),
-    ("pure_prefill", lambda bs: ([37, 16], [37, 16])),
-    ("chunked_prefill_mix", lambda bs: ([1, 20, 1, 7, 0], [70, 45, 3, 47, 9])),
-]
-
-
-def make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=0):
-    """Shuffled block tables; every slot a request does not own (including the tails of its
-    blocks, whole unused blocks and the table's padding entries) holds NaN."""
-    g = torch.Generator().manual_seed(seed)
-    b = len(q_lens)
-    per_req = [max(1, -(-c // bs)) for c in ctx]
-    max_blocks = max(per_req) + 1  # one padding column pointing at a poisoned block
-    num_blocks = sum(per_req) + 3
-    perm = torch.randperm(num_blocks, generator=g)
-    poison_block = int(perm[-1])
-    tables = torch.full((b, max_blocks), poison_block, dtype=torch.int32)
-    k_cache = torch.full((num_blocks, bs, h_kv, d), float("nan"), dtype=dtype)
-    v_cache = k_cache.clone()
-    used = 0
-    for i, c in enumerate(ctx):
-        tables[i, : per_req[i]] = perm[used : used + per_req[i]].to(torch.int32)
-        used += per_req[i]
-        for p in range(c):
-            blk, off = int(tables[i, p // bs]), p % bs
-            k_cache[blk, off] = torch.randn(h_kv, d, generator=g).to(dtype)
-            v_cache[blk, off] = torch.randn(h_kv, d, generator=g).to(dtype)
-    cu = torch.zeros(b + 1, dtype=torch.int32)
-    cu[1:] = torch.cumsum(torch.tensor(q_lens), 0)
-    seq_lens = torch.tensor(ctx, dtype=torch.int32)
-    q = torch.randn(int(cu[-1]), h, d, generator=g).to(dtype)
-    return q, k_cache, v_cache, cu, seq_lens, tables
 
 
 def to_dev(*tensors):
@@ -76,7 +39,7 @@ def to_dev(*tensors):
 
 
 def reference(q, k_cache, v_cache, cu, seq_lens, tables, scale):
-    from orcaserve.kernels import reference as ref
+    from orcaserve.kernels import torch_attention as ref
 
     f = torch.float32
     return ref.unified_attention(q.to(f), k_cache.to(f), v_cache.to(f), cu, seq_lens, tables, scale)
@@ -147,7 +110,7 @@ def _store_views(qkv, value_t, h, h_kv, d, dev):
 
 
 def section_store(dtype):
-    from orcaserve.kernels import reference as ref
+    from orcaserve.kernels import torch_attention as ref
     from orcaserve.kernels.triton_store_kv import store_kv
 
     for i, d in enumerate(HEAD_DIMS):
@@ -188,7 +151,7 @@ def section_dispatch(dtype):
         check(unified_attention(q, kc, vc, cu, sl, bt, 0.125, num_splits=splits), want, dtype,
               f"wrapper num_splits={splits}")
 
-    from orcaserve.kernels import reference as ref
+    from orcaserve.kernels import torch_attention as ref
 
     q, kc, vc, cu, sl, bt = make_case([1, 12, 0], [50, 12, 3], 8, 2, 80, 16, dtype, seed=4)
     be = get_backend("triton")

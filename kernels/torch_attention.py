@@ -1,4 +1,6 @@
-"""PyTorch twins of the Triton kernels: the engine's CPU path and the kernels' test oracle.
+"""PyTorch attention: `TorchAttentionPlan` is the engine's fallback CPU path (`attention_backend=
+"torch"`, or when the C++ operator cannot load); `unified_attention` and `store_kv` are the test
+oracle of the C++ operator and of the Triton kernels.
 
 Shapes used throughout (gpt-fast style):
     T        tokens scheduled this step, all requests packed
@@ -92,6 +94,35 @@ class _Group:
     num_blocks: int  # NB
 
 
+def _decode_group(members: list[int], cu: list[int], seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                  nb: int, block_size: int) -> _Group:
+    """Decodes batched into one SDPA call, all padded to the group's longest context (nb blocks)."""
+    device = block_tables.device
+    idx = torch.tensor(members, device=device, dtype=torch.long)
+    blocks = block_tables[idx, :nb].long()  # [Bd, NB]
+    pos = torch.arange(nb * block_size, device=device)
+    ctx = seq_lens[idx].long()
+    mask = (pos[None, :] < ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, NB*bs]
+    return _Group(token_index=torch.tensor([cu[i] for i in members], device=device), block_index=blocks.reshape(-1),
+                  mask=mask, key_valid=mask[:, 0, 0, :], num_seqs=len(members), num_queries=1, num_blocks=nb)
+
+
+def _prefill_group(first: int, n: int, ctx: int, table: torch.Tensor, block_size: int) -> _Group:
+    """One request's `n` new tokens (rows `first` ..) over its `ctx` keys, causal."""
+    device = table.device
+    nb = (ctx + block_size - 1) // block_size
+    if ctx == n and nb * block_size == ctx:
+        mask = None  # no history, no padding: plain causal attention
+    else:
+        # Query j sits at absolute position ctx - n + j and sees keys 0 ..= that position.
+        q_pos = torch.arange(ctx - n, ctx, device=device)
+        k_pos = torch.arange(nb * block_size, device=device)
+        mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # [1, 1, n, NB*bs]
+    return _Group(token_index=torch.arange(first, first + n, device=device), block_index=table[:nb].long(),
+                  mask=mask, key_valid=(torch.arange(nb * block_size, device=device) < ctx)[None], num_seqs=1,
+                  num_queries=n, num_blocks=nb)
+
+
 class TorchAttentionPlan:
     """Per-step attention layout for the PyTorch path, shared by every layer.
 
@@ -108,55 +139,18 @@ class TorchAttentionPlan:
         block_tables: torch.Tensor,  # [B, max_blocks] int32
         block_size: int,
     ) -> None:
-        device = block_tables.device
         cu = cu_seqlens_q.tolist()
         lens = seq_lens.tolist()
         q_lens = [cu[i + 1] - cu[i] for i in range(len(lens))]
-        self.groups: list[_Group] = []
-
         decodes = [i for i, n in enumerate(q_lens) if n == 1]
         blocks_of = [(n + block_size - 1) // block_size for n in lens]
-        for members in decode_groups(decodes, blocks_of):
-            nb = blocks_of[members[-1]]
-            idx = torch.tensor(members, device=device, dtype=torch.long)
-            blocks = block_tables[idx, :nb].long()  # [Bd, NB]
-            pos = torch.arange(nb * block_size, device=device)
-            ctx = seq_lens[idx].long()
-            mask = (pos[None, :] < ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, NB*bs]
-            self.groups.append(
-                _Group(
-                    token_index=torch.tensor([cu[i] for i in members], device=device),
-                    block_index=blocks.reshape(-1),
-                    mask=mask,
-                    key_valid=mask[:, 0, 0, :],
-                    num_seqs=len(members),
-                    num_queries=1,
-                    num_blocks=nb,
-                )
-            )
-        for i, n in enumerate(q_lens):
-            if n <= 1:
-                continue
-            ctx = lens[i]
-            nb = (ctx + block_size - 1) // block_size
-            if ctx == n and nb * block_size == ctx:
-                mask = None  # no history, no padding: plain causal attention
-            else:
-                # Query j sits at absolute position ctx - n + j and sees keys 0 ..= that position.
-                q_pos = torch.arange(ctx - n, ctx, device=device)
-                k_pos = torch.arange(nb * block_size, device=device)
-                mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # [1, 1, n, NB*bs]
-            self.groups.append(
-                _Group(
-                    token_index=torch.arange(cu[i], cu[i] + n, device=device),
-                    block_index=block_tables[i, :nb].long(),
-                    mask=mask,
-                    key_valid=(torch.arange(nb * block_size, device=device) < ctx)[None],
-                    num_seqs=1,
-                    num_queries=n,
-                    num_blocks=nb,
-                )
-            )
+        self.groups: list[_Group] = [
+            _decode_group(members, cu, seq_lens, block_tables, blocks_of[members[-1]], block_size)
+            for members in decode_groups(decodes, blocks_of)
+        ]
+        self.groups += [
+            _prefill_group(cu[i], n, lens[i], block_tables[i], block_size) for i, n in enumerate(q_lens) if n > 1
+        ]
 
     def attend(
         self,
