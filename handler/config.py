@@ -13,6 +13,7 @@ from orcaserve.scheduler.config import EngineConfig
 ENGINE_ARGS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # RFC 9110 field name
 
 
 def parse_bytes(value: Any, name: str = "kv_cache_memory") -> int | None:
@@ -47,6 +48,14 @@ def _positive(name: str, value: Any, kind: type | tuple[type, ...] = int, allow_
     return value
 
 
+def _header_name(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise ValueError(f"tenant_header must be an HTTP header name like 'X-Tenant-Id' or null, got {value!r}")
+    return value
+
+
 @dataclass
 class HandlerConfig:
     """Parsed `handler:` section. Engine arguments are exactly `EngineConfig`'s fields.
@@ -57,6 +66,9 @@ class HandlerConfig:
     default_max_tokens: max_tokens when the request has none; None = OpenAI's (16 for
     completions, up to the context length for chat), capped by `max_tokens_limit`.
     num_threads: torch intra-op threads of the worker; None = leave torch's choice.
+    tenant_header: the request header (set by a trusted gateway) naming the tenant; prefix-cache
+    blocks are shared only within a tenant, and requests without the header are refused (400).
+    None = one tenant; the `cache_salt` body field alone separates (handler/tenancy.py).
     Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
     (beyond it: 503 with Retry-After). None = unlimited.
@@ -71,9 +83,10 @@ class HandlerConfig:
     max_body_bytes: int | None = 1 << 20
     max_tokens_limit: int | None = 2048
     max_waiting_requests: int | None = 64
+    tenant_header: str | None = None
 
     SERVING_KEYS = ("model_path", "default_timeout", "default_max_tokens", "served_model_name", "num_threads",
-                    "max_body_bytes", "max_tokens_limit", "max_waiting_requests")
+                    "max_body_bytes", "max_tokens_limit", "max_waiting_requests", "tenant_header")
 
     @classmethod
     def from_dict(cls, section: dict, model_dir: str | None = None) -> "HandlerConfig":
@@ -89,6 +102,7 @@ class HandlerConfig:
             "default_max_tokens": _positive("default_max_tokens", section.pop("default_max_tokens", None)),
             "served_model_name": section.pop("served_model_name", None),
             "num_threads": _positive("num_threads", section.pop("num_threads", None)),
+            "tenant_header": _header_name(section.pop("tenant_header", None)),
         }
         for key in ("max_body_bytes", "max_tokens_limit", "max_waiting_requests"):
             if key in section:

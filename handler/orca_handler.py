@@ -39,6 +39,7 @@ from .metrics import EngineMetrics
 from .protocol import CHAT, ParsedRequest, ProtocolError, decode_body, error_body, parse_request, route
 from .reply import Reply
 from .responses import SSE_DONE, final_response, sse, stream_chunk
+from .tenancy import derive_cache_salt
 
 log = logging.getLogger(__name__)
 
@@ -227,9 +228,10 @@ class OrcaHandler:
         body = decode_body(raw)
         req = parse_request(body, kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens,
                             cfg.max_tokens_limit)
+        salt = derive_cache_salt(cfg.tenant_header, context.get_all_request_header(0) or {}, req.cache_salt)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request_id, req.prompt, req.params, req.priority, req.timeout,
-                                  asyncio.get_running_loop())
+                                         asyncio.get_running_loop(), cache_salt=salt)
         try:
             if req.stream:
                 return await self._relay(stream, req, reply, request_id)
@@ -241,7 +243,8 @@ class OrcaHandler:
             self.metrics.on_finish(final)
             context.set_response_content_type(0, "application/json")
             return json.dumps(final_response(kind, request_id, self.model_name, final.text, final.finish_reason,
-                                             final.prompt_tokens, final.completion_tokens))
+                                             final.prompt_tokens, final.completion_tokens,
+                                             cached_tokens=final.num_cached_tokens))
         finally:
             self._faults.disarm(request_id)
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
@@ -255,21 +258,23 @@ class OrcaHandler:
         created, model, kind = int(time.time()), self.model_name, req.kind
         started = False
         try:
-            async for out in stream:
+            async for outputs in stream.chunks():  # what has piled up goes out as one frame
                 pieces = []
                 if not started:
                     reply.context.set_response_content_type(0, "text/event-stream")
                     if kind == CHAT:
                         pieces.append(sse(stream_chunk(kind, request_id, model, created, text="", role=True)))
                 started = True
-                if out.new_text:
-                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text=out.new_text)))
-                if out.finished:
-                    self.metrics.on_finish(out)
+                text = "".join(out.new_text for out in outputs)
+                if text:
+                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text=text)))
+                last = outputs[-1]
+                if last.finished:
+                    self.metrics.on_finish(last)
                     pieces.append(sse(stream_chunk(kind, request_id, model, created, text=None if kind == CHAT else "",
-                                                   finish_reason=out.finish_reason)))
+                                                   finish_reason=last.finish_reason)))
                     if req.include_usage:
-                        usage = (out.prompt_tokens, out.completion_tokens)
+                        usage = (last.prompt_tokens, last.completion_tokens, last.num_cached_tokens)
                         pieces.append(sse(stream_chunk(kind, request_id, model, created, usage=usage)))
                     pieces.append(SSE_DONE)
                     return "".join(pieces)

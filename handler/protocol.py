@@ -24,6 +24,7 @@ _COMMON = {
     "frequency_penalty", "stream", "stream_options", "user", "n", "logit_bias",
     # extensions
     "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "priority", "timeout",
+    "cache_salt",  # vLLM's name: subdivides prefix-cache sharing (handler/tenancy.py)
 }
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
@@ -65,6 +66,7 @@ class ParsedRequest:
     priority: int = 0
     timeout: float | None = None
     model: str | None = None
+    cache_salt: str | None = None  # as the client sent it; the engine's salt is derived from it
 
 
 def route(url_path: str | None) -> str:
@@ -262,9 +264,10 @@ def parse_request(
     if opts and not stream:
         raise ProtocolError("stream_options needs stream: true", "stream_options")
     priority = _expect(body, "priority", _is_int, "an integer") or 0
+    cache_salt = _expect(body, "cache_salt", lambda v: isinstance(v, str) and v != "", "a non-empty string")
     timeout = _expect(body, "timeout", lambda v: _is_number(v) and v > 0, "a positive number of seconds")
     if timeout is None or (default_timeout is not None and timeout > default_timeout):
         timeout = default_timeout  # the server's deadline is also the longest a client may ask for
     params = _sampling_params(body, _max_tokens(body, kind, default_max_tokens, max_tokens_limit))
     return ParsedRequest(kind, prompt, params, stream, bool(opts.get("include_usage")), priority,
-                         timeout, body.get("model"))
+                         timeout, body.get("model"), cache_salt)

@@ -9,9 +9,14 @@ import time
 from .protocol import COMPLETIONS
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` (prompt tokens served from the
+    prefix cache) when the server reports it (the request-level baseline has no cache)."""
+    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                   "total_tokens": prompt_tokens + completion_tokens}
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
 
 
 def response_id(kind: str, request_id: str) -> str:
@@ -19,7 +24,8 @@ def response_id(kind: str, request_id: str) -> str:
 
 
 def final_response(kind: str, request_id: str, model: str, text: str, finish_reason: str | None,
-                   prompt_tokens: int, completion_tokens: int, created: int | None = None) -> dict:
+                   prompt_tokens: int, completion_tokens: int, created: int | None = None,
+                   cached_tokens: int | None = None) -> dict:
     """The non-streamed `text_completion` or `chat.completion` object."""
     created = created or int(time.time())
     if kind == COMPLETIONS:
@@ -30,12 +36,14 @@ def final_response(kind: str, request_id: str, model: str, text: str, finish_rea
                   "logprobs": None, "finish_reason": finish_reason}
         obj = "chat.completion"
     return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
-            "choices": [choice], "usage": _usage(prompt_tokens, completion_tokens)}
+            "choices": [choice], "usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def stream_chunk(kind: str, request_id: str, model: str, created: int, text: str | None = None,
-                 finish_reason: str | None = None, role: bool = False, usage: tuple[int, int] | None = None) -> dict:
-    """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices)."""
+                 finish_reason: str | None = None, role: bool = False,
+                 usage: tuple[int, int] | tuple[int, int, int] | None = None) -> dict:
+    """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices):
+    (prompt, completion) tokens, or (prompt, completion, cached prompt) tokens."""
     obj = "text_completion" if kind == COMPLETIONS else "chat.completion.chunk"
     chunk: dict = {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model}
     if usage is not None:

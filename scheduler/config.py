@@ -37,6 +37,7 @@ class EngineConfig:
     attention_backend: str | None = None  # "cpu" | "torch" | "triton"
     scheduling_policy: str = "fcfs"  # "fcfs" | "priority"
     trace: bool = False  # record every step for the schedule picture
+    enable_prefix_caching: bool = True  # reuse cached K/V blocks of shared prompt prefixes
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -51,6 +52,8 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.attention_backend not in (None, "cpu", "torch", "triton"):
             raise ValueError(f"attention_backend must be 'cpu', 'torch' or 'triton', got {self.attention_backend!r}")
+        if not isinstance(self.enable_prefix_caching, bool):  # "false" from a config file is truthy
+            raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         self.resolved_dtype()  # validates

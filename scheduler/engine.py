@@ -55,7 +55,7 @@ class Engine:
             (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
             for _ in range(layers)
         ]
-        self.kv = KVCacheManager(num_blocks, config.block_size)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy)
         self.runner = ModelRunner(model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device)
         self.sampler = Sampler()
@@ -106,9 +106,13 @@ class Engine:
         params: SamplingParams | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Queue a request; raises ValueError (message starting with the field's name) for an
-        empty, too long or malformed prompt. Nothing is queued unless everything succeeded."""
+        empty, too long or malformed prompt. Nothing is queued unless everything succeeded.
+
+        `cache_salt`: requests share cached prefix blocks only with requests of the same salt
+        (None is a salt of its own); the serving layer derives it per tenant."""
         params = params or SamplingParams()
         if isinstance(prompt, str):
             try:
@@ -130,7 +134,10 @@ class Engine:
             )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
-        req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids)
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+        req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids,
+                      cache_salt)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         self.scheduler.add_request(req)  # raises on a duplicate id, before anything is recorded
         self._detok[request_id] = detok
@@ -232,7 +239,7 @@ class Engine:
             new_text="", text="", finished=True, finish_reason="error",
             prompt_tokens=req.num_prompt_tokens, completion_tokens=len(req.output_token_ids),
             times=dataclasses.replace(req.times), num_preemptions=req.num_preemptions,
-            error=f"{type(error).__name__}: {error}",
+            num_cached_tokens=req.num_cached_tokens, error=f"{type(error).__name__}: {error}",
         )
 
     def _output(self, req: Request, new_ids: list[int], finished: bool = False) -> RequestOutput:
@@ -249,6 +256,7 @@ class Engine:
             completion_tokens=len(req.output_token_ids),
             times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
             num_preemptions=req.num_preemptions,
+            num_cached_tokens=req.num_cached_tokens,
         )
 
     def _finish_output(self, req: Request, new_ids: list[int]) -> RequestOutput:

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 
 from .engine import Engine
 from .outputs import RequestOutput
-from .request_stream import RequestError, RequestStream
+from .request_stream import RequestError, RequestStream, deliver
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ class _Submit:
     priority: int
     timeout: float | None
     deadline: float | None
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -35,7 +36,8 @@ class _Abort:
 
 _STOP = object()
 _FIELDS = {"prompt", "priority", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids", "ignore_eos"}
+           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids", "ignore_eos",
+           "cache_salt"}
 
 
 def _param_of(message: str) -> str | None:
@@ -67,6 +69,7 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
+        self._outbox: list[tuple[RequestStream, RequestOutput | RequestError]] = []  # flushed once per round
         self._deadlines: dict[str, tuple[float, float]] = {}  # id -> (deadline, timeout)
         self._lock = threading.Lock()  # guards _closed and _in_flight against submitters
         self._closed = False
@@ -123,9 +126,11 @@ class EngineLoop:
         priority: int = 0,
         timeout: float | None = None,
         event_loop: asyncio.AbstractEventLoop | None = None,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Queue a request; its outputs (or a RequestError) arrive on the returned stream, read
-        from a thread, or from `event_loop`'s coroutines when given.
+        from a thread, or from `event_loop`'s coroutines when given. `cache_salt`: see
+        `Engine.add_request` (prefix-cache isolation).
 
         Raises RequestError(503) at once if the loop is shut down or the waiting queue is full.
         """
@@ -140,7 +145,7 @@ class EngineLoop:
                                         f"(max_waiting_requests={self.max_waiting}); retry later",
                                    retry_after=1)
             self._in_flight += 1
-            self._inbox.put(_Submit(stream, prompt, params, priority, timeout, deadline))
+            self._inbox.put(_Submit(stream, prompt, params, priority, timeout, deadline, cache_salt))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -178,6 +183,12 @@ class EngineLoop:
             self._expire_deadlines()
             if self.engine.has_unfinished():
                 self._step()
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._outbox:
+            outbox, self._outbox = self._outbox, []
+            deliver(outbox)
 
     def _drain(self, block: bool) -> list:
         """Everything in the inbox; when idle, wait for the first item or the nearest deadline."""
@@ -201,7 +212,7 @@ class EngineLoop:
             self._finish_stream(item.stream, RequestError(400, f"request id {rid!r} is already in flight"))
             return
         try:
-            self.engine.add_request(rid, item.prompt, item.params, item.priority)
+            self.engine.add_request(rid, item.prompt, item.params, item.priority, cache_salt=item.cache_salt)
         except ValueError as e:
             self._finish_stream(item.stream, RequestError(400, str(e), _param_of(str(e))))
             return
@@ -215,8 +226,8 @@ class EngineLoop:
             self._deadlines[rid] = (item.deadline, item.timeout or 0.0)
 
     def _finish_stream(self, stream: RequestStream, item: RequestOutput | RequestError) -> None:
-        """Put a stream's final item and release its place in the in-flight count."""
-        stream.put(item)
+        """Queue a stream's final item and release its place in the in-flight count."""
+        self._outbox.append((stream, item))
         with self._lock:
             self._in_flight -= 1
 
@@ -260,7 +271,7 @@ class EngineLoop:
             elif out.finished:
                 self._deliver(rid, out)
             elif rid in self._streams:
-                self._streams[rid].put(out)
+                self._outbox.append((self._streams[rid], out))
         self._num_running = self.engine.scheduler.num_running
         self._notify()
 
@@ -294,3 +305,4 @@ class EngineLoop:
                 break
             if isinstance(item, _Submit):
                 self._finish_stream(item.stream, RequestError(503, "the engine is shutting down", retry_after=5))
+        self._flush()

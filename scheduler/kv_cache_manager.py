@@ -1,18 +1,33 @@
-"""Maps requests to their KV blocks: allocation per step, release on finish/abort/preemption."""
+"""Maps requests to their KV blocks: allocation per step, prefix-cache hits and registration,
+release on finish/abort/preemption."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from .block_hash import extend_block_keys
 from .block_pool import BlockPool
 from .request import Request
 
 
 class KVCacheManager:
-    """Block tables of all requests that hold cache memory."""
+    """Block tables of all requests that hold cache memory.
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    With prefix caching, a request's full blocks are offered to the pool's cache after the step
+    that filled them (`cache_full_blocks`), and a request being admitted starts from the longest
+    run of cached blocks matching its tokens (`find_cached_prefix`). Writes only ever go to the
+    slots of tokens at or after `num_computed_tokens`, which lie in blocks the request allocated
+    itself and that are not yet cached; a cached block is therefore never written while keyed.
+    Off unless asked for (the engine asks, from `EngineConfig.enable_prefix_caching`).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self._blocks: dict[str, list[int]] = {}
+        # Leading blocks of each request already offered to the cache (hits count as offered).
+        self._num_offered: dict[str, int] = {}
 
     def blocks_of(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
@@ -20,24 +35,80 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+    def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
+        return extend_block_keys(request.block_keys, request.all_token_ids, self.block_size, num_blocks,
+                                 request.cache_salt)
+
+    def find_cached_prefix(self, request: Request) -> list[int]:
+        """The cached blocks that hold the longest prefix of `request`'s tokens; nothing is taken.
+
+        At most the blocks before the one holding the last token: that token is always computed,
+        since sampling needs its logits, and computing it writes its block, which must therefore
+        be a fresh block of this request. A prompt that is entirely cached thus recomputes its last
+        block (at most `block_size` tokens) instead of copying a shared block first (copy on
+        write): the copy would cost a cache-to-cache copy in every layer, through the attention
+        backends, to save at most one block of prefill.
+        """
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        for key in self._keys(request, (request.num_tokens - 1) // self.block_size):
+            block = self.pool.lookup(key)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def allocate_slots(self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Make room for `num_new_tokens` more cached tokens of `request`.
 
-        Returns False, taking nothing, when the pool is short: the caller decides whom to preempt.
+        `cached` (only for a request that holds no blocks yet): blocks from `find_cached_prefix`
+        that become the start of its block table, the new tokens following them. Returns False,
+        taking nothing, when the pool is short: the caller decides whom to preempt.
         """
         held = self._blocks.setdefault(request.request_id, [])
-        need = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(held)
-        if need <= 0:
+        if cached and (held or request.num_computed_tokens):
+            raise RuntimeError(f"request {request.request_id} already holds blocks; cached blocks start a table")
+        tokens = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
+        need = self.blocks_needed(tokens) - len(held) - len(cached)
+        if need <= 0 and not cached:
             return True
-        new = self.pool.allocate(need)
-        if new is None:
+        need = max(need, 0)
+        # Cached blocks that sit on the free list shrink it when taken: count them against it.
+        if need + self.pool.num_free_among(cached) > self.pool.num_free:
             if not held:
                 del self._blocks[request.request_id]
             return False
+        self.pool.touch(cached)
+        new = self.pool.allocate(need)
+        assert new is not None  # checked above; touch() took only blocks counted there
+        held.extend(cached)
         held.extend(new)
+        if cached:
+            self._num_offered[request.request_id] = len(cached)
         return True
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Offer the blocks `request` filled completely (after the step that computed them).
+
+        Generated tokens' blocks are cached too: a preempted request finds them again, and so does
+        a follow-up turn whose prompt repeats the answer."""
+        blocks = self._blocks.get(request.request_id)
+        if not self.enable_prefix_caching or not blocks:
+            return
+        full = min(request.num_computed_tokens // self.block_size, len(blocks))
+        start = self._num_offered.get(request.request_id, 0)
+        if full <= start:
+            return
+        keys = self._keys(request, full)
+        for i in range(start, full):
+            self.pool.register(blocks[i], keys[i])
+        self._num_offered[request.request_id] = full
 
     def free(self, request: Request) -> None:
         blocks = self._blocks.pop(request.request_id, None)
+        self._num_offered.pop(request.request_id, None)
         if blocks:
-            self.pool.free(blocks)
+            # Last block first: it is evicted first, so a prefix stays usable longest from its start
+            # (a later block is worthless once an earlier one is gone).
+            self.pool.free(reversed(blocks))

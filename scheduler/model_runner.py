@@ -11,6 +11,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from orcaserve.kernels import AttentionBackend
 
+from .decoder import Decoder
+from .decoder import supports as decoder_supports
 from .kv_cache_manager import KVCacheManager
 from .scheduler import SchedulerOutput
 
@@ -67,6 +69,8 @@ class ModelRunner:
         self.backend = backend
         self.device = device
         model.set_attn_implementation(ATTN_NAME)
+        # Llama-family models run through the lean forward; others through transformers'.
+        self.decoder = Decoder(model) if decoder_supports(model) else None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
@@ -100,12 +104,16 @@ class ModelRunner:
         table, cu_t, seq_t = table.to(dev), cu_t.to(dev), torch.tensor(seq_lens, dtype=torch.int32, device=dev)
         max_q = max(b - a for a, b in zip(cu, cu[1:]))
         plan = self.backend.plan(cu_t, seq_t, table, bs, max_q, max(seq_lens))
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        if self.decoder is not None:
+            return self.decoder.forward(torch.tensor(tokens, device=dev), pos_t.to(dev), rows, self.backend, plan,
+                                        slots.to(dev), self.kv_caches)
         ctx = StepContext(self.backend, plan, slots.to(dev), self.kv_caches)
         out = self.model(
             input_ids=torch.tensor([tokens], device=dev),
             position_ids=pos_t.to(dev)[None],
             use_cache=False,
-            logits_to_keep=torch.tensor(sample_rows, dtype=torch.long, device=dev),
+            logits_to_keep=rows,
             orca_step=ctx,
         )
         return out.logits[0].float()  # [S, V]

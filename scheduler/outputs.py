@@ -38,4 +38,6 @@ class RequestOutput:
     completion_tokens: int
     times: RequestTimes
     num_preemptions: int = 0
+    # Prompt tokens whose K/V came from the prefix cache at admission (not computed for this request).
+    num_cached_tokens: int = 0
     error: str | None = field(default=None)  # why the engine failed the request (finish_reason "error")

@@ -36,6 +36,7 @@ class Request:
         arrival_time: float,
         priority: int = 0,
         eos_token_ids: frozenset[int] = frozenset(),
+        cache_salt: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -49,6 +50,12 @@ class Request:
         self.num_computed_tokens = 0
         self.num_preemptions = 0
         self.finish_reason: str | None = None
+        # Prefix caching: the salt isolates this request's cached blocks from other salts';
+        # block_keys are its full blocks' keys, computed once (kv_cache_manager.py);
+        # num_cached_tokens are the prompt tokens its first admission found in the cache.
+        self.cache_salt = cache_salt
+        self.block_keys: list[bytes] = []
+        self.num_cached_tokens = 0
         self.stop_token_ids = frozenset(params.stop_token_ids) | (
             frozenset() if params.ignore_eos else eos_token_ids
         )

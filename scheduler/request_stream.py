@@ -40,14 +40,7 @@ class RequestStream:
 
     def put(self, item: RequestOutput | RequestError) -> None:
         """Called by the engine thread only."""
-        if self._async is not None:
-            assert self._event_loop is not None
-            try:
-                self._event_loop.call_soon_threadsafe(self._async.put_nowait, item)
-            except RuntimeError:  # the reader's event loop is closed: nobody is listening
-                pass
-        else:
-            self._sync.put(item)
+        deliver([(self, item)])
 
     @staticmethod
     def _done(item: RequestOutput | RequestError) -> bool:
@@ -62,10 +55,43 @@ class RequestStream:
             yield item
 
     async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        async for outputs in self.chunks():
+            for out in outputs:
+                yield out
+
+    async def chunks(self) -> AsyncIterator[list[RequestOutput]]:
+        """The outputs in the order they came, as lists of all that are already waiting: a reader
+        that falls behind catches up in one go (one HTTP frame instead of one per token)."""
         assert self._async is not None, "submit with event_loop= to read the stream from asyncio"
         while not self.finished:
-            item = await self._async.get()
-            self.finished = self._done(item)
-            if isinstance(item, RequestError):
-                raise item
-            yield item
+            items = [await self._async.get()]
+            while not self._done(items[-1]) and not self._async.empty():
+                items.append(self._async.get_nowait())
+            self.finished = self._done(items[-1])
+            error = items.pop() if isinstance(items[-1], RequestError) else None
+            if items:
+                yield items  # type: ignore[misc]  # only RequestOutputs are left
+            if error is not None:
+                raise error
+
+
+def deliver(items: list[tuple[RequestStream, RequestOutput | RequestError]]) -> None:
+    """Put items into their streams with one wake-up per event loop, not one per item (the
+    engine thread delivers a whole step's outputs at once)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for stream, item in items:
+        if stream._async is None:
+            stream._sync.put(item)
+        else:
+            assert stream._event_loop is not None
+            by_loop.setdefault(stream._event_loop, []).append((stream._async, item))
+    for event_loop, puts in by_loop.items():
+        try:
+            event_loop.call_soon_threadsafe(_put_all, puts)
+        except RuntimeError:  # the readers' event loop is closed: nobody is listening
+            pass
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, RequestOutput | RequestError]]) -> None:
+    for q, item in puts:
+        q.put_nowait(item)

@@ -48,7 +48,9 @@ class Scheduler:
     requests in policy order, until `max_num_batched_tokens` or `max_num_seqs` is reached. A long
     prompt takes what budget is left and continues next step. When the KV pool is empty the newest
     (or, under the priority policy, the lowest-priority) running request is preempted: its blocks
-    are freed and it is recomputed later from its prompt and the tokens it already produced.
+    are freed and it is recomputed later from its prompt and the tokens it already produced. With
+    prefix caching, a request is admitted (and readmitted) after the longest cached prefix of its
+    tokens; freed blocks stay cached until evicted, so a readmission often finds its own.
     """
 
     def __init__(
@@ -68,6 +70,10 @@ class Scheduler:
         self.waiting = WaitingQueue(self.by_priority)
         self.running: dict[str, Request] = {}  # in admission order; O(1) removal
         self.num_preemptions = 0
+        # Prefix cache, in prompt tokens at first admission (readmissions after preemption would
+        # count a request's own blocks as hits): tokens looked up, tokens found.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
 
     # ---- queue maintenance -------------------------------------------------------------------
     def _key(self, req: Request) -> tuple[int, int]:
@@ -145,13 +151,22 @@ class Scheduler:
         # Admitting new work right after a preemption would only evict it again.
         if not out.preempted:
             while budget > 0 and len(self.running) < self.max_num_seqs and (req := self.waiting.peek()) is not None:
-                n = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not self.kv.allocate_slots(req, n):
+                # A waiting request holds no blocks (new, or preempted): start it, or restart it,
+                # after the longest cached prefix of its tokens.
+                hits = self.kv.find_cached_prefix(req)
+                num_cached = len(hits) * self.kv.block_size
+                n = min(req.num_tokens - num_cached, budget)
+                if not self.kv.allocate_slots(req, n, hits):
                     break
                 self.waiting.pop()
+                req.num_computed_tokens = num_cached
                 req.status = RequestStatus.RUNNING
                 if req.times.first_scheduled is None:
                     req.times.first_scheduled = time.time()
+                    req.num_cached_tokens = num_cached
+                    if self.kv.enable_prefix_caching:
+                        self.prefix_cache_queries += req.num_prompt_tokens
+                        self.prefix_cache_hits += num_cached
                 self.running[req.request_id] = req
                 admit(req, n)
         for rid, n in out.num_scheduled_tokens.items():
@@ -161,6 +176,10 @@ class Scheduler:
         return out
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance every scheduled request by the tokens it computed this step."""
+        """Advance every scheduled request by the tokens it computed this step, and offer the
+        blocks that step filled to the prefix cache (a request that failed the step holds none)."""
         for rid, n in out.num_scheduled_tokens.items():
-            out.requests[rid].num_computed_tokens += n
+            req = out.requests[rid]
+            req.num_computed_tokens += n
+            if req.status == RequestStatus.RUNNING:
+                self.kv.cache_full_blocks(req)

@@ -24,6 +24,10 @@ class EngineStats:
     num_failed: int = 0  # requests ended by an internal error
     prompt_tokens: int = 0
     generation_tokens: int = 0
+    # Prefix cache: prompt tokens looked up and found at first admission; free blocks still cached.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    kv_blocks_cached_free: int = 0
 
     def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager) -> None:
         self.num_steps += 1
@@ -36,6 +40,9 @@ class EngineStats:
         self.num_waiting = scheduler.num_waiting
         self.kv_blocks_used = kv.pool.num_used
         self.num_preemptions = scheduler.num_preemptions
+        self.prefix_cache_queries = scheduler.prefix_cache_queries
+        self.prefix_cache_hits = scheduler.prefix_cache_hits
+        self.kv_blocks_cached_free = kv.pool.num_cached_free
 
     def record_finish(self, req: Request) -> None:
         self.prompt_tokens += req.num_prompt_tokens

@@ -168,6 +168,32 @@ def test_response_shapes():
     assert u["choices"] == [] and u["usage"]["total_tokens"] == 7
 
 
+def test_cache_salt_field_and_cached_tokens_in_usage():
+    assert parse({"prompt": "hi", "cache_salt": "user-42"}).cache_salt == "user-42"
+    assert parse({"prompt": "hi"}).cache_salt is None and parse({"prompt": "hi", "cache_salt": None}).cache_salt is None
+    for bad in (7, "", ["a"], {"a": 1}, True):
+        with pytest.raises(P.ProtocolError) as e:
+            parse({"messages": [{"role": "user", "content": "x"}], "cache_salt": bad}, P.CHAT)
+        assert e.value.status == 400 and e.value.param == "cache_salt" and "cache_salt" in e.value.message
+    c = R.final_response(P.CHAT, "r1", "m", "Paris.", "stop", 50, 2, cached_tokens=48)
+    assert c["usage"] == {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52,
+                          "prompt_tokens_details": {"cached_tokens": 48}}
+    u = R.stream_chunk(P.COMPLETIONS, "r1", "m", 1, usage=(50, 4, 32))
+    assert u["usage"]["prompt_tokens_details"] == {"cached_tokens": 32} and u["usage"]["total_tokens"] == 54
+
+
+def test_tenant_header_config():
+    assert HandlerConfig.from_dict({"model_path": "/m"}).tenant_header is None
+    assert HandlerConfig.from_dict({"model_path": "/m", "tenant_header": "X-Tenant-Id"}).tenant_header == "X-Tenant-Id"
+    for bad in ("", "X Tenant", "X-Tenant:", 3, True):
+        with pytest.raises(ValueError, match="tenant_header"):
+            HandlerConfig.from_dict({"model_path": "/m", "tenant_header": bad})
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        HandlerConfig.from_dict({"model_path": "/m", "enable_prefix_caching": "false"})
+    assert HandlerConfig.from_dict({"model_path": "/m", "enable_prefix_caching": False}).engine == {
+        "enable_prefix_caching": False}
+
+
 def test_sse_framing_keeps_multibyte_text_whole():
     frame = R.sse(R.stream_chunk(P.COMPLETIONS, "r", "m", 1, text="naïve 日本"))
     assert frame.startswith("data: ") and frame.endswith("\n\n") and "\n" not in frame[:-2]

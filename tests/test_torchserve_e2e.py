@@ -14,11 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from orcaserve.handler.archive import build
 from orcaserve.scheduler import Engine, default_model_path
 import openai_http
 from openai_http import expected, read_stream
-from torchserve_harness import TorchServe
+from torchserve_harness import TorchServe, serving
 
 pytestmark = pytest.mark.slow
 
@@ -38,21 +37,8 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is
 
 @pytest.fixture(scope="module")
 def ts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("torchserve")
-    store = root / "model-store"
-    overrides = {**ENGINE_ARGS, "default_timeout": 300}
-    build("default", MODEL, str(store), fmt="default", overrides=overrides)
-    server = TorchServe(root / "work", store).start()
-    try:
-        started = time.time()
-        server.register(f"{MODEL}.mar")
-        print(f"registration took {time.time() - started:.1f} s")
+    with serving(tmp_path_factory.mktemp("torchserve"), MODEL, {**ENGINE_ARGS, "default_timeout": 300}) as server:
         yield server
-    except Exception:
-        print(server.logs())
-        raise
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import requests
 
@@ -200,3 +202,24 @@ class TorchServe:
                 text = path.read_text(errors="replace")
                 parts.append(f"==== {path.name} ====\n{text[-tail:]}")
         return "\n".join(parts)
+
+
+@contextmanager
+def serving(root: Path, model: str, overrides: dict) -> Iterator[TorchServe]:
+    """A TorchServe under `root` with the default model archived as `model` (with `overrides` of
+    its `handler:` section) and registered; its log is printed if start-up or a test fails."""
+    from orcaserve.handler.archive import build
+
+    store = root / "model-store"
+    build("default", model, str(store), fmt="default", overrides=overrides)
+    server = TorchServe(root / "work", store).start()
+    try:
+        started = time.time()
+        server.register(f"{model}.mar")
+        print(f"registration took {time.time() - started:.1f} s")
+        yield server
+    except Exception:
+        print(server.logs())
+        raise
+    finally:
+        server.stop()

@@ -1,0 +1,148 @@
+"""A lean forward for Llama-family decoders (Llama, Mistral, Qwen2) over a transformers model's weights.
+
+The transformers forward costs, per layer and step, about 45 small ops and seven GEMMs whose
+weights oneDNN re-lays out on every call. This forward computes the same thing with the weights
+fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight in oneDNN's blocked
+layout (`torch.ops.mkldnn._reorder_linear_weight`), and attention straight through the
+backend. The element-wise math (RMSNorm, rotary embedding, SiLU) is written exactly as
+transformers writes it, and the rotary tables come from the model's own `rotary_emb`, so any
+rope type it supports is supported here. Models outside the family use the transformers forward
+(`ModelRunner`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from orcaserve.kernels import AttentionBackend
+
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def supports(model: Any) -> bool:
+    """True for the architectures this forward reproduces (SiLU MLP, no extra multipliers)."""
+    cfg = model.config
+    return type(model).__name__ in SUPPORTED and getattr(cfg, "hidden_act", "silu") == "silu"
+
+
+def _can_pack(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and weight.dtype in (
+        torch.float32, torch.bfloat16)
+
+
+class Linear:
+    """y = x W^T + b, with W pre-packed for oneDNN on CPU: decode-sized GEMMs (tens of rows)
+    otherwise pay a re-layout of the whole weight on every call (measured 1.4-2x in bf16)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        self.out_features = weight.shape[0]
+        self.bias = bias
+        self.packed = pack and _can_pack(weight)
+        # oneDNN's blocked copy when packed; the weight itself otherwise
+        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+def _take(*linears: Any, pack: bool) -> Linear:
+    """One Linear over the concatenated outputs of `linears`, whose own weights are then freed:
+    the engine owns the model, and keeping both would double its memory."""
+    weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
+    biases = [lin.bias for lin in linears]
+    bias = None if all(b is None for b in biases) else torch.cat(
+        [b if b is not None else weight.new_zeros(lin.out_features) for lin, b in zip(linears, biases)])
+    fused = Linear(weight, bias, pack)
+    for lin in linears:
+        lin.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+        lin.bias = None  # an nn.Linear without a bias has None there
+    return fused
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm, op for op (fp32 statistics, weight applied in the input dtype)."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+@dataclass
+class _Layer:
+    in_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+
+
+class Decoder:
+    """The forward of one Llama-family model for packed steps (see the module docstring). It takes
+    the decoder layers' projection weights over: the transformers forward cannot run afterwards.
+
+    Shapes: T tokens of the step, H/H_kv query/KV heads, D head dim, S rows that sample.
+    """
+
+    def __init__(self, model: Any, pack: bool = True) -> None:  # a transformers *ForCausalLM
+        cfg = model.config
+        inner = model.model
+        self.num_heads: int = cfg.num_attention_heads
+        self.num_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.num_heads
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        self.scale = self.head_dim**-0.5
+        self.eps: float = cfg.rms_norm_eps
+        self.embed: torch.Tensor = inner.embed_tokens.weight  # [V, hidden]
+        self.rotary: Any = inner.rotary_emb
+        self.norm: torch.Tensor = inner.norm.weight
+        # The lm_head is packed apart from the embedding even when tied: both are read.
+        self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
+        self.layers: list[_Layer] = []
+        for layer in inner.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(_Layer(
+                in_norm=layer.input_layernorm.weight,
+                post_norm=layer.post_attention_layernorm.weight,
+                qkv=_take(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack),
+                o=_take(attn.o_proj, pack=pack),
+                gate_up=_take(mlp.gate_proj, mlp.up_proj, pack=pack),
+                down=_take(mlp.down_proj, pack=pack),
+            ))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T] int64
+        sample_rows: torch.Tensor,  # [S] int64
+        backend: AttentionBackend,
+        plan: object,
+        slot_mapping: torch.Tensor,  # [T] int64
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [num_blocks, bs, H_kv, D]
+    ) -> torch.Tensor:
+        """Logits `[S, V]` (fp32) of the rows in `sample_rows`."""
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        cos, sin = self.rotary(x, positions[None])  # [1, T, D] each, x's dtype
+        cos = cos[0, :, None, :]  # [T, 1, D]
+        # rotate_half(u) * sin == roll(u, D/2) * [-sin_lo, sin_hi]: one roll instead of two slices,
+        # a negation and a cat, bit for bit the same.
+        sin = torch.cat((-sin[0, :, : d // 2], sin[0, :, d // 2 :]), dim=-1)[:, None, :]  # [T, 1, D]
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            qkv = layer.qkv(rms_norm(x, layer.in_norm, self.eps))  # [T, (H + 2 H_kv) D]
+            qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)  # [T, H + H_kv, D], rotated together
+            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+            q, k = qk.split([h, hk], dim=1)  # [T, H, D], [T, H_kv, D]
+            v = qkv[:, (h + hk) * d :].view(-1, hk, d)  # [T, H_kv, D]
+            backend.store_kv(k, v, k_cache, v_cache, slot_mapping)
+            attn = backend.attend(plan, q, k_cache, v_cache, self.scale)  # [T, H, D]
+            x = x + layer.o(attn.reshape(-1, h * d))
+            gate, up = layer.gate_up(rms_norm(x, layer.post_norm, self.eps)).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        last = rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # [S, hidden]
+        return self.lm_head(last).float()  # [S, V]
