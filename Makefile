@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.orcaserve-installed
 OPS := $(VENV)/.orcaserve-cpu-ops
 
-.PHONY: venv test test-fast clean serve archive
+.PHONY: venv lint test test-fast clean serve archive
 
 venv: $(STAMP) $(OPS)
 
@@ -26,7 +26,13 @@ $(OPS): $(STAMP) kernels/cpu_attention.cpp kernels/cpu_attention.py
 	$(BIN)/python -m orcaserve.kernels.cpu_attention --build
 	touch $@
 
-test: venv
+# Lint, format and types: zero findings (versions pinned in the test extra).
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: venv lint
 	$(BIN)/python -m pytest -q -ra tests
 
 test-fast: venv

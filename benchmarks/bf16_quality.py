@@ -21,21 +21,56 @@ import torch
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 
 QUESTIONS = [
-    "What is the capital of France?", "Name three primary colors.", "What is 12 times 7?", "Say hello in Spanish.",
-    "Why is the sky blue?", "Give me a synonym for happy.", "What does a bee make?", "How many legs does a spider have?",
-    "Write a haiku about rain.", "What is photosynthesis?", "Who wrote Romeo and Juliet?", "What is the boiling point of water?",
-    "Translate 'thank you' into French.", "What is the largest ocean?", "Explain gravity in one sentence.",
-    "List two fruits that are red.", "What is a prime number?", "How do you make tea?", "What is the speed of light?",
-    "Name a famous painting.", "What is the opposite of cold?", "Describe a cat in five words.",
-    "What language is spoken in Brazil?", "Give a tip for sleeping well.",
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "What is 12 times 7?",
+    "Say hello in Spanish.",
+    "Why is the sky blue?",
+    "Give me a synonym for happy.",
+    "What does a bee make?",
+    "How many legs does a spider have?",
+    "Write a haiku about rain.",
+    "What is photosynthesis?",
+    "Who wrote Romeo and Juliet?",
+    "What is the boiling point of water?",
+    "Translate 'thank you' into French.",
+    "What is the largest ocean?",
+    "Explain gravity in one sentence.",
+    "List two fruits that are red.",
+    "What is a prime number?",
+    "How do you make tea?",
+    "What is the speed of light?",
+    "Name a famous painting.",
+    "What is the opposite of cold?",
+    "Describe a cat in five words.",
+    "What language is spoken in Brazil?",
+    "Give a tip for sleeping well.",
 ]
 COMPLETIONS = [
-    "The capital of France is", "Once upon a time", "The three primary colors are", "Water boils at",
-    "My favourite food is", "The quick brown fox", "In 1492, Columbus", "Photosynthesis is",
-    "The largest planet in the solar system", "To be or not to be,", "A haiku about autumn:", "SELECT * FROM",
-    "The speed of light is", "Dear diary, today", "def fibonacci(n):", "The best way to learn a language is",
-    "Paris is known for", "import numpy as np\n", "The mitochondria is", "Roses are red,",
-    "In the beginning", "The recipe calls for", "Breaking news:", "The theory of relativity",
+    "The capital of France is",
+    "Once upon a time",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite food is",
+    "The quick brown fox",
+    "In 1492, Columbus",
+    "Photosynthesis is",
+    "The largest planet in the solar system",
+    "To be or not to be,",
+    "A haiku about autumn:",
+    "SELECT * FROM",
+    "The speed of light is",
+    "Dear diary, today",
+    "def fibonacci(n):",
+    "The best way to learn a language is",
+    "Paris is known for",
+    "import numpy as np\n",
+    "The mitochondria is",
+    "Roses are red,",
+    "In the beginning",
+    "The recipe calls for",
+    "Breaking news:",
+    "The theory of relativity",
 ]
 
 
@@ -55,8 +90,12 @@ def main() -> int:
     for dtype in ("float32", "bfloat16"):
         engine = Engine.from_pretrained(path, dtype=dtype, max_num_seqs=48, max_num_batched_tokens=1024)
         if prompts is None:
-            prompts = [engine.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                                            add_generation_prompt=True) for q in QUESTIONS]
+            prompts = [
+                engine.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+                )
+                for q in QUESTIONS
+            ]
             prompts += COMPLETIONS
         t = time.perf_counter()
         results[dtype] = answers(engine, prompts, args.max_tokens)
@@ -67,14 +106,19 @@ def main() -> int:
         firsts.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None))
     differing = [f for f in firsts if f is not None]
     report = {
-        "prompts": len(prompts), "max_tokens": args.max_tokens,
+        "prompts": len(prompts),
+        "max_tokens": args.max_tokens,
         "identical_share": round(1 - len(differing) / len(firsts), 3),
         "mean_first_divergence": round(sum(differing) / len(differing), 1) if differing else None,
         "agree_first_16": sum(f is None or f >= 16 for f in firsts),
         "first_divergence": firsts,
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
-        "command": "python benchmarks/bf16_quality.py" + (f" --max-tokens {args.max_tokens}" if args.max_tokens != 64 else ""),
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "command": "python benchmarks/bf16_quality.py"
+        + (f" --max-tokens {args.max_tokens}" if args.max_tokens != 64 else ""),
     }
     print(json.dumps({k: v for k, v in report.items() if k != "first_divergence"}, indent=1))
     if args.json:

@@ -12,7 +12,7 @@
 # baseline's batches at the first rate), and the
 # results section of benchmark-serving.md (when $OUT/benchmark-serving.md exists).
 # Settings (environment): RATES, NUM_REQUESTS (one count, or one per rate), INPUT_LEN, OUTPUT_LEN,
-# SEED, BATCH_SIZE, MAX_BATCH_DELAY (baseline), ORCA_SET (orcaserve model-config overrides, e.g.
+# SEED, BATCH_SIZE, MAX_BATCH_DELAY (baseline), DTYPE (both systems; default: their shared rule), ORCA_SET (orcaserve model-config overrides, e.g.
 # "max_num_seqs=64 max_num_batched_tokens=512"), SYSTEMS (default both), OUT, WORK (scratch dir,
 # kept), PY, EXTRA (more serve.py args).
 set -euo pipefail
@@ -33,6 +33,8 @@ OUT=${OUT:-docs}
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/orcaserve-compare.XXXXXX")}
 EXTRA=${EXTRA:-}
 ORCA_SET=${ORCA_SET:-}
+# Both systems in one dtype: empty = each handler's default rule (the same: bf16 where native).
+DTYPE=${DTYPE:-}
 SYSTEMS=${SYSTEMS:-smollm2 smollm2-baseline}
 mkdir -p "$OUT" "$WORK/tmp" "$WORK/logs"
 WORK=$(cd "$WORK" && pwd)
@@ -41,10 +43,12 @@ STORE="$WORK/model-store"
 echo "== building archives in $STORE"
 SET_ARGS=()
 for kv in $ORCA_SET; do SET_ARGS+=(--set "$kv"); done
+BASE_ARGS=()
+if [ -n "$DTYPE" ]; then SET_ARGS+=(--set "dtype=$DTYPE"); BASE_ARGS+=(--dtype "$DTYPE"); fi
 "$PY" -m orcaserve.handler.archive --name smollm2 --export-path "$STORE" --format no-archive --force \
     "${SET_ARGS[@]}" >/dev/null
 "$PY" benchmarks/baseline/archive.py --export-path "$STORE" \
-    --batch-size "$BATCH_SIZE" --max-batch-delay "$MAX_BATCH_DELAY" >/dev/null
+    --batch-size "$BATCH_SIZE" --max-batch-delay "$MAX_BATCH_DELAY" "${BASE_ARGS[@]}" >/dev/null
 
 read -r INF MGMT MET GRPC1 GRPC2 < <("$PY" - <<'EOF'
 import socket
@@ -100,7 +104,7 @@ for name in $SYSTEMS; do
         || { echo "registering $name failed"; tail -80 "$WORK/torchserve.out"; exit 1; }
 done
 
-CMD="benchmarks/compare.sh  # RATES=$RATES NUM_REQUESTS=$NUM_REQUESTS${ORCA_SET:+ ORCA_SET='$ORCA_SET'} INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN SEED=$SEED BATCH_SIZE=$BATCH_SIZE MAX_BATCH_DELAY=$MAX_BATCH_DELAY${EXTRA:+ EXTRA='$EXTRA'}"
+CMD="benchmarks/compare.sh  # RATES=$RATES NUM_REQUESTS=$NUM_REQUESTS${ORCA_SET:+ ORCA_SET='$ORCA_SET'} INPUT_LEN=$INPUT_LEN OUTPUT_LEN=$OUTPUT_LEN SEED=$SEED BATCH_SIZE=$BATCH_SIZE MAX_BATCH_DELAY=$MAX_BATCH_DELAY${DTYPE:+ DTYPE=$DTYPE}${EXTRA:+ EXTRA='$EXTRA'}"
 DOC=()
 [ -f "$OUT/benchmark-serving.md" ] && DOC=(--update-doc "$OUT/benchmark-serving.md")
 echo "== sweep: rates $RATES req/s, $NUM_REQUESTS requests per rate and system"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from functools import partial
 
 import torch
 
@@ -87,19 +88,26 @@ def main() -> None:
     backend = CpuBackend(op)
     scale = D**-0.5
     print(f"{'':41s}{'median ms':>28s}   {'minimum ms':>27s}")
-    print(f"{'shape':34s} {'dtype':5s} {'torch':>9s} {'C++':>8s} {'ratio':>7s}   {'torch':>9s} {'C++':>8s} {'ratio':>7s}"
-          "  max|diff|")
+    print(
+        f"{'shape':34s} {'dtype':5s} {'torch':>9s} {'C++':>8s} {'ratio':>7s}   {'torch':>9s} {'C++':>8s} {'ratio':>7s}"
+        "  max|diff|"
+    )
     for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         for name, q_lens, ctx in shapes(args.quick):
             q, kc, vc, cu, sl, bt = make_step(q_lens, ctx, dtype)
             ref_plan = TorchAttentionPlan(cu, sl, bt, BS)
             plan = backend.plan(cu, sl, bt, BS, max(q_lens), max(ctx))
             out_ref, out_cpp = torch.empty_like(q), torch.empty_like(q)
-            ref_med, ref_min = time_ms(lambda: ref_plan.attend(q, kc, vc, scale, out_ref), args.iters, args.repeats)
-            cpp_med, cpp_min = time_ms(lambda: backend.attend(plan, q, kc, vc, scale, out_cpp), args.iters, args.repeats)
+            ref_med, ref_min = time_ms(partial(ref_plan.attend, q, kc, vc, scale, out_ref), args.iters, args.repeats)
+            cpp_med, cpp_min = time_ms(
+                partial(backend.attend, plan, q, kc, vc, scale, out_cpp), args.iters, args.repeats
+            )
             diff = (out_ref.float() - out_cpp.float()).abs().max().item()
-            print(f"{name:34s} {tag:5s} {ref_med:9.3f} {cpp_med:8.3f} {ref_med / cpp_med:6.1f}x   "
-                  f"{ref_min:9.3f} {cpp_min:8.3f} {ref_min / cpp_min:6.1f}x  {diff:.1e}", flush=True)
+            print(
+                f"{name:34s} {tag:5s} {ref_med:9.3f} {cpp_med:8.3f} {ref_med / cpp_med:6.1f}x   "
+                f"{ref_min:9.3f} {cpp_min:8.3f} {ref_min / cpp_min:6.1f}x  {diff:.1e}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -137,16 +137,40 @@ def tiny_model(arch: str, smoke: bool, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if smoke:
-        common = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2)
+        common = dict(
+            vocab_size=256,
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
     elif arch == "llama":
-        common = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2)
+        common = dict(
+            vocab_size=4096,
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
     else:
-        common = dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=1)
-    common.update(max_position_embeddings=4096, initializer_range=0.1 if not smoke else 0.2,
-                  eos_token_id=None, bos_token_id=None, pad_token_id=0, tie_word_embeddings=False)
+        common = dict(
+            vocab_size=4096,
+            hidden_size=512,
+            intermediate_size=1024,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+        )
+    common.update(
+        max_position_embeddings=4096,
+        initializer_range=0.1 if not smoke else 0.2,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
     cfg = cfg_cls(**common)
     if arch == "qwen2":
@@ -175,9 +199,10 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     dev = model.device
     with torch.inference_mode():
         ids = torch.tensor([prompt], device=dev)
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def last_logits(model, ids: list[int]):
@@ -208,13 +233,30 @@ def compare(model, model32, work, got: list[list[int]], expected: list[list[int]
         noise = (lo - l32).abs().max().item()
         gap32 = (l32[e[k]] - l32[g[k]]).item()  # > 0: transformers' token is the fp32 argmax side
         tol = 2 * noise + (1e-4 if dtype_name == "fp32" else 1e-3)
-        divergences.append({"request": i, "prompt_len": len(prompt), "at": k, "engine_token": g[k], "hf_token": e[k],
-                            "fp32_gap": gap32, "dtype_logit_noise": noise, "tolerance": tol,
-                            "verdict": "within noise" if abs(gap32) <= tol else "REAL MISMATCH"})
+        divergences.append(
+            {
+                "request": i,
+                "prompt_len": len(prompt),
+                "at": k,
+                "engine_token": g[k],
+                "hf_token": e[k],
+                "fp32_gap": gap32,
+                "dtype_logit_noise": noise,
+                "tolerance": tol,
+                "verdict": "within noise" if abs(gap32) <= tol else "REAL MISMATCH",
+            }
+        )
     ok = all(d["verdict"] == "within noise" for d in divergences)
-    return {"requests": n, "exact_sequences": exact, "exact_rate": exact / n, "first_token_agreement": first / n,
-            "mean_agreeing_prefix": sum(prefix_frac) / n, "divergences": divergences,
-            "pass": ok, "verdict": "exact" if exact == n else ("divergences within noise" if ok else "FAIL")}
+    return {
+        "requests": n,
+        "exact_sequences": exact,
+        "exact_rate": exact / n,
+        "first_token_agreement": first / n,
+        "mean_agreeing_prefix": sum(prefix_frac) / n,
+        "divergences": divergences,
+        "pass": ok,
+        "verdict": "exact" if exact == n else ("divergences within noise" if ok else "FAIL"),
+    }
 
 
 def run_exact(args, dev) -> int:
@@ -222,8 +264,13 @@ def run_exact(args, dev) -> int:
 
     res = Results(args.json, step="exact", device=str(dev), device_name=device_name(dev), cases=[])
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    cases = [("llama", "fp32", "triton"), ("llama", "bf16", "triton"), ("qwen2", "fp32", "triton"),
-             ("qwen2", "bf16", "triton"), ("llama", "fp32", "torch")]
+    cases = [
+        ("llama", "fp32", "triton"),
+        ("llama", "bf16", "triton"),
+        ("qwen2", "fp32", "triton"),
+        ("qwen2", "bf16", "triton"),
+        ("llama", "fp32", "torch"),
+    ]
     if dev.type == "cpu":  # smoke: the interpreter computes bf16 wrongly
         cases = [c for c in cases if c[1] == "fp32"]
     failed = 0
@@ -235,8 +282,16 @@ def run_exact(args, dev) -> int:
 
             traceback.print_exc()
             failed += 1
-            res.data["cases"].append({"arch": arch, "dtype": dname, "backend": backend, "pass": False,
-                                      "verdict": "ERROR", "error": f"{type(e).__name__}: {e}"})
+            res.data["cases"].append(
+                {
+                    "arch": arch,
+                    "dtype": dname,
+                    "backend": backend,
+                    "pass": False,
+                    "verdict": "ERROR",
+                    "error": f"{type(e).__name__}: {e}",
+                }
+            )
             res.save()
         free_cuda()
     res.data["pass"] = failed == 0
@@ -255,9 +310,17 @@ def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:
     model32 = copy.deepcopy(model).float()  # the same (rounded) weights, computed in fp32
     expected = [hf_greedy(model, p, n) for p, n in work]
     t_hf = time.perf_counter() - t0
-    engine = Engine.from_model(copy.deepcopy(model), ByteTokenizer(), attention_backend=backend, device=str(dev),
-                               dtype=dname, max_num_seqs=8, max_num_batched_tokens=512 if not args.smoke else 16,
-                               block_size=16, kv_cache_memory=256 << 20)
+    engine = Engine.from_model(
+        copy.deepcopy(model),
+        ByteTokenizer(),
+        attention_backend=backend,
+        device=str(dev),
+        dtype=dname,
+        max_num_seqs=8,
+        max_num_batched_tokens=512 if not args.smoke else 16,
+        block_size=16,
+        kv_cache_memory=256 << 20,
+    )
     splits_seen: dict[int, int] = {}
     be = engine.runner.backend
     orig_attend = be.attend
@@ -271,32 +334,66 @@ def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:
         return out
 
     be.attend = attend
-    outs = engine.generate([p for p, _ in work], [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-                                                 for _, n in work])
+    outs = engine.generate(
+        [p for p, _ in work], [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+    )
     got = [o.output_token_ids for o in outs]
     r = compare(model, model32, work, got, expected, dname)
-    r.update(arch=arch, dtype=dname, backend=backend, engine_backend=type(be).__name__,
-             steps=engine.stats.num_steps, steps_by_num_splits={str(k): v for k, v in sorted(splits_seen.items())},
-             prompt_lens=[len(p) for p, _ in work], hf_s=t_hf, total_s=time.perf_counter() - t0)
+    r.update(
+        arch=arch,
+        dtype=dname,
+        backend=backend,
+        engine_backend=type(be).__name__,
+        steps=engine.stats.num_steps,
+        steps_by_num_splits={str(k): v for k, v in sorted(splits_seen.items())},
+        prompt_lens=[len(p) for p, _ in work],
+        hf_s=t_hf,
+        total_s=time.perf_counter() - t0,
+    )
     if backend == "triton" and not args.smoke and not any(k > 1 for k in splits_seen):
         r["note"] = "no step took split-K (heuristic never chose it for this workload)"
     res.data["cases"].append(r)
     res.save()
-    print(f"{arch:>6} {dname} {backend:>6}: {r['verdict']:<26} exact {r['exact_sequences']}/{r['requests']}, "
-          f"first-token {r['first_token_agreement']:.2f}, steps {r['steps']}, splits {r['steps_by_num_splits']}, "
-          f"{r['total_s']:.1f} s", flush=True)
+    print(
+        f"{arch:>6} {dname} {backend:>6}: {r['verdict']:<26} exact {r['exact_sequences']}/{r['requests']}, "
+        f"first-token {r['first_token_agreement']:.2f}, steps {r['steps']}, splits {r['steps_by_num_splits']}, "
+        f"{r['total_s']:.1f} s",
+        flush=True,
+    )
     for d in r["divergences"]:
         print(f"    {d}")
     return r["pass"]
 
 
 # ---- throughput ---------------------------------------------------------------------------------
-SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-               num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
-               tie_word_embeddings=True, hidden_act="silu", bos_token_id=1, eos_token_id=2, pad_token_id=2,
-               initializer_range=0.02)
-SMOKE_SHAPE = dict(SMOLLM2, vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+SMOLLM2 = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+    initializer_range=0.02,
+)
+SMOKE_SHAPE = dict(
+    SMOLLM2,
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
 
 CONFIGS = {  # name: (max_num_seqs, max_num_batched_tokens, padded generate batch)
     "gpu": (256, 4096, 256),
@@ -347,18 +444,35 @@ def run_throughput(args, dev) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     model = smollm2_shaped(dev, dtype, args.smoke)
     tok = ByteTokenizer()
-    work = offline_workload(args.num_prompts, args.seed, (args.min_prompt, args.max_prompt),
-                            (args.min_out, args.max_out), model.config.vocab_size)
+    work = offline_workload(
+        args.num_prompts,
+        args.seed,
+        (args.min_prompt, args.max_prompt),
+        (args.min_out, args.max_out),
+        model.config.vocab_size,
+    )
     warm = work[: args.warmup_prompts]
-    res = Results(args.json, step="throughput", device=str(dev), device_name=device_name(dev),
-                  model="random-init, SmolLM2-135M config" if not args.smoke else "smoke shape",
-                  model_config={k: v for k, v in (SMOKE_SHAPE if args.smoke else SMOLLM2).items()},
-                  workload={k: getattr(args, k) for k in ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out",
-                                                          "max_out", "dtype")},
-                  workload_sha256=workload_sha256(work), useful_tokens=sum(n for _, n in work),
-                  prompt_tokens=sum(len(p) for p, _ in work), runs=[])
-    runners = {"orcaserve": offline.run_orcaserve, "generate": offline.run_padded_generate,
-               "generate_batch": offline.run_generate_batch}
+    res = Results(
+        args.json,
+        step="throughput",
+        device=str(dev),
+        device_name=device_name(dev),
+        model="random-init, SmolLM2-135M config" if not args.smoke else "smoke shape",
+        model_config={k: v for k, v in (SMOKE_SHAPE if args.smoke else SMOLLM2).items()},
+        workload={
+            k: getattr(args, k)
+            for k in ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out", "max_out", "dtype")
+        },
+        workload_sha256=workload_sha256(work),
+        useful_tokens=sum(n for _, n in work),
+        prompt_tokens=sum(len(p) for p, _ in work),
+        runs=[],
+    )
+    runners = {
+        "orcaserve": offline.run_orcaserve,
+        "generate": offline.run_padded_generate,
+        "generate_batch": offline.run_generate_batch,
+    }
     failed = 0
     for cfg_name in args.configs.split(","):
         seqs, tokens, batch = CONFIGS[cfg_name]
@@ -372,8 +486,14 @@ def run_throughput(args, dev) -> int:
                 continue  # its own scheduler sizes itself; one run is enough
             fn = runners[name]
             target = OnDevice(model) if name == "generate" else model
-            row = {"system": name, "config": cfg_name, "max_num_seqs": seqs, "max_num_batched_tokens": tokens,
-                   "generate_batch_size": batch if name == "generate" else None, "status": "warm-up"}
+            row = {
+                "system": name,
+                "config": cfg_name,
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": tokens,
+                "generate_batch_size": batch if name == "generate" else None,
+                "status": "warm-up",
+            }
             res.data["runs"].append(row)  # saved as it goes: a timeout leaves the row with its status
             res.save()
             print(f"[{cfg_name}] {name}: warm-up ...", flush=True)
@@ -394,8 +514,9 @@ def run_throughput(args, dev) -> int:
                 if "startup_s" in row and r["wall_s"] > row["startup_s"]:
                     r["useful_tok_s_excl_startup"] = r["useful_tokens"] / (r["wall_s"] - row["startup_s"])
                 row.update(r, status="done")
-                print(f"[{cfg_name}] {name}: {r['useful_tok_s']:9.1f} useful tok/s, wall {r['wall_s']:7.2f} s",
-                      flush=True)
+                print(
+                    f"[{cfg_name}] {name}: {r['useful_tok_s']:9.1f} useful tok/s, wall {r['wall_s']:7.2f} s", flush=True
+                )
             except Exception as e:  # report and go on with the next system
                 failed += 1
                 row.update(error=f"{type(e).__name__}: {e}", status="failed")
@@ -403,10 +524,14 @@ def run_throughput(args, dev) -> int:
             free_cuda()
             res.save()
     by = {(r["config"], r["system"]): r.get("useful_tok_s") for r in res.data["runs"]}
-    res.data["speedup_vs_generate"] = {f"{c}/{s}": v / by[(c, "generate")] for (c, s), v in by.items()
-                                       if v and by.get((c, "generate"))}
-    res.data["speedup_vs_generate_batch"] = {f"{c}/orcaserve": by[(c, "orcaserve")] / gb for (c, s), gb in by.items()
-                                             if s == "generate_batch" and gb and by.get((c, "orcaserve"))}
+    res.data["speedup_vs_generate"] = {
+        f"{c}/{s}": v / by[(c, "generate")] for (c, s), v in by.items() if v and by.get((c, "generate"))
+    }
+    res.data["speedup_vs_generate_batch"] = {
+        f"{c}/orcaserve": by[(c, "orcaserve")] / gb
+        for (c, s), gb in by.items()
+        if s == "generate_batch" and gb and by.get((c, "orcaserve"))
+    }
     res.save()
     for k, v in res.data["speedup_vs_generate"].items():
         print(f"{k}: {v:.2f}x padded generate")
@@ -415,9 +540,14 @@ def run_throughput(args, dev) -> int:
 
 # ---- the real default model ------------------------------------------------------------------------
 QUESTIONS = [
-    "What is the capital of France?", "Name three primary colors.", "Write a haiku about the sea.",
-    "What is 12 times 12?", "Who wrote Romeo and Juliet?", "Explain gravity in one sentence.",
-    "List two programming languages.", "What is the boiling point of water?",
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Who wrote Romeo and Juliet?",
+    "Explain gravity in one sentence.",
+    "List two programming languages.",
+    "What is the boiling point of water?",
 ]
 
 
@@ -445,20 +575,36 @@ def run_real(args, dev) -> int:
         model.generation_config.eos_token_id = None
         # GGUF-loaded models refuse .float(): the fp32 reference is the GGUF dequantized to fp32.
         model32 = model if dtype == torch.float32 else load_model_and_tokenizer(path, torch.float32, dev)[0]
-        ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                                  tokenize=False), add_special_tokens=False) for q in questions]
+        ids = [
+            tok.encode(
+                tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )
+            for q in questions
+        ]
         work = [(p, n_new) for p in ids]
         expected = [hf_greedy(model, p, n_new) for p in ids]
-        engine = Engine.from_model(copy.deepcopy(model), tok, attention_backend="triton", device=str(dev), dtype=dname,
-                                   max_num_seqs=8, max_num_batched_tokens=128, kv_cache_memory=512 << 20)
+        engine = Engine.from_model(
+            copy.deepcopy(model),
+            tok,
+            attention_backend="triton",
+            device=str(dev),
+            dtype=dname,
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            kv_cache_memory=512 << 20,
+        )
         outs = engine.generate(ids, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True))
         r = compare(model, model32, work, [o.output_token_ids for o in outs], expected, dname)
         r.update(dtype=dname, first_answer=outs[0].text)
         failed += not r["pass"]
         res.data["cases"].append(r)
         res.save()
-        print(f"SmolLM2 {dname}: {r['verdict']}, exact {r['exact_sequences']}/{r['requests']}; "
-              f"answer 1: {outs[0].text!r}", flush=True)
+        print(
+            f"SmolLM2 {dname}: {r['verdict']}, exact {r['exact_sequences']}/{r['requests']}; "
+            f"answer 1: {outs[0].text!r}",
+            flush=True,
+        )
         del engine, model, model32
         free_cuda()
     res.data["pass"] = failed == 0
@@ -484,8 +630,9 @@ def main() -> int:
     ap.set_defaults(num_prompts=1024)
     ap.add_argument("--dtype", default="bf16", help="throughput: bf16 | fp16 | fp32")
     ap.add_argument("--systems", default="orcaserve,generate,generate_batch")
-    ap.add_argument("--configs", default="gpu",
-                    help=f"throughput concurrency settings, comma list from {sorted(CONFIGS)}")
+    ap.add_argument(
+        "--configs", default="gpu", help=f"throughput concurrency settings, comma list from {sorted(CONFIGS)}"
+    )
     ap.add_argument("--warmup-prompts", type=int, default=64)
     args = ap.parse_args()
 

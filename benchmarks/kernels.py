@@ -54,8 +54,14 @@ PEAK_GBPS = {  # HBM peak, GB/s, matched as substrings of torch.cuda.get_device_
     "A10": 600.0,
     "RTX 4090": 1008.0,
 }
-PEAK_BF16_TFLOPS = {"GH200": 990.0, "H200": 990.0, "H100 PCIe": 756.0, "H100": 990.0, "H800": 990.0,
-                    "A100": 312.0}  # dense, datasheet
+PEAK_BF16_TFLOPS = {
+    "GH200": 990.0,
+    "H200": 990.0,
+    "H100 PCIe": 756.0,
+    "H100": 990.0,
+    "H800": 990.0,
+    "A100": 312.0,
+}  # dense, datasheet
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 SPLIT_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)
@@ -164,8 +170,19 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
     esz = torch.tensor([], dtype=dtype).element_size()
     scale = d**-0.5
     batches, contexts = grid(quick, smoke)
-    out.update({"heads": h, "kv_heads": h_kv, "head_dim": d, "block_size": bs, "grid": "smoke" if smoke else
-                ("quick" if quick else "full"), "decode": [], "prefill": [], "mixed": [], "store_kv": []})
+    out.update(
+        {
+            "heads": h,
+            "kv_heads": h_kv,
+            "head_dim": d,
+            "block_size": bs,
+            "grid": "smoke" if smoke else ("quick" if quick else "full"),
+            "decode": [],
+            "prefill": [],
+            "mixed": [],
+            "store_kv": [],
+        }
+    )
 
     # One pool for the whole layout, sized for the largest decode step that fits in memory.
     token_bytes = 2 * h_kv * d * esz
@@ -185,8 +202,10 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
 
     # ---- decode: bandwidth and the split-K choice vs the measured best ------------------------
     print(f"\n[{h}x{h_kv}x{d}] decode (median ms per call; heur = choose_num_splits, best = fastest measured)")
-    print(f"{'B':>4} {'ctx':>6} {'progs':>6} {'heur':>5} {'best':>5} {'heur ms':>9} {'best ms':>9} {'ratio':>6} "
-          f"{'GB/s':>7} {'%peak':>6} {'%copy':>6} {'torch ms':>9}")
+    print(
+        f"{'B':>4} {'ctx':>6} {'progs':>6} {'heur':>5} {'best':>5} {'heur ms':>9} {'best ms':>9} {'ratio':>6} "
+        f"{'GB/s':>7} {'%peak':>6} {'%copy':>6} {'torch ms':>9}"
+    )
     for c in contexts:
         for b in batches:
             if over_budget():
@@ -205,8 +224,22 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
             cands = sorted({s for s in (args.splits or SPLIT_CANDIDATES) if s == 1 or s <= max_split} | {heur})
             times, first, max_diff = {}, None, 0.0
             for s in cands:
-                times[s] = timer(functools.partial(unified_attention, q, pool.k, pool.v, cu, sl, bt, scale, o,
-                                                   max_seqlen_q=1, max_seqlen_k=c, num_splits=s))
+                times[s] = timer(
+                    functools.partial(
+                        unified_attention,
+                        q,
+                        pool.k,
+                        pool.v,
+                        cu,
+                        sl,
+                        bt,
+                        scale,
+                        o,
+                        max_seqlen_q=1,
+                        max_seqlen_k=c,
+                        num_splits=s,
+                    )
+                )
                 if first is None:
                     first = o.to(torch.float32, copy=True)
                 else:  # every split count computes the same attention
@@ -221,16 +254,30 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
                     ref_ms = timer(functools.partial(plan.attend, q, pool.k, pool.v, scale, o), max_iters=5)
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
-            row = {"batch": b, "context": c, "programs": programs, "heuristic_splits": heur, "best_splits": best,
-                   "heuristic_ms": times[heur], "best_ms": times[best],
-                   "heuristic_over_best": times[heur] / times[best],
-                   "ms_by_splits": {str(k): v for k, v in times.items()}, "bytes": moved, "gbps": gbps,
-                   "pct_peak": pct(gbps, peak), "pct_copy": pct(gbps, copy_bw),
-                   "best_gbps": moved / times[best] / 1e6, "torch_ms": ref_ms, "max_diff_across_splits": max_diff}
+            row = {
+                "batch": b,
+                "context": c,
+                "programs": programs,
+                "heuristic_splits": heur,
+                "best_splits": best,
+                "heuristic_ms": times[heur],
+                "best_ms": times[best],
+                "heuristic_over_best": times[heur] / times[best],
+                "ms_by_splits": {str(k): v for k, v in times.items()},
+                "bytes": moved,
+                "gbps": gbps,
+                "pct_peak": pct(gbps, peak),
+                "pct_copy": pct(gbps, copy_bw),
+                "best_gbps": moved / times[best] / 1e6,
+                "torch_ms": ref_ms,
+                "max_diff_across_splits": max_diff,
+            }
             out["decode"].append(row)
-            print(f"{b:>4} {c:>6} {programs:>6} {heur:>5} {best:>5} {times[heur]:>9.4f} {times[best]:>9.4f} "
-                  f"{row['heuristic_over_best']:>6.2f} {gbps:>7.0f} {row['pct_peak'] or '-':>6} "
-                  f"{row['pct_copy'] or '-':>6} {ref_ms if ref_ms is None else round(ref_ms, 3)!s:>9}")
+            print(
+                f"{b:>4} {c:>6} {programs:>6} {heur:>5} {best:>5} {times[heur]:>9.4f} {times[best]:>9.4f} "
+                f"{row['heuristic_over_best']:>6.2f} {gbps:>7.0f} {row['pct_peak'] or '-':>6} "
+                f"{row['pct_copy'] or '-':>6} {ref_ms if ref_ms is None else round(ref_ms, 3)!s:>9}"
+            )
             save()
 
     # ---- prefill: fresh prompts, a batch, a chunk over a long cache --------------------------------
@@ -239,8 +286,13 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
     elif quick:
         prefills = [("fresh 4k", [4096], [4096]), ("chunk 2k @ 16k", [2048], [16384])]
     else:
-        prefills = [("fresh 1k", [1024], [1024]), ("fresh 4k", [4096], [4096]), ("fresh 16k", [16384], [16384]),
-                    ("batch 8 x 2k", [2048] * 8, [2048] * 8), ("chunk 2k @ 16k", [2048], [16384])]
+        prefills = [
+            ("fresh 1k", [1024], [1024]),
+            ("fresh 4k", [4096], [4096]),
+            ("fresh 16k", [16384], [16384]),
+            ("batch 8 x 2k", [2048] * 8, [2048] * 8),
+            ("chunk 2k @ 16k", [2048], [16384]),
+        ]
     peak_tf = ctx_env["peak_tflops"]
     print(f"\n[{h}x{h_kv}x{d}] prefill")
     print(f"{'shape':<18} {'splits':>6} {'ms':>9} {'TFLOP/s':>8} {'%peak':>6} {'sdpa ms':>9} {'sdpa TF/s':>9}")
@@ -251,8 +303,22 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
         q, cu, sl, bt = pool.step(q_lens, ctx, h, d, dtype)
         o = torch.empty_like(q)
         splits = choose_num_splits(q.shape[0], len(ctx), h_kv, h // h_kv, max(q_lens), max(ctx), sms, dtype)
-        ms = timer(functools.partial(unified_attention, q, pool.k, pool.v, cu, sl, bt, scale, o,
-                                     max_seqlen_q=max(q_lens), max_seqlen_k=max(ctx), num_splits=splits))
+        ms = timer(
+            functools.partial(
+                unified_attention,
+                q,
+                pool.k,
+                pool.v,
+                cu,
+                sl,
+                bt,
+                scale,
+                o,
+                max_seqlen_q=max(q_lens),
+                max_seqlen_k=max(ctx),
+                num_splits=splits,
+            )
+        )
         flops = 4 * h * d * visible_pairs(q_lens, ctx)
         tf = flops / ms / 1e9
         sdpa_ms = None
@@ -262,19 +328,38 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
             ks = torch.randn(1, h_kv, n, d, device=dev, dtype=dtype)
             vs = torch.randn_like(ks)
             try:
-                sdpa_ms = timer(functools.partial(torch.nn.functional.scaled_dot_product_attention,
-                                                  qs, ks, vs, is_causal=True, scale=scale, enable_gqa=h != h_kv))
+                sdpa_ms = timer(
+                    functools.partial(
+                        torch.nn.functional.scaled_dot_product_attention,
+                        qs,
+                        ks,
+                        vs,
+                        is_causal=True,
+                        scale=scale,
+                        enable_gqa=h != h_kv,
+                    )
+                )
             except Exception as e:  # noqa: BLE001 - a yardstick only
                 print(f"  sdpa failed: {type(e).__name__}: {e}")
             ks = vs = None  # free before the next shape
-        row = {"label": label, "q_lens": q_lens if len(q_lens) <= 8 else len(q_lens), "context": max(ctx),
-               "splits": splits, "ms": ms, "flops": flops, "tflops": tf,
-               "pct_peak": round(100 * tf / peak_tf, 1) if peak_tf else None,
-               "sdpa_ms": sdpa_ms, "sdpa_tflops": flops / sdpa_ms / 1e9 if sdpa_ms else None}
+        row = {
+            "label": label,
+            "q_lens": q_lens if len(q_lens) <= 8 else len(q_lens),
+            "context": max(ctx),
+            "splits": splits,
+            "ms": ms,
+            "flops": flops,
+            "tflops": tf,
+            "pct_peak": round(100 * tf / peak_tf, 1) if peak_tf else None,
+            "sdpa_ms": sdpa_ms,
+            "sdpa_tflops": flops / sdpa_ms / 1e9 if sdpa_ms else None,
+        }
         out["prefill"].append(row)
-        print(f"{label:<18} {splits:>6} {ms:>9.3f} {tf:>8.1f} {row['pct_peak'] or '-':>6} "
-              f"{sdpa_ms if sdpa_ms is None else round(sdpa_ms, 3)!s:>9} "
-              f"{row['sdpa_tflops'] if sdpa_ms is None else round(row['sdpa_tflops'], 1)!s:>9}")
+        print(
+            f"{label:<18} {splits:>6} {ms:>9.3f} {tf:>8.1f} {row['pct_peak'] or '-':>6} "
+            f"{sdpa_ms if sdpa_ms is None else round(sdpa_ms, 3)!s:>9} "
+            f"{row['sdpa_tflops'] if sdpa_ms is None else round(row['sdpa_tflops'], 1)!s:>9}"
+        )
         save()
 
     # ---- ORCA's merged steps: running decodes plus one prefill chunk -----------------------------
@@ -288,20 +373,42 @@ def bench_layout(args, h, h_kv, d, quick, ctx_env, out: dict, save) -> None:
         q, cu, sl, bt = pool.step(q_lens, ctx, h, d, dtype)
         o = torch.empty_like(q)
         splits = choose_num_splits(q.shape[0], len(ctx), h_kv, h // h_kv, chunk, c, sms, dtype)
-        ms = timer(functools.partial(unified_attention, q, pool.k, pool.v, cu, sl, bt, scale, o,
-                                     max_seqlen_q=chunk, max_seqlen_k=max(ctx), num_splits=splits))
+        ms = timer(
+            functools.partial(
+                unified_attention,
+                q,
+                pool.k,
+                pool.v,
+                cu,
+                sl,
+                bt,
+                scale,
+                o,
+                max_seqlen_q=chunk,
+                max_seqlen_k=max(ctx),
+                num_splits=splits,
+            )
+        )
         moved = 2 * sum(ctx) * h_kv * d * esz + 2 * q.numel() * esz
         gbps = moved / ms / 1e6
-        row = {"label": f"{b}x1@{c} + {chunk}", "splits": splits, "ms": ms, "gbps": gbps, "pct_peak": pct(gbps, peak),
-               "tflops": 4 * h * d * visible_pairs(q_lens, ctx) / ms / 1e9}
+        row = {
+            "label": f"{b}x1@{c} + {chunk}",
+            "splits": splits,
+            "ms": ms,
+            "gbps": gbps,
+            "pct_peak": pct(gbps, peak),
+            "tflops": 4 * h * d * visible_pairs(q_lens, ctx) / ms / 1e9,
+        }
         out["mixed"].append(row)
-        print(f"{row['label']:<22} splits {splits:>3} {ms:>9.3f} ms {gbps:>7.0f} GB/s {row['pct_peak'] or '-'}% "
-              f"{row['tflops']:.1f} TFLOP/s")
+        print(
+            f"{row['label']:<22} splits {splits:>3} {ms:>9.3f} ms {gbps:>7.0f} GB/s {row['pct_peak'] or '-'}% "
+            f"{row['tflops']:.1f} TFLOP/s"
+        )
         save()
 
     # ---- store_kv --------------------------------------------------------------------------------
     print(f"\n[{h}x{h_kv}x{d}] store_kv")
-    for t in ((1, 16) if smoke else (1, 64, 256, 4096)):
+    for t in (1, 16) if smoke else (1, 64, 256, 4096):
         kc = torch.zeros(t // bs + 2, bs, h_kv, d, device=dev, dtype=dtype)
         vc = torch.zeros_like(kc)
         qkv = torch.randn(t, (h + 2 * h_kv) * d, device=dev, dtype=dtype)
@@ -323,22 +430,33 @@ def summarize(run: dict) -> dict:
     s: dict = {"decode_shapes": len(dec)}
     if long:
         pcts = sorted(r["pct_peak"] for r in long)
-        s.update(decode_pct_peak_ctx4k_median=statistics.median(pcts), decode_pct_peak_ctx4k_max=pcts[-1],
-                 decode_pct_peak_ctx4k_min=pcts[0],
-                 decode_ctx4k_shapes_at_70pct=sum(p >= 70 for p in pcts), decode_ctx4k_shapes=len(pcts))
+        s.update(
+            decode_pct_peak_ctx4k_median=statistics.median(pcts),
+            decode_pct_peak_ctx4k_max=pcts[-1],
+            decode_pct_peak_ctx4k_min=pcts[0],
+            decode_ctx4k_shapes_at_70pct=sum(p >= 70 for p in pcts),
+            decode_ctx4k_shapes=len(pcts),
+        )
     if dec:
         ratios = [r["heuristic_over_best"] for r in dec]
         worst = max(dec, key=lambda r: r["heuristic_over_best"])
         s["max_diff_across_splits"] = max(r.get("max_diff_across_splits", 0.0) for r in dec)
-        s.update(split_heuristic_within_5pct=sum(x <= 1.05 for x in ratios),
-                 split_heuristic_within_10pct=sum(x <= 1.10 for x in ratios),
-                 split_heuristic_worst_ratio=worst["heuristic_over_best"],
-                 split_heuristic_worst_shape=f"B={worst['batch']} ctx={worst['context']} "
-                 f"heuristic {worst['heuristic_splits']} best {worst['best_splits']}",
-                 # Where the heuristic and the measurement disagree by > 10%: the tuning input.
-                 split_disagreements=[{k: r[k] for k in ("batch", "context", "programs", "heuristic_splits",
-                                                         "best_splits", "heuristic_over_best")}
-                                      for r in dec if r["heuristic_over_best"] > 1.10])
+        s.update(
+            split_heuristic_within_5pct=sum(x <= 1.05 for x in ratios),
+            split_heuristic_within_10pct=sum(x <= 1.10 for x in ratios),
+            split_heuristic_worst_ratio=worst["heuristic_over_best"],
+            split_heuristic_worst_shape=f"B={worst['batch']} ctx={worst['context']} "
+            f"heuristic {worst['heuristic_splits']} best {worst['best_splits']}",
+            # Where the heuristic and the measurement disagree by > 10%: the tuning input.
+            split_disagreements=[
+                {
+                    k: r[k]
+                    for k in ("batch", "context", "programs", "heuristic_splits", "best_splits", "heuristic_over_best")
+                }
+                for r in dec
+                if r["heuristic_over_best"] > 1.10
+            ],
+        )
     pre = run.get("prefill", [])
     if pre:
         s["prefill_tflops_max"] = max(r["tflops"] for r in pre)
@@ -351,21 +469,35 @@ def summarize(run: dict) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    ap.add_argument("--shapes", default="32x8x128",
-                    help="comma list of HxH_kvxD; the first gets the full grid, the rest the quick one")
+    ap.add_argument(
+        "--shapes",
+        default="32x8x128",
+        help="comma list of HxH_kvxD; the first gets the full grid, the rest the quick one",
+    )
     ap.add_argument("--heads", type=int, default=None, help="(old form) with --kv-heads/--head-dim: one layout")
     ap.add_argument("--kv-heads", type=int, default=None)
     ap.add_argument("--head-dim", type=int, default=None)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--peak-gbps", type=float, default=None)
     ap.add_argument("--quick", action="store_true", help="quick grid for every layout")
-    ap.add_argument("--smoke", action="store_true",
-                    help="CPU (or GPU) tiny sizes; on CPU under TRITON_INTERPRET=1, fp32: proves the code paths")
-    ap.add_argument("--splits", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
-                    help=f"split counts to time per decode shape (default {','.join(map(str, SPLIT_CANDIDATES))})")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CPU (or GPU) tiny sizes; on CPU under TRITON_INTERPRET=1, fp32: proves the code paths",
+    )
+    ap.add_argument(
+        "--splits",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=None,
+        help=f"split counts to time per decode shape (default {','.join(map(str, SPLIT_CANDIDATES))})",
+    )
     ap.add_argument("--no-reference", action="store_true", help="skip the PyTorch timings")
-    ap.add_argument("--reference-max-tokens", type=int, default=1 << 18,
-                    help="time the PyTorch twin only for decode steps with B * ctx <= this")
+    ap.add_argument(
+        "--reference-max-tokens",
+        type=int,
+        default=1 << 18,
+        help="time the PyTorch twin only for decode steps with B * ctx <= this",
+    )
     ap.add_argument("--max-cache-gib", type=float, default=40.0, help="cap on the K/V pool per layout")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
     ap.add_argument("--json", default=None, help="write results here (rewritten after every shape)")
@@ -399,12 +531,23 @@ def main() -> int:
         layouts = [(4, 2, 64)]
     else:
         layouts = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    result = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "dtype": args.dtype,
-              "smoke": args.smoke, "peak_gbps_datasheet": peak, "copy_gbps_measured": copy_bw,
-              "peak_tflops_datasheet": peak_tf, "num_sms": torch.cuda.get_device_properties(dev).multi_processor_count
-              if cuda else None, "date": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": []}
-    print(f"device {name}, {args.dtype}, peak {peak or 'unknown'} GB/s (datasheet), copy "
-          f"{round(copy_bw) if copy_bw else '-'} GB/s (measured), block_size {args.block_size}")
+    result = {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dtype": args.dtype,
+        "smoke": args.smoke,
+        "peak_gbps_datasheet": peak,
+        "copy_gbps_measured": copy_bw,
+        "peak_tflops_datasheet": peak_tf,
+        "num_sms": torch.cuda.get_device_properties(dev).multi_processor_count if cuda else None,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "runs": [],
+    }
+    print(
+        f"device {name}, {args.dtype}, peak {peak or 'unknown'} GB/s (datasheet), copy "
+        f"{round(copy_bw) if copy_bw else '-'} GB/s (measured), block_size {args.block_size}"
+    )
 
     def save():
         if args.json:
@@ -415,8 +558,15 @@ def main() -> int:
                 json.dump(result, f, indent=1)
             os.replace(tmp, args.json)
 
-    env = {"device": dev, "dtype": dtype, "timer": timer, "peak_gbps": peak, "copy_gbps": copy_bw,
-           "peak_tflops": peak_tf, "t0": time.perf_counter()}
+    env = {
+        "device": dev,
+        "dtype": dtype,
+        "timer": timer,
+        "peak_gbps": peak,
+        "copy_gbps": copy_bw,
+        "peak_tflops": peak_tf,
+        "t0": time.perf_counter(),
+    }
     for i, (h, h_kv, d) in enumerate(layouts):
         run: dict = {}
         result["runs"].append(run)
@@ -428,8 +578,10 @@ def main() -> int:
             break
     for run in result["runs"]:
         run["summary"] = summarize(run)
-        print(f"\nsummary {run['heads']}x{run['kv_heads']}x{run['head_dim']}: "
-              f"{json.dumps({k: v for k, v in run['summary'].items() if k != 'split_disagreements'})}")
+        print(
+            f"\nsummary {run['heads']}x{run['kv_heads']}x{run['head_dim']}: "
+            f"{json.dumps({k: v for k, v in run['summary'].items() if k != 'split_disagreements'})}"
+        )
     result["elapsed_s"] = time.perf_counter() - env["t0"]
     save()
     return 0

@@ -24,17 +24,21 @@ import sys
 import time
 
 import torch
+from serve_workload import add_offline_args, offline_workload, workload_sha256
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
-from serve_workload import add_offline_args, offline_workload, workload_sha256
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.loader import load_model_and_tokenizer
 
 
 def run_orcaserve(model, tokenizer, work, args) -> dict:
     engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, dtype=args.dtype,
+        copy.deepcopy(model),
+        tokenizer,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        dtype=args.dtype,
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -42,8 +46,13 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
     outs = engine.generate([p for p, _ in work], params)
     wall = time.perf_counter() - t
     assert [o.completion_tokens for o in outs] == [n for _, n in work]
-    return {"wall_s": wall, "useful_tokens": sum(n for _, n in work), "steps": engine.stats.num_steps,
-            "preemptions": engine.stats.num_preemptions, "dtype": str(engine.dtype).removeprefix("torch.")}
+    return {
+        "wall_s": wall,
+        "useful_tokens": sum(n for _, n in work),
+        "steps": engine.stats.num_steps,
+        "preemptions": engine.stats.num_preemptions,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+    }
 
 
 def run_padded_generate(model, tokenizer, work, args) -> dict:
@@ -57,8 +66,14 @@ def run_padded_generate(model, tokenizer, work, args) -> dict:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in batch])
         longest = max(n for _, n in batch)
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
-                                 do_sample=False, pad_token_id=pad)
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=longest,
+                min_new_tokens=longest,
+                do_sample=False,
+                pad_token_id=pad,
+            )
         produced += (out.shape[1] - width) * len(batch)
     wall = time.perf_counter() - t
     return {"wall_s": wall, "useful_tokens": sum(n for _, n in work), "tokens_generated": produced}
@@ -87,8 +102,9 @@ def step_time(model, tokenizer, args) -> dict:
     rng = random.Random(1)
     prompts = [[rng.randrange(100, 49000) for _ in range(c)] for _ in range(b)]
 
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=b, max_num_batched_tokens=max(512, c),
-                               dtype=args.dtype)
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=b, max_num_batched_tokens=max(512, c), dtype=args.dtype
+    )
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
@@ -110,8 +126,13 @@ def step_time(model, tokenizer, args) -> dict:
             out = model(nxt, cache=cache, use_cache=True)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         bare_s = (time.perf_counter() - t) / n
-    return {"batch": b, "context": c, "engine_step_ms": engine_s * 1e3, "bare_forward_ms": bare_s * 1e3,
-            "ratio": engine_s / bare_s}
+    return {
+        "batch": b,
+        "context": c,
+        "engine_step_ms": engine_s * 1e3,
+        "bare_forward_ms": bare_s * 1e3,
+        "ratio": engine_s / bare_s,
+    }
 
 
 def main() -> None:
@@ -119,8 +140,11 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
     add_offline_args(ap)
     ap.add_argument("--max-model-len", type=int, default=None, help="engine max_model_len (default: the engine's)")
-    ap.add_argument("--dtype", default=None, help="fp32 | bf16 | fp16 for every system (default: fp32 load, "
-                    "the engine's own default dtype)")
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        help="fp32 | bf16 | fp16 for every system (default: fp32 load, the engine's own default dtype)",
+    )
     ap.add_argument("--batch", type=int, default=32, help="padded generate batch size")
     ap.add_argument("--systems", default="orcaserve,generate,generate_batch,step")
     ap.add_argument("--step-batch", type=int, default=32)
@@ -132,12 +156,25 @@ def main() -> None:
     load_dtype = EngineConfig(dtype=args.dtype, device="cpu").resolved_dtype() if args.dtype else torch.float32
     model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), load_dtype, torch.device("cpu"))
     model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
-    work = offline_workload(args.num_prompts, args.seed, (args.min_prompt, args.max_prompt),
-                            (args.min_out, args.max_out), model.config.vocab_size)
+    work = offline_workload(
+        args.num_prompts,
+        args.seed,
+        (args.min_prompt, args.max_prompt),
+        (args.min_out, args.max_out),
+        model.config.vocab_size,
+    )
     runners = {"orcaserve": run_orcaserve, "generate": run_padded_generate, "generate_batch": run_generate_batch}
-    results: dict = {"workload": vars(args), "machine": {"cpus": os.cpu_count(), "threads": torch.get_num_threads(),
-                     "platform": platform.platform(), "torch": torch.__version__}, "date": time.strftime("%Y-%m-%d"),
-               "workload_sha256": workload_sha256(work)}
+    results: dict = {
+        "workload": vars(args),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+        },
+        "date": time.strftime("%Y-%m-%d"),
+        "workload_sha256": workload_sha256(work),
+    }
     systems = args.systems.split(",")
     for name in systems:
         if name in runners:
@@ -157,8 +194,10 @@ def main() -> None:
             print(f"{name:<16}{r['useful_tok_s']:>14.1f}{r['wall_s']:>10.1f}{rel:>13}")
     if "step_time" in results:
         s = results["step_time"]
-        print(f"\ndecode step, batch {s['batch']}, context {s['context']}: engine {s['engine_step_ms']:.1f} ms, "
-              f"bare transformers forward {s['bare_forward_ms']:.1f} ms, ratio {s['ratio']:.2f}")
+        print(
+            f"\ndecode step, batch {s['batch']}, context {s['context']}: engine {s['engine_step_ms']:.1f} ms, "
+            f"bare transformers forward {s['bare_forward_ms']:.1f} ms, ratio {s['ratio']:.2f}"
+        )
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)

@@ -64,8 +64,12 @@ def record_trace(rate: float, num_requests: int, input_len, output_len, seed: in
         while pending and start + pending[0][1] <= now:
             spec, off = pending.pop(0)
             rid = f"r{spec.index:03d}"
-            engine.add_request(rid, spec.prompt, SamplingParams(max_tokens=spec.max_tokens, temperature=0.0,
-                                                                ignore_eos=True), arrival_time=start + off)
+            engine.add_request(
+                rid,
+                spec.prompt,
+                SamplingParams(max_tokens=spec.max_tokens, temperature=0.0, ignore_eos=True),
+                arrival_time=start + off,
+            )
             reqs[rid] = {"arrival": start + off, "input_len": spec.input_len, "max_tokens": spec.max_tokens}
         if engine.has_unfinished():
             for out in engine.step():
@@ -73,10 +77,20 @@ def record_trace(rate: float, num_requests: int, input_len, output_len, seed: in
                     reqs[out.request_id].update(first_token=out.times.first_token, finished=out.times.finished)
         elif pending:
             time.sleep(max(0.0, start + pending[0][1] - time.time()))
-    return {"trace": [t.to_dict() for t in engine.trace], "requests": reqs, "t0": start,
-            "workload": {"rate": rate, "num_requests": num_requests, "input_len": list(input_len),
-                         "output_len": list(output_len), "seed": seed, "engine_args": engine_args,
-                         "num_blocks": engine.stats.num_blocks}}
+    return {
+        "trace": [t.to_dict() for t in engine.trace],
+        "requests": reqs,
+        "t0": start,
+        "workload": {
+            "rate": rate,
+            "num_requests": num_requests,
+            "input_len": list(input_len),
+            "output_len": list(output_len),
+            "seed": seed,
+            "engine_args": engine_args,
+            "num_blocks": engine.stats.num_blocks,
+        },
+    }
 
 
 # ---- orcaserve picture -----------------------------------------------------------------------
@@ -97,8 +111,14 @@ def plot_orca(data, png: str, title: str | None = None, x_axis: str = "step") ->
     if reqs:
         ids.sort(key=lambda r: reqs.get(r, {}).get("arrival", 0.0))
     row = {rid: i for i, rid in enumerate(ids)}
-    fig, (top, ax) = plt.subplots(2, 1, figsize=(11, 1.6 + 0.22 * len(ids)), dpi=90, sharex=True,
-                                  gridspec_kw={"height_ratios": [1, max(3, len(ids) / 5)]})
+    fig, (top, ax) = plt.subplots(
+        2,
+        1,
+        figsize=(11, 1.6 + 0.22 * len(ids)),
+        dpi=90,
+        sharex=True,
+        gridspec_kw={"height_ratios": [1, max(3, len(ids) / 5)]},
+    )
     starts = [s["start"] for s in trace]
 
     def xpos(t: float) -> float:
@@ -122,7 +142,7 @@ def plot_orca(data, png: str, title: str | None = None, x_axis: str = "step") ->
             x, w = step["start"] - t0, max(step["end"] - step["start"], 1e-4)
         else:
             x, w = i, 1.0
-        for rid, (pre, dec) in step["requests"].items():
+        for rid, (pre, _) in step["requests"].items():
             bars[PREFILL if pre else DECODE].append((row[rid], x, w))
         for rid in step.get("preempted", []):
             if rid in row:
@@ -135,31 +155,45 @@ def plot_orca(data, png: str, title: str | None = None, x_axis: str = "step") ->
     ax.invert_yaxis()
     ax.set_xlabel("seconds" if x_axis == "time" else "iteration (engine step)")
     ax.set_ylabel("request (by arrival)")
-    ax.legend(handles=[Patch(color=PREFILL, label="prefill step"), Patch(color=DECODE, label="decode step"),
-                       Patch(color=WAIT, label="queued"),
-                       plt.Line2D([], [], marker="x", color=PREEMPT, ls="", label="preempted")],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(
+        handles=[
+            Patch(color=PREFILL, label="prefill step"),
+            Patch(color=DECODE, label="decode step"),
+            Patch(color=WAIT, label="queued"),
+            plt.Line2D([], [], marker="x", color=PREEMPT, ls="", label="preempted"),
+        ],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     xs = [s["start"] - t0 for s in trace] if x_axis == "time" else list(range(len(trace)))
     top.step(xs, [len(s["requests"]) for s in trace], where="post", color="tab:green", label="requests in step")
     top.set_ylabel("batch", fontsize=8)
     kv = top.twinx()
     kv.step(xs, [s["kv_blocks_used"] for s in trace], where="post", color="tab:purple", alpha=0.7)
     kv.set_ylabel("KV blocks", fontsize=8, color="tab:purple")
-    top.set_title(title or f"orcaserve: {len(trace)} iterations, {len(ids)} requests "
-                           "(requests join and leave between iterations)", fontsize=10)
+    top.set_title(
+        title
+        or f"orcaserve: {len(trace)} iterations, {len(ids)} requests (requests join and leave between iterations)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
 
 
 # ---- baseline picture ------------------------------------------------------------------------
-def plot_baseline(report: dict, png: str, system: str, rate: float | None, max_requests: int,
-                  title: str | None = None) -> None:
+def plot_baseline(
+    report: dict, png: str, system: str, rate: float | None, max_requests: int, title: str | None = None
+) -> None:
     plt = _plt()
     from matplotlib.patches import Patch
 
-    rows = [r for r in report["requests"] if r["system"] == system and r.get("batch")
-            and (rate is None or r["rate"] == rate)]
+    rows = [
+        r
+        for r in report["requests"]
+        if r["system"] == system and r.get("batch") and (rate is None or r["rate"] == rate)
+    ]
     if not rows:
         raise ValueError(f"no requests of {system!r} with batch info at rate {rate} in the report")
     if rate is None:  # several rates: take the first one present
@@ -184,13 +218,23 @@ def plot_baseline(report: dict, png: str, system: str, rate: float | None, max_r
     ax.invert_yaxis()
     ax.set_xlabel("seconds")
     ax.set_ylabel("request (by arrival)")
-    ax.legend(handles=[Patch(color=WAIT, label="queued in TorchServe"),
-                       Patch(color="tab:blue", label="batch running (own tokens, approx.)"),
-                       Patch(color="tab:blue", alpha=0.3, label="held for the batch's longest request")],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(
+        handles=[
+            Patch(color=WAIT, label="queued in TorchServe"),
+            Patch(color="tab:blue", label="batch running (own tokens, approx.)"),
+            Patch(color="tab:blue", alpha=0.3, label="held for the batch's longest request"),
+        ],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     n_batches = len({r["batch"]["id"] for r in rows})
-    ax.set_title(title or f"request-level baseline ({system}) at {rate} req/s: {len(rows)} requests in "
-                          f"{n_batches} batches (all join and leave together)", fontsize=10)
+    ax.set_title(
+        title
+        or f"request-level baseline ({system}) at {rate} req/s: {len(rows)} requests in "
+        f"{n_batches} batches (all join and leave together)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(png, bbox_inches="tight")
     plt.close(fig)

@@ -30,17 +30,21 @@ import statistics
 import sys
 import threading
 import time
+from functools import partial
 
 import torch
+from serve_workload import poisson_offsets
 
 from orcaserve.handler.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.engine_loop import EngineLoop
 from orcaserve.scheduler.loader import load_model_and_tokenizer
-from serve_workload import poisson_offsets
 
 TOKENS = (100, 40000)
-SERVER_ARGS = {"max_num_seqs": 64, "max_num_batched_tokens": 512}  # handler/model-config.yaml  # token ids drawn from here: plain vocabulary, no special tokens
+SERVER_ARGS = {
+    "max_num_seqs": 64,
+    "max_num_batched_tokens": 512,
+}  # handler/model-config.yaml  # token ids drawn from here: plain vocabulary, no special tokens
 
 
 def ks_2samp(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -74,8 +78,9 @@ def run_stream(loop: EngineLoop, work: list[tuple[list[int], int, str | None]], 
         prompt, n, salt = work[i]
         time.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
         sent = time.perf_counter()
-        stream = loop.submit(f"q{i}-{sent}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
-                             cache_salt=salt)
+        stream = loop.submit(
+            f"q{i}-{sent}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), cache_salt=salt
+        )
         for out in stream:
             if not ttft[i] and out.completion_tokens:
                 ttft[i] = time.perf_counter() - sent
@@ -89,8 +94,12 @@ def run_stream(loop: EngineLoop, work: list[tuple[list[int], int, str | None]], 
         t.join()
     wall = time.perf_counter() - start
     assert done == [n for _, n, _ in work], "a request ended short"
-    return {"wall_s": round(wall, 2), "output_tok_s": round(sum(done) / wall, 1),
-            "ttft_p50_s": round(pct(ttft, 0.5), 3), "ttft_p90_s": round(pct(ttft, 0.9), 3)}
+    return {
+        "wall_s": round(wall, 2),
+        "output_tok_s": round(sum(done) / wall, 1),
+        "ttft_p50_s": round(pct(ttft, 0.5), 3),
+        "ttft_p90_s": round(pct(ttft, 0.9), 3),
+    }
 
 
 def probe(loop: EngineLoop, n: int, prefix_len: int, seed: int) -> dict[str, list[float]]:
@@ -119,6 +128,7 @@ def probe(loop: EngineLoop, n: int, prefix_len: int, seed: int) -> dict[str, lis
 
 def plot(times: dict[str, list[float]], tests: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -129,8 +139,10 @@ def plot(times: dict[str, list[float]], tests: dict, path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("time to first token (ms), log scale")
     ax.set_ylabel("fraction of requests")
-    ax.set_title("Prefix-cache timing probe: " + "; ".join(
-        f"{k}: D={v['D']:.2f}, p={v['p']:.1e}" for k, v in tests.items()), fontsize=8)
+    ax.set_title(
+        "Prefix-cache timing probe: " + "; ".join(f"{k}: D={v['D']:.2f}, p={v['p']:.1e}" for k, v in tests.items()),
+        fontsize=8,
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -153,36 +165,64 @@ def main() -> None:
     model, tok = load_model_and_tokenizer(default_model_path(), torch.float32, torch.device("cpu"))
     rng = random.Random(args.seed)
     system = [rng.randrange(*TOKENS) for _ in range(args.system_len)]
-    shared = [(system + [rng.randrange(*TOKENS) for _ in range(rng.randint(8, 24))], rng.randint(16, 48), None)
-              for _ in range(args.num_requests)]
-    unshared = [([rng.randrange(*TOKENS) for _ in range(rng.randint(16, 256))], rng.randint(8, 128), None)
-                for _ in range(args.num_requests)]
+    shared = [
+        (system + [rng.randrange(*TOKENS) for _ in range(rng.randint(8, 24))], rng.randint(16, 48), None)
+        for _ in range(args.num_requests)
+    ]
+    unshared = [
+        ([rng.randrange(*TOKENS) for _ in range(rng.randint(16, 256))], rng.randint(8, 128), None)
+        for _ in range(args.num_requests)
+    ]
     arrivals = poisson_offsets(args.num_requests, args.rate, args.seed)
     arrivals_unshared = poisson_offsets(args.num_requests, args.unshared_rate, args.seed)
 
-    results: dict = {"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
-                     "torch_threads": torch.get_num_threads(), "args": vars(args), "runs": []}
+    results: dict = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "torch_threads": torch.get_num_threads(),
+        "args": vars(args),
+        "runs": [],
+    }
     for rep in range(args.repeats):
         for caching in (True, False) if rep % 2 == 0 else (False, True):
-            loop = EngineLoop.launch(lambda: Engine.from_model(copy.deepcopy(model), tok, dtype=args.dtype,
-                                                               enable_prefix_caching=caching, **SERVER_ARGS))
+            build = partial(
+                Engine.from_model,
+                copy.deepcopy(model),
+                tok,
+                dtype=args.dtype,
+                enable_prefix_caching=caching,
+                **SERVER_ARGS,
+            )
+            loop = EngineLoop.launch(build)
             try:
-                warm = [loop.submit(f"warm-up{i}", [rng.randrange(*TOKENS) for _ in range(300)],
-                                    SamplingParams(max_tokens=8)) for i in range(4)]
+                warm = [
+                    loop.submit(
+                        f"warm-up{i}", [rng.randrange(*TOKENS) for _ in range(300)], SamplingParams(max_tokens=8)
+                    )
+                    for i in range(4)
+                ]
                 for stream in warm:  # the first prefills and decodes of a shape pay for one-off set-up
                     for _ in stream:
                         pass
-                run = {"caching": caching, "repeat": rep, "dtype": str(loop.engine.dtype).removeprefix("torch."),
-                       "shared": run_stream(loop, shared, arrivals),
-                       "unshared": run_stream(loop, unshared, arrivals_unshared)}
+                run = {
+                    "caching": caching,
+                    "repeat": rep,
+                    "dtype": str(loop.engine.dtype).removeprefix("torch."),
+                    "shared": run_stream(loop, shared, arrivals),
+                    "unshared": run_stream(loop, unshared, arrivals_unshared),
+                }
                 if caching and rep == 0:
                     times = probe(loop, args.probe_samples, 512, args.seed)
                     uncached = times["A, never seen"]
-                    tests = {k: dict(zip(("D", "p"), ks_2samp(v, uncached))) for k, v in times.items()
-                             if k != "A, never seen"}
-                    results["probe"] = {"ttft_median_ms": {k: round(1000 * statistics.median(v), 2)
-                                                           for k, v in times.items()},
-                                        "ks_vs_never_seen": tests, "ttft_s": times}
+                    tests = {
+                        k: dict(zip(("D", "p"), ks_2samp(v, uncached)))
+                        for k, v in times.items()
+                        if k != "A, never seen"
+                    }
+                    results["probe"] = {
+                        "ttft_median_ms": {k: round(1000 * statistics.median(v), 2) for k, v in times.items()},
+                        "ks_vs_never_seen": tests,
+                        "ttft_s": times,
+                    }
                     if args.plot:
                         plot(times, tests, args.plot)
             finally:

@@ -37,7 +37,6 @@ from serve_report import BEGIN, END, command_line, machine, markdown, plot, summ
 from serve_workload import Spec, _counts, _range, make_workload
 
 
-
 def read_key(args) -> str | None:
     if args.key:
         return None if args.key.lower() == "none" else args.key
@@ -52,25 +51,41 @@ def read_key(args) -> str | None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default="http://127.0.0.1:8080", help="TorchServe inference address")
-    p.add_argument("--endpoint", action="append", default=[],
-                   help="full OpenAI completions URL instead of TorchServe's path; once for all --model, "
-                        "or once per --model")
-    p.add_argument("--model", action="append", required=True,
-                   help="model name (with --endpoint: the system's label); repeat to compare systems "
-                        "(first = orcaserve, second = baseline)")
-    p.add_argument("--model-name", default=None,
-                   help="the body's `model` field (default: none for TorchServe, the --model value with --endpoint)")
-    p.add_argument("--key", help="inference key, or `none` for no Authorization header "
-                                 "(else $ORCASERVE_KEY, else --key-file)")
+    p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        help="full OpenAI completions URL instead of TorchServe's path; once for all --model, or once per --model",
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="model name (with --endpoint: the system's label); repeat to compare systems "
+        "(first = orcaserve, second = baseline)",
+    )
+    p.add_argument(
+        "--model-name",
+        default=None,
+        help="the body's `model` field (default: none for TorchServe, the --model value with --endpoint)",
+    )
+    p.add_argument(
+        "--key", help="inference key, or `none` for no Authorization header (else $ORCASERVE_KEY, else --key-file)"
+    )
     p.add_argument("--key-file", default="key_file.json", help="TorchServe's key_file.json")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="one Poisson arrival rate (req/s)")
     load.add_argument("--rates", help="comma-separated Poisson rates (a sweep)")
-    load.add_argument("--concurrency", type=int, help="closed loop: this many clients back to back, "
-                                                       "--num-requests requests in all")
-    p.add_argument("--num-requests", type=_counts, default=None,
-                   help="requests per rate: N, or N1,N2,... one per rate (default: rate x --duration, "
-                        "at least 8; concurrency: 32 in all)")
+    load.add_argument(
+        "--concurrency", type=int, help="closed loop: this many clients back to back, --num-requests requests in all"
+    )
+    p.add_argument(
+        "--num-requests",
+        type=_counts,
+        default=None,
+        help="requests per rate: N, or N1,N2,... one per rate (default: rate x --duration, "
+        "at least 8; concurrency: 32 in all)",
+    )
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
     p.add_argument("--input-len", type=_range, default=(8, 128), help="prompt tokens A:B, uniform")
     p.add_argument("--output-len", type=_range, default=(1, 128), help="max_tokens A:B, uniform")
@@ -133,11 +148,18 @@ def _describe(args: argparse.Namespace, plan: Plan) -> str:
     if args.dataset:
         desc = f"{args.dataset}, output max_tokens from the file or U{list(args.output_len)}"
     else:
-        desc = (f"synthetic token-id prompts, input U[{args.input_len[0]}, {args.input_len[1]}] tokens, output "
-                f"U[{args.output_len[0]}, {args.output_len[1]}] tokens (max_tokens, ignore_eos, greedy), seed {args.seed}")
-    per_rate = f"{'/'.join(map(str, args.num_requests))} requests" if args.num_requests else f"{args.duration:g} s of arrivals"
-    load_desc = (f"Poisson arrivals, {per_rate} per rate" if plan.rates != [None]
-                 else f"closed loop, {args.concurrency} clients, {plan.counts[None]} requests")
+        desc = (
+            f"synthetic token-id prompts, input U[{args.input_len[0]}, {args.input_len[1]}] tokens, output "
+            f"U[{args.output_len[0]}, {args.output_len[1]}] tokens (max_tokens, ignore_eos, greedy), seed {args.seed}"
+        )
+    per_rate = (
+        f"{'/'.join(map(str, args.num_requests))} requests" if args.num_requests else f"{args.duration:g} s of arrivals"
+    )
+    load_desc = (
+        f"Poisson arrivals, {per_rate} per rate"
+        if plan.rates != [None]
+        else f"closed loop, {args.concurrency} clients, {plan.counts[None]} requests"
+    )
     return f"{desc}; {load_desc}"
 
 
@@ -163,8 +185,18 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
     try:
         for rate in plan.rates:  # interleave systems per rate: drifting machine load hits both alike
             for model, url, name in plan.targets:
-                res = run_one(url, model, plan.headers, specs[: plan.counts[rate]], rate, args.concurrency, args.seed,
-                              args.timeout, bar, name)
+                res = run_one(
+                    url,
+                    model,
+                    plan.headers,
+                    specs[: plan.counts[rate]],
+                    rate,
+                    args.concurrency,
+                    args.seed,
+                    args.timeout,
+                    bar,
+                    name,
+                )
                 results += res
                 summaries.append(summarize(res, rate, args.concurrency))
     finally:
@@ -177,8 +209,9 @@ def main(argv=None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     plan = _plan(args, p)
-    specs = make_workload(max(plan.counts.values()), args.seed, args.input_len, args.output_len, args.token_range,
-                          args.dataset)
+    specs = make_workload(
+        max(plan.counts.values()), args.seed, args.input_len, args.output_len, args.token_range, args.dataset
+    )
     if not _warm_up(args, plan):
         return 2
     all_results, summaries = _run_all(args, plan, specs)
@@ -191,10 +224,17 @@ def main(argv=None) -> int:
         "endpoints": {model: url for model, url, _ in plan.targets},
         "model_name": args.model_name,
         "systems": args.model,
-        "workload": {"description": _describe(args, plan), "input_len": list(args.input_len),
-                     "output_len": list(args.output_len), "dataset": args.dataset, "seed": args.seed,
-                     "rates": plan.rates, "num_requests": [plan.counts[r] for r in plan.rates],
-                     "concurrency": args.concurrency, "duration_s": args.duration},
+        "workload": {
+            "description": _describe(args, plan),
+            "input_len": list(args.input_len),
+            "output_len": list(args.output_len),
+            "dataset": args.dataset,
+            "seed": args.seed,
+            "rates": plan.rates,
+            "num_requests": [plan.counts[r] for r in plan.rates],
+            "concurrency": args.concurrency,
+            "duration_s": args.duration,
+        },
         "summaries": summaries,
         "verdict": verdict(summaries, args.model[0], args.model[1]) if len(args.model) >= 2 else None,
         "plot": plot_path,

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import requests
-
 from serve_workload import Spec, poisson_offsets
 
 
@@ -32,10 +31,17 @@ class Result:
     batch: dict | None = field(default=None)  # the baseline's batch (start/end/size), if reported
 
 
-def send(url: str, headers: dict, spec: Spec, system: str, rate: float | None, timeout: float,
-         model_name: str | None = None) -> Result:
-    body = {"prompt": spec.prompt, "max_tokens": spec.max_tokens, "temperature": 0.0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+def send(
+    url: str, headers: dict, spec: Spec, system: str, rate: float | None, timeout: float, model_name: str | None = None
+) -> Result:
+    body = {
+        "prompt": spec.prompt,
+        "max_tokens": spec.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if model_name:
         body["model"] = model_name
     res = Result(spec.index, system, rate, spec.input_len, spec.max_tokens)
@@ -89,8 +95,18 @@ def send(url: str, headers: dict, spec: Spec, system: str, rate: float | None, t
 
 
 # ---- one run (system x rate) -----------------------------------------------------------------
-def run_one(url: str, model: str, headers: dict, specs: list[Spec], rate: float | None, concurrency: int | None,
-            seed: int, timeout: float, bar=None, model_name: str | None = None) -> list[Result]:
+def run_one(
+    url: str,
+    model: str,
+    headers: dict,
+    specs: list[Spec],
+    rate: float | None,
+    concurrency: int | None,
+    seed: int,
+    timeout: float,
+    bar=None,
+    model_name: str | None = None,
+) -> list[Result]:
     """One system at one load: Poisson arrivals at `rate`, or `concurrency` closed-loop clients
     that share `specs` (each takes the next request when its last one ends) until all are sent."""
     results: list[Result] = []
@@ -102,8 +118,10 @@ def run_one(url: str, model: str, headers: dict, specs: list[Spec], rate: float 
             results.append(res)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(f"{model} rate={rate if rate is not None else f'c{concurrency}'} "
-                                    f"errors={sum(r.error is not None for r in results)}")
+                bar.set_postfix_str(
+                    f"{model} rate={rate if rate is not None else f'c{concurrency}'} "
+                    f"errors={sum(r.error is not None for r in results)}"
+                )
 
     if concurrency:
         queue = list(specs)

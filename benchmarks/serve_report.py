@@ -22,20 +22,30 @@ def pct(values: list[float], q: float) -> float | None:
 
 def summarize(results: list, rate: float | None, concurrency: int | None) -> dict:
     ok = [r for r in results if r.error is None]
-    out: dict = {"system": results[0].system if results else None, "rate": rate, "concurrency": concurrency,
-                 "requests": len(results), "completed": len(ok), "errors": len(results) - len(ok)}
+    out: dict = {
+        "system": results[0].system if results else None,
+        "rate": rate,
+        "concurrency": concurrency,
+        "requests": len(results),
+        "completed": len(ok),
+        "errors": len(results) - len(ok),
+    }
     if not ok:
         return out
     first = min(r.sent for r in ok)
     last = max(r.sent + r.e2e for r in ok)
     span = max(last - first, 1e-9)
     tokens = sum(r.output_tokens for r in ok)
-    out.update(duration_s=span, request_throughput=len(ok) / span, output_tokens_per_s=tokens / span,
-               output_tokens=tokens, input_tokens=sum(max(r.input_len, 0) for r in ok))
+    out.update(
+        duration_s=span,
+        request_throughput=len(ok) / span,
+        output_tokens_per_s=tokens / span,
+        output_tokens=tokens,
+        input_tokens=sum(max(r.input_len, 0) for r in ok),
+    )
     for name in ("ttft", "tpot", "e2e"):
         vals = [getattr(r, name) for r in ok if getattr(r, name) is not None]
-        out[name] = {"mean": sum(vals) / len(vals) if vals else None,
-                     **{f"p{q}": pct(vals, q) for q in (50, 90, 99)}}
+        out[name] = {"mean": sum(vals) / len(vals) if vals else None, **{f"p{q}": pct(vals, q) for q in (50, 90, 99)}}
     # Saturated: the server no longer keeps up with the offered load (throughput falls behind the
     # rate, or latency keeps growing over the run as the queue builds up).
     # Unsaturated, the run lasts about (arrival span + a typical latency): the server completes
@@ -51,8 +61,12 @@ def summarize(results: list, rate: float | None, concurrency: int | None) -> dic
         arrival_span = max(arrivals[-1].sent - arrivals[0].sent, 1e-9)
         realized = (len(ok) - 1) / arrival_span
         served = (len(ok) - 1) / max(span - out["e2e"]["p50"], 1e-9)
-        out.update(offered_rate=rate, realized_rate=realized, served_rate=served,
-                   latency_growth=late / early if early else None)
+        out.update(
+            offered_rate=rate,
+            realized_rate=realized,
+            served_rate=served,
+            latency_growth=late / early if early else None,
+        )
         out["saturated"] = bool(served < 0.8 * realized or (early and late > 2.0 * early))
     return out
 
@@ -73,14 +87,25 @@ def verdict(summaries: list[dict], ours: str, baseline: str) -> dict | None:
         sa = next((s for s in a if s.get("rate") == sb["rate"]), None)
         if sa is None:
             continue
-        rows.append({"rate": sb["rate"], ours: sa["e2e"]["p50"], baseline: sb["e2e"]["p50"],
-                     "lower": sa["e2e"]["p50"] < sb["e2e"]["p50"]})
+        rows.append(
+            {
+                "rate": sb["rate"],
+                ours: sa["e2e"]["p50"],
+                baseline: sb["e2e"]["p50"],
+                "lower": sa["e2e"]["p50"] < sb["e2e"]["p50"],
+            }
+        )
     errors = sum(s["errors"] for s in summaries)
-    return {"system": ours, "baseline": baseline, "peak_output_tokens_per_s": {ours: peak_a, baseline: peak_b},
-            "peak_ratio": peak_a / peak_b if peak_b else None, "peak_ratio_at_least_3x": peak_b > 0 and peak_a >= 3 * peak_b,
-            "p50_e2e_at_unsaturated_baseline_rates": rows,
-            "p50_e2e_lower_at_all_unsaturated": bool(rows) and all(r["lower"] for r in rows),
-            "errors": errors}
+    return {
+        "system": ours,
+        "baseline": baseline,
+        "peak_output_tokens_per_s": {ours: peak_a, baseline: peak_b},
+        "peak_ratio": peak_a / peak_b if peak_b else None,
+        "peak_ratio_at_least_3x": peak_b > 0 and peak_a >= 3 * peak_b,
+        "p50_e2e_at_unsaturated_baseline_rates": rows,
+        "p50_e2e_lower_at_all_unsaturated": bool(rows) and all(r["lower"] for r in rows),
+        "errors": errors,
+    }
 
 
 _SAT = {True: "yes", False: "no"}
@@ -114,21 +139,30 @@ def markdown(report: dict) -> str:
             f"| {_f(s['request_throughput'])} | {_f(s['output_tokens_per_s'], '.1f')} "
             f"| {_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])} | {_f(s['tpot']['p50'], '.3f')} "
             f"| {_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])} "
-            f"| {_SAT.get(s.get('saturated'), '-')} |")
+            f"| {_SAT.get(s.get('saturated'), '-')} |"
+        )
     v = report.get("verdict")
     if v:
         ours, base = v["system"], v["baseline"]
         peak = v["peak_output_tokens_per_s"]
-        lines += ["", f"Peak output tokens/s: {ours} {peak[ours]:.1f}, {base} {peak[base]:.1f}: "
-                      f"**{_f(v['peak_ratio'])}x** (target >= 3x: {'met' if v['peak_ratio_at_least_3x'] else 'NOT met'})."]
+        lines += [
+            "",
+            f"Peak output tokens/s: {ours} {peak[ours]:.1f}, {base} {peak[base]:.1f}: "
+            f"**{_f(v['peak_ratio'])}x** (target >= 3x: {'met' if v['peak_ratio_at_least_3x'] else 'NOT met'}).",
+        ]
         rows = v["p50_e2e_at_unsaturated_baseline_rates"]
         if rows:
             parts = [f"{r['rate']} req/s: {r[ours]:.2f} s vs {r[base]:.2f} s" for r in rows]
-            lines.append(f"p50 e2e where {base} is not saturated ({ours} vs {base}): " + "; ".join(parts)
-                         + f" (lower at every such rate: {'yes' if v['p50_e2e_lower_at_all_unsaturated'] else 'NO'}).")
+            lines.append(
+                f"p50 e2e where {base} is not saturated ({ours} vs {base}): "
+                + "; ".join(parts)
+                + f" (lower at every such rate: {'yes' if v['p50_e2e_lower_at_all_unsaturated'] else 'NO'})."
+            )
         else:
-            lines.append(f"{base} was saturated (or had too few requests to tell) at every rate of this sweep: "
-                         "no p50 comparison below saturation.")
+            lines.append(
+                f"{base} was saturated (or had too few requests to tell) at every rate of this sweep: "
+                "no p50 comparison below saturation."
+            )
         lines.append(f"Errors: {v['errors']}.")
     if report.get("plot"):
         lines += ["", f"![latency vs throughput]({os.path.basename(report['plot'])})"]
@@ -146,16 +180,20 @@ def plot(report: dict, path: str) -> None:
     systems = list(dict.fromkeys(s["system"] for s in report["summaries"]))
     for ax, metric, title in ((axes[0], "e2e", "end-to-end latency"), (axes[1], "ttft", "time to first token")):
         for color, system in zip(colors, systems):
-            pts = sorted((s["output_tokens_per_s"], s[metric]["p50"], s[metric]["p99"], s["rate"] or s["concurrency"])
-                         for s in report["summaries"] if s["system"] == system and s.get("completed"))
+            pts = sorted(
+                (s["output_tokens_per_s"], s[metric]["p50"], s[metric]["p99"], s["rate"] or s["concurrency"])
+                for s in report["summaries"]
+                if s["system"] == system and s.get("completed")
+            )
             if not pts:
                 continue
             x = [p[0] for p in pts]
             ax.plot(x, [p[1] for p in pts], "o-", color=color, label=f"{system} p50")
             ax.plot(x, [p[2] for p in pts], "s--", color=color, alpha=0.6, label=f"{system} p99")
             for p in pts:
-                ax.annotate(f"{p[3]:g}", (p[0], p[1]), textcoords="offset points", xytext=(3, 3), fontsize=7,
-                            color=color)
+                ax.annotate(
+                    f"{p[3]:g}", (p[0], p[1]), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color
+                )
         ax.set_xlabel("achieved output tokens/s")
         ax.set_ylabel("seconds")
         ax.set_yscale("log")
@@ -195,8 +233,13 @@ def machine() -> dict:
     except (ValueError, OSError):
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {"cpu": cpu, "cores": cores, "memory_gib": round(mem, 1) if mem else None,
-            "os": platform.platform(), "python": platform.python_version()}
+    info = {
+        "cpu": cpu,
+        "cores": cores,
+        "memory_gib": round(mem, 1) if mem else None,
+        "os": platform.platform(),
+        "python": platform.python_version(),
+    }
     try:
         import torch
 

@@ -12,13 +12,16 @@ import random
 from dataclasses import dataclass
 
 
-def offline_workload(num_prompts: int, seed: int, prompt_len: tuple[int, int], output_len: tuple[int, int],
-                     vocab: int) -> list[tuple[list[int], int]]:
+def offline_workload(
+    num_prompts: int, seed: int, prompt_len: tuple[int, int], output_len: tuple[int, int], vocab: int
+) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) pairs: random ids >= 100 (past special and control
     tokens), lengths uniform in the given ranges."""
     rng = random.Random(seed)
-    return [([rng.randrange(100, vocab) for _ in range(rng.randint(*prompt_len))], rng.randint(*output_len))
-            for _ in range(num_prompts)]
+    return [
+        ([rng.randrange(100, vocab) for _ in range(rng.randint(*prompt_len))], rng.randint(*output_len))
+        for _ in range(num_prompts)
+    ]
 
 
 def add_offline_args(ap: argparse.ArgumentParser) -> None:
@@ -57,8 +60,14 @@ def _range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
-def make_workload(n: int, seed: int, input_len: tuple[int, int], output_len: tuple[int, int],
-                  token_range: tuple[int, int], dataset: str | None = None) -> list[Spec]:
+def make_workload(
+    n: int,
+    seed: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    token_range: tuple[int, int],
+    dataset: str | None = None,
+) -> list[Spec]:
     """`n` requests: synthetic token-id prompts, or lines of a JSONL dataset (cycled)."""
     rng = random.Random(seed)
     specs = []

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from orcaserve.scheduler.config import EngineConfig
 
@@ -42,7 +42,7 @@ def resolve_model_path(path: Any, model_dir: str | None) -> str:
 def _positive(name: str, value: Any, kind: type | tuple[type, ...] = int, allow_none: bool = True) -> Any:
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, kind) or cast(Any, value) <= 0:
         what = "an integer" if kind is int else "a number"
         raise ValueError(f"{name} must be a positive {what}{' or null' if allow_none else ''}, got {value!r}")
     return value
@@ -85,17 +85,28 @@ class HandlerConfig:
     max_waiting_requests: int | None = 64
     tenant_header: str | None = None
 
-    SERVING_KEYS = ("model_path", "default_timeout", "default_max_tokens", "served_model_name", "num_threads",
-                    "max_body_bytes", "max_tokens_limit", "max_waiting_requests", "tenant_header")
+    SERVING_KEYS = (
+        "model_path",
+        "default_timeout",
+        "default_max_tokens",
+        "served_model_name",
+        "num_threads",
+        "max_body_bytes",
+        "max_tokens_limit",
+        "max_waiting_requests",
+        "tenant_header",
+    )
 
     @classmethod
-    def from_dict(cls, section: dict, model_dir: str | None = None) -> "HandlerConfig":
+    def from_dict(cls, section: dict, model_dir: str | None = None) -> HandlerConfig:
         """Validate the section; an unknown key raises ValueError naming it."""
         section = dict(section)
         for key in section:
             if key not in cls.SERVING_KEYS and key not in ENGINE_ARGS:
-                raise ValueError(f"unknown key {key!r} in model-config.yaml handler section; "
-                                 f"known: {sorted(set(cls.SERVING_KEYS) | set(ENGINE_ARGS))}")
+                raise ValueError(
+                    f"unknown key {key!r} in model-config.yaml handler section; "
+                    f"known: {sorted(set(cls.SERVING_KEYS) | set(ENGINE_ARGS))}"
+                )
         path = resolve_model_path(section.pop("model_path", "default"), model_dir)
         serving: dict[str, Any] = {
             "default_timeout": _positive("default_timeout", section.pop("default_timeout", None), (int, float)),

@@ -30,7 +30,7 @@ class FaultInjector:
 
     def arm(self, request_id: str, user: object) -> None:
         if self.enabled and isinstance(user, str) and user.startswith(PREFIX):
-            self._faults[request_id] = user[len(PREFIX):]
+            self._faults[request_id] = user[len(PREFIX) :]
 
     def disarm(self, request_id: str) -> None:
         self._faults.pop(request_id, None)

@@ -12,8 +12,12 @@ import json
 import socket
 import struct
 
-WORKER_GONE = {"message": "the model worker stopped unexpectedly; retry the request", "type": "server_error",
-               "param": None, "code": None}
+WORKER_GONE = {
+    "message": "the model worker stopped unexpectedly; retry the request",
+    "type": "server_error",
+    "param": None,
+    "code": None,
+}
 
 
 def _s(data: bytes) -> bytes:
@@ -36,14 +40,14 @@ def final_frames(request_id: str, started: bool, error: dict = WORKER_GONE) -> b
     if started:
         body = f"data: {json.dumps({'error': error})}\n\ndata: [DONE]\n\n".encode()
         return response_frame(request_id, body, 200, "text/event-stream", {"ts_stream_next": "false"})
-    return (response_frame(request_id, json.dumps({"error": error}).encode(), 503, "application/json",
-                           {"Retry-After": "5"})
-            + response_frame(request_id, b"", 200, "", {"ts_stream_next": "false"}))
+    return response_frame(
+        request_id, json.dumps({"error": error}).encode(), 503, "application/json", {"Retry-After": "5"}
+    ) + response_frame(request_id, b"", 200, "", {"ts_stream_next": "false"})
 
 
 def written_requests(frame: bytes) -> list[tuple[str, bool]]:
     """(request id, whether this frame releases it) for each prediction of a response frame."""
-    out = []
+    out: list[tuple[str, bool]] = []
     pos = 4
     (n,) = struct.unpack_from("!i", frame, pos)
     pos += 4 + n  # message
@@ -51,7 +55,7 @@ def written_requests(frame: bytes) -> list[tuple[str, bool]]:
         (n,) = struct.unpack_from("!i", frame, pos)
         if n == -1:
             return out
-        rid = frame[pos + 4:pos + 4 + n].decode()
+        rid = frame[pos + 4 : pos + 4 + n].decode()
         pos += 4 + n
         (n,) = struct.unpack_from("!i", frame, pos)
         pos += 4 + n + 4  # content type, status
@@ -62,10 +66,10 @@ def written_requests(frame: bytes) -> list[tuple[str, bool]]:
         final = False
         for _ in range(count):
             (n,) = struct.unpack_from("!i", frame, pos)
-            key = frame[pos + 4:pos + 4 + n]
+            key = frame[pos + 4 : pos + 4 + n]
             pos += 4 + n
             (n,) = struct.unpack_from("!i", frame, pos)
-            final |= key == b"ts_stream_next" and frame[pos + 4:pos + 4 + n] == b"false"
+            final |= key == b"ts_stream_next" and frame[pos + 4 : pos + 4 + n] == b"false"
             pos += 4 + n
         (n,) = struct.unpack_from("!i", frame, pos)
         pos += 4 + max(n, 0)  # body
@@ -94,7 +98,7 @@ def parse_inference(buf: bytes | bytearray) -> tuple[int, list[str]] | None:
         if pos + n > len(buf):
             raise IndexError
         pos += n
-        return bytes(buf[pos - n:pos])
+        return bytes(buf[pos - n : pos])
 
     try:
         while (n := length()) != -1:

@@ -61,10 +61,16 @@ class EngineMetrics:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
-        self._counted = {"orca_preemptions_total": 0, "orca_aborts_total": 0, "orca_steps_total": 0,
-                         "orca_generation_tokens_total": 0, "orca_step_tokens_total": 0,
-                         "orca_request_failures_total": 0, "orca_prefix_cache_queries_total": 0,
-                         "orca_prefix_cache_hits_total": 0}
+        self._counted = {
+            "orca_preemptions_total": 0,
+            "orca_aborts_total": 0,
+            "orca_steps_total": 0,
+            "orca_generation_tokens_total": 0,
+            "orca_step_tokens_total": 0,
+            "orca_request_failures_total": 0,
+            "orca_prefix_cache_queries_total": 0,
+            "orca_prefix_cache_hits_total": 0,
+        }
         self._step_tokens = 0
         self._last_step = 0
         # Announce every non-histogram series at zero: the frontend registers a backend metric only
@@ -88,18 +94,32 @@ class EngineMetrics:
             self._step_tokens += s.last_step_tokens
         # Counters are part of the change test: an abort while idle (a deadline that passed before
         # the first step) changes no gauge, and nothing else would report it.
-        gauges = (s.num_running, s.num_waiting, s.kv_blocks_used, s.last_step_tokens, s.kv_blocks_cached_free,
-                  s.num_aborted, s.num_failed, s.num_preemptions)
+        gauges = (
+            s.num_running,
+            s.num_waiting,
+            s.kv_blocks_used,
+            s.last_step_tokens,
+            s.kv_blocks_cached_free,
+            s.num_aborted,
+            s.num_failed,
+            s.num_preemptions,
+        )
         now = time.monotonic()
         if gauges == self._last_gauges and now - self._last_gauge_time < _GAUGE_PERIOD_S:
             return
         self._last_gauges, self._last_gauge_time = gauges, now
-        self._emit_deltas({"orca_preemptions_total": s.num_preemptions, "orca_aborts_total": s.num_aborted,
-                           "orca_steps_total": s.num_steps, "orca_generation_tokens_total": s.generation_tokens,
-                           "orca_step_tokens_total": self._step_tokens,
-                           "orca_request_failures_total": s.num_failed,
-                           "orca_prefix_cache_queries_total": s.prefix_cache_queries,
-                           "orca_prefix_cache_hits_total": s.prefix_cache_hits})
+        self._emit_deltas(
+            {
+                "orca_preemptions_total": s.num_preemptions,
+                "orca_aborts_total": s.num_aborted,
+                "orca_steps_total": s.num_steps,
+                "orca_generation_tokens_total": s.generation_tokens,
+                "orca_step_tokens_total": self._step_tokens,
+                "orca_request_failures_total": s.num_failed,
+                "orca_prefix_cache_queries_total": s.prefix_cache_queries,
+                "orca_prefix_cache_hits_total": s.prefix_cache_hits,
+            }
+        )
         self._emit("orca_num_requests_running", s.num_running)
         self._emit("orca_num_requests_waiting", s.num_waiting)
         self._emit("orca_kv_blocks_used", s.kv_blocks_used)

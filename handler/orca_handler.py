@@ -24,7 +24,9 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 import torch
 
@@ -53,7 +55,7 @@ def _start_supervisor(context: Any, props: dict) -> supervisor.SupervisorLink | 
     The connection is not handed to handlers: during `initialize` it is the `cl_socket` local of
     TorchServe's `handle_connection_async`, up the stack (ts 0.12). Finding it there means
     observing from the first request on, at a message boundary."""
-    frame = sys._getframe()
+    frame: FrameType | None = sys._getframe()
     while frame is not None and not isinstance(frame.f_locals.get("cl_socket"), socket.socket):
         frame = frame.f_back
     if frame is None:
@@ -73,9 +75,14 @@ def _start_supervisor(context: Any, props: dict) -> supervisor.SupervisorLink | 
 def _load_spec(context: Any, props: dict) -> dict:
     """What TorchServe's LOAD message said, so that a replacement worker loads the same way."""
     manifest = getattr(context, "manifest", None) or {}
-    return {"model_name": getattr(context, "model_name", None), "model_dir": props.get("model_dir"),
-            "batch_size": props.get("batch_size") or 1, "handler": (manifest.get("model") or {}).get("handler"),
-            "gpu": props.get("gpu_id"), "limit_max_image_pixels": props.get("limit_max_image_pixels", True)}
+    return {
+        "model_name": getattr(context, "model_name", None),
+        "model_dir": props.get("model_dir"),
+        "batch_size": props.get("batch_size") or 1,
+        "handler": (manifest.get("model") or {}).get("handler"),
+        "gpu": props.get("gpu_id"),
+        "limit_max_image_pixels": props.get("limit_max_image_pixels", True),
+    }
 
 
 def _metrics_config() -> str:
@@ -122,28 +129,43 @@ class OrcaHandler:
             self._tokenizer = copy.deepcopy(engine.tokenizer)
             if self._faults.enabled:
                 engine.fault_hook = self._faults.hook
-            log.info("orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)", name,
-                     engine.max_model_len, engine.stats.num_blocks, torch.get_num_threads())
+            log.info(
+                "orcaserve: %s ready (max_model_len=%d, %d KV blocks, %d torch threads)",
+                name,
+                engine.max_model_len,
+                engine.stats.num_blocks,
+                torch.get_num_threads(),
+            )
             return engine
 
-        self._serve_loop(lambda on_step: EngineLoop.launch(build, on_step, config.max_waiting_requests,
-                                                           self._on_loop_death),
-                         config, getattr(context, "metrics", None), name)
+        self._serve_loop(
+            lambda on_step: EngineLoop.launch(build, on_step, config.max_waiting_requests, self._on_loop_death),
+            config,
+            getattr(context, "metrics", None),
+            name,
+        )
         self._guard_worker = True
         # A replacement worker's link is already on its socket (takeover.py); a worker TorchServe
         # started gets its supervisor now, while its socket is between messages.
-        self._link = socket_lock.observer() or _start_supervisor(context, props)
+        link = socket_lock.observer()
+        self._link = link if isinstance(link, supervisor.SupervisorLink) else _start_supervisor(context, props)
         self._install_sigterm()
 
-    def start(self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model") -> None:
+    def start(
+        self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model"
+    ) -> None:
         """Serve `engine` (already built): start the loop thread that owns it from now on."""
         self._tokenizer = copy.deepcopy(engine.tokenizer)
-        self._serve_loop(lambda on_step: EngineLoop(engine, on_step, config.max_waiting_requests,
-                                                    self._on_loop_death).start(),
-                         config, metrics_cache, model_name)
+        self._serve_loop(
+            lambda on_step: EngineLoop(engine, on_step, config.max_waiting_requests, self._on_loop_death).start(),
+            config,
+            metrics_cache,
+            model_name,
+        )
 
-    def _serve_loop(self, make_loop: Callable[[Callable], EngineLoop], config: HandlerConfig,
-                    metrics_cache: Any, model_name: str) -> None:
+    def _serve_loop(
+        self, make_loop: Callable[[Callable], EngineLoop], config: HandlerConfig, metrics_cache: Any, model_name: str
+    ) -> None:
         self.config, self.model_name = config, model_name
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.engine_loop = make_loop(self.metrics.on_step)
@@ -167,8 +189,9 @@ class OrcaHandler:
         # The loop has answered its requests already; a worker without an engine must not linger
         # answering 503: exit, and TorchServe starts a new worker.
         if self._guard_worker:  # from another thread: this one is the dying loop thread
-            threading.Thread(target=self.exit_process, args=(1, f"engine loop died: {type(error).__name__}: {error}"),
-                             daemon=True).start()
+            threading.Thread(
+                target=self.exit_process, args=(1, f"engine loop died: {type(error).__name__}: {error}"), daemon=True
+            ).start()
 
     def exit_process(self, code: int, reason: str) -> None:
         """Stop the loop (its requests end with 503), let their final frames go out, then exit."""
@@ -223,34 +246,48 @@ class OrcaHandler:
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
-        cfg = self.config
-        self._check_size(raw, context.get_request_header(0, "content-length"))
+        cfg, metrics = self.config, self.metrics
+        assert cfg is not None and metrics is not None  # set with `initialized`
+        self._check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
-        req = parse_request(body, kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens,
-                            cfg.max_tokens_limit)
+        req = parse_request(
+            body, kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit
+        )
         salt = derive_cache_salt(cfg.tenant_header, context.get_all_request_header(0) or {}, req.cache_salt)
         self._faults.arm(request_id, body.get("user"))
-        stream = self.engine_loop.submit(request_id, req.prompt, req.params, req.priority, req.timeout,
-                                         asyncio.get_running_loop(), cache_salt=salt)
+        stream = self.engine_loop.submit(
+            request_id, req.prompt, req.params, req.priority, req.timeout, asyncio.get_running_loop(), cache_salt=salt
+        )
         try:
             if req.stream:
-                return await self._relay(stream, req, reply, request_id)
+                return await self._relay(stream, req, reply, request_id, metrics)
             final = None
             async for out in stream:
                 final = out
             if final is None:
                 raise RequestError(500, "the request ended without output")
-            self.metrics.on_finish(final)
+            metrics.on_finish(final)
             context.set_response_content_type(0, "application/json")
-            return json.dumps(final_response(kind, request_id, self.model_name, final.text, final.finish_reason,
-                                             final.prompt_tokens, final.completion_tokens,
-                                             cached_tokens=final.num_cached_tokens))
+            return json.dumps(
+                final_response(
+                    kind,
+                    request_id,
+                    self.model_name,
+                    final.text,
+                    final.finish_reason,
+                    final.prompt_tokens,
+                    final.completion_tokens,
+                    cached_tokens=final.num_cached_tokens,
+                )
+            )
         finally:
             self._faults.disarm(request_id)
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
                 self.engine_loop.abort(request_id)
 
-    async def _relay(self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str) -> str:
+    async def _relay(
+        self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str, metrics: EngineMetrics
+    ) -> str:
         """Stream SSE chunks as tokens arrive; returns the last frame (ends with `[DONE]`).
 
         The HTTP status goes out with the first frame, so nothing is sent before the request has
@@ -270,9 +307,19 @@ class OrcaHandler:
                     pieces.append(sse(stream_chunk(kind, request_id, model, created, text=text)))
                 last = outputs[-1]
                 if last.finished:
-                    self.metrics.on_finish(last)
-                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text=None if kind == CHAT else "",
-                                                   finish_reason=last.finish_reason)))
+                    metrics.on_finish(last)
+                    pieces.append(
+                        sse(
+                            stream_chunk(
+                                kind,
+                                request_id,
+                                model,
+                                created,
+                                text=None if kind == CHAT else "",
+                                finish_reason=last.finish_reason,
+                            )
+                        )
+                    )
                     if req.include_usage:
                         usage = (last.prompt_tokens, last.completion_tokens, last.num_cached_tokens)
                         pieces.append(sse(stream_chunk(kind, request_id, model, created, usage=usage)))
@@ -291,9 +338,9 @@ class OrcaHandler:
     def _render_chat(self, messages: list[dict]) -> str:
         return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def _check_size(self, raw: Any, content_length: str | None) -> None:
-        """`max_body_bytes`: from Content-Length when the frontend passes it, else measured."""
-        limit = self.config.max_body_bytes
+    @staticmethod
+    def _check_size(raw: Any, content_length: str | None, limit: int | None) -> None:
+        """`max_body_bytes` (`limit`): from Content-Length when the frontend passes it, else measured."""
         if limit is None:
             return
         if content_length and content_length.strip().isdigit():
@@ -306,8 +353,9 @@ class OrcaHandler:
             except (ValueError, RecursionError):
                 return  # decode_body refuses it next, with a better reason
         if size > limit:
-            raise ProtocolError(f"request body has {size} bytes; this server accepts at most {limit} "
-                                "(max_body_bytes)", None, 413)
+            raise ProtocolError(
+                f"request body has {size} bytes; this server accepts at most {limit} (max_body_bytes)", None, 413
+            )
 
     @staticmethod
     def _engine_error(e: RequestError) -> dict:

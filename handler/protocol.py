@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from orcaserve.scheduler.sampling_params import SamplingParams
 
@@ -20,25 +21,50 @@ CHAT = "chat"
 # Fields a client may send; anything else is an error naming the field (typos must not pass
 # silently: `max_token` would otherwise quietly generate 16 tokens).
 _COMMON = {
-    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty",
-    "frequency_penalty", "stream", "stream_options", "user", "n", "logit_bias",
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "stream",
+    "stream_options",
+    "user",
+    "n",
+    "logit_bias",
     # extensions
-    "top_k", "min_p", "repetition_penalty", "ignore_eos", "stop_token_ids", "priority", "timeout",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "stop_token_ids",
+    "priority",
+    "timeout",
     "cache_salt",  # vLLM's name: subdivides prefix-cache sharing (handler/tenancy.py)
 }
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
 _ROLES = {"system", "user", "assistant", "developer"}
 # Reason phrases for the statuses the handlers answer with.
-HTTP_PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout", 413: "Payload Too Large",
-                500: "Internal Server Error", 503: "Service Unavailable"}
+HTTP_PHRASES = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    408: "Request Timeout",
+    413: "Payload Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 class ProtocolError(Exception):
     """A request the server refuses; becomes an OpenAI error body with `status`."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 type_: str = "invalid_request_error") -> None:
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400, type_: str = "invalid_request_error"
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -76,8 +102,9 @@ def route(url_path: str | None) -> str:
         return COMPLETIONS
     if path in ("v1/chat/completions", "chat/completions"):
         return CHAT
-    raise ProtocolError(f"unknown path {url_path!r}; use v1/completions or v1/chat/completions",
-                        None, 404, "not_found_error")
+    raise ProtocolError(
+        f"unknown path {url_path!r}; use v1/completions or v1/chat/completions", None, 404, "not_found_error"
+    )
 
 
 MAX_NESTING = 32
@@ -114,8 +141,9 @@ def _check_values(value: Any, path: str, depth: int) -> None:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise ProtocolError(f"{path or 'request body'} is not valid Unicode (an unpaired UTF-16 surrogate)",
-                                field) from None
+            raise ProtocolError(
+                f"{path or 'request body'} is not valid Unicode (an unpaired UTF-16 surrogate)", field
+            ) from None
     elif isinstance(value, dict):
         for k, v in value.items():
             _check_values(k, path, depth + 1)
@@ -164,8 +192,9 @@ def _parse_messages(messages: Any) -> list[dict]:
             raise ProtocolError(f"messages[{i}] must be an object with role in {sorted(_ROLES)}", "messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is supported
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
                 raise ProtocolError(f"messages[{i}].content parts must be text parts", "messages")
             content = "".join(p["text"] for p in content)
         if not isinstance(content, str):
@@ -220,8 +249,18 @@ def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
             raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
     _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
     values = {"max_tokens": max_tokens, "stop": stop or []}
-    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "seed", "ignore_eos", "stop_token_ids"):
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "ignore_eos",
+        "stop_token_ids",
+    ):
         if body.get(name) is not None:
             values[name] = body[name]
     try:
@@ -259,8 +298,17 @@ def parse_request(
     _expect(body, "model", lambda v: isinstance(v, str), "a string")
     _expect(body, "user", lambda v: isinstance(v, str), "a string")
     stream = _expect(body, "stream", lambda v: isinstance(v, bool), "a boolean") or False
-    opts = _expect(body, "stream_options", lambda v: isinstance(v, dict) and set(v) <= {"include_usage"}
-                   and isinstance(v.get("include_usage", False), bool), "{'include_usage': bool}") or {}
+    opts = (
+        _expect(
+            body,
+            "stream_options",
+            lambda v: (
+                isinstance(v, dict) and set(v) <= {"include_usage"} and isinstance(v.get("include_usage", False), bool)
+            ),
+            "{'include_usage': bool}",
+        )
+        or {}
+    )
     if opts and not stream:
         raise ProtocolError("stream_options needs stream: true", "stream_options")
     priority = _expect(body, "priority", _is_int, "an integer") or 0
@@ -269,5 +317,6 @@ def parse_request(
     if timeout is None or (default_timeout is not None and timeout > default_timeout):
         timeout = default_timeout  # the server's deadline is also the longest a client may ask for
     params = _sampling_params(body, _max_tokens(body, kind, default_max_tokens, max_tokens_limit))
-    return ParsedRequest(kind, prompt, params, stream, bool(opts.get("include_usage")), priority,
-                         timeout, body.get("model"), cache_salt)
+    return ParsedRequest(
+        kind, prompt, params, stream, bool(opts.get("include_usage")), priority, timeout, body.get("model"), cache_salt
+    )

@@ -29,8 +29,9 @@ class Reply:
         """An intermediate frame (written now, from the asyncio thread)."""
         from ts.handler_utils.utils import send_intermediate_predict_response
 
-        send_intermediate_predict_response([text], self.context.request_ids, "Intermediate Prediction success",
-                                           200, self.context)
+        send_intermediate_predict_response(
+            [text], self.context.request_ids, "Intermediate Prediction success", 200, self.context
+        )
         self.started = True
 
     def send_complete(self, text: str) -> None:

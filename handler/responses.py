@@ -12,8 +12,11 @@ from .protocol import COMPLETIONS
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
     """OpenAI's usage object; `prompt_tokens_details.cached_tokens` (prompt tokens served from the
     prefix cache) when the server reports it (the request-level baseline has no cache)."""
-    usage: dict = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                   "total_tokens": prompt_tokens + completion_tokens}
+    usage: dict = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
     if cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return usage
@@ -23,25 +26,50 @@ def response_id(kind: str, request_id: str) -> str:
     return ("cmpl-" if kind == COMPLETIONS else "chatcmpl-") + request_id
 
 
-def final_response(kind: str, request_id: str, model: str, text: str, finish_reason: str | None,
-                   prompt_tokens: int, completion_tokens: int, created: int | None = None,
-                   cached_tokens: int | None = None) -> dict:
+def final_response(
+    kind: str,
+    request_id: str,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    created: int | None = None,
+    cached_tokens: int | None = None,
+) -> dict:
     """The non-streamed `text_completion` or `chat.completion` object."""
     created = created or int(time.time())
     if kind == COMPLETIONS:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         obj = "text_completion"
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                  "logprobs": None, "finish_reason": finish_reason}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+        }
         obj = "chat.completion"
-    return {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model,
-            "choices": [choice], "usage": _usage(prompt_tokens, completion_tokens, cached_tokens)}
+    return {
+        "id": response_id(kind, request_id),
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": _usage(prompt_tokens, completion_tokens, cached_tokens),
+    }
 
 
-def stream_chunk(kind: str, request_id: str, model: str, created: int, text: str | None = None,
-                 finish_reason: str | None = None, role: bool = False,
-                 usage: tuple[int, int] | tuple[int, int, int] | None = None) -> dict:
+def stream_chunk(
+    kind: str,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str | None = None,
+    finish_reason: str | None = None,
+    role: bool = False,
+    usage: tuple[int, int] | tuple[int, int, int] | None = None,
+) -> dict:
     """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices):
     (prompt, completion) tokens, or (prompt, completion, cached prompt) tokens."""
     obj = "text_completion" if kind == COMPLETIONS else "chat.completion.chunk"

@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> int:
@@ -45,8 +45,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stop-timeout", type=float, default=30.0, help="seconds to wait for a clean stop")
     args, extra = p.parse_known_args(argv)
     torchserve = os.path.join(os.path.dirname(sys.executable), "torchserve")
-    cmd = [torchserve, "--start", "--foreground", "--ncs", "--ts-config", args.ts_config,
-           "--model-store", args.model_store, *extra]
+    cmd = [
+        torchserve,
+        "--start",
+        "--foreground",
+        "--ncs",
+        "--ts-config",
+        args.ts_config,
+        "--model-store",
+        args.model_store,
+        *extra,
+    ]
     proc = subprocess.Popen(cmd, start_new_session=True)
     # SIGTERM (e.g. from a process manager) takes the same path as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -52,7 +52,7 @@ class LockedSocket(socket.socket):
 
     __slots__ = ()
 
-    def sendall(self, data, flags: int = 0) -> None:  # type: ignore[override]
+    def sendall(self, data, flags: int = 0) -> None:
         with _LOCK:
             obs = _OBSERVER
             if obs is None:
@@ -62,7 +62,7 @@ class LockedSocket(socket.socket):
             super().sendall(data, flags)
             obs.written()
 
-    def recv(self, bufsize: int, flags: int = 0) -> bytes:  # type: ignore[override]
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
         data = super().recv(bufsize, flags)
         obs = _OBSERVER
         if obs is not None:

@@ -74,17 +74,33 @@ class SupervisorLink:
         self._started: set[str] = set()  # requests with a frame on the socket, not yet final
 
     @classmethod
-    def start(cls, sock: socket.socket, load: dict, metrics_config: str) -> "SupervisorLink":
+    def start(cls, sock: socket.socket, load: dict, metrics_config: str) -> SupervisorLink:
         """Start the supervisor beside this worker (the one TorchServe started), while the socket
         is between messages. `load`: how a replacement loads the model, as TorchServe's LOAD did."""
         read_fd, write_fd = os.pipe()
         flag_fd = _flag_fd()
         fds = (sock.fileno(), read_fd, flag_fd)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orcaserve.handler.supervisor", "--sock-fd", str(fds[0]), "--events-fd",
-             str(read_fd), "--flag-fd", str(flag_fd), "--worker-pid", str(os.getpid()), "--load", json.dumps(load),
-             "--metrics-config", metrics_config],
-            pass_fds=fds, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "orcaserve.handler.supervisor",
+                "--sock-fd",
+                str(fds[0]),
+                "--events-fd",
+                str(read_fd),
+                "--flag-fd",
+                str(flag_fd),
+                "--worker-pid",
+                str(os.getpid()),
+                "--load",
+                json.dumps(load),
+                "--metrics-config",
+                metrics_config,
+            ],
+            pass_fds=fds,
+            stdin=subprocess.DEVNULL,
+        )
         os.close(read_fd)
         flag = mmap.mmap(flag_fd, FLAG_BYTES)
         os.close(flag_fd)
@@ -92,7 +108,7 @@ class SupervisorLink:
         return cls(write_fd, flag, proc)
 
     @classmethod
-    def attach(cls, spec: str) -> "SupervisorLink":
+    def attach(cls, spec: str) -> SupervisorLink:
         """In a replacement worker: the pipe and flag its supervisor passed (`ENV`)."""
         events_fd, flag_fd = (int(x) for x in spec.split(","))
         flag = mmap.mmap(flag_fd, FLAG_BYTES)
@@ -199,10 +215,24 @@ def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
     flag_fd = _flag_fd()
     env = dict(os.environ, **{ENV: f"{write_fd},{flag_fd}"}, TQDM_DISABLE="1")
     out = open(log_path(json.loads(load)["model_name"], "worker", os.getpid()), "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "orcaserve.handler.takeover", "--sock-fd", str(sock.fileno()),
-                             "--load", load, "--metrics-config", metrics_config],
-                            pass_fds=(sock.fileno(), write_fd, flag_fd), env=env, stdin=subprocess.DEVNULL,
-                            stdout=out, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orcaserve.handler.takeover",
+            "--sock-fd",
+            str(sock.fileno()),
+            "--load",
+            load,
+            "--metrics-config",
+            metrics_config,
+        ],
+        pass_fds=(sock.fileno(), write_fd, flag_fd),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+    )
     out.close()
     os.close(write_fd)
     flag = mmap.mmap(flag_fd, FLAG_BYTES)
@@ -245,13 +275,20 @@ def supervise(sock: socket.socket, worker: _Watched, load: str, metrics_config: 
             _log_to_file(path)
             first = False
         if worker.flag[0] or worker.flag[1]:
-            log.error("orcaserve supervisor: worker %d died while %s; %d requests cannot be answered, and the "
-                      "connection goes back to TorchServe", worker.pid,
-                      "writing a frame" if worker.flag[0] else "reading a message", len(open_requests))
+            log.error(
+                "orcaserve supervisor: worker %d died while %s; %d requests cannot be answered, and the "
+                "connection goes back to TorchServe",
+                worker.pid,
+                "writing a frame" if worker.flag[0] else "reading a message",
+                len(open_requests),
+            )
             return
         if open_requests:
-            log.warning("orcaserve supervisor: worker %d is gone; answering its %d requests in flight",
-                        worker.pid, len(open_requests))
+            log.warning(
+                "orcaserve supervisor: worker %d is gone; answering its %d requests in flight",
+                worker.pid,
+                len(open_requests),
+            )
             try:
                 for rid, started in open_requests.items():
                     sock.sendall(final_frames(rid, started))
@@ -263,15 +300,17 @@ def supervise(sock: socket.socket, worker: _Watched, load: str, metrics_config: 
         while restarts and now - restarts[0] > RESTART_WINDOW_S:
             restarts.popleft()
         if len(restarts) >= MAX_RESTARTS:
-            log.error("orcaserve supervisor: %d replacements in %.0f s; leaving the worker to TorchServe",
-                      len(restarts), RESTART_WINDOW_S)
+            log.error(
+                "orcaserve supervisor: %d replacements in %.0f s; leaving the worker to TorchServe",
+                len(restarts),
+                RESTART_WINDOW_S,
+            )
             _linger(sock, LINGER_S)
             return
         restarts.append(now)
         old = worker.pid
         worker = _spawn(sock, load, metrics_config)
-        log.warning("orcaserve supervisor: replacement %d takes over the connection of worker %d",
-                    worker.pid, old)
+        log.warning("orcaserve supervisor: replacement %d takes over the connection of worker %d", worker.pid, old)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,9 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     from orcaserve.handler import socket_lock, supervisor
 
     load = json.loads(args.load)
-    msg = {"modelName": load["model_name"].encode(), "modelPath": load["model_dir"].encode(),
-           "batchSize": int(load["batch_size"]), "handler": load["handler"].encode(), "envelope": b"",
-           "limitMaxImagePixels": bool(load["limit_max_image_pixels"])}
+    msg = {
+        "modelName": load["model_name"].encode(),
+        "modelPath": load["model_dir"].encode(),
+        "batchSize": int(load["batch_size"]),
+        "handler": load["handler"].encode(),
+        "envelope": b"",
+        "limitMaxImagePixels": bool(load["limit_max_image_pixels"]),
+    }
     if load.get("gpu") is not None and int(load["gpu"]) >= 0:
         msg["gpu"] = int(load["gpu"])
     # A TCP worker object that never binds: only its model loading and metrics cache are used

@@ -9,7 +9,8 @@ and `cache_salt` alone separates (docs/serving.md, "Tenants and prompt caching: 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .protocol import ProtocolError
 

@@ -38,10 +38,10 @@ ARCHS = (80, 90)
 
 def _configs() -> list[tuple[str, str, dict, dict, str]]:
     """(kernel, label, constexprs without head dim, launch options, dtype) as the launchers use."""
+    import torch
+
     from .triton_attention import select_config
     from .triton_store_kv import BLOCK_T
-
-    import torch
 
     out = []
     for dtype in DTYPES:
@@ -117,8 +117,15 @@ def compile_one(job: tuple) -> dict:
     opts = dict(opts)
     if opts.get("num_warps") == 0:
         opts["num_warps"] = (1 if d_pad <= 64 else 2) if kernel == "reduce" else (4 if head_dim > 64 else 2)
-    row = dict(kernel=kernel, config=label, dtype=dtype, head_dim=head_dim, arch=f"sm_{arch}",
-               warps=opts["num_warps"], stages=opts.get("num_stages", 3))
+    row = dict(
+        kernel=kernel,
+        config=label,
+        dtype=dtype,
+        head_dim=head_dim,
+        arch=f"sm_{arch}",
+        warps=opts["num_warps"],
+        stages=opts.get("num_stages", 3),
+    )
     knobs.nvidia.dump_ptxas_log = True
     log = io.StringIO()
     t0 = time.perf_counter()
@@ -126,7 +133,8 @@ def compile_one(job: tuple) -> dict:
         with contextlib.redirect_stdout(log):
             c = triton.compile(
                 triton.compiler.ASTSource(fn, sig, consts, attrs),
-                target=GPUTarget("cuda", arch, 32), options=opts,
+                target=GPUTarget("cuda", arch, 32),
+                options=opts,
             )
     except Exception as e:  # noqa: BLE001 - every failure must end up in the table
         row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200] if str(e).strip() else ''}"
@@ -141,7 +149,7 @@ def compile_one(job: tuple) -> dict:
 
 
 def _jobs(quick: bool, archs, kernels=None, dtypes=None) -> list[tuple]:
-    jobs = []
+    jobs: list[tuple] = []
     for kernel, label, tiles, opts, dtype in _configs():
         if kernels and kernel not in kernels or dtypes and dtype not in dtypes:
             continue
@@ -188,14 +196,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = [compile_one(j) for j in jobs]
     wall = time.perf_counter() - t0
 
-    hdr = f"{'kernel':<9} {'config':<17} {'dtype':<5} {'D':>4} {'arch':<6} {'warps':>5} " \
-          f"{'stages':>6} {'regs':>5} {'smem B':>7} {'spill st/ld B':>14} {'compile s':>9}"
+    hdr = (
+        f"{'kernel':<9} {'config':<17} {'dtype':<5} {'D':>4} {'arch':<6} {'warps':>5} "
+        f"{'stages':>6} {'regs':>5} {'smem B':>7} {'spill st/ld B':>14} {'compile s':>9}"
+    )
     print(hdr)
     print("-" * len(hdr))
     errors = spilled = 0
     for r in rows:
-        head = f"{r['kernel']:<9} {r['config']:<17} {r['dtype']:<5} {r['head_dim']:>4} {r['arch']:<6} " \
-               f"{r['warps']:>5} {r['stages']:>6}"
+        head = (
+            f"{r['kernel']:<9} {r['config']:<17} {r['dtype']:<5} {r['head_dim']:>4} {r['arch']:<6} "
+            f"{r['warps']:>5} {r['stages']:>6}"
+        )
         if "error" in r:
             errors += 1
             print(f"{head} COMPILE ERROR {r['error']}")
@@ -203,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         spilled += r["spill_st"] > 0 or r["spill_ld"] > 0
         spill = f"{r['spill_st']}/{r['spill_ld']}"
         print(f"{head} {r['regs']:>5} {r['smem']:>7} {spill:>14} {r['seconds']:>9.2f}")
-    print(f"\n{len(rows)} configurations, {errors} compile errors, {spilled} with register spills, "
-          f"{wall:.1f} s wall with {args.jobs} jobs")
+    print(
+        f"\n{len(rows)} configurations, {errors} compile errors, {spilled} with register spills, "
+        f"{wall:.1f} s wall with {args.jobs} jobs"
+    )
     return 1 if errors else 0
 
 

@@ -26,9 +26,9 @@ import platform
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -56,8 +56,15 @@ def arch_flags() -> list[str]:
     """
     cap = torch.backends.cpu.get_cpu_capability()
     if cap.startswith("AVX512"):
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
-                "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
+        return [
+            "-mavx512f",
+            "-mavx512bw",
+            "-mavx512vl",
+            "-mavx512dq",
+            "-mfma",
+            "-DCPU_CAPABILITY=AVX512",
+            "-DCPU_CAPABILITY_AVX512",
+        ]
     if cap == "AVX2":
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
     return []  # generic Vectorized: loops the compiler vectorises for whatever -O3 targets
@@ -102,7 +109,7 @@ def _ensure_ninja() -> None:
         return
     dirs = [str(Path(sys.executable).parent)]
     try:
-        import ninja  # type: ignore[import-not-found]
+        import ninja
 
         dirs.insert(0, ninja.BIN_DIR)
     except ImportError:
@@ -114,8 +121,16 @@ def _register_fake() -> None:
     """Shape-only twin for torch.compile: the op only writes into `out`."""
 
     @torch.library.register_fake("orcaserve::paged_attention")
-    def _fake(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-              seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    def _fake(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        seq_lens: torch.Tensor,
+        block_tables: torch.Tensor,
+        scale: float,
+        out: torch.Tensor,
+    ) -> None:
         return None
 
 
@@ -128,16 +143,23 @@ def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
         if lib.exists() and not (lib.parent / "lock").exists():
             torch.ops.load_library(str(lib))
         elif not build:
-            return None, f"not built ({lib} missing or being built); run python -m orcaserve.kernels.cpu_attention --build"
+            return (
+                None,
+                f"not built ({lib} missing or being built); run python -m orcaserve.kernels.cpu_attention --build",
+            )
         else:
             from torch.utils import cpp_extension
 
             _ensure_ninja()
             lib.parent.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
-                name=lib.stem, sources=[str(SOURCE)], extra_cflags=compile_flags(),
-                extra_ldflags=["-fopenmp"], build_directory=str(lib.parent),
-                is_python_module=False, verbose=verbose,
+                name=lib.stem,
+                sources=[str(SOURCE)],
+                extra_cflags=compile_flags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(lib.parent),
+                is_python_module=False,
+                verbose=verbose,
             )
         op = torch.ops.orcaserve.paged_attention.default
         _register_fake()
@@ -173,8 +195,16 @@ def paged_attention(
         raise RuntimeError(f"orcaserve CPU attention unavailable: {reason}")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    op(q, k_cache, v_cache, cu_seqlens_q.int().contiguous(), seq_lens.int().contiguous(),
-       block_tables.int().contiguous(), float(scale), out)
+    op(
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q.int().contiguous(),
+        seq_lens.int().contiguous(),
+        block_tables.int().contiguous(),
+        float(scale),
+        out,
+    )
     return out
 
 
@@ -241,23 +271,36 @@ class CpuBackend(AttentionBackend):
         # The operator reads q and writes out through their strides; only the head dim must be dense.
         qc = q if q.dtype == cache_dtype and q.stride(-1) == 1 else q.to(cache_dtype).contiguous()
         direct = out is not None and out.dtype == cache_dtype and out.stride(-1) == 1
-        res = out if direct else torch.empty(qc.shape, dtype=cache_dtype)  # [T, H, D]
+        res = out if out is not None and direct else torch.empty(qc.shape, dtype=cache_dtype)  # [T, H, D]
         self.op(qc, k_cache, v_cache, plan.cu_seqlens_q, plan.seq_lens, plan.block_tables, float(scale), res)
         if out is not None and not direct:
             return out.copy_(res)
         return res if q.dtype == cache_dtype else res.to(q.dtype)
 
-    def _fallback(self, plan: CpuAttentionPlan, q: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, scale: float, out: torch.Tensor | None) -> torch.Tensor:
+    def _fallback(
+        self,
+        plan: CpuAttentionPlan,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        scale: float,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Shapes the operator was not compiled for go through the PyTorch path, said once."""
         if not self._warned:
-            log.warning("attention_backend 'cpu': head dim %d, %s on %s not supported by the C++ operator; "
-                        "using the PyTorch path for it", q.shape[-1], k_cache.dtype, q.device)
+            log.warning(
+                "attention_backend 'cpu': head dim %d, %s on %s not supported by the C++ operator; "
+                "using the PyTorch path for it",
+                q.shape[-1],
+                k_cache.dtype,
+                q.device,
+            )
             self._warned = True
         if plan.fallback is None:
             dev = q.device
             plan.fallback = torch_attention.TorchAttentionPlan(
-                plan.cu_seqlens_q.to(dev), plan.seq_lens.to(dev), plan.block_tables.to(dev), plan.block_size)
+                plan.cu_seqlens_q.to(dev), plan.seq_lens.to(dev), plan.block_tables.to(dev), plan.block_size
+            )
         return plan.fallback.attend(q, k_cache, v_cache, scale, out)
 
 

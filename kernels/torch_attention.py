@@ -69,9 +69,7 @@ def decode_groups(decodes: list[int], blocks_of: list[int], overhead: int = GROU
     prev = [0] * (len(cuts) + 1)
     for c in range(1, len(cuts) + 1):
         end = cuts[c - 1]
-        best[c], prev[c] = min(
-            (best[a] + overhead + (end - starts[a]) * nbs[end - 1], a) for a in range(c)
-        )
+        best[c], prev[c] = min((best[a] + overhead + (end - starts[a]) * nbs[end - 1], a) for a in range(c))
     groups = []
     c = len(cuts)
     while c:
@@ -94,8 +92,9 @@ class _Group:
     num_blocks: int  # NB
 
 
-def _decode_group(members: list[int], cu: list[int], seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                  nb: int, block_size: int) -> _Group:
+def _decode_group(
+    members: list[int], cu: list[int], seq_lens: torch.Tensor, block_tables: torch.Tensor, nb: int, block_size: int
+) -> _Group:
     """Decodes batched into one SDPA call, all padded to the group's longest context (nb blocks)."""
     device = block_tables.device
     idx = torch.tensor(members, device=device, dtype=torch.long)
@@ -103,8 +102,15 @@ def _decode_group(members: list[int], cu: list[int], seq_lens: torch.Tensor, blo
     pos = torch.arange(nb * block_size, device=device)
     ctx = seq_lens[idx].long()
     mask = (pos[None, :] < ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, NB*bs]
-    return _Group(token_index=torch.tensor([cu[i] for i in members], device=device), block_index=blocks.reshape(-1),
-                  mask=mask, key_valid=mask[:, 0, 0, :], num_seqs=len(members), num_queries=1, num_blocks=nb)
+    return _Group(
+        token_index=torch.tensor([cu[i] for i in members], device=device),
+        block_index=blocks.reshape(-1),
+        mask=mask,
+        key_valid=mask[:, 0, 0, :],
+        num_seqs=len(members),
+        num_queries=1,
+        num_blocks=nb,
+    )
 
 
 def _prefill_group(first: int, n: int, ctx: int, table: torch.Tensor, block_size: int) -> _Group:
@@ -118,9 +124,15 @@ def _prefill_group(first: int, n: int, ctx: int, table: torch.Tensor, block_size
         q_pos = torch.arange(ctx - n, ctx, device=device)
         k_pos = torch.arange(nb * block_size, device=device)
         mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # [1, 1, n, NB*bs]
-    return _Group(token_index=torch.arange(first, first + n, device=device), block_index=table[:nb].long(),
-                  mask=mask, key_valid=(torch.arange(nb * block_size, device=device) < ctx)[None], num_seqs=1,
-                  num_queries=n, num_blocks=nb)
+    return _Group(
+        token_index=torch.arange(first, first + n, device=device),
+        block_index=table[:nb].long(),
+        mask=mask,
+        key_valid=(torch.arange(nb * block_size, device=device) < ctx)[None],
+        num_seqs=1,
+        num_queries=n,
+        num_blocks=nb,
+    )
 
 
 class TorchAttentionPlan:
@@ -189,7 +201,12 @@ class TorchAttentionPlan:
             else:
                 qg = qg.view(b, nq, h, d).transpose(1, 2)  # [1, H, nq, D]
                 o = F.scaled_dot_product_attention(
-                    qg, k, v, attn_mask=grp.mask, is_causal=grp.mask is None, scale=scale,
+                    qg,
+                    k,
+                    v,
+                    attn_mask=grp.mask,
+                    is_causal=grp.mask is None,
+                    scale=scale,
                     enable_gqa=g > 1,
                 ).transpose(1, 2)  # [1, nq, H, D]
             out.index_copy_(0, grp.token_index, o.reshape(b * nq, h, d).to(out.dtype))

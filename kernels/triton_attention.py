@@ -92,18 +92,40 @@ def _unified_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + seq_idx)
 
     acc, l_i, m_i, tok, head, row_ok = attend_q_tile(
-        q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr,
-        seq_idx, q_start, q_len, seq_len, q_tile_start, kv_head, 0, 1,
-        num_queries_per_kv, block_q, scale_log2, block_size,
-        stride_qt, stride_qh, stride_cb, stride_cs, stride_ch, stride_bt,
-        HEAD_DIM, D_PAD, BLOCK_M, TILE_N,
+        q_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_tables_ptr,
+        seq_idx,
+        q_start,
+        q_len,
+        seq_len,
+        q_tile_start,
+        kv_head,
+        0,
+        1,
+        num_queries_per_kv,
+        block_q,
+        scale_log2,
+        block_size,
+        stride_qt,
+        stride_qh,
+        stride_cb,
+        stride_cs,
+        stride_ch,
+        stride_bt,
+        HEAD_DIM,
+        D_PAD,
+        BLOCK_M,
+        TILE_N,
     )
     # Padding rows never saw a key (l = 0); keep them finite, they are masked on the store.
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # [BLOCK_M, D_PAD]
     d = tl.arange(0, D_PAD)
     out_off = tok[:, None].to(tl.int64) * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(
-        out_ptr + out_off, out.to(out_ptr.dtype.element_ty),
+        out_ptr + out_off,
+        out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (d < HEAD_DIM)[None, :],
     )
 
@@ -120,7 +142,7 @@ def select_config(max_seqlen_q: int, num_queries_per_kv: int, dtype=torch.float1
     return dict(block_m=max(64, g_pad), tile_n=64, num_warps=8, num_stages=2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
@@ -157,8 +179,18 @@ def choose_num_splits(
 
 
 def launch_unified(
-    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, out,
-    block_m: int, tile_n: int, num_warps: int = 4, num_stages: int = 2,
+    q,
+    k_cache,
+    v_cache,
+    cu_seqlens_q,
+    seq_lens,
+    block_tables,
+    scale,
+    out,
+    block_m: int,
+    tile_n: int,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """The unified kernel with explicit tiles (tests use big tiles to keep the interpreter fast)."""
     t, h, d = q.shape
@@ -168,12 +200,31 @@ def launch_unified(
     block_q = block_m // g
     grid = (t // block_q + b, n_kv)
     _unified_attention_kernel[grid](
-        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, out,
-        scale * 1.4426950408889634, b, g, k_cache.shape[1],
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
-        HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), BLOCK_M=block_m, TILE_N=tile_n,
-        num_warps=num_warps, num_stages=num_stages,
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q,
+        seq_lens,
+        block_tables,
+        out,
+        scale * 1.4426950408889634,
+        b,
+        g,
+        k_cache.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=d,
+        D_PAD=triton.next_power_of_2(d),
+        BLOCK_M=block_m,
+        TILE_N=tile_n,
+        num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
 
@@ -219,13 +270,10 @@ def unified_attention(
     if num_splits is None:
         if max_seqlen_k is None:
             max_seqlen_k = int(seq_lens.max())
-        num_splits = choose_num_splits(
-            t, b, n_kv, g, max_seqlen_q, max_seqlen_k, num_sms(q.device), q.dtype
-        )
+        num_splits = choose_num_splits(t, b, n_kv, g, max_seqlen_q, max_seqlen_k, num_sms(q.device), q.dtype)
     cfg = select_config(max_seqlen_q, g, q.dtype)
     if num_splits > 1:
-        launch_split_k(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, o,
-                       num_splits, **cfg)
+        launch_split_k(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, o, num_splits, **cfg)
     else:
         launch_unified(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, o, **cfg)
     if o is not out:

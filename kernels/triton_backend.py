@@ -46,11 +46,25 @@ class TritonBackend(AttentionBackend):
         if plan.num_splits is None:
             n_kv = k_cache.shape[2]
             plan.num_splits = choose_num_splits(
-                q.shape[0], plan.seq_lens.shape[0], n_kv, q.shape[1] // n_kv,
-                plan.max_seqlen_q, plan.max_seqlen_k, num_sms(q.device), q.dtype,
+                q.shape[0],
+                plan.seq_lens.shape[0],
+                n_kv,
+                q.shape[1] // n_kv,
+                plan.max_seqlen_q,
+                plan.max_seqlen_k,
+                num_sms(q.device),
+                q.dtype,
             )
         return unified_attention(
-            q, k_cache, v_cache, plan.cu_seqlens_q, plan.seq_lens, plan.block_tables, scale, out,
-            max_seqlen_q=plan.max_seqlen_q, max_seqlen_k=plan.max_seqlen_k,
+            q,
+            k_cache,
+            v_cache,
+            plan.cu_seqlens_q,
+            plan.seq_lens,
+            plan.block_tables,
+            scale,
+            out,
+            max_seqlen_q=plan.max_seqlen_q,
+            max_seqlen_k=plan.max_seqlen_k,
             num_splits=plan.num_splits,
         )

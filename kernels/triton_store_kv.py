@@ -47,9 +47,7 @@ def _store_kv_kernel(
     k = tl.load(
         key_ptr + tok64[:, None] * stride_kt + head * stride_kh + d[None, :] * stride_kd, mask=mask
     )  # [BLOCK_T, D_PAD]
-    v = tl.load(
-        value_ptr + tok64[:, None] * stride_vt + head * stride_vh + d[None, :] * stride_vd, mask=mask
-    )
+    v = tl.load(value_ptr + tok64[:, None] * stride_vt + head * stride_vh + d[None, :] * stride_vd, mask=mask)
     dst = (slot // block_size) * stride_cb + (slot % block_size) * stride_cs + head * stride_ch
     dst = dst[:, None] + d[None, :]  # [BLOCK_T, D_PAD]
     tl.store(k_cache_ptr + dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
@@ -76,10 +74,24 @@ def store_kv(
         return
     grid = (triton.cdiv(t, block_t), n_kv)
     _store_kv_kernel[grid](
-        key, value, k_cache, v_cache, slot_mapping, t, k_cache.shape[1],
-        key.stride(0), key.stride(1), key.stride(2),
-        value.stride(0), value.stride(1), value.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        HEAD_DIM=d, D_PAD=triton.next_power_of_2(d), BLOCK_T=block_t,
+        key,
+        value,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        t,
+        k_cache.shape[1],
+        key.stride(0),
+        key.stride(1),
+        key.stride(2),
+        value.stride(0),
+        value.stride(1),
+        value.stride(2),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        HEAD_DIM=d,
+        D_PAD=triton.next_power_of_2(d),
+        BLOCK_T=block_t,
         num_warps=4 if d > 64 else 2,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Sequence
+from collections.abc import Sequence
 
 # Tags keep the three kinds of preimage apart, so no first block can ever hash like a later one.
 _FIRST_UNSALTED = b"\x00"
@@ -34,8 +34,9 @@ def block_key(parent: bytes | None, token_ids: Sequence[int], salt: str | None) 
     return h.digest()
 
 
-def extend_block_keys(keys: list[bytes], token_ids: Sequence[int], block_size: int, num_blocks: int,
-                      salt: str | None) -> list[bytes]:
+def extend_block_keys(
+    keys: list[bytes], token_ids: Sequence[int], block_size: int, num_blocks: int, salt: str | None
+) -> list[bytes]:
     """Extend `keys` (the keys of the first blocks of `token_ids`) to `num_blocks` keys, in place.
 
     A request's keys are computed once and kept (`Request.block_keys`): its tokens never change,
@@ -44,5 +45,5 @@ def extend_block_keys(keys: list[bytes], token_ids: Sequence[int], block_size: i
         raise ValueError(f"{num_blocks} full blocks of {block_size} need more than {len(token_ids)} tokens")
     while len(keys) < num_blocks:
         i = len(keys)
-        keys.append(block_key(keys[-1] if keys else None, token_ids[i * block_size:(i + 1) * block_size], salt))
+        keys.append(block_key(keys[-1] if keys else None, token_ids[i * block_size : (i + 1) * block_size], salt))
     return keys

@@ -30,8 +30,11 @@ def supports(model: Any) -> bool:
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
-    return weight.device.type == "cpu" and torch.backends.mkldnn.is_available() and weight.dtype in (
-        torch.float32, torch.bfloat16)
+    return (
+        weight.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and weight.dtype in (torch.float32, torch.bfloat16)
+    )
 
 
 class Linear:
@@ -56,8 +59,11 @@ def _take(*linears: Any, pack: bool) -> Linear:
     the engine owns the model, and keeping both would double its memory."""
     weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
     biases = [lin.bias for lin in linears]
-    bias = None if all(b is None for b in biases) else torch.cat(
-        [b if b is not None else weight.new_zeros(lin.out_features) for lin, b in zip(linears, biases)])
+    bias = (
+        None
+        if all(b is None for b in biases)
+        else torch.cat([b if b is not None else weight.new_zeros(lin.out_features) for lin, b in zip(linears, biases)])
+    )
     fused = Linear(weight, bias, pack)
     for lin in linears:
         lin.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
@@ -105,14 +111,16 @@ class Decoder:
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(_Layer(
-                in_norm=layer.input_layernorm.weight,
-                post_norm=layer.post_attention_layernorm.weight,
-                qkv=_take(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack),
-                o=_take(attn.o_proj, pack=pack),
-                gate_up=_take(mlp.gate_proj, mlp.up_proj, pack=pack),
-                down=_take(mlp.down_proj, pack=pack),
-            ))
+            self.layers.append(
+                _Layer(
+                    in_norm=layer.input_layernorm.weight,
+                    post_norm=layer.post_attention_layernorm.weight,
+                    qkv=_take(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack),
+                    o=_take(attn.o_proj, pack=pack),
+                    gate_up=_take(mlp.gate_proj, mlp.up_proj, pack=pack),
+                    down=_take(mlp.down_proj, pack=pack),
+                )
+            )
 
     @torch.inference_mode()
     def forward(

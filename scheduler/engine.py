@@ -7,7 +7,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -17,7 +17,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
 from .loader import eos_token_ids, load_model_and_tokenizer
-from .model_runner import ModelRunner
+from .model_runner import CausalLM, ModelRunner
 from .outputs import RequestOutput
 from .request import Request, RequestStatus
 from .sampler import Sampler
@@ -41,7 +41,7 @@ def _model_dims(cfg) -> tuple[int, int, int]:
 class Engine:
     """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.device = config.resolved_device()
@@ -52,12 +52,19 @@ class Engine:
         shape = (num_blocks, config.block_size, n_kv, head_dim)
         # Zero-filled so never-written slots are finite: masking them out is then enough.
         self.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(layers)
         ]
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy)
-        self.runner = ModelRunner(model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy
+        )
+        self.runner = ModelRunner(
+            model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device
+        )
         self.sampler = Sampler()
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self._detok: dict[str, IncrementalDetokenizer] = {}
@@ -69,14 +76,14 @@ class Engine:
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
     @classmethod
-    def from_pretrained(cls, path: str, **engine_args) -> "Engine":
+    def from_pretrained(cls, path: str, **engine_args) -> Engine:
         """Load `path` (HF directory or .gguf file) and build an engine for it."""
         config = EngineConfig(**engine_args)
         model, tokenizer = load_model_and_tokenizer(path, config.resolved_dtype(), config.resolved_device())
         return cls.from_model(model, tokenizer, config)
 
     @classmethod
-    def from_model(cls, model: torch.nn.Module, tokenizer, config: EngineConfig | None = None, **engine_args) -> "Engine":
+    def from_model(cls, model: CausalLM, tokenizer, config: EngineConfig | None = None, **engine_args) -> Engine:
         """Build an engine around a loaded transformers model (moved to the config's device and
         dtype), sizing the KV cache from `kv_cache_memory`. The engine takes over the model: its
         attention is routed through the paged cache from now on."""
@@ -136,8 +143,7 @@ class Engine:
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-        req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids,
-                      cache_salt)
+        req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids, cache_salt)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         self.scheduler.add_request(req)  # raises on a duplicate id, before anything is recorded
         self._detok[request_id] = detok
@@ -235,11 +241,19 @@ class Engine:
         self.stats.num_failed += 1
         self.stats.record_occupancy(self.scheduler, self.kv)
         return RequestOutput(
-            request_id=req.request_id, new_token_ids=[], output_token_ids=list(req.output_token_ids),
-            new_text="", text="", finished=True, finish_reason="error",
-            prompt_tokens=req.num_prompt_tokens, completion_tokens=len(req.output_token_ids),
-            times=dataclasses.replace(req.times), num_preemptions=req.num_preemptions,
-            num_cached_tokens=req.num_cached_tokens, error=f"{type(error).__name__}: {error}",
+            request_id=req.request_id,
+            new_token_ids=[],
+            output_token_ids=list(req.output_token_ids),
+            new_text="",
+            text="",
+            finished=True,
+            finish_reason="error",
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=len(req.output_token_ids),
+            times=dataclasses.replace(req.times),
+            num_preemptions=req.num_preemptions,
+            num_cached_tokens=req.num_cached_tokens,
+            error=f"{type(error).__name__}: {error}",
         )
 
     def _output(self, req: Request, new_ids: list[int], finished: bool = False) -> RequestOutput:

@@ -7,8 +7,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from .engine import Engine
 from .outputs import RequestOutput
@@ -35,9 +35,23 @@ class _Abort:
 
 
 _STOP = object()
-_FIELDS = {"prompt", "priority", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids", "ignore_eos",
-           "cache_salt"}
+_FIELDS = {
+    "prompt",
+    "priority",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop_token_ids",
+    "ignore_eos",
+    "cache_salt",
+}
 
 
 def _param_of(message: str) -> str | None:
@@ -60,10 +74,14 @@ class EngineLoop:
     503 `RequestError` at once instead of queueing without limit.
     """
 
-    def __init__(self, engine: Engine | None, on_step: Callable[[Engine], None] | None = None,
-                 max_waiting: int | None = None,
-                 on_death: Callable[[BaseException], None] | None = None) -> None:
-        self.engine = engine
+    def __init__(
+        self,
+        engine: Engine | None,
+        on_step: Callable[[Engine], None] | None = None,
+        max_waiting: int | None = None,
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self._engine = engine
         self.on_step = on_step
         self.on_death = on_death
         self.max_waiting = max_waiting
@@ -80,14 +98,18 @@ class EngineLoop:
         self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="orcaserve-engine", daemon=True)
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self._thread.start()
         return self
 
     @classmethod
-    def launch(cls, build: Callable[[], Engine], on_step: Callable[[Engine], None] | None = None,
-               max_waiting: int | None = None,
-               on_death: Callable[[BaseException], None] | None = None) -> "EngineLoop":
+    def launch(
+        cls,
+        build: Callable[[], Engine],
+        on_step: Callable[[Engine], None] | None = None,
+        max_waiting: int | None = None,
+        on_death: Callable[[BaseException], None] | None = None,
+    ) -> EngineLoop:
         """Build the engine on the loop thread itself, then serve; raises what `build` raises.
 
         libgomp gives every thread that runs a parallel region its own team of workers, and once
@@ -103,6 +125,13 @@ class EngineLoop:
             loop._thread.join()
             raise loop._build_error
         return loop
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this loop runs (built by the time `launch` returns)."""
+        if self._engine is None:
+            raise RuntimeError("the engine is not built yet")
+        return self._engine
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the thread and wait for it; requests in flight or still queued end with a 503."""
@@ -141,9 +170,12 @@ class EngineLoop:
                 raise RequestError(503, "the engine is not running", retry_after=5)
             waiting = self._in_flight - self._num_running
             if self.max_waiting is not None and waiting >= self.max_waiting:
-                raise RequestError(503, f"server overloaded: {waiting} requests are already waiting "
-                                        f"(max_waiting_requests={self.max_waiting}); retry later",
-                                   retry_after=1)
+                raise RequestError(
+                    503,
+                    f"server overloaded: {waiting} requests are already waiting "
+                    f"(max_waiting_requests={self.max_waiting}); retry later",
+                    retry_after=1,
+                )
             self._in_flight += 1
             self._inbox.put(_Submit(stream, prompt, params, priority, timeout, deadline, cache_salt))
         return stream
@@ -157,7 +189,7 @@ class EngineLoop:
         try:
             if self._build is not None:
                 try:
-                    self.engine = self._build()
+                    self._engine = self._build()
                 except BaseException as e:
                     self._build_error = e  # launch() re-raises it on its thread
                     self._closed = True
@@ -173,7 +205,6 @@ class EngineLoop:
             self.on_death(death)
 
     def _serve(self) -> None:
-        assert self.engine is not None
         while True:
             busy = self.engine.has_unfinished()
             for item in self._drain(block=not busy):
@@ -218,8 +249,9 @@ class EngineLoop:
             return
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the loop
             log.exception("request %s could not be admitted", rid)
-            self._finish_stream(item.stream, RequestError(500, f"internal error while admitting the request: "
-                                                        f"{type(e).__name__}: {e}"))
+            self._finish_stream(
+                item.stream, RequestError(500, f"internal error while admitting the request: {type(e).__name__}: {e}")
+            )
             return
         self._streams[rid] = item.stream
         if item.deadline is not None:
@@ -247,7 +279,9 @@ class EngineLoop:
         if error is None and out is not None and reason == "timeout" and out.completion_tokens == 0:
             timeout = self._deadlines[rid][1]
             error = RequestError(408, f"request timed out after {timeout:g} s before its first token", "timeout")
-        self._deliver(rid, error if error is not None or out is None else out)
+        if error is None and out is None:  # the engine no longer knows it: answer anyway
+            error = RequestError(500, f"internal error: request {rid} was lost by the engine")
+        self._deliver(rid, error if error is not None else out)  # type: ignore[arg-type]  # one is set
         self._notify()
 
     def _expire_deadlines(self) -> None:
@@ -293,7 +327,7 @@ class EngineLoop:
             message, status = f"the engine stopped after an internal error: {type(death).__name__}", 500
         for rid in list(self._streams):
             try:
-                if death is None and self.engine is not None:
+                if death is None and self._engine is not None:
                     self.engine.abort(rid)
             except Exception:
                 log.exception("abort of %s at shutdown failed", rid)

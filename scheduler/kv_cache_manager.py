@@ -3,7 +3,7 @@ release on finish/abort/preemption."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .block_hash import extend_block_keys
 from .block_pool import BlockPool
@@ -36,8 +36,9 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
-        return extend_block_keys(request.block_keys, request.all_token_ids, self.block_size, num_blocks,
-                                 request.cache_salt)
+        return extend_block_keys(
+            request.block_keys, request.all_token_ids, self.block_size, num_blocks, request.cache_salt
+        )
 
     def find_cached_prefix(self, request: Request) -> list[int]:
         """The cached blocks that hold the longest prefix of `request`'s tokens; nothing is taken.

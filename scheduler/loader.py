@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     elif not os.path.isdir(path):
         raise FileNotFoundError(f"no such model directory: {path}")
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     model.to(device).eval()
     return model, tokenizer
 

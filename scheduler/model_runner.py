@@ -17,6 +17,9 @@ from .kv_cache_manager import KVCacheManager
 from .scheduler import SchedulerOutput
 
 ATTN_NAME = "orcaserve_paged"
+# A transformers causal LM (`PreTrainedModel`: `.config`, `.model.layers`, `.lm_head`); Any because
+# transformers builds those attributes per architecture, which no static type describes.
+CausalLM = Any
 
 
 @dataclass
@@ -57,7 +60,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         block_size: int,
         backend: AttentionBackend,
@@ -106,8 +109,9 @@ class ModelRunner:
         plan = self.backend.plan(cu_t, seq_t, table, bs, max_q, max(seq_lens))
         rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
         if self.decoder is not None:
-            return self.decoder.forward(torch.tensor(tokens, device=dev), pos_t.to(dev), rows, self.backend, plan,
-                                        slots.to(dev), self.kv_caches)
+            return self.decoder.forward(
+                torch.tensor(tokens, device=dev), pos_t.to(dev), rows, self.backend, plan, slots.to(dev), self.kv_caches
+            )
         ctx = StepContext(self.backend, plan, slots.to(dev), self.kv_caches)
         out = self.model(
             input_ids=torch.tensor([tokens], device=dev),

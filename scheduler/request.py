@@ -56,9 +56,7 @@ class Request:
         self.cache_salt = cache_salt
         self.block_keys: list[bytes] = []
         self.num_cached_tokens = 0
-        self.stop_token_ids = frozenset(params.stop_token_ids) | (
-            frozenset() if params.ignore_eos else eos_token_ids
-        )
+        self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
@@ -81,6 +79,5 @@ class Request:
 
     def __repr__(self) -> str:
         return (
-            f"Request({self.request_id!r}, {self.status.value}, "
-            f"computed={self.num_computed_tokens}/{self.num_tokens})"
+            f"Request({self.request_id!r}, {self.status.value}, computed={self.num_computed_tokens}/{self.num_tokens})"
         )

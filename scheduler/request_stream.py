@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
-from typing import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
 
 from .outputs import RequestOutput
 
@@ -15,8 +15,7 @@ class RequestError(Exception):
     `param` names the offending request field, if any; `retry_after` (seconds) goes with a 503
     that the client may retry."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 retry_after: int | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -70,7 +69,7 @@ class RequestStream:
             self.finished = self._done(items[-1])
             error = items.pop() if isinstance(items[-1], RequestError) else None
             if items:
-                yield items  # type: ignore[misc]  # only RequestOutputs are left
+                yield items  # only RequestOutputs are left
             if error is not None:
                 raise error
 

@@ -60,8 +60,7 @@ class Sampler:
         if not reqs:
             return []
         if any(
-            r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
-            for r in reqs
+            r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty for r in reqs
         ):
             logits = logits.clone()
             _apply_penalties(logits, reqs)
@@ -71,8 +70,9 @@ class Sampler:
 
         temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in reqs], device=logits.device)
         params = [r.params for r in reqs]
-        probs = filter_logits(logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params],
-                              [p.min_p for p in params]).softmax(-1)  # [S, V]
+        probs = filter_logits(
+            logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params]
+        ).softmax(-1)  # [S, V]
         noise = torch.empty_like(probs)
         for i, req in enumerate(reqs):
             noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()

@@ -36,19 +36,19 @@ class SamplingParams:
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         _check_int("max_tokens", self.max_tokens, low=1)
-        _check_float("temperature", self.temperature, low=0.0)
-        _check_float("top_p", self.top_p)
+        self.temperature = _check_float("temperature", self.temperature, low=0.0)
+        self.top_p = _check_float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_int("top_k", self.top_k, low=-1)
-        _check_float("min_p", self.min_p)
+        _check_int("top_k", self.top_k, low=-1, high=1 << 31)  # beyond any vocabulary; int32-safe
+        self.min_p = _check_float("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        _check_float("repetition_penalty", self.repetition_penalty)
+        self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0.0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
-            _check_float(name, getattr(self, name))
+            setattr(self, name, _check_float(name, getattr(self, name)))
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.seed is not None:
@@ -59,7 +59,7 @@ class SamplingParams:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
-            _check_int("stop_token_ids", t, low=0)
+            _check_int("stop_token_ids", t, low=0, high=1 << 63)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 
@@ -69,7 +69,7 @@ class SamplingParams:
         return self.temperature < 1e-5
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "SamplingParams":
+    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
         """Build from a JSON-like dict; an unknown key raises ValueError naming it."""
         known = {f.name for f in dataclasses.fields(cls)}
         for key in values:
@@ -78,17 +78,28 @@ class SamplingParams:
         return cls(**values)
 
 
-def _check_int(name: str, value: Any, low: int | None = None) -> None:
+def _check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if low is not None and value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value >= high:
+        raise ValueError(f"{name} must be < {high}, got {value}")
 
 
-def _check_float(name: str, value: Any, low: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+def _check_float(name: str, value: Any, low: float | None = None) -> float:
+    """`value` as a float: integers are accepted (JSON has one number type) but converted, since
+    one beyond int64 would overflow the sampler's tensors."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if math.isinf(value):
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be finite, got an integer of {int(value).bit_length()} bits") from None
+    if math.isnan(number):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if math.isinf(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
-    if low is not None and value < low:
+    if low is not None and number < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
+    return number

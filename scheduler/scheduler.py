@@ -30,7 +30,7 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.num_scheduled_tokens
 
-    def subset(self, request_ids: list[str]) -> "SchedulerOutput":
+    def subset(self, request_ids: list[str]) -> SchedulerOutput:
         """The same step restricted to `request_ids` (to re-run part of a batch that failed)."""
         keep = set(request_ids)
         return SchedulerOutput(
@@ -128,8 +128,9 @@ class Scheduler:
             budget -= n
 
         decodes = [r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1]
-        catching_up = sorted((r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1),
-                             key=self._key)
+        catching_up = sorted(
+            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1), key=self._key
+        )
         for req in decodes + catching_up:
             if budget <= 0:
                 break
@@ -150,7 +151,8 @@ class Scheduler:
 
         # Admitting new work right after a preemption would only evict it again.
         if not out.preempted:
-            while budget > 0 and len(self.running) < self.max_num_seqs and (req := self.waiting.peek()) is not None:
+            while budget > 0 and len(self.running) < self.max_num_seqs and (head := self.waiting.peek()) is not None:
+                req = head
                 # A waiting request holds no blocks (new, or preempted): start it, or restart it,
                 # after the longest cached prefix of its tokens.
                 hits = self.kv.find_cached_prefix(req)

@@ -66,7 +66,9 @@ class StepTrace:
     num_waiting: int = 0
 
     @classmethod
-    def of(cls, sched: SchedulerOutput, kv: KVCacheManager, start: float, end: float, scheduler: Scheduler) -> "StepTrace":
+    def of(
+        cls, sched: SchedulerOutput, kv: KVCacheManager, start: float, end: float, scheduler: Scheduler
+    ) -> StepTrace:
         rows = {}
         for rid, n in sched.num_scheduled_tokens.items():
             req = sched.requests[rid]

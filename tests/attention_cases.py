@@ -16,8 +16,9 @@ SCENARIOS = [
 ]
 
 
-def make_case(q_lens: list[int], ctx: list[int], h: int, h_kv: int, d: int, bs: int, dtype: torch.dtype,
-              seed: int = 0) -> tuple[torch.Tensor, ...]:
+def make_case(
+    q_lens: list[int], ctx: list[int], h: int, h_kv: int, d: int, bs: int, dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
     """(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables) with shuffled block tables; every
     slot a request does not own (tails of its blocks, unused blocks, the table's padding column)
     holds NaN, so reading one shows."""

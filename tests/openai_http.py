@@ -7,16 +7,38 @@ import json
 import time
 
 import requests
+from torchserve_harness import TorchServe
 
 from orcaserve.scheduler import Engine, SamplingParams
-from torchserve_harness import TorchServe
+
+# Greedy prompts of the end-to-end suites.
+PROMPTS = [
+    # Non-ASCII prompts stream multi-byte characters (tokens that end mid-character included).
+    "The capital of France is",
+    "Once upon a time",
+    "日本の首都は",
+    "The three primary colors are",
+    "Water boils at",
+    "My favourite food is",
+    "Emoji weather report: ☀️",
+    "The quick brown fox",
+    "In 1492, Columbus",
+    "Photosynthesis is",
+    "The largest planet in the solar system",
+    "To be or not to be,",
+    "A haiku about autumn:",
+    "SELECT * FROM",
+    "The speed of light is",
+    "Dear diary, today",
+]
 
 COMPLETIONS = "/1.0/v1/completions"
 CHAT = "/1.0/v1/chat/completions"
 
 
-def call(ts: TorchServe, model: str, path: str, body, stream: bool = False, headers=None,
-         timeout: float = 300) -> requests.Response:
+def call(
+    ts: TorchServe, model: str, path: str, body, stream: bool = False, headers=None, timeout: float = 300
+) -> requests.Response:
     data = body if isinstance(body, (bytes, str)) else json.dumps(body)
     h = {"Content-Type": "application/json", **ts.auth(), **(headers or {})}
     return requests.post(ts.url(f"/predictions/{model}{path}"), data=data, headers=h, stream=stream, timeout=timeout)
@@ -52,8 +74,14 @@ def read_stream(resp, allow_error: bool = False) -> dict:
             text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             finish = choice["finish_reason"] or finish
     assert done and len(ids) <= 1 and (ids or error), (done, ids)
-    return {"text": text, "finish_reason": finish, "usage": usage, "times": times, "id": ids.pop() if ids else None,
-            "error": error}
+    return {
+        "text": text,
+        "finish_reason": finish,
+        "usage": usage,
+        "times": times,
+        "id": ids.pop() if ids else None,
+        "error": error,
+    }
 
 
 def result(ts: TorchServe, model: str, kind: str, prompt: str, max_tokens: int, stream: bool, **extra) -> dict:
@@ -75,8 +103,9 @@ def result(ts: TorchServe, model: str, kind: str, prompt: str, max_tokens: int, 
 
 
 def render(engine: Engine, question: str) -> str:
-    return engine.tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                                add_generation_prompt=True)
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def expected(offline: Engine, items, max_tokens) -> list:
@@ -88,7 +117,10 @@ def expected(offline: Engine, items, max_tokens) -> list:
 
 def metric(text: str, name: str, model: str) -> float:
     """The last value of a Prometheus series of `model` in a /metrics scrape."""
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith(name + "{") and f'ModelName="{model}"' in line]
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and f'ModelName="{model}"' in line
+    ]
     assert values, f"{name} not in /metrics"
     return values[-1]

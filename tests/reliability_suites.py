@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fuzz_bodies import chats, completions  # noqa: E402
-from openai_http import CHAT, COMPLETIONS, call, expected, metric, read_stream  # noqa: E402
+from openai_http import CHAT, COMPLETIONS, PROMPTS, call, expected, metric, read_stream  # noqa: E402
 from torchserve_harness import REPO, TorchServe  # noqa: E402
 
 from orcaserve.handler.archive import build  # noqa: E402
@@ -38,10 +38,6 @@ MODEL = "smollm2"
 # fp32 so greedy answers match the offline engine to the token; a small cache keeps blocks visible.
 ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, "dtype": "float32"}
 SERVING = {"default_timeout": 120, "max_tokens_limit": 64}
-PROMPTS = ["The capital of France is", "Once upon a time", "日本の首都は", "The three primary colors are",
-           "Water boils at", "My favourite food is", "Emoji weather report: ☀️", "The quick brown fox",
-           "In 1492, Columbus", "Photosynthesis is", "The largest planet in the solar system", "To be or not to be,",
-           "A haiku about autumn:", "SELECT * FROM", "The speed of light is", "Dear diary, today"]
 
 
 def shipped_config() -> dict[str, str]:
@@ -71,9 +67,12 @@ def offline_engine(**overrides) -> Engine:
 
 def serving_pid(ts: TorchServe, model: str = MODEL) -> int:
     """The process serving the model now: a replacement worker if one took over, else TorchServe's."""
-    takeovers = [p for p in psutil.process_iter(["pid", "cmdline", "create_time"])
-                 if "orcaserve.handler.takeover" in " ".join(p.info["cmdline"] or [])
-                 and f'"model_name": "{model}"' in " ".join(p.info["cmdline"] or [])]
+    takeovers = [
+        p
+        for p in psutil.process_iter(["pid", "cmdline", "create_time"])
+        if "orcaserve.handler.takeover" in " ".join(p.info["cmdline"] or [])
+        and f'"model_name": "{model}"' in " ".join(p.info["cmdline"] or [])
+    ]
     if takeovers:
         return max(takeovers, key=lambda p: p.info["create_time"]).pid
     return ts.worker_pids(model)[0]
@@ -100,8 +99,9 @@ def draw_bodies(n: int, rng_seed: int = 0) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
 
     @seed(rng_seed)
-    @settings(max_examples=n, database=None, phases=[Phase.generate], deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=n, database=None, phases=[Phase.generate], deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(st.one_of(st.tuples(st.just(COMPLETIONS), completions), st.tuples(st.just(CHAT), chats)))
     def draw(pair):
         out.append(pair)
@@ -154,8 +154,13 @@ def live_fuzz(ts: TorchServe, offline: Engine, n: int, model: str = MODEL) -> di
         got = [t.result() for t in texts]
     mismatches = sum(g != w.text for g, w in zip(got, want))
     after = check_answer(call(ts, model, COMPLETIONS, {"prompt": "hi", "max_tokens": 4}), False)
-    return {"bodies": len(bodies), "answers": dict(outcomes), "failures": failures, "stream_mismatches": mismatches,
-            "served_after": after == "200"}
+    return {
+        "bodies": len(bodies),
+        "answers": dict(outcomes),
+        "failures": failures,
+        "stream_mismatches": mismatches,
+        "served_after": after == "200",
+    }
 
 
 # ---- soak ---------------------------------------------------------------------------------------
@@ -164,8 +169,10 @@ def soak(ts: TorchServe, offline: Engine, clients: int, seconds: float, model: s
     offline engine, some hang up early, some carry short deadlines."""
     lengths = (8, 16, 32, 64)
     items = [(p, n) for p in PROMPTS for n in lengths]
-    want = {item: out.text for item, out in zip(items, expected(offline, [("completions", p) for p, _ in items],
-                                                                [n for _, n in items]))}
+    want = {
+        item: out.text
+        for item, out in zip(items, expected(offline, [("completions", p) for p, _ in items], [n for _, n in items]))
+    }
     counts: Counter = Counter()
     failures: list[str] = []
     pid = serving_pid(ts, model)
@@ -178,8 +185,13 @@ def soak(ts: TorchServe, offline: Engine, clients: int, seconds: float, model: s
         while time.time() < stop_at:
             prompt, n = rng.choice(items)
             kind = rng.random()
-            body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": False,
-                    "stream": rng.random() < 0.75}
+            body = {
+                "prompt": prompt,
+                "max_tokens": n,
+                "temperature": 0,
+                "ignore_eos": False,
+                "stream": rng.random() < 0.75,
+            }
             try:
                 if kind < 0.15:  # hangs up after the first chunk
                     body["stream"] = True
@@ -215,9 +227,16 @@ def soak(ts: TorchServe, offline: Engine, clients: int, seconds: float, model: s
     with ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
     idle = wait_idle(ts, model)
-    return {"clients": clients, "seconds": seconds, **dict(counts), "failures": failures,
-            "kv_blocks_used_at_end": idle["kv_blocks_used"], "running_at_end": idle["running"],
-            "rss_mib_start": round(rss_start, 1), "rss_mib_end": round(rss_mib(pid), 1)}
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        **dict(counts),
+        "failures": failures,
+        "kv_blocks_used_at_end": idle["kv_blocks_used"],
+        "running_at_end": idle["running"],
+        "rss_mib_start": round(rss_start, 1),
+        "rss_mib_end": round(rss_mib(pid), 1),
+    }
 
 
 # ---- KV exhaustion --------------------------------------------------------------------------------
@@ -225,8 +244,14 @@ def kv_exhaustion(ts: TorchServe, offline: Engine, n: int = 12, model: str = "sm
     """A second model with a 24-block cache (384 tokens) and `n` requests needing ~170 each."""
     store = ts.model_store
     block_bytes = 2 * 30 * 16 * 3 * 64 * 4  # SmolLM2 fp32
-    build("default", model, str(store), fmt="default", force=True,
-          overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING})
+    build(
+        "default",
+        model,
+        str(store),
+        fmt="default",
+        force=True,
+        overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING},
+    )
     ts.register(f"{model}.mar")
     try:
         prompts = [f"{PROMPTS[i % 16]} " + "and then " * (25 + 3 * i) for i in range(n)]
@@ -266,8 +291,12 @@ def abandoned_stream(ts: TorchServe, max_tokens: int = 64, model: str = MODEL, t
         time.sleep(0.25)
     ran_for = time.time() - hung_up
     idle = wait_idle(ts, model)
-    return {"max_tokens": max_tokens, "tokens_generated_after_hangup": generated,
-            "seconds_running_after_hangup": round(ran_for, 1), "kv_blocks_used_at_end": idle["kv_blocks_used"]}
+    return {
+        "max_tokens": max_tokens,
+        "tokens_generated_after_hangup": generated,
+        "seconds_running_after_hangup": round(ran_for, 1),
+        "kv_blocks_used_at_end": idle["kv_blocks_used"],
+    }
 
 
 # ---- faults -------------------------------------------------------------------------------------------
@@ -284,14 +313,15 @@ class Traffic:
         while not self._stop.is_set():
             sent = time.time()
             try:
-                status: object = call(self.ts, self.model, COMPLETIONS, {"prompt": "hi", "max_tokens": 2},
-                                      timeout=300).status_code
+                status: object = call(
+                    self.ts, self.model, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}, timeout=300
+                ).status_code
             except requests.RequestException as e:
                 status = type(e).__name__
             self.log.append((sent, time.time(), status))
             time.sleep(self.period)
 
-    def __enter__(self) -> "Traffic":
+    def __enter__(self) -> Traffic:
         self._thread.start()
         return self
 
@@ -345,10 +375,18 @@ def kill_worker(ts: TorchServe, how: str, model: str = MODEL) -> dict:
         time.sleep(1)
     statuses = Counter(str(s) for _, _, s in traffic.log)
     assert len(rest) >= 2 and b"error" in rest[-2] and rest[-1] == b"data: [DONE]", rest[-3:]
-    return {"fault": how, "killed_pid": pid, "replacement_pid": serving_pid(ts, model),
-            "stream_ended_s": stream_end, "stream_error": json.loads(rest[-2][6:])["error"]["message"],
-            "plain_status": plain_resp.status_code, "plain_answered_s": plain_end, "recovery_s": recovery,
-            "traffic": dict(statuses), "traffic_unanswered": sum(not isinstance(s, int) for _, _, s in traffic.log)}
+    return {
+        "fault": how,
+        "killed_pid": pid,
+        "replacement_pid": serving_pid(ts, model),
+        "stream_ended_s": stream_end,
+        "stream_error": json.loads(rest[-2][6:])["error"]["message"],
+        "plain_status": plain_resp.status_code,
+        "plain_answered_s": plain_end,
+        "recovery_s": recovery,
+        "traffic": dict(statuses),
+        "traffic_unanswered": sum(not isinstance(s, int) for _, _, s in traffic.log),
+    }
 
 
 def sigterm_mid_stream(ts: TorchServe, model: str = MODEL) -> dict:
@@ -362,8 +400,12 @@ def sigterm_mid_stream(ts: TorchServe, model: str = MODEL) -> dict:
     plain_resp = plain.result(timeout=120)
     pool.shutdown()
     assert len(rest) >= 2 and rest[-1] == b"data: [DONE]", rest[-3:]
-    return {"stream_ended_s": stream_end, "stream_last_event": rest[-2].decode()[:120],
-            "plain_status": plain_resp.status_code, "plain_error": plain_resp.json()["error"]["message"]}
+    return {
+        "stream_ended_s": stream_end,
+        "stream_last_event": rest[-2].decode()[:120],
+        "plain_status": plain_resp.status_code,
+        "plain_error": plain_resp.json()["error"]["message"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,12 +10,11 @@ import logging
 
 import pytest
 import torch
-
 from attention_cases import SCENARIOS as SHARED
 from attention_cases import make_case
 
-from orcaserve.kernels import torch_attention as ref
 from orcaserve.kernels import cpu_attention as ca
+from orcaserve.kernels import torch_attention as ref
 
 OP, REASON = ca.load_cpu_ops(build=True)
 if OP is None:
@@ -97,8 +96,16 @@ def test_strided_query_and_empty_step():
     assert not q_view.is_contiguous()
     check(run_op(q_view, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), torch.float32, "strided")
     empty = torch.empty(0, 8, 64)
-    OP(empty, kc, vc, torch.zeros(1, dtype=torch.int32), torch.zeros(0, dtype=torch.int32),
-       torch.zeros(0, 1, dtype=torch.int32), 0.125, empty)
+    OP(
+        empty,
+        kc,
+        vc,
+        torch.zeros(1, dtype=torch.int32),
+        torch.zeros(0, dtype=torch.int32),
+        torch.zeros(0, 1, dtype=torch.int32),
+        0.125,
+        empty,
+    )
 
 
 def test_rejects_bad_tables():
@@ -111,8 +118,11 @@ def test_rejects_bad_tables():
 def test_fake_registration_for_compile():
     q, kc, vc, cu, sl, bt = make_case([1, 4], [9, 4], 4, 2, 64, 8, torch.float32)
     out = torch.empty_like(q)
-    torch.library.opcheck(torch.ops.orcaserve.paged_attention.default, (q, kc, vc, cu, sl, bt, 0.125, out),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.orcaserve.paged_attention.default,
+        (q, kc, vc, cu, sl, bt, 0.125, out),
+        test_utils=("test_schema", "test_faketensor"),
+    )
 
 
 def test_backend_store_and_attend():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+
 from orcaserve.scheduler import SamplingParams
 
 
@@ -25,7 +25,9 @@ def test_staggered_chunked_preempted_requests_match_transformers(arch, engine_fo
     # 48 blocks x 16 slots: far less than the 24 requests need together, so decodes run out of
     # blocks and preempt; a 64-token budget splits every long prompt into chunks.
     block_bytes = 2 * 2 * 16 * 2 * 16 * 4
-    engine = engine_for(model, max_num_seqs=8, max_num_batched_tokens=64, block_size=16, kv_cache_memory=48 * block_bytes)
+    engine = engine_for(
+        model, max_num_seqs=8, max_num_batched_tokens=64, block_size=16, kv_cache_memory=48 * block_bytes
+    )
     params = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
 
     results, pending, step = {}, list(enumerate(work)), 0
@@ -95,11 +97,12 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
     for p in ids:
         with torch.inference_mode():
             out = model.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)
-        gen = out[0, len(p):].tolist()
+        gen = out[0, len(p) :].tolist()
         expected.append(gen[: gen.index(2) + 1] if 2 in gen else gen)  # generate stops at EOS
 
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=128,
-                               dtype="float32")
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=128, dtype="float32"
+    )
     outs = engine.generate(ids, SamplingParams(temperature=0, max_tokens=32))
     for q, exp, out in zip(questions, expected, outs):
         assert out.output_token_ids == exp, q

@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-
 from tiny_models import hf_greedy, tiny_model
+
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams
 from orcaserve.scheduler.request_stream import RequestError
 
@@ -17,7 +17,9 @@ from orcaserve.scheduler.request_stream import RequestError
 @pytest.fixture
 def loop_and_model(tokenizer):
     model = tiny_model("llama")
-    loop = EngineLoop(Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")).start()
+    loop = EngineLoop(
+        Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
+    ).start()
     yield loop, model
     loop.shutdown()
     assert not loop.alive
@@ -73,7 +75,9 @@ def test_asyncio_errors_and_deadlines(loop_and_model):
 
         # Expired after some tokens: the tokens so far, finish_reason "timeout"; blocks come back.
         engine.fault_hook = slow_third_step
-        slow = loop.submit("slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0, event_loop=ev)
+        slow = loop.submit(
+            "slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0, event_loop=ev
+        )
         outs = [o async for o in slow]
         engine.fault_hook = None
         assert outs[-1].finish_reason == "timeout" and 1 <= outs[-1].completion_tokens < 1000
@@ -131,7 +135,9 @@ def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
 
 def test_waiting_queue_is_bounded(tokenizer):
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=1, max_num_batched_tokens=64, dtype="float32")
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=1, max_num_batched_tokens=64, dtype="float32"
+    )
     entered, gate = threading.Event(), threading.Event()
 
     def hold(sched):
@@ -159,7 +165,9 @@ def test_waiting_queue_is_bounded(tokenizer):
 
 def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32"
+    )
     batches = []
 
     def hook(sched):
@@ -171,8 +179,10 @@ def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
     loop = EngineLoop(engine)
     prompts = {f"good{i}": [5 + i, 6, 7] for i in range(3)}
     bad = loop.submit("bad", [5, 6, 7], SamplingParams(max_tokens=4))
-    good = {rid: loop.submit(rid, p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-            for rid, p in prompts.items()}
+    good = {
+        rid: loop.submit(rid, p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        for rid, p in prompts.items()
+    }
     loop.start()  # all four are in the inbox: they share the first step
     try:
         with pytest.raises(RequestError) as err:
@@ -193,7 +203,9 @@ class _Boom(BaseException):
 
 def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32"
+    )
     died = []
 
     def hook(sched):
@@ -224,7 +236,9 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
 
     def build() -> Engine:
         built_on.append(threading.current_thread().name)
-        return Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=32, dtype="float32")
+        return Engine.from_model(
+            copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=32, dtype="float32"
+        )
 
     loop = EngineLoop.launch(build)
     try:

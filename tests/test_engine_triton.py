@@ -7,6 +7,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.slow  # the whole engine under the Triton interpreter
+
 SCRIPT = textwrap.dedent(
     """
     import os
@@ -46,6 +50,8 @@ SCRIPT = textwrap.dedent(
 def test_engine_with_triton_backend_under_interpreter_matches_transformers():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "triton engine ok" in proc.stdout

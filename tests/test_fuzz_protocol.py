@@ -14,12 +14,14 @@ import json
 
 import pytest
 import torch
+from fuzz_bodies import chats, completions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_bodies import chats, completions
 from orcaserve.handler.protocol import CHAT, COMPLETIONS, ProtocolError, decode_body, parse_request
 from orcaserve.scheduler import Engine
+
+pytestmark = pytest.mark.slow  # thousands of generated bodies through parse_request and the engine
 
 EXAMPLES = 1500  # per test; each runs two engine steps
 
@@ -29,10 +31,18 @@ def engine(tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024)
-    return Engine.from_model(LlamaForCausalLM(cfg), tokenizer, max_num_seqs=4, max_num_batched_tokens=256,
-                             kv_cache_memory=8 << 20)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+    )
+    return Engine.from_model(
+        LlamaForCausalLM(cfg), tokenizer, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory=8 << 20
+    )
 
 
 _ids = itertools.count()

@@ -31,7 +31,9 @@ def test_route():
     assert e.value.status == 404
 
 
-@pytest.mark.parametrize("raw", [b'{"prompt": "hi"}', '{"prompt": "hi"}', {"prompt": "hi"}, bytearray(b'{"prompt":"hi"}')])
+@pytest.mark.parametrize(
+    "raw", [b'{"prompt": "hi"}', '{"prompt": "hi"}', {"prompt": "hi"}, bytearray(b'{"prompt":"hi"}')]
+)
 def test_decode_body_forms(raw):
     assert P.decode_body(raw) == {"prompt": "hi"}
 
@@ -47,10 +49,26 @@ def test_completion_defaults_and_extensions():
     r = parse({"prompt": "hello", "model": "m", "user": "u"})
     assert r.prompt == "hello" and r.params.max_tokens == 16 and r.params.temperature == 1.0
     assert not r.stream and r.timeout is None and r.priority == 0
-    r = parse({"prompt": [1, 2, 3], "max_tokens": 5, "temperature": 0, "top_p": 0.5, "seed": 7, "stop": "x",
-               "presence_penalty": 0.1, "frequency_penalty": -0.2, "stream": True, "top_k": 4, "min_p": 0.1,
-               "repetition_penalty": 1.1, "ignore_eos": True, "priority": 3, "timeout": 2.5,
-               "stream_options": {"include_usage": True}})
+    r = parse(
+        {
+            "prompt": [1, 2, 3],
+            "max_tokens": 5,
+            "temperature": 0,
+            "top_p": 0.5,
+            "seed": 7,
+            "stop": "x",
+            "presence_penalty": 0.1,
+            "frequency_penalty": -0.2,
+            "stream": True,
+            "top_k": 4,
+            "min_p": 0.1,
+            "repetition_penalty": 1.1,
+            "ignore_eos": True,
+            "priority": 3,
+            "timeout": 2.5,
+            "stream_options": {"include_usage": True},
+        }
+    )
     p = r.params
     assert r.prompt == [1, 2, 3] and p.max_tokens == 5 and p.greedy and p.top_p == 0.5 and p.seed == 7
     assert p.stop == ["x"] and p.top_k == 4 and p.min_p == 0.1 and p.repetition_penalty == 1.1 and p.ignore_eos
@@ -70,45 +88,48 @@ def test_nulls_mean_default():
     assert r.params.temperature == 1.0 and r.params.stop == [] and r.params.max_tokens == 16
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"prompt": "x", "max_token": 3}, "max_token"),
-    ({"prompt": ""}, "prompt"),
-    ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [1, "a"]}, "prompt"),
-    ({"prompt": 3}, "prompt"),
-    ({}, "prompt"),
-    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"prompt": "x", "max_tokens": "3"}, "max_tokens"),
-    ({"prompt": "x", "max_tokens": True}, "max_tokens"),
-    ({"prompt": "x", "temperature": -1}, "temperature"),
-    ({"prompt": "x", "temperature": "hot"}, "temperature"),
-    ({"prompt": "x", "top_p": 0}, "top_p"),
-    ({"prompt": "x", "top_p": 1.5}, "top_p"),
-    ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
-    ({"prompt": "x", "frequency_penalty": -2.5}, "frequency_penalty"),
-    ({"prompt": "x", "min_p": 2}, "min_p"),
-    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
-    ({"prompt": "x", "top_k": -5}, "top_k"),
-    ({"prompt": "x", "seed": 1.5}, "seed"),
-    ({"prompt": "x", "stop": ["a", ""]}, "stop"),
-    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
-    ({"prompt": "x", "stop": 5}, "stop"),
-    ({"prompt": "x", "stream": "yes"}, "stream"),
-    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
-    ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
-    ({"prompt": "x", "priority": 1.5}, "priority"),
-    ({"prompt": "x", "timeout": 0}, "timeout"),
-    ({"prompt": "x", "timeout": "5"}, "timeout"),
-    ({"prompt": "x", "n": 2}, "n"),
-    ({"prompt": "x", "echo": True}, "echo"),
-    ({"prompt": "x", "logprobs": 2}, "logprobs"),
-    ({"prompt": "x", "best_of": 3}, "best_of"),
-    ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
-    ({"prompt": "x", "user": 5}, "user"),
-    ({"prompt": "x", "stop_token_ids": 5}, "stop_token_ids"),
-    ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"prompt": "x", "max_token": 3}, "max_token"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["a", "b"]}, "prompt"),
+        ({"prompt": [1, "a"]}, "prompt"),
+        ({"prompt": 3}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": "3"}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": "x", "top_p": 1.5}, "top_p"),
+        ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+        ({"prompt": "x", "frequency_penalty": -2.5}, "frequency_penalty"),
+        ({"prompt": "x", "min_p": 2}, "min_p"),
+        ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+        ({"prompt": "x", "top_k": -5}, "top_k"),
+        ({"prompt": "x", "seed": 1.5}, "seed"),
+        ({"prompt": "x", "stop": ["a", ""]}, "stop"),
+        ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"prompt": "x", "stop": 5}, "stop"),
+        ({"prompt": "x", "stream": "yes"}, "stream"),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+        ({"prompt": "x", "ignore_eos": 1}, "ignore_eos"),
+        ({"prompt": "x", "priority": 1.5}, "priority"),
+        ({"prompt": "x", "timeout": 0}, "timeout"),
+        ({"prompt": "x", "timeout": "5"}, "timeout"),
+        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "logprobs": 2}, "logprobs"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
+        ({"prompt": "x", "user": 5}, "user"),
+        ({"prompt": "x", "stop_token_ids": 5}, "stop_token_ids"),
+        ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
+    ],
+)
 def test_completion_rejects_with_param(body, param):
     with pytest.raises(P.ProtocolError) as e:
         parse(body)
@@ -118,24 +139,37 @@ def test_completion_rejects_with_param(body, param):
 
 
 def test_chat_parsing():
-    r = parse({"messages": [{"role": "system", "content": "be brief"},
-                            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
-               "max_completion_tokens": 7}, P.CHAT)
+    r = parse(
+        {
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+            ],
+            "max_completion_tokens": 7,
+        },
+        P.CHAT,
+    )
     assert r.kind == P.CHAT and r.prompt == "<system>be brief<user>hi there<assistant>" and r.params.max_tokens == 7
     assert parse({"messages": [{"role": "user", "content": "x"}]}, P.CHAT).params.max_tokens >= 1 << 20
 
 
-@pytest.mark.parametrize("body,param", [
-    ({}, "messages"),
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
-    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
-    ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
-    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),
+    ],
+)
 def test_chat_rejects(body, param):
     with pytest.raises(P.ProtocolError) as e:
         parse(body, P.CHAT)
@@ -156,7 +190,10 @@ def test_response_shapes():
     assert c["object"] == "text_completion" and c["id"] == "cmpl-r1" and c["choices"][0]["text"] == "Paris."
     assert c["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     ch = R.final_response(P.CHAT, "r1", "m", "Paris.", "length", 5, 2)
-    assert ch["object"] == "chat.completion" and ch["choices"][0]["message"] == {"role": "assistant", "content": "Paris."}
+    assert ch["object"] == "chat.completion" and ch["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "Paris.",
+    }
     assert ch["choices"][0]["finish_reason"] == "length"
     k = R.stream_chunk(P.CHAT, "r1", "m", 1, text="", role=True)
     assert k["object"] == "chat.completion.chunk" and k["choices"][0]["delta"] == {"role": "assistant", "content": ""}
@@ -176,8 +213,12 @@ def test_cache_salt_field_and_cached_tokens_in_usage():
             parse({"messages": [{"role": "user", "content": "x"}], "cache_salt": bad}, P.CHAT)
         assert e.value.status == 400 and e.value.param == "cache_salt" and "cache_salt" in e.value.message
     c = R.final_response(P.CHAT, "r1", "m", "Paris.", "stop", 50, 2, cached_tokens=48)
-    assert c["usage"] == {"prompt_tokens": 50, "completion_tokens": 2, "total_tokens": 52,
-                          "prompt_tokens_details": {"cached_tokens": 48}}
+    assert c["usage"] == {
+        "prompt_tokens": 50,
+        "completion_tokens": 2,
+        "total_tokens": 52,
+        "prompt_tokens_details": {"cached_tokens": 48},
+    }
     u = R.stream_chunk(P.COMPLETIONS, "r1", "m", 1, usage=(50, 4, 32))
     assert u["usage"]["prompt_tokens_details"] == {"cached_tokens": 32} and u["usage"]["total_tokens"] == 54
 
@@ -191,7 +232,8 @@ def test_tenant_header_config():
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         HandlerConfig.from_dict({"model_path": "/m", "enable_prefix_caching": "false"})
     assert HandlerConfig.from_dict({"model_path": "/m", "enable_prefix_caching": False}).engine == {
-        "enable_prefix_caching": False}
+        "enable_prefix_caching": False
+    }
 
 
 def test_sse_framing_keeps_multibyte_text_whole():
@@ -202,8 +244,9 @@ def test_sse_framing_keeps_multibyte_text_whole():
 
 
 def test_handler_config(tmp_path):
-    cfg = HandlerConfig.from_dict({"model_path": "w.gguf", "kv_cache_memory": "64MiB", "max_num_seqs": 4,
-                                   "default_timeout": 30}, str(tmp_path))
+    cfg = HandlerConfig.from_dict(
+        {"model_path": "w.gguf", "kv_cache_memory": "64MiB", "max_num_seqs": 4, "default_timeout": 30}, str(tmp_path)
+    )
     assert cfg.model_path == str(tmp_path / "w.gguf") and cfg.default_timeout == 30
     assert cfg.engine == {"kv_cache_memory": 64 << 20, "max_num_seqs": 4}
     assert HandlerConfig.from_dict({"model_path": "/abs/m"}).model_path == "/abs/m"
@@ -222,7 +265,9 @@ def test_archive_config_covers_every_engine_argument():
     cfg = model_config("default", {"kv_cache_memory": "32MiB", "minWorkers": 1, "default_timeout": 5})
     assert cfg["asyncCommunication"] is True and cfg["minWorkers"] == 1
     handler = cfg["handler"]
-    assert handler["model_path"] == "default" and handler["kv_cache_memory"] == "32MiB" and handler["default_timeout"] == 5
+    assert (
+        handler["model_path"] == "default" and handler["kv_cache_memory"] == "32MiB" and handler["default_timeout"] == 5
+    )
     assert set(ENGINE_ARGS) <= set(handler)
 
 
@@ -240,8 +285,10 @@ def _frames(locked: bool, writers: int = 4, frames: int = 20, size: int = 256 <<
 
     reader = threading.Thread(target=read)
     reader.start()
-    threads = [threading.Thread(target=lambda i=i: [a.sendall(bytes([65 + i]) * size) for _ in range(frames)])
-               for i in range(writers)]
+    threads = [
+        threading.Thread(target=lambda i=i: [a.sendall(bytes([65 + i]) * size) for _ in range(frames)])
+        for i in range(writers)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -249,7 +296,7 @@ def _frames(locked: bool, writers: int = 4, frames: int = 20, size: int = 256 <<
     a.close()
     reader.join()
     b.close()
-    return [bytes(received[i:i + size]) for i in range(0, len(received), size)]
+    return [bytes(received[i : i + size]) for i in range(0, len(received), size)]
 
 
 def test_socket_lock_keeps_frames_whole():
@@ -262,7 +309,9 @@ def test_socket_lock_ignores_foreign_objects():
     assert socket_lock.install(None) is False and socket_lock.install(object()) is False
 
 
-def test_socket_without_lock_does_interleave():
-    # Shows the test above can fail: plain sendall from several threads mixes frames.
+def test_socket_without_lock_can_interleave():
+    # Shows the test above can fail: plain sendall from several threads may mix frames. Whether
+    # it does in one run is up to the OS scheduler, so a run without a mix is a skip, not a pass.
     frames = _frames(locked=False)
-    assert any(f != f[:1] * len(f) for f in frames)
+    if all(f == f[:1] * len(f) for f in frames):
+        pytest.skip("the OS happened not to interleave the unlocked writers this time")

@@ -16,8 +16,8 @@ import threading
 import types
 
 import pytest
-
 from tiny_models import tiny_model
+
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.orca_handler import OrcaHandler
 from orcaserve.scheduler import Engine, SamplingParams
@@ -26,8 +26,12 @@ ts_async = pytest.importorskip("ts.async_service")
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl  # noqa: E402
 from ts.service import Service  # noqa: E402
 
-ENGINE_ARGS = {"max_num_seqs": 8, "max_num_batched_tokens": 64, "kv_cache_memory": 64 * 2 * 2 * 16 * 2 * 16 * 4,
-               "dtype": "float32"}
+ENGINE_ARGS = {
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 64,
+    "kv_cache_memory": 64 * 2 * 2 * 16 * 2 * 16 * 4,
+    "dtype": "float32",
+}
 
 
 def _int(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -36,7 +40,7 @@ def _int(buf: memoryview, pos: int) -> tuple[int, int]:
 
 def _str(buf: memoryview, pos: int) -> tuple[bytes, int]:
     n, pos = _int(buf, pos)
-    return bytes(buf[pos:pos + max(n, 0)]), pos + max(n, 0)
+    return bytes(buf[pos : pos + max(n, 0)]), pos + max(n, 0)
 
 
 def parse_frames(data: bytes) -> list[dict]:
@@ -73,7 +77,9 @@ class Backend:
         self.engine = engine
         self.handler = OrcaHandler()
         self.handler.start(engine, HandlerConfig("unused", {}, **{"default_timeout": 60, **config}), None, "tiny")
-        cache = MetricsCacheYamlImpl(config_file_path=ts_async.__file__.replace("async_service.py", "configs/metrics.yaml"))
+        cache = MetricsCacheYamlImpl(
+            config_file_path=ts_async.__file__.replace("async_service.py", "configs/metrics.yaml")
+        )
         cache.initialize_cache()
         self.service = Service("tiny", "/tmp", None, self.handler.handle, None, 1, metrics_cache=cache)
         self.service.predict = types.MethodType(ts_async.predict, self.service)
@@ -90,10 +96,17 @@ class Backend:
     async def request(self, rid: str, body, path: str = "v1/completions") -> None:
         value = body if isinstance(body, bytes) else body  # dict: as TorchServe decodes JSON bodies
         size = len(body) if isinstance(body, bytes) else len(json.dumps(body))
-        headers = [{"name": b"url_path", "value": path.encode()},
-                   {"name": b"content-length", "value": str(size).encode()}]
-        batch = [{"requestId": rid.encode(), "headers": headers,
-                  "parameters": [{"name": "body", "contentType": "application/json", "value": value}]}]
+        headers = [
+            {"name": b"url_path", "value": path.encode()},
+            {"name": b"content-length", "value": str(size).encode()},
+        ]
+        batch = [
+            {
+                "requestId": rid.encode(),
+                "headers": headers,
+                "parameters": [{"name": "body", "contentType": "application/json", "value": value}],
+            }
+        ]
         final = await self.service.predict(batch)
         self.service.cl_socket.sendall(final)  # what AsyncService.send_responses does
 
@@ -154,8 +167,9 @@ def test_frames_statuses_and_errors(backend):
     async def run():
         await asyncio.gather(
             backend.request("ok-json", {"prompt": prompts[0], "max_tokens": 6, "temperature": 0, "ignore_eos": True}),
-            backend.request("ok-sse", {"prompt": prompts[1], "max_tokens": 6, "temperature": 0, "ignore_eos": True,
-                                       "stream": True}),
+            backend.request(
+                "ok-sse", {"prompt": prompts[1], "max_tokens": 6, "temperature": 0, "ignore_eos": True, "stream": True}
+            ),
             backend.request("bad-field", {"prompt": [1], "bogus": 1}),
             backend.request("bad-json", b"{nope"),
             backend.request("too-long", {"prompt": [3] * 5000}),
@@ -166,11 +180,13 @@ def test_frames_statuses_and_errors(backend):
     asyncio.run(run())
     frames = backend.frames()
     assert set(frames) == {"ok-json", "ok-sse", "bad-field", "bad-json", "too-long", "no-path", "expired"}
-    for rid, fs in frames.items():
+    for fs in frames.values():
         check_release(fs)
 
     ok = frames["ok-json"]
-    assert ok[0]["status"] == 200 and ok[0]["headers"]["ts_stream_next"] == "true" and ok[0]["type"] == "application/json"
+    assert (
+        ok[0]["status"] == 200 and ok[0]["headers"]["ts_stream_next"] == "true" and ok[0]["type"] == "application/json"
+    )
     obj = json.loads(body_of(ok))
     assert obj["choices"][0]["text"] == want[0].text and obj["usage"]["completion_tokens"] == 6
 
@@ -181,8 +197,13 @@ def test_frames_statuses_and_errors(backend):
     text = "".join(json.loads(e[6:])["choices"][0]["text"] for e in events[:-1])
     assert text == want[1].text
 
-    for rid, status, param in (("bad-field", 400, "bogus"), ("bad-json", 400, None), ("too-long", 400, "prompt"),
-                               ("no-path", 404, None), ("expired", 408, "timeout")):
+    for rid, status, param in (
+        ("bad-field", 400, "bogus"),
+        ("bad-json", 400, None),
+        ("too-long", 400, "prompt"),
+        ("no-path", 404, None),
+        ("expired", 408, "timeout"),
+    ):
         first = frames[rid][0]
         # A complete response (no ts_stream_next): the frontend sends status and body together.
         assert first["status"] == status and "ts_stream_next" not in first["headers"], (rid, first)
@@ -240,8 +261,9 @@ def test_limits_and_unusable_values_are_4xx(make_backend):
         await asyncio.gather(
             backend.request("huge", {"prompt": "x" * 3000}),
             backend.request("surrogate", {"prompt": "\ud800"}),
-            backend.request("surrogate-chat", {"messages": [{"role": "user", "content": "a\udfff"}]},
-                            path="v1/chat/completions"),
+            backend.request(
+                "surrogate-chat", {"messages": [{"role": "user", "content": "a\udfff"}]}, path="v1/chat/completions"
+            ),
             backend.request("deep", b"[" * 900 + b"]" * 900),
             backend.request("deep-field", {"prompt": "hi", "stop": json.loads("[" * 40 + '"x"' + "]" * 40)}),
             backend.request("seed", {"prompt": "hi", "seed": 2**64}),
@@ -253,10 +275,17 @@ def test_limits_and_unusable_values_are_4xx(make_backend):
 
     asyncio.run(run())
     frames = backend.frames()
-    for rid, status, param in (("huge", 413, None), ("surrogate", 400, "prompt"), ("surrogate-chat", 400, "messages"),
-                               ("deep", 400, None), ("deep-field", 400, "stop"), ("seed", 400, "seed"),
-                               ("neg-seed", 400, "seed"), ("too-many", 400, "max_tokens"),
-                               ("nan", 400, "temperature")):
+    for rid, status, param in (
+        ("huge", 413, None),
+        ("surrogate", 400, "prompt"),
+        ("surrogate-chat", 400, "messages"),
+        ("deep", 400, None),
+        ("deep-field", 400, "stop"),
+        ("seed", 400, "seed"),
+        ("neg-seed", 400, "seed"),
+        ("too-many", 400, "max_tokens"),
+        ("nan", 400, "temperature"),
+    ):
         first = frames[rid][0]
         assert first["status"] == status, (rid, first)
         assert json.loads(first["body"])["error"]["param"] == param, (rid, first["body"])

@@ -280,8 +280,9 @@ def test_stress_shared_prefixes_with_constant_eviction(policy):
     for _ in range(4000):
         for _ in range(rng.choice([0, 0, 1, 1, 2])):
             prompt = rng.choice(prefixes) + [rng.randrange(3, 60) for _ in range(rng.choice([0, 0, 1, 3, 6]))]
-            s.add_request(req(f"r{created}", prompt, rng.randint(1, 12), rng.choice([None, None, "a", "b"]),
-                              rng.randint(0, 3)))
+            s.add_request(
+                req(f"r{created}", prompt, rng.randint(1, 12), rng.choice([None, None, "a", "b"]), rng.randint(0, 3))
+            )
             created += 1
         if s.requests and rng.random() < 0.04:
             s.finish_request(rng.choice(list(s.requests.values())), "abort")

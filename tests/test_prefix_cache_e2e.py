@@ -6,29 +6,31 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 import openai_http
+import pytest
 from openai_http import CHAT, COMPLETIONS, read_stream
+from torchserve_harness import TorchServe, serving
+
 from orcaserve.handler.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
-from torchserve_harness import TorchServe, serving
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-tenants"
 HEADER = "X-Tenant-Id"
 ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, "dtype": "float32"}
-SYSTEM = ("You are the help desk of the Orca Hotel. Check-in is from 3 pm, check-out until 11 am. Breakfast "
-          "is served from 7 to 10 in the garden room. The pool opens at 8 and closes at 20. Pets are welcome "
-          "for a fee of 15 euros per night. Parking costs 12 euros per day. Answer briefly and politely.")
+SYSTEM = (
+    "You are the help desk of the Orca Hotel. Check-in is from 3 pm, check-out until 11 am. Breakfast "
+    "is served from 7 to 10 in the garden room. The pool opens at 8 and closes at 20. Pets are welcome "
+    "for a fee of 15 euros per night. Parking costs 12 euros per day. Answer briefly and politely."
+)
 # (tenant, cache_salt, question, stream): the order matters, each sees the cache its predecessors left.
 REQUESTS = [
     ("alpha", None, "When is breakfast?", False),
-    ("alpha", None, "Can I bring my dog?", True),    # alpha's system prompt is cached now
-    ("beta", None, "When is breakfast?", False),     # the same prompt, another tenant: nothing shared
+    ("alpha", None, "Can I bring my dog?", True),  # alpha's system prompt is cached now
+    ("beta", None, "When is breakfast?", False),  # the same prompt, another tenant: nothing shared
     ("alpha", "private", "When is breakfast?", True),  # alpha subdivided by the body's cache_salt
-    ("beta", None, "Is there a pool?", False),       # beta's own earlier request is shared
+    ("beta", None, "Is there a pool?", False),  # beta's own earlier request is shared
 ]
 
 
@@ -49,8 +51,12 @@ def offline_answers() -> list[tuple[str, int]]:
     got = []
     for i, (tenant, salt, question, _) in enumerate(REQUESTS):
         prompt = engine.tokenizer.apply_chat_template(messages(question), tokenize=False, add_generation_prompt=True)
-        engine.add_request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=12),
-                           cache_salt=derive_cache_salt(HEADER, {HEADER: tenant}, salt))
+        engine.add_request(
+            f"r{i}",
+            prompt,
+            SamplingParams(temperature=0, max_tokens=12),
+            cache_salt=derive_cache_salt(HEADER, {HEADER: tenant}, salt),
+        )
         final = None
         while engine.has_unfinished():
             final = next((o for o in engine.step() if o.finished), final)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+
 from orcaserve.scheduler import SamplingParams
 
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 slots, 2 KV heads, head dim 16, fp32
@@ -52,8 +52,13 @@ def test_shared_prefixes_match_with_cache_on_and_off(arch, backend, engine_for):
     model = tiny_model(arch)
     work = shared_prefix_workload(seed=3, n=30)
     aborts = {5: "r4", 9: "r13", 14: "r20"}
-    args = dict(max_num_seqs=8, max_num_batched_tokens=64, block_size=16, kv_cache_memory=20 * BLOCK_BYTES,
-                attention_backend=backend)
+    args = dict(
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        block_size=16,
+        kv_cache_memory=20 * BLOCK_BYTES,
+        attention_backend=backend,
+    )
     runs = {}
     for caching in (True, False):
         engine = engine_for(model, enable_prefix_caching=caching, **args)
@@ -62,8 +67,10 @@ def test_shared_prefixes_match_with_cache_on_and_off(arch, backend, engine_for):
         assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
         if caching:
             stats = engine.stats
-            assert stats.prefix_cache_hits > 0.4 * stats.prefix_cache_queries, (stats.prefix_cache_hits,
-                                                                                stats.prefix_cache_queries)
+            assert stats.prefix_cache_hits > 0.4 * stats.prefix_cache_queries, (
+                stats.prefix_cache_hits,
+                stats.prefix_cache_queries,
+            )
             assert engine.kv.pool.num_cached_free > 0 and stats.kv_blocks_cached_free > 0
     on, off = runs[True], runs[False]
     assert any(o.finish_reason == "abort" for o in on.values())
@@ -134,20 +141,42 @@ def test_smollm2_shared_system_prompt_on_and_off(smollm2_path, tokenizer):
     from orcaserve.scheduler.loader import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(smollm2_path, torch.float32, torch.device("cpu"))
-    system = ("You are a careful assistant for a travel company. Answer briefly and politely, in plain "
-              "English, without lists. If you do not know, say so. ") * 3
-    questions = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?",
-                 "Where is the Eiffel Tower?", "What is the capital of France?", "Say hello.",
-                 "Which ocean is the largest?", "Name a fruit."]
-    prompts = [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
-                                             add_generation_prompt=True, tokenize=False) for q in questions]
+    system = (
+        "You are a careful assistant for a travel company. Answer briefly and politely, in plain "
+        "English, without lists. If you do not know, say so. "
+    ) * 3
+    questions = [
+        "What is the capital of France?",
+        "Name a primary color.",
+        "What is 2 + 2?",
+        "Where is the Eiffel Tower?",
+        "What is the capital of France?",
+        "Say hello.",
+        "Which ocean is the largest?",
+        "Name a fruit.",
+    ]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        for q in questions
+    ]
     ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     layers, kv_heads, head_dim = 30, 3, 64
     block_bytes = 2 * layers * 16 * kv_heads * head_dim * 4
     runs = {}
     for caching in (True, False):
-        engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=96,
-                                   kv_cache_memory=14 * block_bytes, dtype="float32", enable_prefix_caching=caching)
+        engine = Engine.from_model(
+            copy.deepcopy(model),
+            tokenizer,
+            max_num_seqs=8,
+            max_num_batched_tokens=96,
+            kv_cache_memory=14 * block_bytes,
+            dtype="float32",
+            enable_prefix_caching=caching,
+        )
         outs = {}
         for i, p in enumerate(ids):
             engine.add_request(f"q{i}", p, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))

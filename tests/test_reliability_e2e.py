@@ -13,9 +13,8 @@ import socket
 
 import psutil
 import pytest
-import requests
-
 import reliability_suites as rs
+import requests
 from openai_http import COMPLETIONS, call
 
 pytestmark = pytest.mark.slow
@@ -52,8 +51,12 @@ def test_security(ts, tmp_path):
         r = requests.post(url, json={"prompt": "hi"}, timeout=30) if api else requests.get(url, timeout=30)
         assert r.status_code in (400, 401), r.text
     # The management API answers on loopback only.
-    others = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-              if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback]
+    others = [
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback
+    ]
     for address in others:
         with pytest.raises(requests.ConnectionError):
             requests.get(f"http://{address}:{ts.ports['management']}/models", timeout=5)
@@ -62,18 +65,29 @@ def test_security(ts, tmp_path):
     outside.parent.mkdir()
     outside.write_bytes(b"not an archive")
     for url in ("http://127.0.0.1:9/x.mar", f"file://{outside}", "file:///etc/passwd", "../x.mar"):
-        r = requests.post(ts.url("/models", "management"), headers=ts.auth("management"),
-                          params={"url": url, "initial_workers": 1, "synchronous": "true"}, timeout=60)
+        r = requests.post(
+            ts.url("/models", "management"),
+            headers=ts.auth("management"),
+            params={"url": url, "initial_workers": 1, "synchronous": "true"},
+            timeout=60,
+        )
         assert r.status_code >= 400, (url, r.status_code, r.text)
     listed = requests.get(ts.url("/models", "management"), headers=ts.auth("management"), timeout=30).json()
     assert [m["modelName"] for m in listed["models"]] == [rs.MODEL]
     # No request sees another's output: 16 different prompts at once, each gets its own answer.
     with rs.ThreadPoolExecutor(16) as pool:
-        texts = list(pool.map(lambda p: call(ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8,
-                                                                        "temperature": 0}).json()["choices"][0]["text"],
-                              rs.PROMPTS))
-    alone = [call(ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()["choices"][0]["text"]
-             for p in rs.PROMPTS[:4]]
+        texts = list(
+            pool.map(
+                lambda p: call(ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()[
+                    "choices"
+                ][0]["text"],
+                rs.PROMPTS,
+            )
+        )
+    alone = [
+        call(ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()["choices"][0]["text"]
+        for p in rs.PROMPTS[:4]
+    ]
     assert texts[:4] == alone
 
 
@@ -108,9 +122,21 @@ def test_a_hung_up_stream_runs_to_its_limit(ts):
 def test_a_failing_step_fails_its_request_only(ts, offline):
     want = rs.expected(offline, [("completions", p) for p in rs.PROMPTS[:2]], [32, 32])
     with rs.ThreadPoolExecutor(3) as pool:
-        streams = [pool.submit(lambda p: rs.read_stream(call(
-            ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 32, "temperature": 0, "stream": True},
-            stream=True))["text"], p) for p in rs.PROMPTS[:2]]
+        streams = [
+            pool.submit(
+                lambda p: rs.read_stream(
+                    call(
+                        ts,
+                        rs.MODEL,
+                        COMPLETIONS,
+                        {"prompt": p, "max_tokens": 32, "temperature": 0, "stream": True},
+                        stream=True,
+                    )
+                )["text"],
+                p,
+            )
+            for p in rs.PROMPTS[:2]
+        ]
         bad = call(ts, rs.MODEL, COMPLETIONS, {"prompt": "x", "max_tokens": 4, "user": "orcaserve-fault:step"})
         got = [s.result() for s in streams]
     assert bad.status_code == 500 and "injected step failure" in bad.json()["error"]["message"]

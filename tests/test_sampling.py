@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-
 from tiny_models import hf_greedy, tiny_model
+
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.request import Request
 from orcaserve.scheduler.sampler import _apply_penalties, filter_logits
@@ -52,7 +52,11 @@ def _req(params: SamplingParams, prompt=(1, 2), output=()) -> Request:
 
 def test_penalties_follow_their_definitions():
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
-    r = _req(SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25), prompt=[0, 1], output=[2, 2, 4])
+    r = _req(
+        SamplingParams(repetition_penalty=2.0, presence_penalty=0.5, frequency_penalty=0.25),
+        prompt=[0, 1],
+        output=[2, 2, 4],
+    )
     _apply_penalties(logits, [r])
     # repetition (prompt + output: 0, 1, 2, 4): positive / 2, negative * 2
     # presence and frequency (output only: 2 twice, 4 once)
@@ -75,8 +79,10 @@ def test_repetition_penalty_greedy_matches_transformers(engine_for):
     with torch.inference_mode():
         ref = model.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, repetition_penalty=1.5)
     engine = engine_for(model)
-    out = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.5, ignore_eos=True))
-    assert out[0].output_token_ids == ref[0, len(prompt):].tolist()
+    out = engine.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.5, ignore_eos=True)
+    )
+    assert out[0].output_token_ids == ref[0, len(prompt) :].tolist()
 
 
 def test_top_k_one_is_greedy(engine_for):

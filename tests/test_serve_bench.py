@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from torchserve_harness import TorchServe
+
+pytestmark = pytest.mark.slow  # starts HTTP servers and runs the load generator against them
 
 REPO = Path(__file__).resolve().parents[1]
 SERVE = REPO / "benchmarks" / "serve.py"
@@ -33,17 +34,48 @@ def test_serve_bench_smoke(tmp_path):
     build_archive(str(store), "smollm2-baseline")
     models = ["smollm2-baseline"]
     if importlib.util.find_spec("orcaserve.handler.archive") is not None:
-        subprocess.run([sys.executable, "-m", "orcaserve.handler.archive", "--name", "smollm2", "--export-path",
-                        str(store), "--format", "no-archive"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "orcaserve.handler.archive",
+                "--name",
+                "smollm2",
+                "--export-path",
+                str(store),
+                "--format",
+                "no-archive",
+            ],
+            check=True,
+        )
         models.insert(0, "smollm2")
     work = tmp_path / "ts"
     with TorchServe(work, store, extra_config={"job_queue_size": "1000"}) as ts:  # bursts queue
         for name in models:
             ts.register(name)
         out = tmp_path / "bench.json"
-        cmd = [sys.executable, str(SERVE), "--url", ts.url(""), f"--key={ts.keys['inference']}", "--rate", "4",  # keys may start with "-"
-               "--num-requests", "4", "--input-len", "8:32", "--output-len", "2:6", "--warmup", "1",
-               "--timeout", "120", "--out", str(out), "--no-progress"]
+        cmd = [
+            sys.executable,
+            str(SERVE),
+            "--url",
+            ts.url(""),
+            f"--key={ts.keys['inference']}",
+            "--rate",
+            "4",  # keys may start with "-"
+            "--num-requests",
+            "4",
+            "--input-len",
+            "8:32",
+            "--output-len",
+            "2:6",
+            "--warmup",
+            "1",
+            "--timeout",
+            "120",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
         for name in models:
             cmd += ["--model", name]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
@@ -78,8 +110,12 @@ def _stub_server(check=None):
 
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            if check is not None and not check(self.path, self.headers, body) or not body.get("ignore_eos") \
-                    or not body["stream"]:
+            if (
+                check is not None
+                and not check(self.path, self.headers, body)
+                or not body.get("ignore_eos")
+                or not body["stream"]
+            ):
                 self.send_response(400)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -121,9 +157,31 @@ def test_serve_bench_against_stub(tmp_path):
         out = tmp_path / "stub.json"
         doc = tmp_path / "doc.md"
         doc.write_text("# x\n<!-- serve-results:begin -->\nold\n<!-- serve-results:end -->\ntail\n")
-        cmd = [sys.executable, str(SERVE), "--url", f"http://127.0.0.1:{server.server_address[1]}", "--key", "k",
-               "--model", "a", "--model", "b", "--rates", "50,100", "--num-requests", "8", "--input-len", "4:8",
-               "--output-len", "1:4", "--out", str(out), "--update-doc", str(doc), "--no-progress"]
+        cmd = [
+            sys.executable,
+            str(SERVE),
+            "--url",
+            f"http://127.0.0.1:{server.server_address[1]}",
+            "--key",
+            "k",
+            "--model",
+            "a",
+            "--model",
+            "b",
+            "--rates",
+            "50,100",
+            "--num-requests",
+            "8",
+            "--input-len",
+            "4:8",
+            "--output-len",
+            "1:4",
+            "--out",
+            str(out),
+            "--update-doc",
+            str(doc),
+            "--no-progress",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     finally:
@@ -144,18 +202,45 @@ def test_serve_bench_openai_endpoint_closed_loop(tmp_path):
     sends exactly --num-requests requests and never has more than that many open."""
 
     def check(path, headers, body):
-        return (path == "/v1/completions" and "Authorization" not in headers and body.get("model") == "served"
-                and all(isinstance(t, int) and 100 <= t < 200 for t in body["prompt"]))
+        return (
+            path == "/v1/completions"
+            and "Authorization" not in headers
+            and body.get("model") == "served"
+            and all(isinstance(t, int) and 100 <= t < 200 for t in body["prompt"])
+        )
 
     server, log = _stub_server(check)
     (tmp_path / "key_file.json").write_text(json.dumps({"inference": {"key": "ts-key"}}))
     try:
         out = tmp_path / "vllm.json"
         endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
-        cmd = [sys.executable, str(SERVE), "--endpoint", endpoint, "--key", "none", "--model", "vllm-bf16",
-               "--model-name", "served", "--concurrency", "3", "--num-requests", "10", "--input-len", "4:8",
-               "--output-len", "4:12", "--token-range", "100:200", "--warmup", "1", "--out", str(out),
-               "--no-progress"]
+        cmd = [
+            sys.executable,
+            str(SERVE),
+            "--endpoint",
+            endpoint,
+            "--key",
+            "none",
+            "--model",
+            "vllm-bf16",
+            "--model-name",
+            "served",
+            "--concurrency",
+            "3",
+            "--num-requests",
+            "10",
+            "--input-len",
+            "4:8",
+            "--output-len",
+            "4:12",
+            "--token-range",
+            "100:200",
+            "--warmup",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
     finally:

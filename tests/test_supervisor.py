@@ -14,14 +14,20 @@ import socket
 import struct
 
 import pytest
+from test_orca_handler import parse_frames
 
 from orcaserve.handler import socket_lock
 from orcaserve.handler.frames import read_request_ids, response_frame, written_requests
 from orcaserve.handler.supervisor import SupervisorLink
-from test_orca_handler import parse_frames
 
-LOAD = {"model_name": "m", "model_dir": "/nonexistent", "batch_size": 1, "handler": "h.py", "gpu": None,
-        "limit_max_image_pixels": True}
+LOAD = {
+    "model_name": "m",
+    "model_dir": "/nonexistent",
+    "batch_size": 1,
+    "handler": "h.py",
+    "gpu": None,
+    "limit_max_image_pixels": True,
+}
 
 
 def _read_all(sock: socket.socket) -> bytes:
@@ -43,6 +49,7 @@ def worker_socket():
 
 def inference_message(*request_ids: str) -> bytes:
     """What the frontend sends: b"I", then per request its id, headers and parameters."""
+
     def s(b: bytes) -> bytes:
         return struct.pack("!i", len(b)) + b
 

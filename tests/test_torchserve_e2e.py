@@ -11,13 +11,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import openai_http
 import pytest
 import requests
+from openai_http import PROMPTS, expected, read_stream
+from torchserve_harness import TorchServe, serving
 
 from orcaserve.scheduler import Engine, default_model_path
-import openai_http
-from openai_http import expected, read_stream
-from torchserve_harness import TorchServe, serving
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +25,6 @@ MODEL = "smollm2"
 # A small KV cache (91 blocks of 16 tokens) keeps memory low and makes block accounting visible.
 # fp32: greedy answers over HTTP are held to the offline engine token for token.
 ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, "dtype": "float32"}
-PROMPTS = [
-    # Non-ASCII prompts stream multi-byte characters (tokens that end mid-character included).
-    "The capital of France is", "Once upon a time", "日本の首都は", "The three primary colors are",
-    "Water boils at", "My favourite food is", "Emoji weather report: ☀️", "The quick brown fox",
-    "In 1492, Columbus", "Photosynthesis is", "The largest planet in the solar system", "To be or not to be,",
-    "A haiku about autumn:", "SELECT * FROM", "The speed of light is", "Dear diary, today",
-]
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?", "Say hello."]
 
 
@@ -66,15 +59,21 @@ def result(ts: TorchServe, kind: str, prompt: str, max_tokens: int, stream: bool
 def test_requests_without_token_are_refused(ts):
     r = requests.post(ts.url(f"/predictions/{MODEL}"), json={"prompt": "hi"}, timeout=30)
     assert r.status_code in (400, 401) and "Token" in r.text
-    r = requests.post(ts.url(f"/predictions/{MODEL}"), json={"prompt": "hi"}, timeout=30,
-                      headers={"Authorization": "Bearer not-the-key"})
+    r = requests.post(
+        ts.url(f"/predictions/{MODEL}"),
+        json={"prompt": "hi"},
+        timeout=30,
+        headers={"Authorization": "Bearer not-the-key"},
+    )
     assert r.status_code in (400, 401)
     r = requests.get(ts.url("/models", "management"), timeout=30)
     assert r.status_code in (400, 401)
 
 
 def test_16_concurrent_mixed_requests_match_offline(ts, offline):
-    items = [("chat" if i % 4 == 3 else "completions", QUESTIONS[i // 4] if i % 4 == 3 else PROMPTS[i]) for i in range(16)]
+    items = [
+        ("chat" if i % 4 == 3 else "completions", QUESTIONS[i // 4] if i % 4 == 3 else PROMPTS[i]) for i in range(16)
+    ]
     max_tokens = [12 + (i % 5) * 4 for i in range(16)]
     want = expected(offline, items, max_tokens)
 
@@ -94,8 +93,9 @@ def test_16_concurrent_mixed_requests_match_offline(ts, offline):
 
 def test_stream_chunks_arrive_before_the_end(ts):
     started = time.time()
-    r = result(ts, "completions", "Once upon a time", 48, stream=True, ignore_eos=True,
-               stream_options={"include_usage": True})
+    r = result(
+        ts, "completions", "Once upon a time", 48, stream=True, ignore_eos=True, stream_options={"include_usage": True}
+    )
     assert r["usage"]["completion_tokens"] == 48 and r["finish_reason"] == "length"
     first, last = r["times"][0], r["times"][-1]
     # Tokens are relayed as they are sampled: the first chunk long before the stream ends.
@@ -107,8 +107,14 @@ def test_32_concurrent_streams_never_interleave(ts, offline):
     prompts = PROMPTS[:8]
     want = expected(offline, [("completions", p) for p in prompts], [20] * 8)
     with ThreadPoolExecutor(32) as pool:
-        got = list(pool.map(lambda i: result(ts, "completions", prompts[i % 8], 20, stream=True,
-                                             stream_options={"include_usage": True}), range(32)))
+        got = list(
+            pool.map(
+                lambda i: result(
+                    ts, "completions", prompts[i % 8], 20, stream=True, stream_options={"include_usage": True}
+                ),
+                range(32),
+            )
+        )
     assert len({g["id"] for g in got}) == 32
     for i, g in enumerate(got):
         assert g["text"] == want[i % 8].text, (i, g["text"])
@@ -130,8 +136,12 @@ def test_bad_requests_between_running_streams(ts, offline):
     first_chunk = threading.Barrier(5, timeout=120)
 
     def stream(i):
-        resp = call(ts, "/1.0/v1/completions", {"prompt": PROMPTS[i], "max_tokens": 40, "temperature": 0,
-                                                "stream": True}, stream=True)
+        resp = call(
+            ts,
+            "/1.0/v1/completions",
+            {"prompt": PROMPTS[i], "max_tokens": 40, "temperature": 0, "stream": True},
+            stream=True,
+        )
         lines = resp.iter_lines()
         head = next(line for line in lines if line)
         first_chunk.wait()
@@ -187,8 +197,9 @@ def test_openai_client(ts, offline):
 
     c = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0)
     assert c.choices[0].text == want[0].text and c.usage.completion_tokens == want[0].completion_tokens
-    pieces = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=16,
-                                       temperature=0, stream=True)
+    pieces = client.completions.create(
+        model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0, stream=True
+    )
     assert "".join(p.choices[0].text for p in pieces if p.choices) == want[0].text
 
     messages = [{"role": "user", "content": QUESTIONS[0]}]
@@ -205,12 +216,25 @@ def test_openai_client(ts, offline):
 
 def test_metrics_are_scraped(ts):
     m = ts.metrics()
-    for name in ("orca_time_to_first_token_seconds", "orca_time_per_output_token_seconds",
-                 "orca_queue_time_seconds", "orca_e2e_latency_seconds"):
+    for name in (
+        "orca_time_to_first_token_seconds",
+        "orca_time_per_output_token_seconds",
+        "orca_queue_time_seconds",
+        "orca_e2e_latency_seconds",
+    ):
         assert _metric(m, name + "_count") > 10, name
-    for name in ("orca_num_requests_running", "orca_num_requests_waiting", "orca_kv_blocks_used",
-                 "orca_kv_cache_usage_ratio", "orca_step_tokens", "orca_step_tokens_total", "orca_steps_total",
-                 "orca_preemptions_total", "orca_aborts_total", "orca_generation_tokens_total"):
+    for name in (
+        "orca_num_requests_running",
+        "orca_num_requests_waiting",
+        "orca_kv_blocks_used",
+        "orca_kv_cache_usage_ratio",
+        "orca_step_tokens",
+        "orca_step_tokens_total",
+        "orca_steps_total",
+        "orca_preemptions_total",
+        "orca_aborts_total",
+        "orca_generation_tokens_total",
+    ):
         _metric(m, name)
     assert _metric(m, "orca_step_tokens_total") > _metric(m, "orca_steps_total") > 10
 

@@ -11,17 +11,23 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds kernels for sm_80/sm_90 with ptxas
+
 
 def test_compile_check_quick():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, "-m", "orcaserve.kernels.compile_check", "--quick"],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     table = proc.stdout
     assert "0 compile errors" in table
     for kernel in ("unified", "split_k", "reduce", "store_kv"):
         for arch in ("sm_80", "sm_90"):
-            assert any(line.startswith(kernel) and arch in line for line in table.splitlines()), (
-                kernel, arch, table)
+            assert any(line.startswith(kernel) and arch in line for line in table.splitlines()), (kernel, arch, table)

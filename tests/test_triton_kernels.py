@@ -25,8 +25,9 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
 from attention_cases import SCENARIOS, make_case  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the Triton interpreter runs every kernel section for minutes
 
 HEADS = [(8, 2), (4, 1), (4, 4)]  # GQA, MQA, MHA: (H, H_kv)
 HEAD_DIMS = [64, 80, 96, 128]
@@ -78,8 +79,7 @@ def section_unified(dtype):
         want = reference(q, kc, vc, cu, sl, bt, scale)
         q, kc, vc, cu, sl, bt = to_dev(q, kc, vc, cu, sl, bt)
         # Tile of 32 keys against blocks of 16/32/64: tile size independent of block size.
-        out = launch_unified(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")),
-                             block_m=64, tile_n=32)
+        out = launch_unified(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")), block_m=64, tile_n=32)
         check(out, want, dtype, f"unified {name} H{h}/{h_kv} D{d} bs{bs}")
 
 
@@ -92,8 +92,9 @@ def section_split(dtype):
         want = reference(q, kc, vc, cu, sl, bt, scale)
         q, kc, vc, cu, sl, bt = to_dev(q, kc, vc, cu, sl, bt)
         splits = (2, 3, 7)[i % 3]  # 7 leaves some splits empty for short requests
-        out = launch_split_k(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")),
-                             splits, block_m=64, tile_n=16)
+        out = launch_split_k(
+            q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")), splits, block_m=64, tile_n=16
+        )
         check(out, want, dtype, f"split-K({splits}) {name} H{h}/{h_kv} D{d} bs{bs}")
 
 
@@ -148,8 +149,12 @@ def section_dispatch(dtype):
     want = reference(q, kc, vc, cu, sl, bt, 0.125)
     q, kc, vc, cu, sl, bt = to_dev(q, kc, vc, cu, sl, bt)
     for splits in (None, 1):
-        check(unified_attention(q, kc, vc, cu, sl, bt, 0.125, num_splits=splits), want, dtype,
-              f"wrapper num_splits={splits}")
+        check(
+            unified_attention(q, kc, vc, cu, sl, bt, 0.125, num_splits=splits),
+            want,
+            dtype,
+            f"wrapper num_splits={splits}",
+        )
 
     from orcaserve.kernels import torch_attention as ref
 
@@ -185,11 +190,19 @@ def section_configs(dtype):
         q, kc, vc, cu, sl, bt = to_dev(q, kc, vc, cu, sl, bt)
         cfg = select_config(max(q_lens), h // h_kv, dtype)
         what = f"{name} H{h}/{h_kv} D{d} bs{bs} {cfg}"
-        check(launch_unified(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")), **cfg), want,
-              dtype, f"unified {what}")
+        check(
+            launch_unified(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")), **cfg),
+            want,
+            dtype,
+            f"unified {what}",
+        )
         splits = (2, 3, 7)[i % 3]
-        check(launch_split_k(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")), splits, **cfg),
-              want, dtype, f"split-K({splits}) {what}")
+        check(
+            launch_split_k(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")), splits, **cfg),
+            want,
+            dtype,
+            f"split-K({splits}) {what}",
+        )
         check(unified_attention(q, kc, vc, cu, sl, bt, scale), want, dtype, f"wrapper {what}")
 
 
@@ -213,11 +226,21 @@ def section_large(dtype):
         scale = d**-0.5
         want = reference(q, kc, vc, cu, sl, bt, scale)
         q, kc, vc, cu, sl, bt = to_dev(q, kc, vc, cu, sl, bt)
-        auto = choose_num_splits(q.shape[0], len(ctx), h_kv, h // h_kv, max(q_lens), max(ctx),
-                                 num_sms(q.device), dtype)
+        auto = choose_num_splits(q.shape[0], len(ctx), h_kv, h // h_kv, max(q_lens), max(ctx), num_sms(q.device), dtype)
         for splits in (None, 1, 4, 64):
-            out = unified_attention(q, kc, vc, cu, sl, bt, scale, torch.full_like(q, float("nan")),
-                                    max_seqlen_q=max(q_lens), max_seqlen_k=max(ctx), num_splits=splits)
+            out = unified_attention(
+                q,
+                kc,
+                vc,
+                cu,
+                sl,
+                bt,
+                scale,
+                torch.full_like(q, float("nan")),
+                max_seqlen_q=max(q_lens),
+                max_seqlen_k=max(ctx),
+                num_splits=splits,
+            )
             check(out, want, dtype, f"large {name} num_splits={splits} (heuristic {auto})")
 
 
@@ -232,18 +255,20 @@ SECTIONS = {
     "dispatch_fp16": lambda: section_dispatch(torch.float16),
 }
 if DEVICE != "cpu":  # what the interpreter cannot check (it computes bf16 wrongly) or is too slow for
-    SECTIONS.update({
-        "unified_bf16": lambda: section_unified(torch.bfloat16),
-        "split_bf16": lambda: section_split(torch.bfloat16),
-        "store_bf16": lambda: section_store(torch.bfloat16),
-        "dispatch_bf16": lambda: section_dispatch(torch.bfloat16),
-        "configs_fp32": lambda: section_configs(torch.float32),
-        "configs_fp16": lambda: section_configs(torch.float16),
-        "configs_bf16": lambda: section_configs(torch.bfloat16),
-        "large_fp16": lambda: section_large(torch.float16),
-        "large_bf16": lambda: section_large(torch.bfloat16),
-        "large_fp32": lambda: section_large(torch.float32),
-    })
+    SECTIONS.update(
+        {
+            "unified_bf16": lambda: section_unified(torch.bfloat16),
+            "split_bf16": lambda: section_split(torch.bfloat16),
+            "store_bf16": lambda: section_store(torch.bfloat16),
+            "dispatch_bf16": lambda: section_dispatch(torch.bfloat16),
+            "configs_fp32": lambda: section_configs(torch.float32),
+            "configs_fp16": lambda: section_configs(torch.float16),
+            "configs_bf16": lambda: section_configs(torch.bfloat16),
+            "large_fp16": lambda: section_large(torch.float16),
+            "large_bf16": lambda: section_large(torch.bfloat16),
+            "large_fp32": lambda: section_large(torch.float32),
+        }
+    )
 
 
 @pytest.mark.parametrize("section", list(SECTIONS))
@@ -253,8 +278,7 @@ def test_kernel_section(section):
         if not (DEVICE.startswith("cuda") and torch.cuda.is_available()):
             pytest.skip(f"ORCASERVE_TEST_DEVICE={DEVICE} but torch sees no CUDA device")
         env.pop("TRITON_INTERPRET")  # compiled kernels
-    proc = subprocess.run([sys.executable, __file__, section], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run([sys.executable, __file__, section], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
 

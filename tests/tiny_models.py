@@ -9,7 +9,14 @@ TINY_VOCAB = 512  # ids below 512 are real SmolLM2 tokens, so the real tokenizer
 
 def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     """A 2-layer GQA model with random weights; larger init spreads logits so greedy ties are rare."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig, MistralForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     common = dict(
         vocab_size=TINY_VOCAB,
@@ -39,7 +46,9 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
     """transformers generate() for one request, the reference every engine output is held to."""
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False,
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
         )
-    return out[0, len(prompt):].tolist()
+    return out[0, len(prompt) :].tolist()

@@ -17,9 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import requests
 
@@ -47,9 +47,14 @@ class TorchServeError(RuntimeError):
 class TorchServe:
     """A TorchServe process on free loopback ports with a generated config.properties."""
 
-    def __init__(self, workdir: str | os.PathLike, model_store: str | os.PathLike,
-                 extra_config: dict[str, str] | None = None, token_auth: bool = True,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        model_store: str | os.PathLike,
+        extra_config: dict[str, str] | None = None,
+        token_auth: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = Path(workdir)
         self.model_store = Path(model_store).resolve()
         self.extra_config = dict(extra_config or {})
@@ -87,20 +92,34 @@ class TorchServe:
         path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
         return path
 
-    def start(self, timeout: float = 120.0) -> "TorchServe":
+    def start(self, timeout: float = 120.0) -> TorchServe:
         self.workdir.mkdir(parents=True, exist_ok=True)
         tmp = self.workdir / "tmp"
         tmp.mkdir(exist_ok=True)
         config = self.write_config()
-        env = dict(os.environ, TMPDIR=str(tmp), LOG_LOCATION=str(self.workdir / "logs"),
-                   METRICS_LOCATION=str(self.workdir / "logs"), **self.env)
+        env = dict(
+            os.environ,
+            TMPDIR=str(tmp),
+            LOG_LOCATION=str(self.workdir / "logs"),
+            METRICS_LOCATION=str(self.workdir / "logs"),
+            **self.env,
+        )
         torchserve = str(Path(sys.executable).parent / "torchserve")
-        cmd = [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(config),
-               "--model-store", str(self.model_store)]
+        cmd = [
+            torchserve,
+            "--start",
+            "--foreground",
+            "--ncs",
+            "--ts-config",
+            str(config),
+            "--model-store",
+            str(self.model_store),
+        ]
         self._stdout = open(self.workdir / "torchserve.out", "wb")
         # Own session: stop() signals the group, which holds the frontend JVM and all workers.
-        self.proc = subprocess.Popen(cmd, cwd=self.workdir, env=env, stdout=self._stdout,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.workdir, env=env, stdout=self._stdout, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             self._wait_ready(timeout)
         except Exception:
@@ -152,7 +171,7 @@ class TorchServe:
         self.proc = None
         self._stdout.close()
 
-    def __enter__(self) -> "TorchServe":
+    def __enter__(self) -> TorchServe:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -167,19 +186,28 @@ class TorchServe:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def register(self, url: str, initial_workers: int = 1, timeout: float = 600.0) -> requests.Response:
-        r = requests.post(self.url("/models", "management"), headers=self.auth("management"), timeout=timeout,
-                          params={"url": url, "initial_workers": initial_workers, "synchronous": "true"})
+        r = requests.post(
+            self.url("/models", "management"),
+            headers=self.auth("management"),
+            timeout=timeout,
+            params={"url": url, "initial_workers": initial_workers, "synchronous": "true"},
+        )
         if r.status_code != 200:
             raise TorchServeError(f"register {url}: {r.status_code} {r.text}\n{self.logs()}")
         return r
 
     def unregister(self, name: str, timeout: float = 120.0) -> requests.Response:
-        return requests.delete(self.url(f"/models/{name}", "management"), headers=self.auth("management"),
-                               timeout=timeout)
+        return requests.delete(
+            self.url(f"/models/{name}", "management"), headers=self.auth("management"), timeout=timeout
+        )
 
     def scale(self, name: str, workers: int, timeout: float = 600.0) -> requests.Response:
-        return requests.put(self.url(f"/models/{name}", "management"), headers=self.auth("management"), timeout=timeout,
-                            params={"min_worker": workers, "max_worker": workers, "synchronous": "true"})
+        return requests.put(
+            self.url(f"/models/{name}", "management"),
+            headers=self.auth("management"),
+            timeout=timeout,
+            params={"min_worker": workers, "max_worker": workers, "synchronous": "true"},
+        )
 
     def describe(self, name: str) -> list[dict]:
         r = requests.get(self.url(f"/models/{name}", "management"), headers=self.auth("management"), timeout=30)

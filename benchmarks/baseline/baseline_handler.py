@@ -80,6 +80,7 @@ class BaselineHandler:
         import torch
 
         from orcaserve.handler.config import resolve_model_path
+        from orcaserve.scheduler.config import EngineConfig
         from orcaserve.scheduler.loader import eos_token_ids, load_model_and_tokenizer
 
         cfg = dict((getattr(context, "model_yaml_config", None) or {}).get("handler") or {})
@@ -88,7 +89,9 @@ class BaselineHandler:
         threads = cfg.get("torch_threads")
         if threads:
             torch.set_num_threads(int(threads))
-        self.model, self.tokenizer = load_model_and_tokenizer(path, torch.float32, torch.device("cpu"))
+        # The same dtype rule as orcaserve's engine, so a comparison is like for like by default.
+        dtype = EngineConfig(dtype=cfg.get("dtype"), device="cpu").resolved_dtype()
+        self.model, self.tokenizer = load_model_and_tokenizer(path, dtype, torch.device("cpu"))
         self.tokenizer.padding_side = "left"
         self.pad_id = self.tokenizer.pad_token_id
         if self.pad_id is None:
@@ -148,22 +151,30 @@ class BaselineHandler:
                 out[i] = self._error(context, i, e.status, e.body())
             except Exception as e:  # one bad request must not fail its batch
                 log.exception("parsing request %d failed", i)
-                out[i] = self._error(context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}",
-                                                                  None, "server_error"))
+                out[i] = self._error(
+                    context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error")
+                )
         if jobs:
             try:
                 results = self._generate([(req, ids) for _, req, ids in jobs])
             except Exception as e:
                 log.exception("batch generation failed")
                 for i, _, _ in jobs:
-                    out[i] = self._error(context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}",
-                                                                      None, "server_error"))
+                    out[i] = self._error(
+                        context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error")
+                    )
                 return out
             finished = time.time()
             self.batches += 1
-            batch = {"id": self.batches, "size": len(jobs), "received": received, "start": results["start"],
-                     "end": finished, "max_new_tokens": results["max_new_tokens"],
-                     "padded_prompt_len": results["padded_len"]}
+            batch = {
+                "id": self.batches,
+                "size": len(jobs),
+                "received": received,
+                "start": results["start"],
+                "end": finished,
+                "max_new_tokens": results["max_new_tokens"],
+                "padded_prompt_len": results["padded_len"],
+            }
             for (i, req, ids), (text, reason, n) in zip(jobs, results["rows"]):
                 out[i] = self._respond(context, i, req, len(ids), text, reason, n, batch)
         return out
@@ -189,8 +200,13 @@ class BaselineHandler:
             gc.do_sample = False
         else:
             gc.do_sample = True
-            kwargs["logits_processor"] = [_row_sampler([0.0 if p.greedy else p.temperature for p in params], [p.top_k for p in params],
-                                                       [p.top_p for p in params])]
+            kwargs["logits_processor"] = [
+                _row_sampler(
+                    [0.0 if p.greedy else p.temperature for p in params],
+                    [p.top_k for p in params],
+                    [p.top_p for p in params],
+                )
+            ]
         start = time.time()
         with torch.inference_mode():
             seqs = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gc, **kwargs)
@@ -214,8 +230,9 @@ class BaselineHandler:
         return {"rows": rows, "start": start, "max_new_tokens": n_new, "padded_len": width}
 
     # ---- responses ---------------------------------------------------------------------------
-    def _respond(self, context: Any, idx: int, req, n_prompt: int, text: str, reason: str, n_out: int,
-                 batch: dict) -> str:
+    def _respond(
+        self, context: Any, idx: int, req, n_prompt: int, text: str, reason: str, n_out: int, batch: dict
+    ) -> str:
         from orcaserve.handler.protocol import CHAT
         from orcaserve.handler.responses import SSE_DONE, final_response, sse, stream_chunk
 
@@ -233,7 +250,9 @@ class BaselineHandler:
             pieces.append(sse(stream_chunk(kind, rid, self.model_name, created, text="", role=True)))
         if text:
             pieces.append(sse(stream_chunk(kind, rid, self.model_name, created, text=text)))
-        last = stream_chunk(kind, rid, self.model_name, created, text=None if kind == CHAT else "", finish_reason=reason)
+        last = stream_chunk(
+            kind, rid, self.model_name, created, text=None if kind == CHAT else "", finish_reason=reason
+        )
         last["baseline_batch"] = batch
         pieces.append(sse(last))
         if req.include_usage:

