@@ -85,6 +85,7 @@ class ModelRunner:
         seq_lens: list[int] = []
         tables: list[list[int]] = []
         sample_rows: list[int] = []
+        sampling = {r.request_id for r in sched.sampling}  # the scheduler decides; rows follow its order
         for rid, n in sched.num_scheduled_tokens.items():
             req = sched.requests[rid]
             start = req.num_computed_tokens
@@ -93,7 +94,7 @@ class ModelRunner:
             cu.append(cu[-1] + n)
             seq_lens.append(start + n)
             tables.append(kv.blocks_of(rid))
-            if start + n == req.num_tokens:  # the scheduler put it in sched.sampling
+            if rid in sampling:
                 sample_rows.append(cu[-1] - 1)
 
         dev = self.device
