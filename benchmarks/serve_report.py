@@ -206,15 +206,16 @@ def plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
-def update_doc(path: str, text: str) -> None:
+def update_doc(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what stands between the markers `begin` and `end` of the doc at `path` with `text`."""
     with open(path) as f:
         doc = f.read()
-    if BEGIN not in doc or END not in doc:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} section")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    if begin not in doc or end not in doc:
+        raise ValueError(f"{path} has no {begin} ... {end} section")
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
     with open(path, "w") as f:
-        f.write(head + BEGIN + "\n" + text + END + tail)
+        f.write(head + begin + "\n" + text + end + tail)
 
 
 def machine() -> dict:

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend
 
+from .loader import model_dims
+
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
@@ -99,8 +101,7 @@ class Decoder:
         cfg = model.config
         inner = model.model
         self.num_heads: int = cfg.num_attention_heads
-        self.num_kv_heads: int = getattr(cfg, "num_key_value_heads", None) or self.num_heads
-        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads
+        _, self.num_kv_heads, self.head_dim = model_dims(cfg)
         self.scale = self.head_dim**-0.5
         self.eps: float = cfg.rms_norm_eps
         self.embed: torch.Tensor = inner.embed_tokens.weight  # [V, hidden]

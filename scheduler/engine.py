@@ -16,7 +16,7 @@ from orcaserve.kernels import get_backend
 from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
-from .loader import eos_token_ids, load_model_and_tokenizer
+from .loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from .model_runner import CausalLM, ModelRunner
 from .outputs import RequestOutput
 from .request import Request, RequestStatus
@@ -31,13 +31,6 @@ _CPU_KV_BYTES = 1 << 30
 TRACE_STEPS = 100_000
 
 
-def _model_dims(cfg) -> tuple[int, int, int]:
-    """(layers, kv heads, head dim) of a transformers config."""
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim
-
-
 class Engine:
     """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
 
@@ -48,7 +41,7 @@ class Engine:
         self.dtype = config.resolved_dtype()
         self.max_model_len = max_model_len
         self.vocab_size = model.config.vocab_size
-        layers, n_kv, head_dim = _model_dims(model.config)
+        layers, n_kv, head_dim = model_dims(model.config)
         shape = (num_blocks, config.block_size, n_kv, head_dim)
         # Zero-filled so never-written slots are finite: masking them out is then enough.
         self.kv_caches = [
@@ -90,7 +83,7 @@ class Engine:
         config = config or EngineConfig(**engine_args)
         device, dtype = config.resolved_device(), config.resolved_dtype()
         model.to(device=device, dtype=dtype).eval()
-        layers, n_kv, head_dim = _model_dims(model.config)
+        layers, n_kv, head_dim = model_dims(model.config)
         budget = config.kv_cache_memory
         if budget is None:
             budget = int(torch.cuda.mem_get_info(device)[0] * 0.8) if device.type == "cuda" else _CPU_KV_BYTES

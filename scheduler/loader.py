@@ -47,3 +47,10 @@ def eos_token_ids(model, tokenizer) -> frozenset[int]:
     eos = config.eos_token_id if config is not None else None
     eos = eos if eos is not None else tokenizer.eos_token_id
     return frozenset([eos] if isinstance(eos, int) else (eos or []))
+
+
+def model_dims(cfg: Any) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of a transformers config."""
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim

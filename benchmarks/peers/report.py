@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import serve_report  # benchmarks/ is on sys.path (run.py puts it there)
+
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
 SYSTEMS = ("orcaserve", "vllm")
 LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM"}
@@ -160,11 +162,4 @@ def update_doc(path: str, text: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             f.write(DOC_TEMPLATE)
-    with open(path) as f:
-        doc = f.read()
-    if BEGIN not in doc or END not in doc:
-        raise ValueError(f"{path} has no {BEGIN} ... {END} section")
-    head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    with open(path, "w") as f:
-        f.write(head + BEGIN + "\n" + text + END + tail)
+    serve_report.update_doc(path, text, BEGIN, END)
