@@ -38,6 +38,7 @@ from .backend import AttentionBackend, TorchBackend
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -56,15 +57,10 @@ def arch_flags() -> list[str]:
     """
     cap = torch.backends.cpu.get_cpu_capability()
     if cap.startswith("AVX512"):
-        return [
-            "-mavx512f",
-            "-mavx512bw",
-            "-mavx512vl",
-            "-mavx512dq",
-            "-mfma",
-            "-DCPU_CAPABILITY=AVX512",
-            "-DCPU_CAPABILITY_AVX512",
-        ]
+        flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
+        if torch.cpu._is_avx512_bf16_supported():  # vdpbf16ps: bf16 caches multiplied as stored
+            flags.append("-mavx512bf16")
+        return [*flags, "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
     if cap == "AVX2":
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
     return []  # generic Vectorized: loops the compiler vectorises for whatever -O3 targets
@@ -92,6 +88,8 @@ def _cache_root() -> Path:
 def build_key() -> str:
     """Hash of everything the compiled library depends on."""
     h = hashlib.sha256(SOURCE.read_bytes())
+    for header in HEADERS:
+        h.update(header.read_bytes())
     for part in (torch.__version__, sys.version, platform.machine(), " ".join(compile_flags())):
         h.update(part.encode())
     return h.hexdigest()[:16]
@@ -135,8 +133,9 @@ def _register_fake() -> None:
 
 
 def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
-    if not SOURCE.exists():
-        return None, f"source {SOURCE} is missing"
+    missing = [str(p) for p in (SOURCE, *HEADERS) if not p.exists()]
+    if missing:
+        return None, f"source {', '.join(missing)} missing"
     lib = library_path()
     try:
         # cpp_extension holds `lock` while it builds: a library next to it may be half-written.

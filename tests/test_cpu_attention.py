@@ -89,6 +89,17 @@ def test_large_step_parallel_and_deterministic():
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("heads", [(9, 3), (32, 2)], ids=["G3", "G16"])
+def test_many_decodes_long_contexts(dtype, heads):
+    """Enough decodes for whole-request items (all KV heads), contexts over several 256-key
+    softmax segments with odd tails, a two-token chunk; with 16 query heads per KV head a
+    decode's rows go to the prefill kernel, which works one KV head at a time."""
+    q_lens, ctx = [1] * 12 + [2], [1 + 97 * i for i in range(12)] + [600]
+    q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, *heads, 64, 16, dtype, seed=11)
+    check(run_op(q, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), dtype, f"{heads}")
+
+
 def test_strided_query_and_empty_step():
     """q as the model runner passes it (a transposed view, head dim contiguous); an empty step."""
     q, kc, vc, cu, sl, bt = make_case([1, 5], [20, 5], 8, 2, 64, 16, torch.float32, seed=3)
