@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 
 import serve_report  # benchmarks/ is on sys.path (run.py puts it there)
 
@@ -44,7 +45,10 @@ def _f(v, spec=".1f") -> str:
 def _tps(r: dict | None) -> str:
     if r is None:
         return "-"
-    return f"error: {r['error'][:60]}" if r.get("error") else _f(r.get("output_tok_s"))
+    if r.get("error"):
+        return f"error: {r['error'][:60]}"
+    runs = r.get("runs_tok_s")
+    return _f(r.get("output_tok_s")) + (f" ({', '.join(_f(v) for v in runs)})" if runs else "")
 
 
 def _lat(r: dict | None, workload: str) -> str:
@@ -53,8 +57,24 @@ def _lat(r: dict | None, workload: str) -> str:
     return f"{_f(r.get('ttft_p50'), '.2f')} / {_f(r.get('e2e_p50'), '.2f')}"
 
 
+MEDIANS = ("output_tok_s", "ttft_p50", "e2e_p50", "tpot_p50", "ttft_p99", "e2e_p99")
+
+
 def find(results: list[dict], system: str, dtype: str, workload: str) -> dict | None:
-    return next((r for r in results if (r["system"], r["dtype"], r["workload"]) == (system, dtype, workload)), None)
+    """The cell's result; over repeated runs, the medians of each figure (`runs_tok_s`: every
+    run's tok/s) or the first failed run."""
+    runs = [r for r in results if (r["system"], r["dtype"], r["workload"]) == (system, dtype, workload)]
+    if len(runs) <= 1:
+        return runs[0] if runs else None
+    failed = [r for r in runs if r.get("error")]
+    if failed:
+        return failed[0]
+    agg = dict(runs[0])
+    for key in MEDIANS:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        agg[key] = statistics.median(values) if values else None
+    agg["runs_tok_s"] = [r.get("output_tok_s") for r in runs]
+    return agg
 
 
 def ratios(results: list[dict]) -> dict:

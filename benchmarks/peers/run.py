@@ -1,6 +1,7 @@
 """orcaserve vs vLLM's CPU backend on the same workloads, one system at a time (`make bench-peers`).
 
     .venv/bin/python benchmarks/peers/run.py                      # everything, full size (~25 min)
+    .venv/bin/python benchmarks/peers/run.py --repeats 2          # each cell twice, A B then B A (~50 min)
     .venv/bin/python benchmarks/peers/run.py --smoke --work /tmp/peers   # 16 prompts / 16 requests,
                                                                          # outputs in /tmp/peers only
     .venv/bin/python benchmarks/peers/run.py --systems vllm --dtypes bf16 --workloads offline
@@ -360,6 +361,9 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=32, help="HTTP closed-loop clients")
     p.add_argument("--smoke", action="store_true", help="16 prompts and 16 requests: proves every part works")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs per system and cell, in alternating order; the table shows medians"
+    )
     p.add_argument("--warmup", type=int, default=2, help="unrecorded HTTP requests per system first")
     p.add_argument("--server-timeout", type=float, default=900, help="seconds for vLLM's server to come up")
     p.add_argument("--out", default=None, help="JSON (default: benchmarks/results/peers.json; --smoke: in --work)")
@@ -447,13 +451,19 @@ def main(argv=None) -> int:
     t_all = time.perf_counter()
     for dtype in dtypes:
         for workload in workloads:
-            for system in systems:
-                log(f"== {system} {workload} {dtype}")
+            # Repeats alternate the order (A B, B A, ...): this VM's speed drifts by 10-30 % over
+            # minutes, and a fixed order would hand the drift to one system.
+            for repeat, system in ((i, s) for i in range(args.repeats) for s in systems[:: 1 if i % 2 == 0 else -1]):
+                log(
+                    f"== {system} {workload} {dtype}"
+                    + (f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else "")
+                )
                 t = time.perf_counter()
                 entry = {
                     "system": system,
                     "dtype": dtype,
                     "workload": workload,
+                    "repeat": repeat,
                     "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
                 }
                 try:
@@ -489,7 +499,7 @@ def main(argv=None) -> int:
             f"TorchServe {v.get('torchserve')}, vLLM {v.get('vllm', '-')} (torch {v.get('vllm_torch', '-')})"
         ),
         "settings": settings,
-        "results": sorted(results, key=lambda r: (r["workload"], r["dtype"], r["system"])),
+        "results": sorted(results, key=lambda r: (r["workload"], r["dtype"], r["system"], r.get("repeat", 0))),
         "png": args.png,
         "elapsed_s": time.perf_counter() - t_all,
         "work": str(work),
