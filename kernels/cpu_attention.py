@@ -3,6 +3,8 @@
 `cpu_attention.cpp` registers `torch.ops.orcaserve.paged_attention(q, k_cache, v_cache,
 cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
 `torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
+The same library carries the lean decoder's fused element-wise ops (`cpu_fused.cpp`:
+`add_rms_norm`, `silu_mul`; see `fused_ops`).
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
 `torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_attention
@@ -38,6 +40,7 @@ from .backend import AttentionBackend, TorchBackend
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
+SOURCES = (SOURCE, Path(__file__).with_name("cpu_fused.cpp"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -87,8 +90,8 @@ def _cache_root() -> Path:
 
 def build_key() -> str:
     """Hash of everything the compiled library depends on."""
-    h = hashlib.sha256(SOURCE.read_bytes())
-    for header in HEADERS:
+    h = hashlib.sha256()
+    for header in (*SOURCES, *HEADERS):
         h.update(header.read_bytes())
     for part in (torch.__version__, sys.version, platform.machine(), " ".join(compile_flags())):
         h.update(part.encode())
@@ -133,7 +136,7 @@ def _register_fake() -> None:
 
 
 def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
-    missing = [str(p) for p in (SOURCE, *HEADERS) if not p.exists()]
+    missing = [str(p) for p in (*SOURCES, *HEADERS) if not p.exists()]
     if missing:
         return None, f"source {', '.join(missing)} missing"
     lib = library_path()
@@ -153,7 +156,7 @@ def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
             lib.parent.mkdir(parents=True, exist_ok=True)
             cpp_extension.load(
                 name=lib.stem,
-                sources=[str(SOURCE)],
+                sources=[str(p) for p in SOURCES],
                 extra_cflags=compile_flags(),
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(lib.parent),
@@ -301,6 +304,12 @@ class CpuBackend(AttentionBackend):
                 plan.cu_seqlens_q.to(dev), plan.seq_lens.to(dev), plan.block_tables.to(dev), plan.block_size
             )
         return plan.fallback.attend(q, k_cache, v_cache, scale, out)
+
+
+def fused_ops() -> bool:
+    """True when the library with `torch.ops.orcaserve.add_rms_norm` / `silu_mul` is loaded (or
+    loads now without building): the lean decoder then fuses its bf16 element-wise steps."""
+    return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, "silu_mul")
 
 
 def make_cpu_backend(build: bool = True) -> AttentionBackend:

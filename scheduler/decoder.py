@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend
+from orcaserve.kernels.cpu_attention import fused_ops
 
 from .loader import model_dims
 
@@ -97,7 +98,7 @@ class Decoder:
     Shapes: T tokens of the step, H/H_kv query/KV heads, D head dim, S rows that sample.
     """
 
-    def __init__(self, model: Any, pack: bool = True) -> None:  # a transformers *ForCausalLM
+    def __init__(self, model: Any, pack: bool = True, fused: bool | None = None) -> None:  # a *ForCausalLM
         cfg = model.config
         inner = model.model
         self.num_heads: int = cfg.num_attention_heads
@@ -107,6 +108,11 @@ class Decoder:
         self.embed: torch.Tensor = inner.embed_tokens.weight  # [V, hidden]
         self.rotary: Any = inner.rotary_emb
         self.norm: torch.Tensor = inner.norm.weight
+        # bf16 on the CPU: residual add + RMSNorm and SiLU * up as one C++ op each (cpu_fused.cpp).
+        # fp32 stays op for op with transformers, which the token-exact tests hold it to.
+        if fused is None:
+            fused = self.embed.device.type == "cpu" and self.embed.dtype == torch.bfloat16 and fused_ops()
+        self.fused = fused
         # The lm_head is packed apart from the embedding even when tied: both are read.
         self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
         self.layers: list[_Layer] = []
@@ -142,16 +148,36 @@ class Decoder:
         # rotate_half(u) * sin == roll(u, D/2) * [-sin_lo, sin_hi]: one roll instead of two slices,
         # a negation and a cat, bit for bit the same.
         sin = torch.cat((-sin[0, :, : d // 2], sin[0, :, d // 2 :]), dim=-1)[:, None, :]  # [T, 1, D]
+        delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
-            qkv = layer.qkv(rms_norm(x, layer.in_norm, self.eps))  # [T, (H + 2 H_kv) D]
+            x, hn = self._add_norm(x, delta, layer.in_norm)
+            qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
             qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)  # [T, H + H_kv, D], rotated together
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
             q, k = qk.split([h, hk], dim=1)  # [T, H, D], [T, H_kv, D]
             v = qkv[:, (h + hk) * d :].view(-1, hk, d)  # [T, H_kv, D]
             backend.store_kv(k, v, k_cache, v_cache, slot_mapping)
             attn = backend.attend(plan, q, k_cache, v_cache, self.scale)  # [T, H, D]
-            x = x + layer.o(attn.reshape(-1, h * d))
-            gate, up = layer.gate_up(rms_norm(x, layer.post_norm, self.eps)).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x, hn = self._add_norm(x, layer.o(attn.reshape(-1, h * d)), layer.post_norm)
+            delta = layer.down(self._silu_mul(layer.gate_up(hn)))  # [T, hidden]
+        if delta is not None:
+            x = x + delta
         last = rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # [S, hidden]
         return self.lm_head(last).float()  # [S, V]
+
+    def _add_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, rms_norm(x + delta)); no delta adds nothing."""
+        if delta is None:
+            return x, rms_norm(x, weight, self.eps)
+        if self.fused:
+            return torch.ops.orcaserve.add_rms_norm(x, delta, weight, self.eps)
+        x = x + delta
+        return x, rms_norm(x, weight, self.eps)
+
+    def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
+        if self.fused:
+            return torch.ops.orcaserve.silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -97,6 +97,10 @@ class TorchServe:
         tmp = self.workdir / "tmp"
         tmp.mkdir(exist_ok=True)
         config = self.write_config()
+        # A key file left by an earlier server in this workdir would be read before the new one is
+        # written: its stale token answers every /ping with 400 until the timeout.
+        (self.workdir / "key_file.json").unlink(missing_ok=True)
+        self.keys = {}
         env = dict(
             os.environ,
             TMPDIR=str(tmp),

@@ -1,0 +1,87 @@
+"""The decoder's fused element-wise C++ ops (kernels/cpu_fused.cpp) against the PyTorch they replace.
+
+The ops round to the tensor dtype where the unfused ops store a tensor, so in bf16 they agree bit
+for bit except where the mean's different summation order moves a value across a rounding
+boundary; in fp32 (which the decoder does not fuse) within a few units in the last place.
+Skipped if the library cannot be built (the decoder then runs unfused).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import TINY_VOCAB, tiny_model
+
+from orcaserve.kernels import cpu_attention as ca
+from orcaserve.scheduler import SamplingParams
+from orcaserve.scheduler.decoder import rms_norm
+
+OP, REASON = ca.load_cpu_ops(build=True)
+if OP is None or not ca.fused_ops():
+    pytest.skip(f"C++ CPU ops not built: {REASON}", allow_module_level=True)
+
+# (relative size of one unit in the last place, units allowed, share of elements allowed to differ):
+# in bf16 a different last bit of the fp32 statistics rarely survives the rounding; in fp32 it
+# shows in every element of the row, by a few units.
+LIMITS = {torch.float32: (2**-23, 4, 1.0), torch.bfloat16: (2**-8, 1, 0.02)}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    ulp, units, share = LIMITS[dtype]
+    got, want = got.float(), want.float()
+    err = (got - want).abs()
+    assert (err <= want.abs() * 2 * ulp * units + 1e-30).all(), f"{what}: over {units} ulp ({err.max():.3g})"
+    assert (err > 0).float().mean().item() <= share, f"{what}: {(err > 0).float().mean():.2%} differ"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 32, 515])
+def test_add_rms_norm(dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    x, delta = (torch.randn(rows, 576, generator=g) * 3).to(dtype), torch.randn(rows, 576, generator=g).to(dtype)
+    weight = (torch.rand(576, generator=g) + 0.5).to(dtype)
+    s, y = torch.ops.orcaserve.add_rms_norm(x, delta, weight, 1e-5)
+    assert torch.equal(s, x + delta)
+    close(y, rms_norm(x + delta, weight, 1e-5), dtype, "rms_norm")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rows", [1, 32, 300])
+def test_silu_mul(dtype, rows):
+    g = torch.Generator().manual_seed(rows)
+    gate_up = (torch.randn(rows, 2 * 1536, generator=g) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, dim=-1)
+    close(torch.ops.orcaserve.silu_mul(gate_up), F.silu(gate) * up, dtype, "silu_mul")
+
+
+def test_rejects_bad_input():
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="delta"):
+        torch.ops.orcaserve.add_rms_norm(x, torch.randn(4, 9), torch.ones(8), 1e-5)
+    with pytest.raises(RuntimeError, match="odd width"):
+        torch.ops.orcaserve.silu_mul(torch.randn(4, 7))
+    with pytest.raises(RuntimeError, match="contiguous"):
+        torch.ops.orcaserve.silu_mul(torch.randn(8, 4).t())
+
+
+def test_bf16_engine_fused_matches_unfused(engine_for):
+    """Every step of a bf16 engine on a tiny Llama computed both ways: the fused decoder's logits
+    stay within bf16 noise of the unfused ones and pick the same greedy token almost always."""
+    engine = engine_for(tiny_model("llama"), max_num_seqs=4, max_num_batched_tokens=64, dtype="bfloat16")
+    decoder = engine.runner.decoder
+    assert decoder is not None and decoder.fused
+    forward, pairs = decoder.forward, []
+
+    def both_ways(*args):
+        decoder.fused = False
+        unfused = forward(*args)
+        decoder.fused = True
+        fused = forward(*args)  # rewrites this step's K/V: the run goes on with the fused values
+        pairs.append((unfused, fused))
+        return fused
+
+    decoder.forward = both_ways
+    prompts = [[(7 * i + j) % (TINY_VOCAB - 3) + 3 for j in range(5 + 9 * i)] for i in range(6)]
+    engine.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    unfused, fused = torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs])
+    assert (fused - unfused).abs().max() <= 0.05 * unfused.abs().max()
+    assert (fused.argmax(-1) == unfused.argmax(-1)).float().mean() >= 0.9
