@@ -1,13 +1,17 @@
 """Per-layer attention time on the CPU: `TorchAttentionPlan.attend` vs the C++ paged operator.
 
     python benchmarks/cpu_attention.py [--threads 2] [--repeats 5] [--iters 20] [--quick]
+    python benchmarks/cpu_attention.py --memory [--context 256]     # C++ only, caches in DRAM
 
 SmolLM2-135M heads (H=9, H_kv=3, D=64), block size 16, fp32 and bf16. Shapes: decode batches of
 1/8/32/64 at contexts 128/512/1024, and a mixed step (one 512-token prefill chunk with no history
 plus 31 decodes at contexts 128-1024). Per shape: median and minimum over `--repeats` x `--iters`
 calls (the plan is built once per step and is not timed, as in the engine).
 The cache is sized for the shape only, so it may sit in L3 cache: a real engine's per-layer
-cache for 30 layers does not, which favours neither path more than the other.
+cache for 30 layers does not, which favours neither path more than the other. `--memory` measures
+that case for the C++ operator: 32 decodes called over 30 layers, each with its own 4,096-block
+cache, as an engine step does; ms per layer call (minimum and median of 8 steps) and the K/V bytes
+read per second.
 """
 
 from __future__ import annotations
@@ -73,17 +77,53 @@ def shapes(quick: bool) -> list[tuple[str, list[int], list[int]]]:
     return out
 
 
+def _step_ms(op, caches: list, args: tuple) -> float:
+    """One engine step's attention calls, layer after layer; milliseconds."""
+    q, cu, seq_lens, tables, out = args
+    start = time.perf_counter()
+    for kc, vc in caches:
+        op(q, kc, vc, cu, seq_lens, tables, D**-0.5, out)
+    return (time.perf_counter() - start) * 1e3
+
+
+def memory_resident(op, context: int, layers: int = 30, blocks: int = 4096, batch: int = 32) -> None:
+    for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        g = torch.Generator().manual_seed(0)
+        caches = [
+            tuple(torch.randn(blocks, BS, H_KV, D, generator=g).to(dtype) for _ in range(2)) for _ in range(layers)
+        ]
+        per_req = -(-context // BS)
+        tables = torch.randperm(blocks, generator=g)[: batch * per_req].to(torch.int32).view(batch, per_req)
+        cu = torch.arange(batch + 1, dtype=torch.int32)
+        seq_lens = torch.full((batch,), context, dtype=torch.int32)
+        q = torch.randn(batch, H, D, generator=g).to(dtype)
+        out = torch.empty_like(q)
+
+        per_layer = [_step_ms(op, caches, (q, cu, seq_lens, tables, out)) / layers for _ in range(9)][1:]
+        best = min(per_layer)
+        kv_bytes = 2 * batch * context * H_KV * D * q.element_size()
+        print(
+            f"decode B={batch} ctx={context} {tag}, {layers} layers' caches: {best:.3f} ms per layer "
+            f"(median {statistics.median(per_layer):.3f}), {kv_bytes / best / 1e6:.1f} GB/s of K/V"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help="two decode shapes and the mixed step")
+    parser.add_argument("--memory", action="store_true", help="C++ only, 30 layers' caches in memory")
+    parser.add_argument("--context", type=int, default=256, help="--memory: tokens per request")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     op, reason = load_cpu_ops(build=True)
     print(f"threads={torch.get_num_threads()} op: {reason}")
     if op is None:
+        return
+    if args.memory:
+        memory_resident(op, args.context)
         return
     backend = CpuBackend(op)
     scale = D**-0.5

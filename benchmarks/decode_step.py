@@ -6,7 +6,9 @@ B requests of C random prompt tokens are prefilled, then whole `Engine.step()`s 
 attention, model, sampler, detokenizer) are timed while every request decodes; the best of
 `--repeats` means of `--steps` steps is printed. `--profile N` adds torch.profiler's top N ops by
 self CPU time over 5 steps. Runs against whatever `orcaserve` is importable, so an older checkout
-can be measured the same way (docs/engine.md, "Decode step, before and after").
+can be measured the same way; `--library` loads another build of the C++ operators (an older
+kernel's .so from the build cache) in place of the current sources' (docs/engine.md, "Decode
+step, before and after").
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
     args = ap.parse_args()
+    if args.library:
+        from pathlib import Path
+
+        from orcaserve.kernels import cpu_attention
+
+        cpu_attention.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     if args.threads:
         torch.set_num_threads(args.threads)
 
