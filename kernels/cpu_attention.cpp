@@ -65,15 +65,9 @@ void pv_update(float* o, int R, const float* alpha, const float* p, int64_t sr, 
                const float* v, int64_t ldv, int nk) {
   constexpr int NC = D / kV;
   constexpr int RB = std::max(1, std::min(4, kAccRegs / NC));
-  int r = 0;
-  for (; r + RB <= R; r += RB) pv_rows<D, RB>(o + r * D, alpha + r, p + r * sr, sr, sj, v, ldv, nk);
-  // The rest in one pass too: a row per pass would leave one FMA chain per accumulator.
-  switch (R - r) {
-    case 3: if constexpr (RB > 3) pv_rows<D, 3>(o + r * D, alpha + r, p + r * sr, sr, sj, v, ldv, nk); break;
-    case 2: if constexpr (RB > 2) pv_rows<D, 2>(o + r * D, alpha + r, p + r * sr, sr, sj, v, ldv, nk); break;
-    case 1: if constexpr (RB > 1) pv_rows<D, 1>(o + r * D, alpha + r, p + r * sr, sr, sj, v, ldv, nk); break;
-    default: break;
-  }
+  row_groups<RB>(R, [&](auto rb, int r) {
+    pv_rows<D, decltype(rb)::value>(o + r * D, alpha + r, p + r * sr, sr, sj, v, ldv, nk);
+  });
 }
 
 // Transposed scores s[j * Rp + r] for RC row vectors x JB keys: per head-dim element, RC loads
@@ -245,14 +239,12 @@ void run(const Args& a, int64_t batch) {
 
   const int64_t bs = a.block_size;
   const int64_t rp = (max_rows + kV - 1) / kV * kV;
-  const int64_t ld_s = std::max<int64_t>(bs, kSeg / bs * bs) + 2 * kV;  // attend_rows' score rows
-  constexpr int64_t DP = (D + 31) / 32 * 32;
   std::atomic<int64_t> next{0};
   const int64_t n_items = static_cast<int64_t>(items.size());
   const int64_t workers = total < kSerialWork ? 1 : std::min(threads, n_items);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     thread_local Scratch sc;
-    sc.reserve(rp, DP, bs, ld_s);
+    sc.reserve(rp, kPaddedDim<D>, bs, score_stride(bs));
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
       const Item& it = items[i];
       if ((it.i1 - it.i0) * G <= kDotRows)

@@ -51,17 +51,18 @@ PagedAttentionOp = Callable[..., None]
 _loaded: tuple[PagedAttentionOp | None, str] | None = None  # once per process: ops register once
 
 
-def arch_flags() -> list[str]:
-    """ISA flags for the machine that builds and runs the library (torch's own CPU detection).
+def arch_flags(cap: str | None = None, bf16: bool | None = None) -> list[str]:
+    """ISA flags for the machine that builds and runs the library (torch's own CPU detection), or
+    for the capability `cap` ("AVX512", "AVX2", "DEFAULT") and AVX-512 BF16 `bf16` given.
 
     CPU_CAPABILITY_* selects the matching `at::vec::Vectorized` implementation, as torch's own
     kernels are compiled; explicit flags instead of -march=native keep the library usable on any
     machine of the same capability level.
     """
-    cap = torch.backends.cpu.get_cpu_capability()
+    cap = cap or torch.backends.cpu.get_cpu_capability()
     if cap.startswith("AVX512"):
         flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
-        if torch.cpu._is_avx512_bf16_supported():  # vdpbf16ps: bf16 caches multiplied as stored
+        if torch.cpu._is_avx512_bf16_supported() if bf16 is None else bf16:  # vdpbf16ps: bf16 caches as stored
             flags.append("-mavx512bf16")
         return [*flags, "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
     if cap == "AVX2":

@@ -23,6 +23,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // bf16 dot products in hardware (vdpbf16ps): the decode path then multiplies the bf16 cache
 // as stored, with no conversion to fp32. Compiled in only when the building CPU has them.
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#define ORCA_DPBF16 1
 constexpr bool kHaveDpBf16 = true;
 #else
 constexpr bool kHaveDpBf16 = false;

@@ -17,6 +17,14 @@ namespace orcaserve {
 namespace {
 
 constexpr int kSeg = 256;  // keys per softmax segment: its scores stay in L1
+
+// Keys per segment (whole blocks) and the row stride of the segment's scores: room for a block
+// size that does not divide kSeg and for the vector-wide stores past the last key.
+inline int64_t segment_keys(int64_t bs) { return std::max<int64_t>(bs, kSeg / bs * bs); }
+inline int64_t score_stride(int64_t bs) { return segment_keys(bs) + 2 * kV; }
+// Row stride of the queries and outputs: whole 32-element bf16 chunks.
+template <int D>
+constexpr int kPaddedDim = (D + 31) / 32 * 32;
 // Blocks ahead whose keys are prefetched. Measured with 30 layers' caches in DRAM (B = 32,
 // context 256, bf16): prefetching V during the scores is worth 25 %; 1-16 blocks ahead for K
 // made no difference beyond noise.
@@ -77,7 +85,14 @@ inline void pv_fma_rows(float* o, int64_t ldo, const float* alpha, const float* 
     for (int c = 0; c < NC; ++c) acc[r][c].store(o + r * ldo + c * kV);
 }
 
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+// Where pv_dp_rows leaves output element d: chunk d / 32, unpacklo (d % 8 < 4) or unpackhi, lane
+// 4 * (128-bit lane) + position in it.
+inline int dp_lane(int d) {
+  const int w = d % 32, i = w % 8;
+  return (2 * (d / 32) + (i >= 4)) * 16 + 4 * (w / 8) + (i & 3);
+}
+
+#ifdef ORCA_DPBF16
 // A bf16 row as 32-element chunks; a last partial chunk (D = 16, 80) loads zero-filled.
 template <int D>
 struct Bf16Row {
@@ -158,12 +173,6 @@ inline void pv_dp_rows(float* o, int64_t ldo, const float* alpha, const uint16_t
     for (int c = 0; c < NA; ++c) _mm512_storeu_ps(o + r * ldo + 16 * c, acc[r][c]);
 }
 
-// Where pv_dp_rows leaves output element d: chunk d / 32, unpacklo (d % 8 < 4) or unpackhi, lane
-// 4 * (128-bit lane) + position in it.
-inline int dp_lane(int d) {
-  const int w = d % 32, i = w % 8;
-  return (2 * (d / 32) + (i >= 4)) * 16 + 4 * (w / 8) + (i & 3);
-}
 #endif
 
 // Runs Rows<RB>(first row) over R rows: groups of RB, then the rest in one pass (a row per pass
@@ -183,17 +192,13 @@ inline void row_groups(int R, F&& f) {
 // An item of few rows per KV head: rows r = (token i0 + r / G, query head g = r % G) of each head.
 template <typename T, int D>
 void attend_rows(const Args& a, const Item& it, Scratch& sc) {
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-  constexpr bool dp = std::is_same_v<T, at::BFloat16>;
-#else
-  constexpr bool dp = false;
-#endif
-  constexpr int DP = (D + 31) / 32 * 32;  // row stride of qh and o: whole bf16 chunks
+  constexpr bool dp = kHaveDpBf16 && std::is_same_v<T, at::BFloat16>;
+  constexpr int DP = kPaddedDim<D>;
   constexpr int NC = D / kV;
   const int G = static_cast<int>(a.group);
   const int64_t bs = a.block_size;
-  const int64_t seg = std::max<int64_t>(bs, kSeg / bs * bs);
-  const int64_t ld_s = seg + 2 * kV;
+  const int64_t seg = segment_keys(bs);
+  const int64_t ld_s = score_stride(bs);
   const Span sp(a, it, D);
   const int64_t q_begin = sp.q_begin, first_pos = sp.first_pos, kmax = sp.kmax, row_stride = sp.row_stride;
   const int R = sp.R;
@@ -235,10 +240,13 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
         const int nk = static_cast<int>(std::min<int64_t>(bs, kmax - k0));
         if (bi + kPrefetch < nb) prefetch_rows(kc + blocks[bi + kPrefetch], nk_of(bi + kPrefetch), D, row_stride);
         prefetch_rows(vc + blocks[bi], nk, D, row_stride);  // for P @ V, after all the scores
-        if constexpr (dp)
+#ifdef ORCA_DPBF16  // without it scores_dp is not declared, and a discarded branch must still name things
+        if constexpr (dp) {
           scores_dp<D>(sc.qh.data(), R, kc + blocks[bi], row_stride, nk, k0, a.scale, qpos, s + bi * bs, ld_s);
-        else
-          scores_fma<T, D>(sc.q.data(), R, kc + blocks[bi], row_stride, nk, k0, qpos, s + bi * bs, ld_s);
+          continue;
+        }
+#endif
+        scores_fma<T, D>(sc.q.data(), R, kc + blocks[bi], row_stride, nk, k0, qpos, s + bi * bs, ld_s);
       }
       if (h + 1 < it.h1 && s0 + seg >= kmax)  // the next head's first keys, while P @ V runs
         for (int bi = 0; bi < std::min(kPrefetch, nb); ++bi) prefetch_rows(kc + D + blocks[bi], nk_of(bi), D, row_stride);
@@ -246,7 +254,7 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
       for (int r = 0; r < R; ++r) std::fill(s + r * ld_s + n, s + r * ld_s + n_pad, kNegInf);
       softmax_rows(s, ld_s, R, n, m, l, alpha);
       if constexpr (dp) {
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#ifdef ORCA_DPBF16
         uint16_t* p = sc.p.data();
         for (int r = 0; r < R; ++r)
           for (int j = 0; j < n_pad; j += kV)
@@ -270,13 +278,7 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
     for (int r = 0; r < R; ++r) {
       alignas(64) float tmp[D];
       const float inv = 1.f / l[r];
-      for (int d = 0; d < D; ++d) {
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-        tmp[d] = o[r * DP + (dp ? dp_lane(d) : d)] * inv;
-#else
-        tmp[d] = o[r * DP + d] * inv;
-#endif
-      }
+      for (int d = 0; d < D; ++d) tmp[d] = o[r * DP + (dp ? dp_lane(d) : d)] * inv;
       T* dst = static_cast<T*>(a.out) + (q_begin + it.i0 + r / G) * a.so_t + (h * G + r % G) * a.so_h;
       at::vec::convert(tmp, dst, D);
     }

@@ -76,7 +76,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_impl(const at::Tensor& x, const 
       to_float(dp + r * n, df.data(), n);
       at::vec::map2([](Vec a, Vec b) { return a + b; }, xf.data(), xf.data(), df.data(), n);
       at::vec::convert(xf.data(), sp + r * n, n);  // x + delta, rounded as the unfused add stores it
-      round_through<T>(xf.data(), tmp.data(), n);
+      if constexpr (!std::is_same_v<T, float>) to_float(sp + r * n, xf.data(), n);
       norm_row<T>(xf.data(), tmp.data(), wf.data(), static_cast<float>(eps), yp + r * n, n);
     }
   });

@@ -7,6 +7,8 @@ be built (no compiler): the engine then falls back to the PyTorch path.
 """
 
 import logging
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -179,3 +181,18 @@ def test_backend_uncompiled_head_dim_uses_pytorch_path(caplog):
             got = be.attend(plan, q, kc, vc, 48**-0.5)
     assert sum("head dim 48" in r.getMessage() for r in caplog.records) == 1
     check(got, want(q, kc, vc, cu, sl, bt, 48**-0.5), torch.float32, "fallback D48")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+@pytest.mark.parametrize("isa", [("AVX512", True), ("AVX512", False), ("AVX2", False), ("DEFAULT", False)], ids=str)
+def test_sources_compile_for_every_isa(isa):
+    """The library is built for the building machine's ISA, so CPUs without AVX-512 BF16 (or
+    without AVX-512) compile paths this machine never builds: check that they compile."""
+    from torch.utils.cpp_extension import include_paths
+
+    includes = [f"-I{p}" for p in include_paths()]
+    for src in ca.SOURCES:
+        cmd = ["g++", "-std=c++20", "-fsyntax-only", "-fopenmp", *ca.arch_flags(*isa), *includes, str(src)]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        assert done.returncode == 0, f"{src.name} for {isa}:\n{done.stderr[-3000:]}"
