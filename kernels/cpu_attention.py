@@ -4,7 +4,8 @@
 cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
 `torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
 The same library carries the lean decoder's fused element-wise ops (`cpu_fused.cpp`:
-`add_rms_norm`, `silu_mul`; see `fused_ops`).
+`add_rms_norm`, `silu_mul`; see `fused_ops`) and its rotary + K/V write (`cpu_rope_store.cpp`:
+`rope_store_kv`; see `rope_store_op`).
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
 `torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_attention
@@ -40,7 +41,7 @@ from .backend import AttentionBackend, TorchBackend
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-SOURCES = (SOURCE, Path(__file__).with_name("cpu_fused.cpp"))
+SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp")))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -73,8 +74,10 @@ def arch_flags(cap: str | None = None, bf16: bool | None = None) -> list[str]:
 def compile_flags() -> list[str]:
     # -fopenmp: at::parallel_for is inlined from ATen's OpenMP header; without it the loop runs
     # on one thread. libgomp.so.1 then resolves to the copy torch has already loaded (same
-    # soname), so the operator shares torch's OpenMP team.
-    return ["-O3", "-fopenmp", *arch_flags()]
+    # soname), so the operator shares torch's OpenMP team. -ffp-contract=off: a * b + c stays two
+    # roundings, as in ATen's separate ops (rope_store_kv is bit for bit the unfused fp32 path);
+    # the kernels' FMAs are written out as intrinsics and stay FMAs.
+    return ["-O3", "-fopenmp", "-ffp-contract=off", *arch_flags()]
 
 
 def _cache_root() -> Path:
@@ -311,6 +314,12 @@ def fused_ops() -> bool:
     """True when the library with `torch.ops.orcaserve.add_rms_norm` / `silu_mul` is loaded (or
     loads now without building): the lean decoder then fuses its bf16 element-wise steps."""
     return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, "silu_mul")
+
+
+def rope_store_op() -> bool:
+    """True when the library with `torch.ops.orcaserve.rope_store_kv` is loaded (or loads now
+    without building): the lean decoder then rotates q/k and writes the cache in one pass."""
+    return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, "rope_store_kv")
 
 
 def make_cpu_backend(build: bool = True) -> AttentionBackend:

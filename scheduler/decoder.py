@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend
-from orcaserve.kernels.cpu_attention import fused_ops
+from orcaserve.kernels.cpu_attention import fused_ops, rope_store_op
 
 from .loader import model_dims
 
@@ -98,7 +98,9 @@ class Decoder:
     Shapes: T tokens of the step, H/H_kv query/KV heads, D head dim, S rows that sample.
     """
 
-    def __init__(self, model: Any, pack: bool = True, fused: bool | None = None) -> None:  # a *ForCausalLM
+    def __init__(
+        self, model: Any, pack: bool = True, fused: bool | None = None, rope_store: bool | None = None
+    ) -> None:  # a *ForCausalLM
         cfg = model.config
         inner = model.model
         self.num_heads: int = cfg.num_attention_heads
@@ -113,6 +115,11 @@ class Decoder:
         if fused is None:
             fused = self.embed.device.type == "cpu" and self.embed.dtype == torch.bfloat16 and fused_ops()
         self.fused = fused
+        # Rotary + K/V write in one C++ pass (cpu_rope_store.cpp): bit for bit the unfused ops, so
+        # fp32 too. Used where the step's caches are CPU tensors of the model's dtype.
+        if rope_store is None:
+            rope_store = self.embed.device.type == "cpu" and rope_store_op()
+        self.rope_store = rope_store
         # The lm_head is packed apart from the embedding even when tied: both are read.
         self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
         self.layers: list[_Layer] = []
@@ -148,15 +155,21 @@ class Decoder:
         # rotate_half(u) * sin == roll(u, D/2) * [-sin_lo, sin_hi]: one roll instead of two slices,
         # a negation and a cat, bit for bit the same.
         sin = torch.cat((-sin[0, :, : d // 2], sin[0, :, d // 2 :]), dim=-1)[:, None, :]  # [T, 1, D]
+        fuse_rope = self.rope_store and kv_caches[0][0].device.type == "cpu" and kv_caches[0][0].dtype == x.dtype
+        if fuse_rope:
+            cos, sin = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d)  # [T, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
-            qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)  # [T, H + H_kv, D], rotated together
-            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-            q, k = qk.split([h, hk], dim=1)  # [T, H, D], [T, H_kv, D]
-            v = qkv[:, (h + hk) * d :].view(-1, hk, d)  # [T, H_kv, D]
-            backend.store_kv(k, v, k_cache, v_cache, slot_mapping)
+            if fuse_rope:
+                q = torch.ops.orcaserve.rope_store_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, h, hk)
+            else:
+                qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)  # [T, H + H_kv, D], rotated together
+                qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+                q, k = qk.split([h, hk], dim=1)  # [T, H, D], [T, H_kv, D]
+                v = qkv[:, (h + hk) * d :].view(-1, hk, d)  # [T, H_kv, D]
+                backend.store_kv(k, v, k_cache, v_cache, slot_mapping)
             attn = backend.attend(plan, q, k_cache, v_cache, self.scale)  # [T, H, D]
             x, hn = self._add_norm(x, layer.o(attn.reshape(-1, h * d)), layer.post_norm)
             delta = layer.down(self._silu_mul(layer.gate_up(hn)))  # [T, hidden]

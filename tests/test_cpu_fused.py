@@ -12,11 +12,12 @@ import torch.nn.functional as F
 from tiny_models import TINY_VOCAB, tiny_model
 
 from orcaserve.kernels import cpu_attention as ca
+from orcaserve.kernels.torch_attention import store_kv
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.decoder import rms_norm
 
 OP, REASON = ca.load_cpu_ops(build=True)
-if OP is None or not ca.fused_ops():
+if OP is None or not ca.fused_ops() or not ca.rope_store_op():
     pytest.skip(f"C++ CPU ops not built: {REASON}", allow_module_level=True)
 
 # (relative size of one unit in the last place, units allowed, share of elements allowed to differ):
@@ -53,6 +54,43 @@ def test_silu_mul(dtype, rows):
     close(torch.ops.orcaserve.silu_mul(gate_up), F.silu(gate) * up, dtype, "silu_mul")
 
 
+def unfused_rope_store(qkv, cos, sin, k_cache, v_cache, slots, h, hk):
+    """The decoder's unfused path: rotate q and k together, then the backends' store_kv."""
+    d = cos.shape[-1]
+    qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)
+    qk = qk * cos[:, None] + qk.roll(d // 2, dims=-1) * sin[:, None]
+    q, k = qk.split([h, hk], dim=1)
+    store_kv(k, v := qkv[:, (h + hk) * d :].view(-1, hk, d), k_cache, v_cache, slots)
+    return q, v
+
+
+# (rows, (H, H_kv), D): SmolLM2's heads over a decode, a batch and a prefill chunk; a head dim that
+# is not a multiple of the vector width
+SHAPES = [(1, (9, 3), 64), (32, (9, 3), 64), (515, (9, 3), 64), (7, (4, 4), 40)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("rows", "heads", "d"), SHAPES)
+def test_rope_store_kv_bit_exact(dtype, rows, heads, d):
+    """q, the stored k and v bit for bit those of the unfused ops (fp32 included: the token-exact
+    tests run through it); slots of -1 store nothing."""
+    (h, hk), bs, blocks = heads, 16, 40
+    g = torch.Generator().manual_seed(rows + d)
+    qkv = (torch.randn(rows, (h + 2 * hk) * d, generator=g) * 3).to(dtype)
+    pos = torch.randint(0, 4000, (rows,), generator=g).float()[:, None] / (10000 ** (torch.arange(d) % (d // 2) / d))
+    cos, sin = pos.cos().to(dtype), pos.sin().to(dtype)
+    sin = torch.cat((-sin[:, : d // 2], sin[:, d // 2 :]), dim=-1)
+    slots = torch.randperm(blocks * bs, generator=g)[:rows]
+    slots[::5] = -1
+    caches = [torch.randn(blocks, bs, hk, d, generator=g).to(dtype) for _ in range(2)]
+    want_k, want_v = (c.clone() for c in caches)
+    want_q, _ = unfused_rope_store(qkv, cos, sin, want_k, want_v, slots, h, hk)
+    got_k, got_v = (c.clone() for c in caches)
+    got_q = torch.ops.orcaserve.rope_store_kv(qkv, cos, sin, got_k, got_v, slots, h, hk)
+    assert torch.equal(got_q, want_q)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+
 def test_rejects_bad_input():
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="delta"):
@@ -61,6 +99,11 @@ def test_rejects_bad_input():
         torch.ops.orcaserve.silu_mul(torch.randn(4, 7))
     with pytest.raises(RuntimeError, match="contiguous"):
         torch.ops.orcaserve.silu_mul(torch.randn(8, 4).t())
+    cache, trig, rope = torch.zeros(2, 4, 1, 8), torch.zeros(3, 8), torch.ops.orcaserve.rope_store_kv
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        rope(torch.zeros(3, 24), trig, trig, cache, cache.clone(), torch.tensor([0, 1, 8]), 1, 1)
+    with pytest.raises(RuntimeError, match="qkv width"):
+        rope(torch.zeros(3, 25), trig, trig, cache, cache.clone(), torch.tensor([0, 1, 2]), 1, 1)
 
 
 def test_bf16_engine_fused_matches_unfused(engine_for):
