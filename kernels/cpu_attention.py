@@ -4,8 +4,8 @@
 cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
 `torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
 The same library carries the lean decoder's fused element-wise ops (`cpu_fused.cpp`:
-`add_rms_norm`, `silu_mul`; see `fused_ops`) and its rotary + K/V write (`cpu_rope_store.cpp`:
-`rope_store_kv`; see `rope_store_op`).
+`add_rms_norm`, `silu_mul`; see `fused_ops`), its rotary + K/V write (`cpu_rope_store.cpp`:
+`rope_store_kv`) and the sampler's argmax (`cpu_argmax.cpp`: `argmax_rows`); see `has_op`.
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
 `torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_attention
@@ -41,7 +41,7 @@ from .backend import AttentionBackend, TorchBackend
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp")))
+SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp")))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -310,16 +310,15 @@ class CpuBackend(AttentionBackend):
         return plan.fallback.attend(q, k_cache, v_cache, scale, out)
 
 
+def has_op(name: str) -> bool:
+    """True when the library is loaded (or loads now without building) with
+    `torch.ops.orcaserve.<name>`: callers use the op, else the PyTorch they replace."""
+    return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, name)
+
+
 def fused_ops() -> bool:
-    """True when the library with `torch.ops.orcaserve.add_rms_norm` / `silu_mul` is loaded (or
-    loads now without building): the lean decoder then fuses its bf16 element-wise steps."""
-    return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, "silu_mul")
-
-
-def rope_store_op() -> bool:
-    """True when the library with `torch.ops.orcaserve.rope_store_kv` is loaded (or loads now
-    without building): the lean decoder then rotates q/k and writes the cache in one pass."""
-    return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, "rope_store_kv")
+    """The lean decoder's fused bf16 element-wise ops (`add_rms_norm`, `silu_mul`) are there."""
+    return has_op("add_rms_norm") and has_op("silu_mul")
 
 
 def make_cpu_backend(build: bool = True) -> AttentionBackend:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend
-from orcaserve.kernels.cpu_attention import fused_ops, rope_store_op
+from orcaserve.kernels.cpu_attention import fused_ops, has_op
 
 from .loader import model_dims
 
@@ -118,7 +118,7 @@ class Decoder:
         # Rotary + K/V write in one C++ pass (cpu_rope_store.cpp): bit for bit the unfused ops, so
         # fp32 too. Used where the step's caches are CPU tensors of the model's dtype.
         if rope_store is None:
-            rope_store = self.embed.device.type == "cpu" and rope_store_op()
+            rope_store = self.embed.device.type == "cpu" and has_op("rope_store_kv")
         self.rope_store = rope_store
         # The lm_head is packed apart from the embedding even when tied: both are read.
         self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)

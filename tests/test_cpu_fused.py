@@ -17,7 +17,7 @@ from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.decoder import rms_norm
 
 OP, REASON = ca.load_cpu_ops(build=True)
-if OP is None or not ca.fused_ops() or not ca.rope_store_op():
+if OP is None or not ca.fused_ops() or not ca.has_op("rope_store_kv"):
     pytest.skip(f"C++ CPU ops not built: {REASON}", allow_module_level=True)
 
 # (relative size of one unit in the last place, units allowed, share of elements allowed to differ):
