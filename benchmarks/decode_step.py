@@ -5,7 +5,10 @@
 B requests of C random prompt tokens are prefilled, then whole `Engine.step()`s (scheduler,
 attention, model, sampler, detokenizer) are timed while every request decodes; the best of
 `--repeats` means of `--steps` steps is printed. `--profile N` adds torch.profiler's top N ops by
-self CPU time over 5 steps. Runs against whatever `orcaserve` is importable, so an older checkout
+self CPU time over 5 steps. `--toggle ATTR` switches a flag of the lean decoder (`rope_store`,
+`fused`) off and on in alternating order, `--repeats` rounds each, and prints both medians: on
+this VM, whose speed drifts by tens of percent over minutes, only such in-process A/B figures
+compare two variants. Runs against whatever `orcaserve` is importable, so an older checkout
 can be measured the same way; `--library` loads another build of the C++ operators (an older
 kernel's .so from the build cache) in place of the current sources' (docs/engine.md, "Decode
 step, before and after").
@@ -35,6 +38,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
+    ap.add_argument("--toggle", default=None, metavar="ATTR", help="A/B a boolean flag of the lean decoder")
     args = ap.parse_args()
     if args.library:
         from pathlib import Path
@@ -62,6 +66,9 @@ def main() -> None:
         engine.step()
     for _ in range(3):
         engine.step()
+    if args.toggle:
+        toggle(engine, args)
+        return
     means = []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -79,6 +86,26 @@ def main() -> None:
             for _ in range(5):
                 engine.step()
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
+
+
+def toggle(engine: Engine, args: argparse.Namespace) -> None:
+    """Median step time with the decoder flag `args.toggle` on and off, alternated per round."""
+    import statistics
+
+    decoder = engine.runner.decoder
+    assert decoder is not None and isinstance(getattr(decoder, args.toggle, None), bool), args.toggle
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.repeats):
+        for on in (True, False) if r % 2 == 0 else (False, True):
+            setattr(decoder, args.toggle, on)
+            engine.step()  # the first step after a switch is not timed
+            t = time.perf_counter()
+            for _ in range(args.steps):
+                engine.step()
+            times[on].append((time.perf_counter() - t) / args.steps * 1e3)
+    for on in (True, False):
+        runs = " ".join(f"{x:.0f}" for x in times[on])
+        print(f"{args.toggle}={on}: median {statistics.median(times[on]):.1f} ms per step (rounds: {runs})")
 
 
 if __name__ == "__main__":
