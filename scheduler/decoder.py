@@ -115,6 +115,15 @@ class Decoder:
         if fused is None:
             fused = self.embed.device.type == "cpu" and self.embed.dtype == torch.bfloat16 and fused_ops()
         self.fused = fused
+        # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
+        # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
+        # it too.
+        self.exact_silu = (
+            self.embed.device.type == "cpu"
+            and self.embed.dtype == torch.float32
+            and cfg.intermediate_size % 32 == 0
+            and fused_ops()
+        )
         # Rotary + K/V write in one C++ pass (cpu_rope_store.cpp): bit for bit the unfused ops, so
         # fp32 too. Used where the step's caches are CPU tensors of the model's dtype.
         if rope_store is None:
@@ -190,7 +199,7 @@ class Decoder:
         return x, rms_norm(x, weight, self.eps)
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
-        if self.fused:
+        if self.fused or self.exact_silu:
             return torch.ops.orcaserve.silu_mul(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up

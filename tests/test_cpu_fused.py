@@ -54,6 +54,16 @@ def test_silu_mul(dtype, rows):
     close(torch.ops.orcaserve.silu_mul(gate_up), F.silu(gate) * up, dtype, "silu_mul")
 
 
+@pytest.mark.parametrize("width", [32, 1536, 4096])
+def test_silu_mul_fp32_bit_exact(width):
+    """Where the intermediate size is a multiple of 32 (ATen's vector loop covers every row), fp32
+    is bit for bit F.silu(gate) * up: the decoder then fuses it in fp32 too (Decoder.exact_silu)."""
+    g = torch.Generator().manual_seed(width)
+    gate_up = torch.randn(37, 2 * width, generator=g) * 6
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.equal(torch.ops.orcaserve.silu_mul(gate_up), F.silu(gate) * up)
+
+
 def unfused_rope_store(qkv, cos, sin, k_cache, v_cache, slots, h, hk):
     """The decoder's unfused path: rotate q and k together, then the backends' store_kv."""
     d = cos.shape[-1]
