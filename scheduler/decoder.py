@@ -74,6 +74,13 @@ def _take(*linears: Any, pack: bool) -> Linear:
     return fused
 
 
+def padded_tokens(t: int) -> int:
+    """The token count a CPU step's GEMMs run at: up to 32 as it is, above that the next multiple of
+    32. oneDNN builds (and JIT-compiles) a kernel for every new row count, 1-5 ms per weight shape,
+    while a step's chunked prefills make nearly every count new; the padded rows cost less."""
+    return t if t <= 32 else -(-t // 32) * 32
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm, op for op (fp32 statistics, weight applied in the input dtype)."""
     x32 = x.to(torch.float32)
@@ -115,6 +122,8 @@ class Decoder:
         if fused is None:
             fused = self.embed.device.type == "cpu" and self.embed.dtype == torch.bfloat16 and fused_ops()
         self.fused = fused
+        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs.
+        self.pad = pack and _can_pack(self.embed)
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
         # it too.
@@ -158,7 +167,14 @@ class Decoder:
     ) -> torch.Tensor:
         """Logits `[S, V]` (fp32) of the rows in `sample_rows`."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = F.embedding(input_ids, self.embed)  # [T, hidden]
+        t = input_ids.shape[0]
+        tp = padded_tokens(t) if self.pad else t
+        if tp > t:  # pad rows: token 0 at position 0, stored nowhere, attention output zero
+            input_ids = F.pad(input_ids, (0, tp - t))
+            positions = F.pad(positions, (0, tp - t))
+            slot_mapping = F.pad(slot_mapping, (0, tp - t), value=-1)
+        attn_buf = input_ids.new_zeros((tp, h, d), dtype=self.embed.dtype) if tp > t else None  # [Tp, H, D]
+        x = F.embedding(input_ids, self.embed)  # [Tp, hidden]
         cos, sin = self.rotary(x, positions[None])  # [1, T, D] each, x's dtype
         cos = cos[0, :, None, :]  # [T, 1, D]
         # rotate_half(u) * sin == roll(u, D/2) * [-sin_lo, sin_hi]: one roll instead of two slices,
@@ -179,7 +195,13 @@ class Decoder:
                 q, k = qk.split([h, hk], dim=1)  # [T, H, D], [T, H_kv, D]
                 v = qkv[:, (h + hk) * d :].view(-1, hk, d)  # [T, H_kv, D]
                 backend.store_kv(k, v, k_cache, v_cache, slot_mapping)
-            attn = backend.attend(plan, q, k_cache, v_cache, self.scale)  # [T, H, D]
+            if attn_buf is None:
+                attn = backend.attend(plan, q, k_cache, v_cache, self.scale)  # [T, H, D]
+            else:
+                real = backend.attend(plan, q[:t], k_cache, v_cache, self.scale, out=attn_buf[:t])
+                if real.data_ptr() != attn_buf.data_ptr():  # a backend that did not write into `out`
+                    attn_buf[:t].copy_(real)
+                attn = attn_buf
             x, hn = self._add_norm(x, layer.o(attn.reshape(-1, h * d)), layer.post_norm)
             delta = layer.down(self._silu_mul(layer.gate_up(hn)))  # [T, hidden]
         if delta is not None:

@@ -107,3 +107,12 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
     for q, exp, out in zip(questions, expected, outs):
         assert out.output_token_ids == exp, q
     assert "Paris" in outs[0].text
+
+
+def test_padded_token_counts():
+    """CPU steps run their GEMMs at few row counts (oneDNN compiles a kernel per count): decode
+    batches up to 32 as they are, larger steps at the next multiple of 32 (the token-exact tests
+    above run through the padding)."""
+    from orcaserve.scheduler.decoder import padded_tokens
+
+    assert [padded_tokens(t) for t in (1, 7, 32, 33, 64, 65, 500, 512)] == [1, 7, 32, 64, 64, 96, 512, 512]
