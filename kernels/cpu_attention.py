@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp")))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h", "cpu_rows.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -18,22 +18,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_rows.h"
+
 namespace orcaserve {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
-
-// Rows per task: a decode step's few rows run on one thread, a prefill chunk's are split.
-int64_t grain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1)); }
-
-template <typename T>
-void to_float(const T* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::copy(src, src + n, dst);
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
 
 // dst = src rounded to T and back: where the unfused ops store an intermediate tensor.
 template <typename T>

@@ -20,6 +20,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_rows.h"
+
 namespace orcaserve {
 namespace {
 
@@ -52,15 +54,6 @@ void rotate(const float* x, const float* c, const float* s, float* out, int64_t 
 }
 
 template <typename T>
-void to_float(const T* src, float* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    at::vec::convert(src, dst, n);
-  }
-}
-
-template <typename T>
 at::Tensor rope_store_kv_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                               at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& slots, int64_t h,
                               int64_t hk) {
@@ -74,9 +67,7 @@ at::Tensor rope_store_kv_impl(const at::Tensor& qkv, const at::Tensor& cos, cons
   T* qp = q.data_ptr<T>();
   T* kc = k_cache.data_ptr<T>();
   T* vc = v_cache.data_ptr<T>();
-  // A decode step's rows stay on one thread: the fork would cost more than the work.
-  const int64_t grain = std::max<int64_t>(1, 32768 / width);
-  at::parallel_for(0, tokens, grain, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tokens, grain(width), [&](int64_t t0, int64_t t1) {
     std::vector<float> xf(rotated), cf(d), sf(d), rf(d);
     for (int64_t t = t0; t < t1; ++t) {
       const T* row = xp + t * width;
