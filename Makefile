@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 
 # The C++ CPU attention operator, built into the venv (kernels/cpu_attention.py). A failed build
 # does not stop the set-up: the engine then uses the PyTorch path and says so in its log.
-$(OPS): $(STAMP) kernels/cpu_attention.cpp kernels/cpu_fused.cpp kernels/cpu_attention_common.h kernels/cpu_attention_decode.h kernels/cpu_attention.py
+$(OPS): $(STAMP) $(wildcard kernels/*.cpp kernels/*.h) kernels/cpu_attention.py
 	$(BIN)/python -m orcaserve.kernels.cpu_attention --build
 	touch $@
 
