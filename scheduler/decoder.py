@@ -40,24 +40,39 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
+# bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
+# weight from this many rows on: there oneDNN's matmul (F.linear) beats its inner product on the
+# packed weight by 30-45 % (AMX, M = 384-512, measured here), while below it the packed one wins
+# by 20-30 %. Keeping both copies costs those weights' memory twice.
+PLAIN_FROM_ROWS = 384
+
+
 class Linear:
     """y = x W^T + b, with W pre-packed for oneDNN on CPU: decode-sized GEMMs (tens of rows)
-    otherwise pay a re-layout of the whole weight on every call (measured 1.4-2x in bf16)."""
+    otherwise pay a re-layout of the whole weight on every call (measured 1.4-2x in bf16).
+    `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for it)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, plain_from: int | None = None
+    ) -> None:
         self.out_features = weight.shape[0]
+        self.in_features = weight.shape[1]
         self.bias = bias
         self.packed = pack and _can_pack(weight)
         # oneDNN's blocked copy when packed; the weight itself otherwise
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
+        self.plain: torch.Tensor | None = weight.detach() if self.packed and plain_from is not None else None
+        self.plain_from = plain_from if plain_from is not None else 1 << 62
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.plain is not None and x.shape[0] >= self.plain_from:
+            return F.linear(x, self.plain, self.bias)
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 
-def _take(*linears: Any, pack: bool) -> Linear:
+def _take(*linears: Any, pack: bool, plain_from: int | None = None) -> Linear:
     """One Linear over the concatenated outputs of `linears`, whose own weights are then freed:
     the engine owns the model, and keeping both would double its memory."""
     weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
@@ -67,7 +82,7 @@ def _take(*linears: Any, pack: bool) -> Linear:
         if all(b is None for b in biases)
         else torch.cat([b if b is not None else weight.new_zeros(lin.out_features) for lin, b in zip(linears, biases)])
     )
-    fused = Linear(weight, bias, pack)
+    fused = Linear(weight, bias, pack, plain_from)
     for lin in linears:
         lin.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
         lin.bias = None  # an nn.Linear without a bias has None there
@@ -140,6 +155,7 @@ class Decoder:
         self.rope_store = rope_store
         # The lm_head is packed apart from the embedding even when tied: both are read.
         self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
+        narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
         self.layers: list[_Layer] = []
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -148,11 +164,31 @@ class Decoder:
                     in_norm=layer.input_layernorm.weight,
                     post_norm=layer.post_attention_layernorm.weight,
                     qkv=_take(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack),
-                    o=_take(attn.o_proj, pack=pack),
+                    o=_take(attn.o_proj, pack=pack, plain_from=narrow),
                     gate_up=_take(mlp.gate_proj, mlp.up_proj, pack=pack),
-                    down=_take(mlp.down_proj, pack=pack),
+                    down=_take(mlp.down_proj, pack=pack, plain_from=narrow),
                 )
             )
+
+    @torch.inference_mode()
+    def warm_up(self, max_tokens: int, max_samples: int) -> None:
+        """Call each GEMM shape once at every row count a step can bring: up to `max_tokens` rows
+        (padded as the steps pad them) for the layers', up to `max_samples` for the lm_head.
+        oneDNN compiles a kernel on a shape's first call (1-14 ms each here, shared by all layers),
+        which would otherwise land on the first steps of real traffic; this costs well under a
+        second once."""
+        if not self.pad:
+            return
+        layer, dtype = self.layers[0], self.embed.dtype
+        hidden, inner = self.embed.shape[1], layer.down.in_features
+        for m in sorted({padded_tokens(t) for t in range(1, max_tokens + 1)}):
+            x = torch.zeros(m, hidden, dtype=dtype)
+            layer.qkv(x)
+            layer.o(torch.zeros(m, self.num_heads * self.head_dim, dtype=dtype))
+            layer.gate_up(x)
+            layer.down(torch.zeros(m, inner, dtype=dtype))
+        for m in range(1, min(max_samples, max_tokens) + 1):
+            self.lm_head(torch.zeros(m, hidden, dtype=dtype))
 
     @torch.inference_mode()
     def forward(

@@ -58,6 +58,7 @@ class Engine:
         self.runner = ModelRunner(
             model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device
         )
+        self.runner.warm_up(config.max_num_batched_tokens, config.max_num_seqs)
         self.sampler = Sampler()
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self._detok: dict[str, IncrementalDetokenizer] = {}

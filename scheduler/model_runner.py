@@ -75,6 +75,11 @@ class ModelRunner:
         # Llama-family models run through the lean forward; others through transformers'.
         self.decoder = Decoder(model) if decoder_supports(model) else None
 
+    def warm_up(self, max_tokens: int, max_samples: int) -> None:
+        """Compile the GEMM kernels of every step size up front (`Decoder.warm_up`)."""
+        if self.decoder is not None:
+            self.decoder.warm_up(max_tokens, max_samples)
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
         """Forward the step; returns logits `[S, V]` (fp32) of the S requests in `sched.sampling`."""

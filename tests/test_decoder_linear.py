@@ -1,0 +1,59 @@
+"""The lean decoder's GEMMs: which weight copy a step's row count runs from, and the warm-up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import tiny_model
+
+from orcaserve.scheduler.decoder import PLAIN_FROM_ROWS, Decoder, Linear, padded_tokens
+
+needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built in")
+
+
+@needs_mkldnn
+def test_linear_runs_large_steps_from_the_plain_weight():
+    """Below `plain_from` rows the packed weight (oneDNN's inner product), from it on F.linear over
+    the plain one: each path gives exactly what it gives on its own."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 96).bfloat16(), torch.randn(48).bfloat16()
+    lin = Linear(weight, bias, pack=True, plain_from=64)
+    assert lin.packed and lin.plain is not None
+    for rows in (1, 63, 64, 100):
+        x = torch.randn(rows, 96).bfloat16()
+        got = lin(x)
+        packed = torch.ops.mkldnn._linear_pointwise(x, lin.weight, bias, "none", [], "")
+        want = F.linear(x, weight, bias) if rows >= 64 else packed
+        assert torch.equal(got, want), rows
+        torch.testing.assert_close(got, F.linear(x, weight, bias), atol=0.1, rtol=0.02)
+    assert Linear(weight, bias, pack=True).plain is None  # no second copy unless asked
+
+
+@needs_mkldnn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_plain_copies_only_for_bf16_narrow_outputs(dtype):
+    """o_proj and down_proj keep a plain copy in bf16 only (where oneDNN's packed inner product
+    loses at prefill sizes); the warm-up calls every GEMM at every padded row count."""
+    decoder = Decoder(tiny_model("llama").to(dtype))
+    layer = decoder.layers[0]
+    bf16 = dtype == torch.bfloat16
+    assert (layer.o.plain is not None, layer.down.plain is not None) == (bf16, bf16)
+    assert layer.qkv.plain is None and layer.gate_up.plain is None and decoder.lm_head.plain is None
+    if bf16:
+        assert layer.o.plain_from == layer.down.plain_from == PLAIN_FROM_ROWS
+    seen: list[int] = []
+    call = Linear.__call__
+
+    def record(self, x):
+        seen.append(x.shape[0])
+        return call(self, x)
+
+    Linear.__call__ = record  # type: ignore[method-assign]
+    try:
+        decoder.warm_up(max_tokens=100, max_samples=8)
+    finally:
+        Linear.__call__ = call  # type: ignore[method-assign]
+    counts = sorted({padded_tokens(t) for t in range(1, 101)})
+    assert sorted(set(seen)) == sorted(set(counts) | set(range(1, 9)))
+    assert all(seen.count(m) >= 4 for m in counts)  # qkv, o, gate_up, down at each
