@@ -41,9 +41,10 @@ def _can_pack(weight: torch.Tensor) -> bool:
 
 
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
-# weight from this many rows on: there oneDNN's matmul (F.linear) beats its inner product on the
-# packed weight by 30-45 % (AMX, M = 384-512, measured here), while below it the packed one wins
-# by 20-30 %. Keeping both copies costs those weights' memory twice.
+# weight from this many rows on: there oneDNN's inner product on the packed weight is bimodal and
+# slow in most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear),
+# while below it the packed one wins (`python benchmarks/gemm.py`, docs/engine.md "Fourth
+# round"). Keeping both copies costs those weights' memory twice.
 PLAIN_FROM_ROWS = 384
 
 
@@ -91,7 +92,7 @@ def _take(*linears: Any, pack: bool, plain_from: int | None = None) -> Linear:
 
 def padded_tokens(t: int) -> int:
     """The token count a CPU step's GEMMs run at: up to 32 as it is, above that the next multiple of
-    32. oneDNN builds (and JIT-compiles) a kernel for every new row count, 1-5 ms per weight shape,
+    32. oneDNN builds (and JIT-compiles) a kernel for every new row count, 1-14 ms per weight shape,
     while a step's chunked prefills make nearly every count new; the padded rows cost less."""
     return t if t <= 32 else -(-t // 32) * 32
 
