@@ -1,4 +1,4 @@
-// Row-wise argmax of fp32 logits for the sampler: ATen's CPU argmax reduces a [32, 49152] batch
+// Row-wise argmax of fp32 or bf16 logits for the sampler: ATen's CPU argmax reduces a [32, 49152] batch
 // in about 2 ms on the 2-core machine (2 % of a bf16 decode step), this in a tenth of that.
 //
 // Same answer as torch.argmax(dim=-1): the first index of the maximum, and the first NaN's index
@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace orcaserve {
 namespace {
@@ -42,14 +43,29 @@ int64_t argmax_row(const float* x, int64_t n) {
 
 at::Tensor argmax_rows(const at::Tensor& logits) {
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous() &&
-                  logits.scalar_type() == at::kFloat && logits.size(1) > 0,
-              "argmax_rows: a contiguous, non-empty [rows, V] fp32 CPU tensor");
+                  (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16) &&
+                  logits.size(1) > 0,
+              "argmax_rows: a contiguous, non-empty [rows, V] fp32 or bf16 CPU tensor");
   const int64_t rows = logits.size(0), n = logits.size(1);
   at::Tensor out = at::empty({rows}, logits.options().dtype(at::kLong));
-  const float* lp = logits.data_ptr<float>();
   int64_t* op = out.data_ptr<int64_t>();
-  at::parallel_for(0, rows, std::max<int64_t>(1, 65536 / n), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) op[r] = argmax_row(lp + r * n, n);
+  const int64_t grain = std::max<int64_t>(1, 65536 / n);
+  if (logits.scalar_type() == at::kFloat) {
+    const float* lp = logits.data_ptr<float>();
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) op[r] = argmax_row(lp + r * n, n);
+    });
+    return out;
+  }
+  // bf16 widens to fp32 exactly, so the argmax of the widened row is the answer; a row at a time
+  // into a buffer that stays in cache, instead of a whole fp32 copy of the batch's logits.
+  const at::BFloat16* lp = logits.data_ptr<at::BFloat16>();
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<float> row(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      at::vec::convert(lp + r * n, row.data(), n);
+      op[r] = argmax_row(row.data(), n);
+    }
   });
   return out;
 }

@@ -90,11 +90,19 @@ def _take(*linears: Any, pack: bool, plain_from: int | None = None) -> Linear:
     return fused
 
 
-def padded_tokens(t: int) -> int:
-    """The token count a CPU step's GEMMs run at: up to 32 as it is, above that the next multiple of
-    32. oneDNN builds (and JIT-compiles) a kernel for every new row count, 1-14 ms per weight shape,
-    while a step's chunked prefills make nearly every count new; the padded rows cost less."""
-    return t if t <= 32 else -(-t // 32) * 32
+def padded_tokens(t: int, multiple: int) -> int:
+    """The row count a CPU step's GEMMs run at: up to 32 as it is, above that the next multiple of
+    `multiple`. oneDNN builds (and JIT-compiles) a kernel for every new row count, 1-14 ms per
+    weight shape, while a step's chunked prefills make nearly every count new; the decoder's
+    warm-up compiles each padded count once, and the pad rows cost less than a compile."""
+    return t if t <= 32 else -(-t // multiple) * multiple
+
+
+# Row multiples the steps pad to. fp32 GEMMs here are compute-bound, their time linear in the
+# rows: the finer, the less padding is computed. AMX runs bf16 tiles of 16 rows and is slower at
+# 8-row multiples between them (136 rows took longer than 144, 264 than 288:
+# `python benchmarks/gemm.py --rows 136,144,264,288`).
+PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -133,13 +141,14 @@ class Decoder:
         self.embed: torch.Tensor = inner.embed_tokens.weight  # [V, hidden]
         self.rotary: Any = inner.rotary_emb
         self.norm: torch.Tensor = inner.norm.weight
-        # bf16 on the CPU: residual add + RMSNorm and SiLU * up as one C++ op each (cpu_fused.cpp).
-        # fp32 stays op for op with transformers, which the token-exact tests hold it to.
+        # On the CPU: residual add + RMSNorm and SiLU * up as one C++ op each (cpu_fused.cpp). In
+        # fp32 the norm's mean sums in another order than ATen's, a last-bit difference of the
+        # kind the pre-packed GEMMs already make against transformers' (most of their outputs).
         if fused is None:
-            fused = self.embed.device.type == "cpu" and self.embed.dtype == torch.bfloat16 and fused_ops()
+            fused = self.embed.device.type == "cpu" and fused_ops()
         self.fused = fused
-        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs.
-        self.pad = pack and _can_pack(self.embed)
+        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs; 0: none.
+        self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if pack and _can_pack(self.embed) else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
         # it too.
@@ -176,13 +185,14 @@ class Decoder:
         """Call each GEMM shape once at every row count a step can bring: up to `max_tokens` rows
         (padded as the steps pad them) for the layers', up to `max_samples` for the lm_head.
         oneDNN compiles a kernel on a shape's first call (1-14 ms each here, shared by all layers),
-        which would otherwise land on the first steps of real traffic; this costs well under a
-        second once."""
-        if not self.pad:
+        which would otherwise land on the first steps of real traffic. Once, at start: for
+        SmolLM2 with 512 tokens per step 0.7 s in bf16, 1.8 s in fp32 (most of it the GEMMs' own
+        work at 60 row counts)."""
+        if not self.pad_multiple:
             return
         layer, dtype = self.layers[0], self.embed.dtype
         hidden, inner = self.embed.shape[1], layer.down.in_features
-        for m in sorted({padded_tokens(t) for t in range(1, max_tokens + 1)}):
+        for m in sorted({padded_tokens(t, self.pad_multiple) for t in range(1, max_tokens + 1)}):
             x = torch.zeros(m, hidden, dtype=dtype)
             layer.qkv(x)
             layer.o(torch.zeros(m, self.num_heads * self.head_dim, dtype=dtype))
@@ -202,10 +212,11 @@ class Decoder:
         slot_mapping: torch.Tensor,  # [T] int64
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [num_blocks, bs, H_kv, D]
     ) -> torch.Tensor:
-        """Logits `[S, V]` (fp32) of the rows in `sample_rows`."""
+        """Logits `[S, V]` of the rows in `sample_rows`, in the model's dtype: the sampler widens
+        them to fp32 only where it needs more than their argmax."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         t = input_ids.shape[0]
-        tp = padded_tokens(t) if self.pad else t
+        tp = padded_tokens(t, self.pad_multiple) if self.pad_multiple else t
         if tp > t:  # pad rows: token 0 at position 0, stored nowhere, attention output zero
             input_ids = F.pad(input_ids, (0, tp - t))
             positions = F.pad(positions, (0, tp - t))
@@ -244,7 +255,7 @@ class Decoder:
         if delta is not None:
             x = x + delta
         last = rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # [S, hidden]
-        return self.lm_head(last).float()  # [S, V]
+        return self.lm_head(last)  # [S, V]
 
     def _add_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor

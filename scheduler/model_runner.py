@@ -82,7 +82,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
-        """Forward the step; returns logits `[S, V]` (fp32) of the S requests in `sched.sampling`."""
+        """Forward the step; returns logits `[S, V]` of the S requests in `sched.sampling`: fp32, or
+        the model's dtype from the lean decoder (the sampler widens them where it needs to)."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []

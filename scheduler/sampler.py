@@ -51,9 +51,10 @@ def filter_logits(
 
 
 def argmax_rows(x: torch.Tensor, fast: bool) -> torch.Tensor:  # [S, V] -> [S] int64
-    """`x.argmax(-1)`; with `fast`, a CPU fp32 batch goes through the C++ op (cpu_argmax.cpp), the
-    same indices at a tenth of ATen's time on a step's [32, 49152] logits."""
-    if fast and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and x.shape[1] > 0:
+    """`x.argmax(-1)`; with `fast`, a CPU fp32 or bf16 batch goes through the C++ op
+    (cpu_argmax.cpp), the same indices at a tenth of ATen's time on a step's [32, 49152] logits."""
+    fits = x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous() and x.shape[1] > 0
+    if fast and x.device.type == "cpu" and fits:
         return torch.ops.orcaserve.argmax_rows(x)
     return x.argmax(-1)
 
@@ -69,17 +70,19 @@ class Sampler:
         self.fast_argmax = has_op("argmax_rows")
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        # logits [S, V] fp32
+        # logits [S, V], fp32 or the model's dtype: an all-greedy batch without penalties takes
+        # their argmax as they are (widening a bf16 [32, 49152] batch costs 1-3 ms a step here)
         if not reqs:
             return []
         if any(
             r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty for r in reqs
         ):
-            logits = logits.clone()
+            logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
             _apply_penalties(logits, reqs)
         greedy = argmax_rows(logits, self.fast_argmax)
         if all(r.params.greedy for r in reqs):
             return greedy.tolist()
+        logits = logits.float()
 
         temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in reqs], device=logits.device)
         params = [r.params for r in reqs]

@@ -111,8 +111,12 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
 
 def test_padded_token_counts():
     """CPU steps run their GEMMs at few row counts (oneDNN compiles a kernel per count): decode
-    batches up to 32 as they are, larger steps at the next multiple of 32 (the token-exact tests
-    above run through the padding)."""
-    from orcaserve.scheduler.decoder import padded_tokens
+    batches up to 32 as they are, larger steps at the next multiple of 8 rows in fp32, of 16 in
+    bf16 (the token-exact tests above run through the padding)."""
+    import torch
 
-    assert [padded_tokens(t) for t in (1, 7, 32, 33, 64, 65, 500, 512)] == [1, 7, 32, 64, 64, 96, 512, 512]
+    from orcaserve.scheduler.decoder import PAD_MULTIPLE, padded_tokens
+
+    ts = (1, 7, 32, 33, 40, 41, 500, 512)
+    assert [padded_tokens(t, PAD_MULTIPLE[torch.float32]) for t in ts] == [1, 7, 32, 40, 40, 48, 504, 512]
+    assert [padded_tokens(t, PAD_MULTIPLE[torch.bfloat16]) for t in ts] == [1, 7, 32, 48, 48, 48, 512, 512]
