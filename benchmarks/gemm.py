@@ -4,9 +4,10 @@
 
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
 calls the lean decoder makes (`orcaserve.scheduler.decoder.Linear`): oneDNN's inner product on a
-pre-packed weight (`torch.ops.mkldnn._linear_pointwise`) and `F.linear` on the plain one. Prints,
-per row count, the first call (oneDNN compiles a kernel per new shape) and the median of 7 rounds
-of 10 calls for both variants, alternated round by round (docs/engine.md, "Fourth round").
+pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
+MKL's packed GEMM (`torch.ops.mkl._mkl_linear`). Prints, per row count, oneDNN's first call (it
+compiles a kernel per new shape) and the median of 7 rounds of 10 calls of each variant, alternated
+round by round (docs/engine.md, "Fourth round" and "Fifth round").
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from orcaserve.scheduler.decoder import MKL_PACK_ROWS
+
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
 
 
@@ -26,6 +29,18 @@ def _ms(f, calls: int = 10) -> float:
     for _ in range(calls):
         f()
     return (time.perf_counter() - t) / calls * 1e3
+
+
+def _variants(x: torch.Tensor, w: torch.Tensor, onednn: torch.Tensor, mkl: torch.Tensor | None) -> dict:
+    """The calls to time for one weight and input: oneDNN on its pre-packed copy, F.linear, and in
+    fp32 MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count)."""
+    calls = {
+        "pre": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""),
+        "plain": lambda: F.linear(x, w),
+    }
+    if mkl is not None:
+        calls["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl, w, None, x.shape[0])
+    return calls
 
 
 def main() -> None:
@@ -38,28 +53,26 @@ def main() -> None:
     torch.manual_seed(0)
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
-    print(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | pre-packed | F.linear")
+    use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
+    mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
+    heads = {"pre": "oneDNN pre-packed", "plain": "F.linear", "mkl": "MKL packed"}
+    columns = [c for c in heads if c != "mkl" or use_mkl]
+    names = " | ".join(heads[c] for c in columns)
+    print(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
             cells = []
             for name, w in weights.items():
-                x = torch.randn(m, w.shape[1], dtype=dtype)
-                pw = packed[name]
-
-                def pre(x=x, pw=pw):
-                    return torch.ops.mkldnn._linear_pointwise(x, pw, None, "none", [], "")
-
-                def plain(x=x, w=w):
-                    return F.linear(x, w)
-
-                first = _ms(pre, 1)
-                plain()
-                times: dict[str, list[float]] = {"pre": [], "plain": []}
+                calls = _variants(torch.randn(m, w.shape[1], dtype=dtype), w, packed[name], mkl.get(name))
+                first = _ms(calls["pre"], 1)
+                for c in columns[1:]:
+                    calls[c]()
+                times: dict[str, list[float]] = {c: [] for c in columns}
                 for r in range(args.rounds):
-                    for key, f in (("pre", pre), ("plain", plain)) if r % 2 == 0 else (("plain", plain), ("pre", pre)):
-                        times[key].append(_ms(f))
-                pre_ms, plain_ms = (statistics.median(times[k]) for k in ("pre", "plain"))
-                cells.append(f"{name} {first:.2f} | {pre_ms:.2f} | {plain_ms:.2f}")
+                    for c in columns if r % 2 == 0 else columns[::-1]:
+                        times[c].append(_ms(calls[c]))
+                medians = " | ".join(f"{statistics.median(times[c]):.2f}" for c in columns)
+                cells.append(f"{name} {first:.2f} | {medians}")
             print(f"M={m:4d}: " + "   ".join(cells), flush=True)
 
 

@@ -2,8 +2,8 @@
 
 The transformers forward costs, per layer and step, about 45 small ops and seven GEMMs whose
 weights oneDNN re-lays out on every call. This forward computes the same thing with the weights
-fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight in oneDNN's blocked
-layout (`torch.ops.mkldnn._reorder_linear_weight`), and attention straight through the
+fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight packed for MKL's
+GEMM (fp32) or in oneDNN's blocked layout (bf16; `Linear`), and attention straight through the
 backend. The element-wise math (RMSNorm, rotary embedding, SiLU) is written exactly as
 transformers writes it, and the rotary tables come from the model's own `rotary_emb`, so any
 rope type it supports is supported here. Models outside the family use the transformers forward
@@ -40,6 +40,15 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
+def _can_mkl(weight: torch.Tensor) -> bool:  # MKL's packed copy lives in a oneDNN tensor
+    return (
+        _can_pack(weight)
+        and weight.dtype == torch.float32
+        and torch.backends.mkl.is_available()
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+    )
+
+
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
 # weight from this many rows on: there oneDNN's inner product on the packed weight is bimodal and
 # slow in most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear),
@@ -47,11 +56,22 @@ def _can_pack(weight: torch.Tensor) -> bool:
 # round"). Keeping both copies costs those weights' memory twice.
 PLAIN_FROM_ROWS = 384
 
+# The row count MKL is told it packs for. Its packed layout of the weight does not depend on it
+# (same size, and results bit for bit F.linear's at every count: tests/test_decoder_linear.py),
+# so one packed copy serves every step.
+MKL_PACK_ROWS = 32
+
 
 class Linear:
-    """y = x W^T + b, with W pre-packed for oneDNN on CPU: decode-sized GEMMs (tens of rows)
-    otherwise pay a re-layout of the whole weight on every call (measured 1.4-2x in bf16).
-    `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for it)."""
+    """y = x W^T + b from a weight packed once for the CPU's GEMM library: decode-sized GEMMs (tens
+    of rows) otherwise pay a re-layout of the whole weight on every call.
+
+    fp32 runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear`), the sgemm behind F.linear (at most
+    row counts bit for bit its results), 10-25 % faster than oneDNN's pre-packed inner product at
+    decode sizes and no slower above (`python benchmarks/gemm.py --dtype float32`), and without
+    oneDNN's compile per new row count. bf16 runs oneDNN's inner product on its blocked layout
+    (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear` over the
+    unpacked weight (kept for it; oneDNN only)."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, plain_from: int | None = None
@@ -59,13 +79,24 @@ class Linear:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.bias = bias
-        self.packed = pack and _can_pack(weight)
-        # oneDNN's blocked copy when packed; the weight itself otherwise
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None) if self.packed else weight
-        self.plain: torch.Tensor | None = weight.detach() if self.packed and plain_from is not None else None
-        self.plain_from = plain_from if plain_from is not None else 1 << 62
+        self.mkl = pack and _can_mkl(weight)
+        self.packed = pack and (self.mkl or _can_pack(weight))
+        if self.mkl:
+            self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
+            # The op reads the plain weight's shape and dtype only, given the true row count as its
+            # pack size: a stride-0 stand-in instead of a second copy of the weight.
+            self.shape_of = weight.new_zeros(1, 1).expand(self.out_features, self.in_features)
+        elif self.packed:  # oneDNN's blocked copy
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        else:
+            self.weight = weight
+        keep_plain = self.packed and not self.mkl and plain_from is not None
+        self.plain: torch.Tensor | None = weight.detach() if keep_plain else None
+        self.plain_from = plain_from if keep_plain and plain_from is not None else 1 << 62
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.mkl:
+            return torch.ops.mkl._mkl_linear(x, self.weight, self.shape_of, self.bias, x.shape[0])
         if self.plain is not None and x.shape[0] >= self.plain_from:
             return F.linear(x, self.plain, self.bias)
         if self.packed:
@@ -98,10 +129,10 @@ def padded_tokens(t: int, multiple: int) -> int:
     return t if t <= 32 else -(-t // multiple) * multiple
 
 
-# Row multiples the steps pad to. fp32 GEMMs here are compute-bound, their time linear in the
-# rows: the finer, the less padding is computed. AMX runs bf16 tiles of 16 rows and is slower at
-# 8-row multiples between them (136 rows took longer than 144, 264 than 288:
-# `python benchmarks/gemm.py --rows 136,144,264,288`).
+# Row multiples the steps pad to where oneDNN runs the GEMMs. fp32 GEMMs here are compute-bound,
+# their time linear in the rows: the finer, the less padding is computed (fp32 pads only in builds
+# without MKL). AMX runs bf16 tiles of 16 rows and is slower at 8-row multiples between them (136
+# rows took longer than 144, 264 than 288: `python benchmarks/gemm.py --rows 136,144,264,288`).
 PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}
 
 
@@ -147,8 +178,10 @@ class Decoder:
         if fused is None:
             fused = self.embed.device.type == "cpu" and fused_ops()
         self.fused = fused
-        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs; 0: none.
-        self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if pack and _can_pack(self.embed) else 0
+        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
+        # compiles a kernel per new count; 0: none. MKL (fp32) has no such first-call cost.
+        onednn = pack and _can_pack(self.embed) and not _can_mkl(self.embed)
+        self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
         # it too.

@@ -1,4 +1,4 @@
-"""The lean decoder's GEMMs: which weight copy a step's row count runs from, and the warm-up."""
+"""The lean decoder's GEMMs: which library and weight copy a step's row count runs from, and the warm-up."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from tiny_models import tiny_model
 
-from orcaserve.scheduler.decoder import PLAIN_FROM_ROWS, Decoder, Linear, padded_tokens
+from orcaserve.scheduler.decoder import MKL_PACK_ROWS, PAD_MULTIPLE, PLAIN_FROM_ROWS, Decoder, Linear, padded_tokens
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built in")
 
@@ -30,11 +30,30 @@ def test_linear_runs_large_steps_from_the_plain_weight():
     assert Linear(weight, bias, pack=True).plain is None  # no second copy unless asked
 
 
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL not built in")
+def test_fp32_runs_mkl_packed_at_every_row_count():
+    """fp32 weights are packed once by MKL for `MKL_PACK_ROWS` rows and the packed copy serves
+    every row count a step brings: a layout that depended on the count would give wrong sums, not
+    last-bit differences. No plain copy is kept."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(200, 96), torch.randn(200)
+    lin = Linear(weight.clone(), bias.clone(), pack=True, plain_from=64)
+    assert lin.mkl and lin.plain is None and lin.shape_of.stride() == (0, 0)
+    for rows in sorted({padded_tokens(t, PAD_MULTIPLE[torch.float32]) for t in range(1, 513)} | {MKL_PACK_ROWS}):
+        x = torch.randn(rows, 96)
+        want = (x.double() @ weight.double().t() + bias.double()).float()
+        got = lin(x)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+        torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
+    assert not Linear(weight.bfloat16(), None, pack=True).mkl  # bf16: oneDNN
+
+
 @needs_mkldnn
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
     """o_proj and down_proj keep a plain copy in bf16 only (where oneDNN's packed inner product
-    loses at prefill sizes); the warm-up calls every GEMM at every padded row count."""
+    loses at prefill sizes); where oneDNN runs the GEMMs the warm-up calls every GEMM at every
+    padded row count."""
     decoder = Decoder(tiny_model("llama").to(dtype))
     layer = decoder.layers[0]
     bf16 = dtype == torch.bfloat16
@@ -51,6 +70,9 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
 
     monkeypatch.setattr(Linear, "__call__", record)  # observes the real calls
     decoder.warm_up(max_tokens=100, max_samples=8)
+    if not decoder.pad_multiple:  # fp32 through MKL: no per-count compile, nothing to warm up
+        assert dtype == torch.float32 and layer.qkv.mkl and seen == []
+        return
     counts = sorted({padded_tokens(t, decoder.pad_multiple) for t in range(1, 101)})
     assert sorted(set(seen)) == sorted(set(counts) | set(range(1, 9)))
     assert all(seen.count(m) >= 4 for m in counts)  # qkv, o, gate_up, down at each
