@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        sys.exit("oneDNN cannot pack bf16 on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT): try --dtype float32")
     torch.manual_seed(0)
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}

@@ -33,10 +33,15 @@ def supports(model: Any) -> bool:
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
+    # oneDNN packs bf16 only where the CPU has AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
+    # CPU (AMD Zen 3) the reorder raises, and bf16 runs F.linear on the plain weight instead.
     return (
         weight.device.type == "cpu"
         and torch.backends.mkldnn.is_available()
-        and weight.dtype in (torch.float32, torch.bfloat16)
+        and (
+            weight.dtype == torch.float32
+            or (weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        )
     )
 
 

@@ -21,9 +21,11 @@ if OP is None or not ca.fused_ops() or not ca.has_op("rope_store_kv"):
     pytest.skip(f"C++ CPU ops not built: {REASON}", allow_module_level=True)
 
 # (relative size of one unit in the last place, units allowed, share of elements allowed to differ):
-# in bf16 a different last bit of the fp32 statistics rarely survives the rounding; in fp32 it
-# shows in every element of the row, by a few units.
-LIMITS = {torch.float32: (2**-23, 4, 1.0), torch.bfloat16: (2**-8, 1, 0.02)}
+# in bf16 a different last bit of the fp32 statistics rarely survives the rounding, but where it
+# does, the normalised value is one unit off before the weight multiplies it, and a weight above 1
+# makes that two units of the product (seen on AVX2, whose 8-lane sums differ from ATen's more
+# often); in fp32 it shows in every element of the row, by a few units.
+LIMITS = {torch.float32: (2**-23, 4, 1.0), torch.bfloat16: (2**-8, 2, 0.02)}
 
 
 def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:

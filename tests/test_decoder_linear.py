@@ -10,9 +10,11 @@ from tiny_models import tiny_model
 from orcaserve.scheduler.decoder import MKL_PACK_ROWS, PAD_MULTIPLE, PLAIN_FROM_ROWS, Decoder, Linear, padded_tokens
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built in")
+# oneDNN packs bf16 weights only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (not on AMD Zen 3)
+BF16_PACKS = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-@needs_mkldnn
+@pytest.mark.skipif(not BF16_PACKS, reason="oneDNN cannot pack bf16 on this CPU")
 def test_linear_runs_large_steps_from_the_plain_weight():
     """Below `plain_from` rows the packed weight (oneDNN's inner product), from it on F.linear over
     the plain one: each path gives exactly what it gives on its own."""
@@ -53,10 +55,16 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
 def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
     """o_proj and down_proj keep a plain copy in bf16 only (where oneDNN's packed inner product
     loses at prefill sizes); where oneDNN runs the GEMMs the warm-up calls every GEMM at every
-    padded row count."""
+    padded row count. Where the CPU cannot pack bf16, bf16 runs unpacked and nothing is warmed up."""
     decoder = Decoder(tiny_model("llama").to(dtype))
     layer = decoder.layers[0]
     bf16 = dtype == torch.bfloat16
+    if bf16 and not BF16_PACKS:  # F.linear on the one plain copy: nothing packed, padded or warmed up
+        assert not any(lin.packed or lin.plain is not None for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        assert decoder.pad_multiple == 0
+        x = torch.randn(5, layer.qkv.in_features, dtype=dtype)
+        assert torch.equal(layer.qkv(x), F.linear(x, layer.qkv.weight))
+        return
     assert (layer.o.plain is not None, layer.down.plain is not None) == (bf16, bf16)
     assert layer.qkv.plain is None and layer.gate_up.plain is None and decoder.lm_head.plain is None
     if bf16:
