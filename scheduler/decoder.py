@@ -12,6 +12,7 @@ rope type it supports is supported here. Models outside the family use the trans
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,19 @@ def _can_mkl(weight: torch.Tensor) -> bool:  # MKL's packed copy lives in a oneD
     )
 
 
+@functools.cache
+def mkl_preferred() -> bool:
+    """Whether fp32 GEMMs go to MKL rather than oneDNN: on Intel CPUs only. MKL's sgemm takes slower
+    code paths on other vendors' CPUs: on an AMD Zen 3 (AVX2) oneDNN's pre-packed inner product ran
+    SmolLM2's gate_up at 32 rows in 1.34 ms against MKL's 2.39, and every shape at 8-256 rows
+    faster (`python benchmarks/gemm.py --dtype float32`, docs/engine.md "Sixth round")."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return True  # not Linux: as measured on Intel
+
+
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
 # weight from this many rows on: there oneDNN's inner product on the packed weight is bimodal and
 # slow in most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear),
@@ -71,20 +85,26 @@ class Linear:
     """y = x W^T + b from a weight packed once for the CPU's GEMM library: decode-sized GEMMs (tens
     of rows) otherwise pay a re-layout of the whole weight on every call.
 
-    fp32 runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear`), the sgemm behind F.linear (at most
-    row counts bit for bit its results), 10-25 % faster than oneDNN's pre-packed inner product at
-    decode sizes and no slower above (`python benchmarks/gemm.py --dtype float32`), and without
-    oneDNN's compile per new row count. bf16 runs oneDNN's inner product on its blocked layout
+    fp32 runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) on Intel CPUs (`mkl_preferred`; `mkl`
+    overrides): the sgemm behind F.linear (at most row counts bit for bit its results), there 10-25 %
+    faster than oneDNN's pre-packed inner product at decode sizes and no slower above (`python
+    benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count.
+    Elsewhere fp32, like bf16, runs oneDNN's inner product on its blocked layout
     (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear` over the
     unpacked weight (kept for it; oneDNN only)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, plain_from: int | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        pack: bool,
+        plain_from: int | None = None,
+        mkl: bool | None = None,
     ) -> None:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.bias = bias
-        self.mkl = pack and _can_mkl(weight)
+        self.mkl = pack and _can_mkl(weight) and (mkl_preferred() if mkl is None else mkl)
         self.packed = pack and (self.mkl or _can_pack(weight))
         if self.mkl:
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
@@ -135,9 +155,10 @@ def padded_tokens(t: int, multiple: int) -> int:
 
 
 # Row multiples the steps pad to where oneDNN runs the GEMMs. fp32 GEMMs here are compute-bound,
-# their time linear in the rows: the finer, the less padding is computed (fp32 pads only in builds
-# without MKL). AMX runs bf16 tiles of 16 rows and is slower at 8-row multiples between them (136
-# rows took longer than 144, 264 than 288: `python benchmarks/gemm.py --rows 136,144,264,288`).
+# their time linear in the rows: the finer, the less padding is computed (fp32 pads only where MKL
+# does not run them: builds without it, non-Intel CPUs). AMX runs bf16 tiles of 16 rows and is
+# slower at 8-row multiples between them (136 rows took longer than 144, 264 than 288:
+# `python benchmarks/gemm.py --rows 136,144,264,288`).
 PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}
 
 
@@ -185,7 +206,7 @@ class Decoder:
         self.fused = fused
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
         # compiles a kernel per new count; 0: none. MKL (fp32) has no such first-call cost.
-        onednn = pack and _can_pack(self.embed) and not _can_mkl(self.embed)
+        onednn = pack and _can_pack(self.embed) and not (_can_mkl(self.embed) and mkl_preferred())
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses

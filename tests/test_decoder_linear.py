@@ -7,7 +7,15 @@ import torch
 import torch.nn.functional as F
 from tiny_models import tiny_model
 
-from orcaserve.scheduler.decoder import MKL_PACK_ROWS, PAD_MULTIPLE, PLAIN_FROM_ROWS, Decoder, Linear, padded_tokens
+from orcaserve.scheduler.decoder import (
+    MKL_PACK_ROWS,
+    PAD_MULTIPLE,
+    PLAIN_FROM_ROWS,
+    Decoder,
+    Linear,
+    mkl_preferred,
+    padded_tokens,
+)
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built in")
 # oneDNN packs bf16 weights only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (not on AMD Zen 3)
@@ -39,7 +47,7 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
     last-bit differences. No plain copy is kept."""
     torch.manual_seed(0)
     weight, bias = torch.randn(200, 96), torch.randn(200)
-    lin = Linear(weight.clone(), bias.clone(), pack=True, plain_from=64)
+    lin = Linear(weight.clone(), bias.clone(), pack=True, plain_from=64, mkl=True)
     assert lin.mkl and lin.plain is None and lin.shape_of.stride() == (0, 0)
     for rows in sorted({padded_tokens(t, PAD_MULTIPLE[torch.float32]) for t in range(1, 513)} | {MKL_PACK_ROWS}):
         x = torch.randn(rows, 96)
@@ -47,7 +55,10 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
         got = lin(x)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
-    assert not Linear(weight.bfloat16(), None, pack=True).mkl  # bf16: oneDNN
+    assert not Linear(weight.bfloat16(), None, pack=True, mkl=True).mkl  # bf16: oneDNN
+    # By default MKL on Intel CPUs only (slower paths elsewhere), oneDNN's packed copy otherwise
+    default = Linear(weight.clone(), None, pack=True)
+    assert default.mkl == mkl_preferred() and default.packed
 
 
 @needs_mkldnn
@@ -78,7 +89,7 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
 
     monkeypatch.setattr(Linear, "__call__", record)  # observes the real calls
     decoder.warm_up(max_tokens=100, max_samples=8)
-    if not decoder.pad_multiple:  # fp32 through MKL: no per-count compile, nothing to warm up
+    if not decoder.pad_multiple:  # fp32 through MKL (Intel): no per-count compile, nothing to warm up
         assert dtype == torch.float32 and layer.qkv.mkl and seen == []
         return
     counts = sorted({padded_tokens(t, decoder.pad_multiple) for t in range(1, 101)})
