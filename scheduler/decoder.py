@@ -60,12 +60,17 @@ def mkl_preferred() -> bool:
     """Whether fp32 GEMMs go to MKL rather than oneDNN: on Intel CPUs only. MKL's sgemm takes slower
     code paths on other vendors' CPUs: on an AMD Zen 3 (AVX2) oneDNN's pre-packed inner product ran
     SmolLM2's gate_up at 32 rows in 1.34 ms against MKL's 2.39, and every shape at 8-256 rows
-    faster (`python benchmarks/gemm.py --dtype float32`, docs/engine.md "Sixth round")."""
+    faster (`python benchmarks/gemm.py --dtype float32`; docs/peers.md, "On an AMD EPYC Zen 3")."""
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
     except OSError:
         return True  # not Linux: as measured on Intel
+
+
+def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
+    """Whether a packed `weight` runs MKL's GEMM: where it can, and by default where preferred."""
+    return _can_mkl(weight) and (mkl_preferred() if mkl is None else mkl)
 
 
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
@@ -89,9 +94,9 @@ class Linear:
     overrides): the sgemm behind F.linear (at most row counts bit for bit its results), there 10-25 %
     faster than oneDNN's pre-packed inner product at decode sizes and no slower above (`python
     benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count.
-    Elsewhere fp32, like bf16, runs oneDNN's inner product on its blocked layout
-    (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear` over the
-    unpacked weight (kept for it; oneDNN only)."""
+    Elsewhere fp32, like bf16, runs oneDNN's inner product on its blocked layout (1.4-2x faster
+    than unpacked); bf16 where oneDNN cannot pack it (AVX2-only CPUs) runs F.linear. `plain_from`:
+    from this many rows on, `F.linear` over the unpacked weight (kept for it; oneDNN only)."""
 
     def __init__(
         self,
@@ -104,7 +109,7 @@ class Linear:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.bias = bias
-        self.mkl = pack and _can_mkl(weight) and (mkl_preferred() if mkl is None else mkl)
+        self.mkl = pack and _runs_mkl(weight, mkl)
         self.packed = pack and (self.mkl or _can_pack(weight))
         if self.mkl:
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
@@ -206,7 +211,7 @@ class Decoder:
         self.fused = fused
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
         # compiles a kernel per new count; 0: none. MKL (fp32) has no such first-call cost.
-        onednn = pack and _can_pack(self.embed) and not (_can_mkl(self.embed) and mkl_preferred())
+        onednn = pack and _can_pack(self.embed) and not _runs_mkl(self.embed)
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
