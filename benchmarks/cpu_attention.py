@@ -2,6 +2,7 @@
 
     python benchmarks/cpu_attention.py [--threads 2] [--repeats 5] [--iters 20] [--quick]
     python benchmarks/cpu_attention.py --memory [--context 256]     # C++ only, caches in DRAM
+    python benchmarks/cpu_attention.py --quick --library OLD.so     # another build of the operator
 
 SmolLM2-135M heads (H=9, H_kv=3, D=64), block size 16, fp32 and bf16. Shapes: decode batches of
 1/8/32/64 at contexts 128/512/1024, and a mixed step (one 512-token prefill chunk with no history
@@ -20,9 +21,11 @@ import argparse
 import statistics
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
+from orcaserve.kernels import cpu_attention
 from orcaserve.kernels.cpu_attention import CpuBackend, load_cpu_ops
 from orcaserve.kernels.torch_attention import TorchAttentionPlan
 
@@ -116,8 +119,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="two decode shapes and the mixed step")
     parser.add_argument("--memory", action="store_true", help="C++ only, 30 layers' caches in memory")
     parser.add_argument("--context", type=int, default=256, help="--memory: tokens per request")
+    parser.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.library:  # another build (an older kernel's .so from the build cache), to compare
+        cpu_attention.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     op, reason = load_cpu_ops(build=True)
     print(f"threads={torch.get_num_threads()} op: {reason}")
     if op is None:

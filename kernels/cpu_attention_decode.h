@@ -61,28 +61,44 @@ inline void scores_fma(const float* qb, int R, const T* kb, int64_t ldk, int nk,
   }
 }
 
-// O[r] = O[r] * alpha[r] + sum_j p(r, j) V[j] for RB rows in registers, over a segment's blocks.
-template <typename T, int D, int RB>
+// Vectors of output columns per P @ V pass. All of D at once leaves room in an AVX2 register file
+// for one row's accumulators (D = 64), so every row loads all of V again (from L2 for a decode
+// segment); a slice of D per pass keeps three rows in registers and loads V a third as often. On
+// a Zen 3 this took a 512-token prefill chunk with 31 decodes from 6.3-6.6 to 4.0-4.3 ms per layer,
+// and 32 decodes with their caches in L3 from 0.40 to 0.28 ms (docs/engine.md, "Sixth round").
+// On AVX-512 a slice is a whole row up to D = 128.
+template <int D>
+constexpr int pv_cols() {
+  constexpr int nc = D / kV;
+  for (int cn = std::min(nc, std::max(1, kAccRegs / 3)); cn > 1; --cn)
+    if (nc % cn == 0) return cn;
+  return 1;
+}
+
+// O[r] = O[r] * alpha[r] + sum_j p(r, j) V[j] for RB rows in registers, over a segment's blocks,
+// output vectors [c0, c0 + CN) of D.
+template <typename T, int D, int RB, int CN>
 inline void pv_fma_rows(float* o, int64_t ldo, const float* alpha, const float* p, int64_t ldp, const T* v,
-                        const int64_t* blocks, int nb, int64_t bs, int64_t ldv, int n) {
-  constexpr int NC = D / kV;
-  Vec acc[RB][NC];
+                        const int64_t* blocks, int nb, int64_t bs, int64_t ldv, int n, int c0) {
+  Vec acc[RB][CN];
+  o += c0 * kV;
+  v += c0 * kV;
   for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = Vec::loadu(o + r * ldo + c * kV) * Vec(alpha[r]);
+    for (int c = 0; c < CN; ++c) acc[r][c] = Vec::loadu(o + r * ldo + c * kV) * Vec(alpha[r]);
   for (int bi = 0; bi < nb; ++bi) {
     const T* vb = v + blocks[bi];
     const int off = static_cast<int>(bi * bs), nk = static_cast<int>(std::min<int64_t>(bs, n - off));
     for (int j = 0; j < nk; ++j) {
       Vec pr[RB];
       for (int r = 0; r < RB; ++r) pr[r] = Vec(p[r * ldp + off + j]);
-      for (int c = 0; c < NC; ++c) {
+      for (int c = 0; c < CN; ++c) {
         const Vec vc = load_f(vb + j * ldv + c * kV);
         for (int r = 0; r < RB; ++r) acc[r][c] = at::vec::fmadd(pr[r], vc, acc[r][c]);
       }
     }
   }
   for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c].store(o + r * ldo + c * kV);
+    for (int c = 0; c < CN; ++c) acc[r][c].store(o + r * ldo + c * kV);
 }
 
 // Where pv_dp_rows leaves output element d: chunk d / 32, unpacklo (d % 8 < 4) or unpackhi, lane
@@ -267,11 +283,13 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
         });
 #endif
       } else {
-        constexpr int RB = std::max(1, std::min(4, kAccRegs / NC));
-        row_groups<RB>(R, [&](auto rb, int r0) {
-          pv_fma_rows<T, D, decltype(rb)::value>(o + r0 * DP, DP, alpha + r0, s + r0 * ld_s, ld_s, vc, blocks, nb, bs,
-                                                 row_stride, n);
-        });
+        constexpr int CN = pv_cols<D>();
+        constexpr int RB = std::max(1, std::min(4, kAccRegs / CN));
+        for (int c0 = 0; c0 < NC; c0 += CN)
+          row_groups<RB>(R, [&](auto rb, int r0) {
+            pv_fma_rows<T, D, decltype(rb)::value, CN>(o + r0 * DP, DP, alpha + r0, s + r0 * ld_s, ld_s, vc, blocks, nb,
+                                                       bs, row_stride, n, c0);
+          });
       }
     }
 
