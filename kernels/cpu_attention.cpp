@@ -37,42 +37,6 @@ constexpr int kDotRows = 8;
 constexpr int kTileRows = 64;
 constexpr int64_t kSerialWork = 4096;
 
-// O[r] = O[r] * alpha[r] + sum_j P(r, j) V[j] for RB consecutive rows kept in registers, output
-// vectors [c0, c0 + CN) of D (pv_cols: why a slice).
-template <int D, int RB, int CN>
-inline void pv_rows(float* o, const float* alpha, const float* p, int64_t sr, int64_t sj, const float* v,
-                    int64_t ldv, int nk, int c0) {
-  Vec acc[RB][CN];
-  o += c0 * kV;
-  v += c0 * kV;
-  for (int r = 0; r < RB; ++r) {
-    Vec a(alpha[r]);
-    for (int c = 0; c < CN; ++c) acc[r][c] = Vec::loadu(o + r * D + c * kV) * a;
-  }
-  for (int j = 0; j < nk; ++j) {
-    Vec pr[RB];
-    for (int r = 0; r < RB; ++r) pr[r] = Vec(p[r * sr + j * sj]);
-    const float* vj = v + j * ldv;
-    for (int c = 0; c < CN; ++c) {
-      Vec vc = Vec::loadu(vj + c * kV);
-      for (int r = 0; r < RB; ++r) acc[r][c] = at::vec::fmadd(pr[r], vc, acc[r][c]);
-    }
-  }
-  for (int r = 0; r < RB; ++r)
-    for (int c = 0; c < CN; ++c) acc[r][c].store(o + r * D + c * kV);
-}
-
-template <int D>
-void pv_update(float* o, int R, const float* alpha, const float* p, int64_t sr, int64_t sj,
-               const float* v, int64_t ldv, int nk) {
-  constexpr int CN = pv_cols<D>();
-  constexpr int RB = std::max(1, std::min(4, kAccRegs / CN));
-  for (int c0 = 0; c0 < D / kV; c0 += CN)
-    row_groups<RB>(R, [&](auto rb, int r) {
-      pv_rows<D, decltype(rb)::value, CN>(o + r * D, alpha + r, p + r * sr, sr, sj, v, ldv, nk, c0);
-    });
-}
-
 // Transposed scores s[j * Rp + r] for RC row vectors x JB keys: per head-dim element, RC loads
 // of the transposed queries, JB broadcast keys and RC x JB fused multiply-adds.
 template <int D, int RC, int JB>
@@ -199,7 +163,8 @@ void attend_tile(const Args& a, const Item& it, Scratch& sc) {
       mv.store(m + rc);
       al.store(alpha + rc);
     }
-    pv_update<D>(o, R, alpha, s, 1, Rp, vb, ldv, nk);
+    const int64_t block0 = 0;  // vb is the block itself
+    pv_fma<float, D>(o, D, R, alpha, s, 1, Rp, vb, &block0, 1, nk, ldv, nk);
   }
 
   for (int r = 0; r < R; ++r) {

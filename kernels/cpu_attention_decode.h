@@ -76,10 +76,10 @@ constexpr int pv_cols() {
 }
 
 // O[r] = O[r] * alpha[r] + sum_j p(r, j) V[j] for RB rows in registers, over a segment's blocks,
-// output vectors [c0, c0 + CN) of D.
+// output vectors [c0, c0 + CN) of D; p(r, j) = p[r * ldp + j * sj].
 template <typename T, int D, int RB, int CN>
-inline void pv_fma_rows(float* o, int64_t ldo, const float* alpha, const float* p, int64_t ldp, const T* v,
-                        const int64_t* blocks, int nb, int64_t bs, int64_t ldv, int n, int c0) {
+inline void pv_fma_rows(float* o, int64_t ldo, const float* alpha, const float* p, int64_t ldp, int64_t sj,
+                        const T* v, const int64_t* blocks, int nb, int64_t bs, int64_t ldv, int n, int c0) {
   Vec acc[RB][CN];
   o += c0 * kV;
   v += c0 * kV;
@@ -90,7 +90,7 @@ inline void pv_fma_rows(float* o, int64_t ldo, const float* alpha, const float* 
     const int off = static_cast<int>(bi * bs), nk = static_cast<int>(std::min<int64_t>(bs, n - off));
     for (int j = 0; j < nk; ++j) {
       Vec pr[RB];
-      for (int r = 0; r < RB; ++r) pr[r] = Vec(p[r * ldp + off + j]);
+      for (int r = 0; r < RB; ++r) pr[r] = Vec(p[r * ldp + (off + j) * sj]);
       for (int c = 0; c < CN; ++c) {
         const Vec vc = load_f(vb + j * ldv + c * kV);
         for (int r = 0; r < RB; ++r) acc[r][c] = at::vec::fmadd(pr[r], vc, acc[r][c]);
@@ -205,6 +205,19 @@ inline void row_groups(int R, F&& f) {
   }
 }
 
+// pv_fma_rows over R rows (o row stride ldo, p as there): D in slices of pv_cols, rows in groups.
+template <typename T, int D>
+inline void pv_fma(float* o, int64_t ldo, int R, const float* alpha, const float* p, int64_t ldp, int64_t sj,
+                   const T* v, const int64_t* blocks, int nb, int64_t bs, int64_t ldv, int n) {
+  constexpr int CN = pv_cols<D>();
+  constexpr int RB = std::max(1, std::min(4, kAccRegs / CN));
+  for (int c0 = 0; c0 < D / kV; c0 += CN)
+    row_groups<RB>(R, [&](auto rb, int r0) {
+      pv_fma_rows<T, D, decltype(rb)::value, CN>(o + r0 * ldo, ldo, alpha + r0, p + r0 * ldp, ldp, sj, v, blocks, nb,
+                                                 bs, ldv, n, c0);
+    });
+}
+
 // An item of few rows per KV head: rows r = (token i0 + r / G, query head g = r % G) of each head.
 template <typename T, int D>
 void attend_rows(const Args& a, const Item& it, Scratch& sc) {
@@ -283,13 +296,7 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
         });
 #endif
       } else {
-        constexpr int CN = pv_cols<D>();
-        constexpr int RB = std::max(1, std::min(4, kAccRegs / CN));
-        for (int c0 = 0; c0 < NC; c0 += CN)
-          row_groups<RB>(R, [&](auto rb, int r0) {
-            pv_fma_rows<T, D, decltype(rb)::value, CN>(o + r0 * DP, DP, alpha + r0, s + r0 * ld_s, ld_s, vc, blocks, nb,
-                                                       bs, row_stride, n, c0);
-          });
+        pv_fma<T, D>(o, DP, R, alpha, s, ld_s, 1, vc, blocks, nb, bs, row_stride, n);
       }
     }
 
