@@ -5,9 +5,11 @@
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
 calls the lean decoder makes (`orcaserve.scheduler.decoder.Linear`): oneDNN's inner product on a
 pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
-MKL's packed GEMM (`torch.ops.mkl._mkl_linear`). Prints, per row count, oneDNN's first call (it
-compiles a kernel per new shape) and the median of 7 rounds of 10 calls of each variant, alternated
-round by round (docs/engine.md, "Fourth round" and "Fifth round").
+MKL's packed GEMM (`torch.ops.mkl._mkl_linear`); with `--inductor`, also `torch.compile` of the
+linear layer with max-autotune over inductor's C++ GEMM template and ATen (compiled per row count,
+5-20 s each). Prints, per row count, oneDNN's first call (it compiles a kernel per new shape) and the
+median of 7 rounds of 10 calls of each variant, alternated round by round (docs/engine.md, "Fourth
+round", "Fifth round" and "torch.compile").
 """
 
 from __future__ import annotations
@@ -32,15 +34,32 @@ def _ms(f, calls: int = 10) -> float:
     return (time.perf_counter() - t) / calls * 1e3
 
 
-def _variants(x: torch.Tensor, w: torch.Tensor, onednn: torch.Tensor, mkl: torch.Tensor | None) -> dict:
-    """The calls to time for one weight and input: oneDNN on its pre-packed copy, F.linear, and in
-    fp32 MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count)."""
+def _compiled(w: torch.Tensor, x: torch.Tensor):
+    """`F.linear(x, w)` compiled by inductor for x's shape, GEMM chosen by max-autotune (C++ or ATen)."""
+    import torch._inductor.config as inductor
+
+    layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype).eval()
+    layer.weight.data.copy_(w)
+    patch = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True}
+    with inductor.patch(patch), torch.no_grad():  # freezing folds the weight in as a constant
+        fn = torch.compile(layer, dynamic=False)
+        fn(x)
+    return fn
+
+
+def _variants(x: torch.Tensor, w: torch.Tensor, onednn: torch.Tensor, mkl: torch.Tensor | None, inductor: bool) -> dict:
+    """The calls to time for one weight and input: oneDNN on its pre-packed copy, F.linear, in fp32
+    MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count) and, if asked,
+    inductor's compiled layer."""
     calls = {
         "pre": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""),
         "plain": lambda: F.linear(x, w),
     }
     if mkl is not None:
         calls["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl, w, None, x.shape[0])
+    if inductor:
+        fn = _compiled(w, x)
+        calls["inductor"] = lambda: fn(x)
     return calls
 
 
@@ -49,6 +68,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rows", default="1,32,128,256,384,512")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--inductor", action="store_true", help="also torch.compile (max-autotune) per row count")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
@@ -58,15 +78,16 @@ def main() -> None:
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
     mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
-    heads = {"pre": "oneDNN pre-packed", "plain": "F.linear", "mkl": "MKL packed"}
-    columns = [c for c in heads if c != "mkl" or use_mkl]
+    heads = {"pre": "oneDNN pre-packed", "plain": "F.linear", "mkl": "MKL packed", "inductor": "inductor"}
+    columns = [c for c in heads if (c != "mkl" or use_mkl) and (c != "inductor" or args.inductor)]
     names = " | ".join(heads[c] for c in columns)
     print(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: torch.compile cannot trace inference tensors
         for m in (int(r) for r in args.rows.split(",")):
             cells = []
             for name, w in weights.items():
-                calls = _variants(torch.randn(m, w.shape[1], dtype=dtype), w, packed[name], mkl.get(name))
+                x = torch.randn(m, w.shape[1], dtype=dtype)
+                calls = _variants(x, w, packed[name], mkl.get(name), args.inductor)
                 first = _ms(calls["pre"], 1)
                 for c in columns[1:]:
                     calls[c]()
