@@ -151,12 +151,13 @@ struct Scratch {
 };
 
 // The next block sits at an arbitrary address, which no hardware prefetcher can guess. Into L2
-// only: in L1 it would evict the block being worked on.
-template <typename T>
+// by default: a whole block in L1 would evict the one being worked on. Locality 3 (L1) is for a
+// few lines needed within a block's time.
+template <int Locality = 2, typename T>
 inline void prefetch_rows(const T* base, int nk, int W, int64_t stride) {
   for (int j = 0; j < nk; ++j) {
     const char* row = reinterpret_cast<const char*>(base + j * stride);
-    for (int c = 0; c < W * static_cast<int>(sizeof(T)); c += 64) __builtin_prefetch(row + c, 0, 2);
+    for (int c = 0; c < W * static_cast<int>(sizeof(T)); c += 64) __builtin_prefetch(row + c, 0, Locality);
   }
 }
 
