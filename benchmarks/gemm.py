@@ -1,15 +1,20 @@
 """The decoder's GEMM shapes on this CPU: first call against later calls, pre-packed against plain.
 
     python benchmarks/gemm.py [--dtype bfloat16] [--rows 32,128,256,384,512]
+    python benchmarks/gemm.py --dtype float32 --layers 30 --rows 1,8,32,128,512   # weights in DRAM
 
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
 calls the lean decoder makes (`orcaserve.scheduler.decoder.Linear`): oneDNN's inner product on a
 pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
-MKL's packed GEMM (`torch.ops.mkl._mkl_linear`); with `--inductor`, also `torch.compile` of the
+MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, where it is built (AVX2), the project's own
+(`orcaserve::linear_packed`, kernels/cpu_gemm.cpp); with `--inductor`, also `torch.compile` of the
 linear layer with max-autotune over inductor's C++ GEMM template and ATen (compiled per row count,
 5-20 s each). Prints, per row count, oneDNN's first call (it compiles a kernel per new shape) and the
 median of 7 rounds of 10 calls of each variant, alternated round by round (docs/engine.md, "Fourth
-round", "Fifth round" and "torch.compile").
+round", "Fifth round" and "torch.compile"). Those calls reuse one weight, which stays in cache;
+`--layers N` instead calls each layer's four GEMMs in turn over N layers' weights, as a step does
+(30: SmolLM2, about 280 MB in fp32, read from DRAM), and prints ms per N layers, the minimum of
+`--rounds` rounds per library, alternated ("Eighth round").
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from orcaserve.kernels.cpu_attention import has_op
 from orcaserve.scheduler.decoder import MKL_PACK_ROWS
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
@@ -48,16 +54,65 @@ def _compiled(w: torch.Tensor, x: torch.Tensor):
     return fn
 
 
-def _variants(x: torch.Tensor, w: torch.Tensor, onednn: torch.Tensor, mkl: torch.Tensor | None) -> dict:
+def _variants(
+    x: torch.Tensor, w: torch.Tensor, onednn: torch.Tensor, mkl: torch.Tensor | None, orca: torch.Tensor | None
+) -> dict:
     """The calls to time for one weight and input: oneDNN on its pre-packed copy, F.linear, and in
-    fp32 MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count)."""
+    fp32 MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count) and the
+    project's GEMM on its 24-column panels."""
     calls = {
         "pre": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""),
         "plain": lambda: F.linear(x, w),
     }
     if mkl is not None:
         calls["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl, w, None, x.shape[0])
+    if orca is not None:
+        calls["orca"] = lambda: torch.ops.orcaserve.linear_packed(x, orca, None, w.shape[0])
     return calls
+
+
+def layers_in_dram(args, dtype: torch.dtype, use_mkl: bool, use_orca: bool) -> None:
+    """Each library over `args.layers` layers' own weights, four GEMMs per layer, as a step calls them."""
+    libs = ["pre", *(["mkl"] if use_mkl else []), *(["orca"] if use_orca else [])]
+    layers = []
+    for _ in range(args.layers):
+        weights = {n: torch.randn(shape, dtype=dtype) * 0.02 for n, shape in SHAPES.items()}
+        layers.append(
+            {
+                n: {
+                    "pre": torch.ops.mkldnn._reorder_linear_weight(w, None),
+                    "mkl": torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) if use_mkl else None,
+                    "orca": torch.ops.orcaserve.pack_linear_weight(w) if use_orca else None,
+                    "plain": w,
+                }
+                for n, w in weights.items()
+            }
+        )
+    print(
+        f"{args.dtype}, {torch.get_num_threads()} threads, {args.layers} layers' weights; ms per {args.layers} layers"
+    )
+    with torch.inference_mode():
+        for m in (int(r) for r in args.rows.split(",")):
+            xs = {n: torch.randn(m, shape[1], dtype=dtype) for n, shape in SHAPES.items()}
+            steps = {
+                lib: [
+                    _variants(xs[n], c["plain"], c["pre"], c["mkl"], c["orca"])[lib]
+                    for c0 in layers
+                    for n, c in c0.items()
+                ]
+                for lib in libs
+            }
+            times: dict[str, list[float]] = {lib: [] for lib in libs}
+            for r in range(args.rounds + 1):
+                for lib in libs if r % 2 == 0 else libs[::-1]:
+                    t = time.perf_counter()
+                    for call in steps[lib]:
+                        call()
+                    if r:  # the first round compiles oneDNN's kernels for this row count
+                        times[lib].append((time.perf_counter() - t) * 1e3)
+            flops = 2 * m * sum(o * i for o, i in SHAPES.values()) * args.layers
+            cells = [f"{lib} {min(times[lib]):.1f} ({flops / min(times[lib]) / 1e6:.0f} GFLOP/s)" for lib in libs]
+            print(f"M={m:4d}: " + "   ".join(cells), flush=True)
 
 
 def main() -> None:
@@ -66,6 +121,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,32,128,256,384,512")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inductor", action="store_true", help="also torch.compile (max-autotune) per row count")
+    ap.add_argument("--layers", type=int, default=0, help="N layers' weights called in turn (weights in DRAM)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
@@ -74,9 +130,21 @@ def main() -> None:
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
+    use_orca = dtype == torch.float32 and has_op("linear_packed")
+    if args.layers:
+        layers_in_dram(args, dtype, use_mkl, use_orca)
+        return
     mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
-    heads = {"pre": "oneDNN pre-packed", "plain": "F.linear", "mkl": "MKL packed", "inductor": "inductor"}
-    columns = [c for c in heads if (c != "mkl" or use_mkl) and (c != "inductor" or args.inductor)]
+    orca = {n: torch.ops.orcaserve.pack_linear_weight(w) for n, w in weights.items() if use_orca}
+    heads = {
+        "pre": "oneDNN pre-packed",
+        "plain": "F.linear",
+        "mkl": "MKL packed",
+        "orca": "orcaserve",
+        "inductor": "inductor",
+    }
+    skip = {"mkl": not use_mkl, "orca": not use_orca, "inductor": not args.inductor}
+    columns = [c for c in heads if not skip.get(c, False)]
     names = " | ".join(heads[c] for c in columns)
     print(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
     with torch.no_grad():  # not inference_mode: torch.compile cannot trace inference tensors
@@ -84,7 +152,7 @@ def main() -> None:
             cells = []
             for name, w in weights.items():
                 x = torch.randn(m, w.shape[1], dtype=dtype)
-                calls = _variants(x, w, packed[name], mkl.get(name))
+                calls = _variants(x, w, packed[name], mkl.get(name), orca.get(name))
                 first = _ms(calls["pre"], 1)
                 if args.inductor:  # after `first`: its autotuning may create oneDNN's kernel for this shape
                     compiled = _compiled(w, x)

@@ -5,7 +5,9 @@ cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
 `torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
 The same library carries the lean decoder's fused element-wise ops (`cpu_fused.cpp`:
 `add_rms_norm`, `silu_mul`; see `fused_ops`), its rotary + K/V write (`cpu_rope_store.cpp`:
-`rope_store_kv`) and the sampler's argmax (`cpu_argmax.cpp`: `argmax_rows`); see `has_op`.
+`rope_store_kv`), the sampler's argmax (`cpu_argmax.cpp`: `argmax_rows`) and, on AVX2 builds, an
+fp32 GEMM over pre-packed weights (`cpu_gemm.cpp`: `pack_linear_weight`, `linear_packed`); see
+`has_op`.
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
 `torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_attention
@@ -41,7 +43,10 @@ from .backend import AttentionBackend, TorchBackend
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
-SOURCES = (SOURCE, *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp")))
+SOURCES = (
+    SOURCE,
+    *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp", "cpu_gemm.cpp")),
+)
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h", "cpu_rows.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

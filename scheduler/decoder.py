@@ -3,7 +3,8 @@
 The transformers forward costs, per layer and step, about 45 small ops and seven GEMMs whose
 weights oneDNN re-lays out on every call. This forward computes the same thing with the weights
 fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight packed for MKL's
-GEMM (fp32) or in oneDNN's blocked layout (bf16; `Linear`), and attention straight through the
+GEMM (fp32 on Intel), the project's own (fp32 on AVX2-only CPUs) or in oneDNN's blocked layout
+(bf16, and fp32 elsewhere; `Linear`), and attention straight through the
 backend. The element-wise math (RMSNorm, rotary embedding, SiLU) is written exactly as
 transformers writes it, and the rotary tables come from the model's own `rotary_emb`, so any
 rope type it supports is supported here. Models outside the family use the transformers forward
@@ -73,6 +74,26 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
     return _can_mkl(weight) and (mkl_preferred() if mkl is None else mkl)
 
 
+@functools.cache
+def orca_gemm_preferred() -> bool:
+    """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): where torch runs AVX2
+    code (no AVX-512), as on an AMD Zen 3. There it ran SmolLM2's layer GEMMs 10-40 % faster than
+    oneDNN's pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32`).
+    With AVX-512, MKL (Intel) or oneDNN keep them: the op uses half the vector width there."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+def _runs_orca(weight: torch.Tensor, orca: bool | None = None) -> bool:
+    """Whether a packed fp32 `weight` runs `orcaserve::linear_packed`: where the op is built, and by
+    default where preferred."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and has_op("linear_packed")
+        and (orca_gemm_preferred() if orca is None else orca)
+    )
+
+
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
 # weight from this many rows on: there oneDNN's inner product on the packed weight is bimodal and
 # slow in most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear),
@@ -95,8 +116,10 @@ class Linear:
     faster than oneDNN's pre-packed inner product at decode sizes and no slower above (`python
     benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count.
     Elsewhere fp32, like bf16, runs oneDNN's inner product on its blocked layout (1.4-2x faster
-    than unpacked); bf16 where oneDNN cannot pack it (AVX2-only CPUs) runs F.linear. `plain_from`:
-    from this many rows on, `F.linear` over the unpacked weight (kept for it; oneDNN only)."""
+    than unpacked); bf16 where oneDNN cannot pack it (AVX2-only CPUs) runs F.linear. fp32 on
+    AVX2-only CPUs runs the project's own GEMM over its packed panels (`orca_gemm_preferred`; `orca`
+    overrides). `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for
+    it; oneDNN only)."""
 
     def __init__(
         self,
@@ -105,13 +128,17 @@ class Linear:
         pack: bool,
         plain_from: int | None = None,
         mkl: bool | None = None,
+        orca: bool | None = None,
     ) -> None:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.bias = bias
-        self.mkl = pack and _runs_mkl(weight, mkl)
-        self.packed = pack and (self.mkl or _can_pack(weight))
-        if self.mkl:
+        self.orca = pack and _runs_orca(weight, orca)
+        self.mkl = pack and not self.orca and _runs_mkl(weight, mkl)
+        self.packed = pack and (self.orca or self.mkl or _can_pack(weight))
+        if self.orca:  # [ceil(out / 24), in, 24] panels
+            self.weight = torch.ops.orcaserve.pack_linear_weight(weight)
+        elif self.mkl:
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
             # The op reads the plain weight's shape and dtype only, given the true row count as its
             # pack size: a stride-0 stand-in instead of a second copy of the weight.
@@ -120,11 +147,13 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         else:
             self.weight = weight
-        keep_plain = self.packed and not self.mkl and plain_from is not None
+        keep_plain = self.packed and not (self.mkl or self.orca) and plain_from is not None
         self.plain: torch.Tensor | None = weight.detach() if keep_plain else None
         self.plain_from = plain_from if keep_plain and plain_from is not None else 1 << 62
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.orca:
+            return torch.ops.orcaserve.linear_packed(x, self.weight, self.bias, self.out_features)
         if self.mkl:
             return torch.ops.mkl._mkl_linear(x, self.weight, self.shape_of, self.bias, x.shape[0])
         if self.plain is not None and x.shape[0] >= self.plain_from:
@@ -210,8 +239,9 @@ class Decoder:
             fused = self.embed.device.type == "cpu" and fused_ops()
         self.fused = fused
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
-        # compiles a kernel per new count; 0: none. MKL (fp32) has no such first-call cost.
-        onednn = pack and _can_pack(self.embed) and not _runs_mkl(self.embed)
+        # compiles a kernel per new count; 0: none. MKL and the project's GEMM (fp32) have no such
+        # first-call cost.
+        onednn = pack and _can_pack(self.embed) and not (_runs_mkl(self.embed) or _runs_orca(self.embed))
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses

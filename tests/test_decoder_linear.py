@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from tiny_models import tiny_model
 
+from orcaserve.kernels.cpu_attention import has_op
 from orcaserve.scheduler.decoder import (
     MKL_PACK_ROWS,
     PAD_MULTIPLE,
@@ -14,6 +15,7 @@ from orcaserve.scheduler.decoder import (
     Decoder,
     Linear,
     mkl_preferred,
+    orca_gemm_preferred,
     padded_tokens,
 )
 
@@ -47,7 +49,7 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
     last-bit differences. No plain copy is kept."""
     torch.manual_seed(0)
     weight, bias = torch.randn(200, 96), torch.randn(200)
-    lin = Linear(weight.clone(), bias.clone(), pack=True, plain_from=64, mkl=True)
+    lin = Linear(weight.clone(), bias.clone(), pack=True, plain_from=64, mkl=True, orca=False)
     assert lin.mkl and lin.plain is None and lin.shape_of.stride() == (0, 0)
     for rows in sorted({padded_tokens(t, PAD_MULTIPLE[torch.float32]) for t in range(1, 513)} | {MKL_PACK_ROWS}):
         x = torch.randn(rows, 96)
@@ -56,9 +58,11 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
     assert not Linear(weight.bfloat16(), None, pack=True, mkl=True).mkl  # bf16: oneDNN
-    # By default MKL on Intel CPUs only (slower paths elsewhere), oneDNN's packed copy otherwise
+    # By default MKL on Intel CPUs only (slower paths elsewhere), the project's GEMM on AVX2-only
+    # CPUs, oneDNN's packed copy otherwise
     default = Linear(weight.clone(), None, pack=True)
-    assert default.mkl == mkl_preferred() and default.packed
+    assert default.orca == (orca_gemm_preferred() and has_op("linear_packed"))
+    assert default.mkl == (mkl_preferred() and not default.orca) and default.packed
 
 
 @needs_mkldnn
@@ -89,9 +93,37 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
 
     monkeypatch.setattr(Linear, "__call__", record)  # observes the real calls
     decoder.warm_up(max_tokens=100, max_samples=8)
-    if not decoder.pad_multiple:  # fp32 through MKL (Intel): no per-count compile, nothing to warm up
-        assert dtype == torch.float32 and layer.qkv.mkl and seen == []
+    if not decoder.pad_multiple:  # fp32 through MKL or the project's GEMM: no per-count compile
+        assert dtype == torch.float32 and (layer.qkv.mkl or layer.qkv.orca) and seen == []
         return
     counts = sorted({padded_tokens(t, decoder.pad_multiple) for t in range(1, 101)})
     assert sorted(set(seen)) == sorted(set(counts) | set(range(1, 9)))
     assert all(seen.count(m) >= 4 for m in counts)  # qkv, o, gate_up, down at each
+
+
+@pytest.mark.skipif(not has_op("linear_packed"), reason="the project's GEMM is built for AVX2 (and AVX-512) only")
+def test_fp32_project_gemm_is_exact_to_rounding_and_batch_invariant():
+    """`orcaserve::linear_packed` over the 24-column panels: float64's answer to fp32 rounding for
+    widths that leave a partial last panel and row counts that leave partial 4-row tiles, with and
+    without bias, from non-contiguous inputs too; and each row's result bit for bit the same
+    whatever rows it is computed with (every element sums its products in one order)."""
+    torch.manual_seed(0)
+    for out_f, in_f in ((200, 96), (24, 7), (49, 576), (5, 33)):
+        weight, bias = torch.randn(out_f, in_f), torch.randn(out_f)
+        for b in (bias, None):
+            lin = Linear(weight.clone(), b, pack=True, orca=True)
+            assert lin.orca and lin.packed and lin.plain is None and not lin.mkl
+            assert lin.weight.shape == (-(-out_f // 24), in_f, 24)
+            batch = torch.randn(70, in_f)
+            full = lin(batch)
+            for rows in (1, 2, 3, 4, 5, 31, 32, 33, 70):
+                x = batch[:rows]
+                want = x.double() @ weight.double().t() + (b.double() if b is not None else 0)
+                got = lin(x)
+                torch.testing.assert_close(got, want.float(), atol=1e-4, rtol=1e-5)
+                assert torch.equal(got, full[:rows]), (out_f, in_f, rows)
+            wide = torch.randn(9, in_f + 5)[:, 2 : 2 + in_f]  # row stride != in_features
+            torch.testing.assert_close(lin(wide), F.linear(wide, weight, b), atol=1e-4, rtol=1e-5)
+    assert lin(torch.empty(0, 33)).shape == (0, 5)
+    assert not Linear(weight.clone(), None, pack=True, orca=False).orca
+    assert not Linear(weight.bfloat16(), None, pack=True, orca=True).orca  # fp32 only
