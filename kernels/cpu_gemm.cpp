@@ -1,8 +1,8 @@
 // fp32 GEMM for the lean decoder's linear layers on AVX2 CPUs: y = x W^T (+ b) over a weight packed
 // once into panels of 24 output columns, [P, K, 24], so that a panel is read as one sequential
-// stream. On an AMD Zen 3 oneDNN's pre-packed inner product ran SmolLM2's layer GEMMs at 32 rows
-// at about 115 GFLOP/s on two threads, this at about 145 (`python benchmarks/gemm.py --dtype
-// float32`; docs/engine.md, "Eighth round").
+// stream. On an AMD Zen 3, SmolLM2's layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
+// pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
+// float32 --layers 30`; docs/engine.md, "Eighth round").
 //
 // Micro-kernel: 4 rows x 24 columns of accumulators (12 ymm registers), a broadcast of each row's
 // x[k] against the panel's row k, summed over k in order with FMA. Every output element therefore

@@ -77,9 +77,10 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
 @functools.cache
 def orca_gemm_preferred() -> bool:
     """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): where torch runs AVX2
-    code (no AVX-512), as on an AMD Zen 3. There it ran SmolLM2's layer GEMMs 10-40 % faster than
-    oneDNN's pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32`).
-    With AVX-512, MKL (Intel) or oneDNN keep them: the op uses half the vector width there."""
+    code (no AVX-512), as on an AMD Zen 3. There it ran SmolLM2's layer GEMMs over 30 layers'
+    weights 1.14-1.39x as fast as oneDNN's pre-packed inner product at 1-512 rows (`python
+    benchmarks/gemm.py --dtype float32 --layers 30`; docs/engine.md, "Eighth round"). With
+    AVX-512, MKL (Intel) or oneDNN keep them: the op uses half the vector width there."""
     return torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
