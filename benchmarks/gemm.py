@@ -127,13 +127,13 @@ def main() -> None:
     if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         sys.exit("oneDNN cannot pack bf16 on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT): try --dtype float32")
     torch.manual_seed(0)
-    weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
-    packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
     use_orca = dtype == torch.float32 and has_op("linear_packed")
     if args.layers:
         layers_in_dram(args, dtype, use_mkl, use_orca)
         return
+    weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
+    packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
     orca = {n: torch.ops.orcaserve.pack_linear_weight(w) for n, w in weights.items() if use_orca}
     heads = {

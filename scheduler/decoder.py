@@ -90,8 +90,8 @@ def _runs_orca(weight: torch.Tensor, orca: bool | None = None) -> bool:
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.float32
-        and has_op("linear_packed")
         and (orca_gemm_preferred() if orca is None else orca)
+        and has_op("linear_packed")  # last: it loads the library, needless where not preferred
     )
 
 
