@@ -2,12 +2,13 @@
 
     python benchmarks/gemm.py [--dtype bfloat16] [--rows 32,128,256,384,512]
     python benchmarks/gemm.py --dtype float32 --layers 30 --rows 1,8,32,128,512   # weights in DRAM
+    python benchmarks/gemm.py --dtype bfloat16 --layers 30   # on AVX2 CPUs: F.linear vs the project's
 
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
 calls the lean decoder makes (`orcaserve.scheduler.decoder.Linear`): oneDNN's inner product on a
 pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
-MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, where it is built (AVX2), the project's own
-(`orcaserve::linear_packed`, kernels/cpu_gemm.cpp); with `--inductor`, also `torch.compile` of the
+MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, in fp32 and bf16 where it is built (AVX2), the
+project's own (`orcaserve::linear_packed`, kernels/cpu_gemm.cpp); with `--inductor`, also `torch.compile` of the
 linear layer with max-autotune over inductor's C++ GEMM template and ATen (compiled per row count,
 5-20 s each). Prints, per row count, oneDNN's first call (it compiles a kernel per new shape) and the
 median of 7 rounds of 10 calls of each variant, alternated round by round (docs/engine.md, "Fourth
@@ -71,16 +72,17 @@ def _variants(
     return calls
 
 
-def layers_in_dram(args, dtype: torch.dtype, use_mkl: bool, use_orca: bool) -> None:
-    """Each library over `args.layers` layers' own weights, four GEMMs per layer, as a step calls them."""
-    libs = ["pre", *(["mkl"] if use_mkl else []), *(["orca"] if use_orca else [])]
+def layers_in_dram(args, dtype: torch.dtype, use_mkl: bool, use_orca: bool, onednn: bool) -> None:
+    """Each library over `args.layers` layers' own weights, four GEMMs per layer, as a step calls them;
+    F.linear in oneDNN's place where it cannot pack the dtype (bf16 on AVX2-only CPUs)."""
+    libs = ["pre" if onednn else "plain", *(["mkl"] if use_mkl else []), *(["orca"] if use_orca else [])]
     layers = []
     for _ in range(args.layers):
         weights = {n: torch.randn(shape, dtype=dtype) * 0.02 for n, shape in SHAPES.items()}
         layers.append(
             {
                 n: {
-                    "pre": torch.ops.mkldnn._reorder_linear_weight(w, None),
+                    "pre": torch.ops.mkldnn._reorder_linear_weight(w, None) if onednn else None,
                     "mkl": torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) if use_mkl else None,
                     "orca": torch.ops.orcaserve.pack_linear_weight(w) if use_orca else None,
                     "plain": w,
@@ -124,13 +126,17 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0, help="N layers' weights called in turn (weights in DRAM)")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        sys.exit("oneDNN cannot pack bf16 on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT): try --dtype float32")
+    onednn = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if not (onednn or args.layers):
+        sys.exit(
+            "oneDNN cannot pack bf16 on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT): "
+            "try --dtype float32, or --layers N (F.linear against the project's GEMM)"
+        )
     torch.manual_seed(0)
     use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
-    use_orca = dtype == torch.float32 and has_op("linear_packed")
+    use_orca = dtype in (torch.float32, torch.bfloat16) and has_op("linear_packed")
     if args.layers:
-        layers_in_dram(args, dtype, use_mkl, use_orca)
+        layers_in_dram(args, dtype, use_mkl, use_orca, onednn)
         return
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}

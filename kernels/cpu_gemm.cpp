@@ -1,6 +1,9 @@
-// fp32 GEMM for the lean decoder's linear layers on AVX2 CPUs: y = x W^T (+ b) over a weight packed
-// once into panels of 24 output columns, [P, K, 24], so that a panel is read as one sequential
-// stream. On an AMD Zen 3, SmolLM2's layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
+// GEMM for the lean decoder's linear layers on AVX2 CPUs: y = x W^T (+ b) over a weight packed once
+// into panels of 24 output columns, [P, K, 24], so that a panel is read as one sequential stream.
+// fp32, and bf16 weights where the CPU has no bf16 arithmetic: each bf16 panel is widened to fp32
+// into a per-thread buffer and run by the same fp32 micro-kernel (bf16 x bf16 products are exact in
+// fp32), so DRAM serves half the bytes; torch's own bf16 GEMM there (F.linear: oneDNN cannot pack
+// bf16 without AVX-512) made a decode step 94 % GEMM and 5x slower than fp32. On an AMD Zen 3, SmolLM2's layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
 // pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
 // float32 --layers 30`; docs/engine.md, "Eighth round").
 //
@@ -16,6 +19,8 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -26,9 +31,32 @@ namespace {
 constexpr int kCols = 24;  // output columns per panel: three ymm registers
 constexpr int kRows = 4;   // rows per micro-tile: 12 accumulators, 3 panel loads, 1 broadcast
 
+inline void store_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
+
+// fp32 -> bf16 rounded to nearest even, NaN kept quiet: c10::BFloat16's rounding, 8 lanes at a time
+// (one by one it took half of a tile's time at 32 rows).
+inline void store_row(const float* src, at::BFloat16* dst, int n) {
+  if (n < kCols) {
+    for (int j = 0; j < n; ++j) dst[j] = static_cast<at::BFloat16>(src[j]);
+    return;
+  }
+  const __m256i odd = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff), qnan = _mm256_set1_epi32(0x7fc00000);
+  for (int j = 0; j < kCols; j += 8) {
+    const __m256 v = _mm256_loadu_ps(src + j);
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), odd);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, bias));
+    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    r = _mm256_srli_epi32(r, 16);                                              // [8 x u32], each < 2^16
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0xd8);  // lanes 0, 2 first
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j), _mm256_castsi256_si128(packed));
+  }
+}
+
 // C[r, :ncols] = bias[:ncols] + sum_k a[r * lda + k] * b[k, :] for R rows; b is one panel [K, 24].
-template <int R>
-inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, float* c,
+// The sum is rounded once, into C's type.
+template <int R, typename Out>
+inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, Out* c,
                  int64_t ldc, int ncols) {
   alignas(32) float init[kCols] = {};
   if (bias != nullptr) std::copy(bias, bias + ncols, init);
@@ -58,57 +86,71 @@ inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const f
 #undef ORCA_ACC
 #undef ORCA_FMA
 #undef ORCA_STORE
-  for (int r = 0; r < R; ++r) std::copy(out[r], out[r] + ncols, c + r * ldc);
+  for (int r = 0; r < R; ++r) store_row(out[r], c + r * ldc, ncols);
 }
 
-// [N, K] -> [ceil(N / 24), K, 24], the last panel's missing columns zero.
-at::Tensor pack_linear_weight(const at::Tensor& weight) {
-  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == at::kFloat,
-              "pack_linear_weight: an fp32 [out, in] CPU tensor");
-  const at::Tensor w = weight.contiguous();
-  const int64_t N = w.size(0), K = w.size(1), P = (N + kCols - 1) / kCols;
-  at::Tensor packed = at::zeros({P, K, kCols}, w.options());
-  const float* src = w.data_ptr<float>();
-  float* dst = packed.data_ptr<float>();
+// bf16 -> fp32 is the bf16 bits in the upper half of the word: exact.
+inline void widen(const at::BFloat16* src, int64_t n, float* dst) {
+  const auto* s = reinterpret_cast<const uint16_t*>(src);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// [N, K] -> [ceil(N / 24), K, 24] in the weight's dtype (fp32 or bf16), the last panel's missing
+// columns zero.
+template <typename T>
+void pack_into(const at::Tensor& w, at::Tensor& packed) {
+  const int64_t N = w.size(0), K = w.size(1), P = packed.size(0);
+  const T* src = w.data_ptr<T>();
+  T* dst = packed.data_ptr<T>();
   at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t j = 0; j < kCols && p * kCols + j < N; ++j)
         for (int64_t k = 0; k < K; ++k) dst[(p * K + k) * kCols + j] = src[(p * kCols + j) * K + k];
   });
+}
+
+at::Tensor pack_linear_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 &&
+                  (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
+              "pack_linear_weight: an fp32 or bf16 [out, in] CPU tensor");
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), P = (N + kCols - 1) / kCols;
+  at::Tensor packed = at::zeros({P, K, kCols}, w.options());
+  if (w.scalar_type() == at::kFloat)
+    pack_into<float>(w, packed);
+  else
+    pack_into<at::BFloat16>(w, packed);
   return packed;
 }
 
-at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                         int64_t out_features) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kFloat,
-              "linear_packed: x must be an fp32 [rows, in] CPU tensor");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kCols && packed.scalar_type() == at::kFloat &&
-                  packed.is_contiguous() && packed.size(1) == x.size(1) &&
-                  packed.size(0) == (out_features + kCols - 1) / kCols,
-              "linear_packed: packed must come from pack_linear_weight of an [out_features, in] weight");
-  const at::Tensor xc = x.contiguous();
-  const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
-  TORCH_CHECK(!bc.defined() || (bc.scalar_type() == at::kFloat && bc.numel() == out_features),
-              "linear_packed: bias must be fp32 [out_features]");
-  const int64_t M = xc.size(0), K = xc.size(1), N = out_features, P = packed.size(0);
-  at::Tensor y = at::empty({M, N}, xc.options());
-  if (M == 0) return y;
-  const float* a = xc.data_ptr<float>();
-  const float* b = packed.data_ptr<float>();
-  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
-  float* c = y.data_ptr<float>();
+// The threads' loop: fp32 activations a [M, K], panels b of W (type W), output c [M, N] (type Out).
+template <typename W, typename Out>
+void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, int64_t K, int64_t N,
+                int64_t P) {
   constexpr int64_t kChunk = 2;  // panels per grab: 1-4 measured alike
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), (P + kChunk - 1) / kChunk);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    std::vector<float> wide(std::is_same_v<W, float> ? 0 : K * kCols);  // one widened panel
     for (int64_t p0 = next.fetch_add(kChunk); p0 < P; p0 = next.fetch_add(kChunk)) {
       for (int64_t p = p0; p < std::min(P, p0 + kChunk); ++p) {
-        const float* panel = b + p * K * kCols;
+        const float* panel;
+        if constexpr (std::is_same_v<W, float>) {
+          panel = b + p * K * kCols;
+        } else {
+          widen(b + p * K * kCols, K * kCols, wide.data());
+          panel = wide.data();
+        }
         const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
         const float* bias_p = bp ? bp + p * kCols : nullptr;
         for (int64_t m = 0; m < M; m += kRows) {
           const float* am = a + m * K;
-          float* cm = c + m * N + p * kCols;
+          Out* cm = c + m * N + p * kCols;
           switch (std::min<int64_t>(kRows, M - m)) {
             case 4: tile<4>(am, K, panel, K, bias_p, cm, N, ncols); break;
             case 3: tile<3>(am, K, panel, K, bias_p, cm, N, ncols); break;
@@ -119,6 +161,40 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
       }
     }
   });
+}
+
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                         int64_t out_features) {
+  const auto dtype = packed.scalar_type();
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == dtype,
+              "linear_packed: x must be a [rows, in] CPU tensor of the packed weight's dtype");
+  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kCols && (dtype == at::kFloat || dtype == at::kBFloat16) &&
+                  packed.is_contiguous() && packed.size(1) == x.size(1) &&
+                  packed.size(0) == (out_features + kCols - 1) / kCols,
+              "linear_packed: packed must come from pack_linear_weight of an [out_features, in] weight");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == dtype && bias->numel() == out_features),
+              "linear_packed: bias must be [out_features] in the weight's dtype");
+  // bf16 activations and bias are widened once per call; the sums run in fp32 either way. Row by
+  // row here: ATen's converting copy took 16 us for a decode step's 32 x 576 (3 % of the step).
+  const int64_t M = x.size(0), K = x.size(1), N = out_features, P = packed.size(0);
+  at::Tensor xc;
+  if (dtype == at::kFloat) {
+    xc = x.contiguous();
+  } else {
+    const at::Tensor rows = x.stride(1) == 1 ? x : x.contiguous();
+    xc = at::empty({M, K}, x.options().dtype(at::kFloat));
+    const at::BFloat16* src = rows.data_ptr<at::BFloat16>();
+    for (int64_t m = 0; m < M; ++m) widen(src + m * rows.stride(0), K, xc.data_ptr<float>() + m * K);
+  }
+  const at::Tensor bc = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor y = at::empty({M, N}, x.options().dtype(dtype));
+  if (M == 0) return y;
+  const float* a = xc.data_ptr<float>();
+  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  if (dtype == at::kFloat)
+    run_panels(a, packed.data_ptr<float>(), bp, y.data_ptr<float>(), M, K, N, P);
+  else
+    run_panels(a, packed.data_ptr<at::BFloat16>(), bp, y.data_ptr<at::BFloat16>(), M, K, N, P);
   return y;
 }
 

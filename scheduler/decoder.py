@@ -36,7 +36,7 @@ def supports(model: Any) -> bool:
 
 def _can_pack(weight: torch.Tensor) -> bool:
     # oneDNN packs bf16 only where the CPU has AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
-    # CPU (AMD Zen 3) the reorder raises, and bf16 runs F.linear on the plain weight instead.
+    # CPU (AMD Zen 3) the reorder raises: bf16 runs the project's GEMM there (F.linear without it).
     return (
         weight.device.type == "cpu"
         and torch.backends.mkldnn.is_available()
@@ -76,20 +76,21 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
 
 @functools.cache
 def orca_gemm_preferred() -> bool:
-    """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): where torch runs AVX2
-    code (no AVX-512), as on an AMD Zen 3. There it ran SmolLM2's layer GEMMs over 30 layers'
+    """Whether GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): where torch runs AVX2 code
+    (no AVX-512), as on an AMD Zen 3. There it ran SmolLM2's fp32 layer GEMMs over 30 layers'
     weights 1.14-1.39x as fast as oneDNN's pre-packed inner product at 1-512 rows (`python
-    benchmarks/gemm.py --dtype float32 --layers 30`; docs/engine.md, "Eighth round"). With
-    AVX-512, MKL (Intel) or oneDNN keep them: the op uses half the vector width there."""
+    benchmarks/gemm.py --dtype float32 --layers 30`; docs/engine.md, "Eighth round"), and bf16,
+    which oneDNN cannot pack there, far faster than F.linear ("Ninth round"). With AVX-512, MKL
+    (Intel) or oneDNN keep them: the op uses half the vector width there."""
     return torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def _runs_orca(weight: torch.Tensor, orca: bool | None = None) -> bool:
-    """Whether a packed fp32 `weight` runs `orcaserve::linear_packed`: where the op is built, and by
-    default where preferred."""
+    """Whether a packed fp32 or bf16 `weight` runs `orcaserve::linear_packed`: where the op is
+    built, and by default where preferred."""
     return (
         weight.device.type == "cpu"
-        and weight.dtype == torch.float32
+        and weight.dtype in (torch.float32, torch.bfloat16)
         and (orca_gemm_preferred() if orca is None else orca)
         and has_op("linear_packed")  # last: it loads the library, needless where not preferred
     )
@@ -117,9 +118,9 @@ class Linear:
     faster than oneDNN's pre-packed inner product at decode sizes and no slower above (`python
     benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count.
     Elsewhere fp32, like bf16, runs oneDNN's inner product on its blocked layout (1.4-2x faster
-    than unpacked); bf16 where oneDNN cannot pack it (AVX2-only CPUs) runs F.linear. fp32 on
-    AVX2-only CPUs runs the project's own GEMM over its packed panels (`orca_gemm_preferred`; `orca`
-    overrides). `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for
+    than unpacked). On AVX2-only CPUs fp32 and bf16 run the project's own GEMM over its packed
+    panels (`orca_gemm_preferred`; `orca` overrides); bf16 that neither it nor oneDNN can pack runs
+    F.linear. `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for
     it; oneDNN only)."""
 
     def __init__(

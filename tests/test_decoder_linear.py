@@ -74,11 +74,14 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
     decoder = Decoder(tiny_model("llama").to(dtype))
     layer = decoder.layers[0]
     bf16 = dtype == torch.bfloat16
-    if bf16 and not BF16_PACKS:  # F.linear on the one plain copy: nothing packed, padded or warmed up
-        assert not any(lin.packed or lin.plain is not None for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    if bf16 and not BF16_PACKS:  # the project's GEMM where built, else F.linear: one copy, no padding
+        linears = (layer.qkv, layer.o, layer.gate_up, layer.down, decoder.lm_head)
+        orca = orca_gemm_preferred() and has_op("linear_packed")
+        assert all(lin.orca == lin.packed == orca and lin.plain is None for lin in linears)
         assert decoder.pad_multiple == 0
-        x = torch.randn(5, layer.qkv.in_features, dtype=dtype)
-        assert torch.equal(layer.qkv(x), F.linear(x, layer.qkv.weight))
+        if not orca:
+            x = torch.randn(5, layer.qkv.in_features, dtype=dtype)
+            assert torch.equal(layer.qkv(x), F.linear(x, layer.qkv.weight))
         return
     assert (layer.o.plain is not None, layer.down.plain is not None) == (bf16, bf16)
     assert layer.qkv.plain is None and layer.gate_up.plain is None and decoder.lm_head.plain is None
@@ -126,4 +129,39 @@ def test_fp32_project_gemm_is_exact_to_rounding_and_batch_invariant():
             torch.testing.assert_close(lin(wide), F.linear(wide, weight, b), atol=1e-4, rtol=1e-5)
     assert lin(torch.empty(0, 33)).shape == (0, 5)
     assert not Linear(weight.clone(), None, pack=True, orca=False).orca
-    assert not Linear(weight.bfloat16(), None, pack=True, orca=True).orca  # fp32 only
+    assert not Linear(weight.half(), None, pack=True, orca=True).orca  # fp32 and bf16 only
+
+
+@pytest.mark.skipif(not has_op("linear_packed"), reason="the project's GEMM is built for AVX2 (and AVX-512) only")
+def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
+    """bf16 weights run the same fp32 micro-kernel over panels widened on the fly: each result is
+    the fp32 op's result on the bf16 values, rounded once to bf16 (to nearest even, as torch
+    rounds; NaN and infinities kept), so within half a bf16 ulp of float64's answer; each row bit
+    for bit the same in any batch; and the default where the op is preferred."""
+    torch.manual_seed(0)
+    for out_f, in_f in ((200, 96), (49, 576), (5, 33)):
+        weight, bias = torch.randn(out_f, in_f).bfloat16(), torch.randn(out_f).bfloat16()
+        wide = Linear(weight.float(), bias.float(), pack=True, orca=True)
+        for b in (bias, None):
+            lin = Linear(weight.clone(), b, pack=True, orca=True)
+            assert lin.orca and lin.weight.dtype == torch.bfloat16
+            assert lin.weight.shape == (-(-out_f // 24), in_f, 24)
+            batch = torch.randn(70, in_f).bfloat16()
+            full = lin(batch)
+            assert full.dtype == torch.bfloat16
+            if b is not None:
+                assert torch.equal(full, wide(batch.float()).bfloat16())
+            want = batch.double() @ weight.double().t() + (b.double() if b is not None else 0)
+            torch.testing.assert_close(full.double(), want, atol=1e-3, rtol=2**-8)
+            for rows in (1, 3, 4, 5, 33):
+                assert torch.equal(lin(batch[:rows]), full[:rows]), (out_f, in_f, rows)
+            strided = torch.randn(9, in_f + 5).bfloat16()[:, 2 : 2 + in_f]  # row stride != in_features
+            transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
+            for x in (strided, transposed):
+                assert torch.equal(lin(x), lin(x.contiguous()))
+    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, orca=True)
+    special = torch.tensor([[float("nan"), 0, 0, 0], [float("-inf"), 0, 0, 0], [3e38, 3e38, 0, 0]]).bfloat16()
+    got = ones(special)
+    assert got[0].isnan().all() and (got[1] == float("-inf")).all() and (got[2] == float("inf")).all()
+    assert ones(torch.empty(0, 4).bfloat16()).shape == (0, 24)
+    assert Linear(weight.clone(), None, pack=True).orca == orca_gemm_preferred()
