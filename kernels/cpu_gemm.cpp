@@ -1,11 +1,13 @@
 // GEMM for the lean decoder's linear layers on AVX2 CPUs: y = x W^T (+ b) over a weight packed once
 // into panels of 24 output columns, [P, K, 24], so that a panel is read as one sequential stream.
-// fp32, and bf16 weights where the CPU has no bf16 arithmetic: each bf16 panel is widened to fp32
-// into a per-thread buffer and run by the same fp32 micro-kernel (bf16 x bf16 products are exact in
-// fp32), so DRAM serves half the bytes; torch's own bf16 GEMM there (F.linear: oneDNN cannot pack
-// bf16 without AVX-512) made a decode step 94 % GEMM and 5x slower than fp32. On an AMD Zen 3, SmolLM2's layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
+// On an AMD Zen 3, SmolLM2's fp32 layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
 // pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
 // float32 --layers 30`; docs/engine.md, "Eighth round").
+//
+// bf16 weights too, which oneDNN cannot pack without AVX-512: each thread widens the bf16 panel it
+// takes to fp32 in its own buffer (exact) and runs the same fp32 micro-kernel, each sum rounded
+// once to bf16. There F.linear ran them at 14-19 GFLOP/s, this at 109 at 32 rows, within 1-6 % of
+// itself in fp32 (`python benchmarks/gemm.py --dtype bfloat16 --layers 30`; "Ninth round").
 //
 // Micro-kernel: 4 rows x 24 columns of accumulators (12 ymm registers), a broadcast of each row's
 // x[k] against the panel's row k, summed over k in order with FMA. Every output element therefore
