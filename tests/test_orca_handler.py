@@ -13,6 +13,7 @@ import json
 import socket
 import struct
 import threading
+import time
 import types
 
 import pytest
@@ -163,6 +164,21 @@ def check_release(frames: list[dict]) -> None:
 def test_frames_statuses_and_errors(backend):
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     want = backend.reference.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    # The handler sends what has piled up as one frame, by design: on a loaded machine 6 tiny-model
+    # steps can outrun the event loop. To see that a token is relayed as it comes, each step
+    # waits until the frame carrying the stream's previous token has reached the socket.
+    real_step, sent = backend.engine.step, [0]
+
+    def step():
+        deadline = time.monotonic() + 10
+        while backend.received.count(b"ok-sse") < sent[0] and time.monotonic() < deadline:
+            time.sleep(0.001)
+        outputs = real_step()
+        if any(o.request_id == "ok-sse" and o.new_text and not o.finished for o in outputs):
+            sent[0] = backend.received.count(b"ok-sse") + 1
+        return outputs
+
+    backend.engine.step = step
 
     async def run():
         await asyncio.gather(

@@ -134,16 +134,26 @@ def _stub_server(check=None):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
 
+            closed = []
+
+            def close():
+                with lock:
+                    if not closed:
+                        closed.append(True)
+                        log["open"] -= 1
+
             try:
                 for _ in range(body["max_tokens"]):
                     time.sleep(0.01)  # long enough for closed-loop clients to overlap
                     chunk({"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
+                # Closed before the client can read the end: it may send its next request at once,
+                # before this thread runs again, and that must not count as one more open.
+                close()
                 chunk({"choices": [], "usage": {"completion_tokens": body["max_tokens"]}})
                 chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
             finally:
-                with lock:
-                    log["open"] -= 1
+                close()
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
