@@ -4,6 +4,10 @@
 // pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
 // float32 --layers 30`; docs/engine.md, "Eighth round").
 //
+// Each row tile also prefetches a share of the thread's next panel into L2, so that panel's DRAM
+// read overlaps this one's arithmetic: fp32 GEMMs of 8-64 rows about a fifth faster, the offline
+// fp32 workload 9-13 % (docs/engine.md, "Tenth round").
+//
 // bf16 weights too, which oneDNN cannot pack without AVX-512: each thread widens the bf16 panel it
 // takes to fp32 in its own buffer (exact) and runs the same fp32 micro-kernel, each sum rounded
 // once to bf16. There F.linear ran them at 14-19 GFLOP/s, this at 109 at 32 rows, within 1-6 % of
@@ -58,10 +62,11 @@ inline void store_row(const float* src, at::BFloat16* dst, int n) {
 }
 
 // C[r, :ncols] = bias[:ncols] + sum_k a[r * lda + k] * b[k, :] for R rows; b is one panel [K, 24].
-// The sum is rounded once, into C's type.
-template <int R, typename Out>
+// The sum is rounded once, into C's type. With Prefetch, pf + k * pf_step is fetched into L2 at
+// step k: the caller's share of the panel it computes next.
+template <int R, bool Prefetch, typename Out>
 inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, Out* c,
-                 int64_t ldc, int ncols) {
+                 int64_t ldc, int ncols, const char* pf, int64_t pf_step) {
   alignas(32) float init[kCols] = {};
   if (bias != nullptr) std::copy(bias, bias + ncols, init);
   // Named registers, not an array: GCC keeps an accumulator array in memory across the loop.
@@ -78,6 +83,7 @@ inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const f
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
     const float* bk = b + k * kCols;
+    if constexpr (Prefetch) _mm_prefetch(pf + k * pf_step, _MM_HINT_T1);
     const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8), b2 = _mm256_loadu_ps(bk + 16);
     ORCA_FMA(0) ORCA_FMA(1) ORCA_FMA(2) ORCA_FMA(3)
   }
@@ -122,16 +128,42 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 }
 
 // The threads' loop: fp32 activations a [M, K], panels b of W (type W), output c [M, N] (type Out).
+//
+// A panel's first row tile reads it from DRAM (30 layers' weights do not stay in cache) at 16 bytes
+// a cycle where fp32 FMAs run, more than a core gets: at 32 rows that tile ran at DRAM speed and
+// the panel's other 7 from L2. So each tile also prefetches its share of the panel the thread
+// takes next: the rest of its pair, or the first of the pair it claims as it starts its last one.
 template <typename W, typename Out>
 void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, int64_t K, int64_t N,
                 int64_t P) {
-  constexpr int64_t kChunk = 2;  // panels per grab: 1-4 measured alike
+  // fp32 panels from 2 to 16 row tiles. Under two a panel is read once, streamed by the hardware
+  // prefetcher; beyond 16 its DRAM read is a small part of its time (prefetched, 512 rows were
+  // slower in 3 of 4 alternated runs). bf16 panels are streamed by the widening pass, and 32 rows
+  // were slower in 4 of 4 with the prefetch. The first 8 tiles share the work: at most one
+  // prefetch per 12 bytes.
+  const int64_t tiles = (M + kRows - 1) / kRows;
+  const bool prefetch = std::is_same_v<W, float> && tiles >= 2 && tiles <= 16;
+  const int64_t pf_tiles = std::min<int64_t>(tiles, 8);
+  // Bytes per k and tile, rounded down so that no address lies past the panel (at most a few lines
+  // of it are left to the hardware).
+  const int64_t pf_step = kCols * static_cast<int64_t>(sizeof(W)) / pf_tiles;
+  // Panels are taken in adjacent pairs (1-4 measured alike), from a counter: a thread that is
+  // preempted holds up little of the other's work. Taken one at a time with the next claimed ahead
+  // (every thread's panels then 2 apart), the offline workload ran 1-6 % slower than before this
+  // prefetch in 4 of 4 alternated runs, and 9-13 % faster as pairs in 2 of 2: likely because a
+  // pair is one stream for the hardware prefetcher.
+  constexpr int64_t kChunk = 2;
   std::atomic<int64_t> next{0};
   const int64_t workers = std::min<int64_t>(at::get_num_threads(), (P + kChunk - 1) / kChunk);
   at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     std::vector<float> wide(std::is_same_v<W, float> ? 0 : K * kCols);  // one widened panel
-    for (int64_t p0 = next.fetch_add(kChunk); p0 < P; p0 = next.fetch_add(kChunk)) {
-      for (int64_t p = p0; p < std::min(P, p0 + kChunk); ++p) {
+    for (int64_t p0 = next.fetch_add(kChunk); p0 < P;) {
+      const int64_t p1 = std::min(P, p0 + kChunk);
+      int64_t after = P;  // the pair after this one, claimed early only to be prefetched
+      for (int64_t p = p0; p < p1; ++p) {
+        if (prefetch && p + 1 == p1) after = next.fetch_add(kChunk);
+        const int64_t q = p + 1 < p1 ? p + 1 : after;  // the panel this thread computes next, if q < P
+        const char* pf = reinterpret_cast<const char*>(b + std::clamp<int64_t>(q, 0, P - 1) * K * kCols);
         const float* panel;
         if constexpr (std::is_same_v<W, float>) {
           panel = b + p * K * kCols;
@@ -144,14 +176,26 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
         for (int64_t m = 0; m < M; m += kRows) {
           const float* am = a + m * K;
           Out* cm = c + m * N + p * kCols;
-          switch (std::min<int64_t>(kRows, M - m)) {
-            case 4: tile<4>(am, K, panel, K, bias_p, cm, N, ncols); break;
-            case 3: tile<3>(am, K, panel, K, bias_p, cm, N, ncols); break;
-            case 2: tile<2>(am, K, panel, K, bias_p, cm, N, ncols); break;
-            default: tile<1>(am, K, panel, K, bias_p, cm, N, ncols); break;
+          const char* pf_m = pf + (m / kRows) * K * pf_step;
+          const int rows = static_cast<int>(std::min<int64_t>(kRows, M - m));
+          if (prefetch && m / kRows < pf_tiles) {
+            switch (rows) {
+              case 4: tile<4, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+              case 3: tile<3, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+              case 2: tile<2, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+              default: tile<1, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+            }
+          } else {
+            switch (rows) {
+              case 4: tile<4, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
+              case 3: tile<3, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
+              case 2: tile<2, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
+              default: tile<1, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
+            }
           }
         }
       }
+      p0 = prefetch ? after : next.fetch_add(kChunk);
     }
   });
 }
