@@ -177,22 +177,19 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
           const float* am = a + m * K;
           Out* cm = c + m * N + p * kCols;
           const char* pf_m = pf + (m / kRows) * K * pf_step;
-          const int rows = static_cast<int>(std::min<int64_t>(kRows, M - m));
-          if (prefetch && m / kRows < pf_tiles) {
-            switch (rows) {
-              case 4: tile<4, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-              case 3: tile<3, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-              case 2: tile<2, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-              default: tile<1, true>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+          auto run = [&](auto with_prefetch) {
+            constexpr bool F = decltype(with_prefetch)::value;
+            switch (std::min<int64_t>(kRows, M - m)) {
+              case 4: tile<4, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+              case 3: tile<3, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+              case 2: tile<2, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
+              default: tile<1, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
             }
-          } else {
-            switch (rows) {
-              case 4: tile<4, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
-              case 3: tile<3, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
-              case 2: tile<2, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
-              default: tile<1, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0); break;
-            }
-          }
+          };
+          if (prefetch && m / kRows < pf_tiles)
+            run(std::true_type{});
+          else
+            run(std::false_type{});
         }
       }
       p0 = prefetch ? after : next.fetch_add(kChunk);
