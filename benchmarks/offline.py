@@ -9,7 +9,9 @@ U[min_out, max_out] (fixed seed, EOS ignored), all submitted at once. "Useful" t
 request's own output length: a padded batch that runs to its longest member produces more tokens
 than were asked for, and those do not count. Also measures the steady-state decode step time at
 batch B and context C: the engine's `step()` (scheduler, paged cache, sampler, detokenizer
-included) against a bare transformers forward of the same batch over a `DynamicCache`.
+included) against a bare transformers forward of the same batch over a `DynamicCache`. orcaserve's
+model runs are also timed per step and summed by kind (decode-only steps, steps with prompt tokens:
+`model_runs` in the JSON), which says whether a workload's time goes to prefill or to decode.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+    by_kind = _time_model_runs(engine)
     t = time.perf_counter()
     outs = engine.generate([p for p, _ in work], params)
     wall = time.perf_counter() - t
@@ -52,7 +55,29 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         "steps": engine.stats.num_steps,
         "preemptions": engine.stats.num_preemptions,
         "dtype": str(engine.dtype).removeprefix("torch."),
+        "model_runs": by_kind,
     }
+
+
+def _time_model_runs(engine: Engine) -> dict[str, dict[str, float]]:
+    """Times each step's model run (forward and lm_head, not scheduling or sampling), summed by
+    kind: steps of decodes only, and steps with some prompt tokens. The two cost differently per
+    token (weights read once per step, GEMM rows), so their split says where a workload's time goes."""
+    by_kind = {k: {"steps": 0, "tokens": 0, "model_s": 0.0} for k in ("decode_only", "with_prompt")}
+    execute = engine.runner.execute
+
+    def timed(sched, kv):
+        t = time.perf_counter()
+        logits = execute(sched, kv)
+        tokens = sum(sched.num_scheduled_tokens.values())
+        k = by_kind["decode_only" if tokens == len(sched.num_scheduled_tokens) else "with_prompt"]
+        k["steps"] += 1
+        k["tokens"] += tokens
+        k["model_s"] += time.perf_counter() - t
+        return logits
+
+    engine.runner.execute = timed
+    return by_kind
 
 
 def run_padded_generate(model, tokenizer, work, args) -> dict:
@@ -182,6 +207,12 @@ def main() -> None:
             r["useful_tok_s"] = r["useful_tokens"] / r["wall_s"]
             results[name] = r
             print(f"{name:>15}: {r['useful_tok_s']:7.1f} useful tok/s  wall {r['wall_s']:7.1f} s", file=sys.stderr)
+            for kind, k in r.get("model_runs", {}).items():
+                print(
+                    f"{'':>15}  {kind}: {k['steps']} steps, {k['tokens']} tokens, model {k['model_s']:.1f} s"
+                    f" ({1e3 * k['model_s'] / max(k['steps'], 1):.1f} ms per step)",
+                    file=sys.stderr,
+                )
     if "step" in systems:
         results["step_time"] = step_time(model, tokenizer, args)
 
