@@ -61,8 +61,9 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
 
 def _time_model_runs(engine: Engine) -> dict[str, dict[str, float]]:
     """Times each step's model run (forward and lm_head, not scheduling or sampling), summed by
-    kind: steps of decodes only, and steps with some prompt tokens. The two cost differently per
-    token (weights read once per step, GEMM rows), so their split says where a workload's time goes."""
+    kind: steps that ran one token per request (decodes; a prompt's 1-token last chunk counts
+    there too), and steps with more (prompt chunks). The two cost differently per token (weights
+    read once per step, GEMM rows), so their split says where a workload's time goes."""
     by_kind = {k: {"steps": 0, "tokens": 0, "model_s": 0.0} for k in ("decode_only", "with_prompt")}
     execute = engine.runner.execute
 

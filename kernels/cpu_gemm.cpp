@@ -163,7 +163,8 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
       for (int64_t p = p0; p < p1; ++p) {
         if (prefetch && p + 1 == p1) after = next.fetch_add(kChunk);
         const int64_t q = p + 1 < p1 ? p + 1 : after;  // the panel this thread computes next, if q < P
-        const char* pf = reinterpret_cast<const char*>(b + std::clamp<int64_t>(q, 0, P - 1) * K * kCols);
+        const bool pf_next = prefetch && q < P;           // a thread's last panel has none to fetch
+        const char* pf = pf_next ? reinterpret_cast<const char*>(b + q * K * kCols) : nullptr;
         const float* panel;
         if constexpr (std::is_same_v<W, float>) {
           panel = b + p * K * kCols;
@@ -176,7 +177,8 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
         for (int64_t m = 0; m < M; m += kRows) {
           const float* am = a + m * K;
           Out* cm = c + m * N + p * kCols;
-          const char* pf_m = pf + (m / kRows) * K * pf_step;
+          const bool pf_tile = pf_next && m / kRows < pf_tiles;
+          const char* pf_m = pf_tile ? pf + (m / kRows) * K * pf_step : nullptr;
           auto run = [&](auto with_prefetch) {
             constexpr bool F = decltype(with_prefetch)::value;
             switch (std::min<int64_t>(kRows, M - m)) {
@@ -186,7 +188,7 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
               default: tile<1, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
             }
           };
-          if (prefetch && m / kRows < pf_tiles)
+          if (pf_tile)
             run(std::true_type{});
           else
             run(std::false_type{});
