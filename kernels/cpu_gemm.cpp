@@ -142,6 +142,11 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
   // were slower in 4 of 4 with the prefetch. The first 8 tiles share the work: at most one
   // prefetch per 12 bytes.
   const int64_t tiles = (M + kRows - 1) / kRows;
+  // Rows spread over the tiles as evenly as their count allows (17 rows: 4, 4, 3, 3, 3, not 4, 4,
+  // 4, 4, 1). A tile of R rows runs 3 R independent FMA chains; under 8 (R < 3) each k waits on
+  // the FMA latency, so a 1-row tail took as long as a 3-row tile.
+  const int64_t base_rows = tiles ? M / tiles : 0, wide_tiles = tiles ? M % tiles : 0;
+  auto rows_in = [&](int64_t t) { return base_rows + (t < wide_tiles ? 1 : 0); };
   const bool prefetch = std::is_same_v<W, float> && tiles >= 2 && tiles <= 16;
   const int64_t pf_tiles = std::min<int64_t>(tiles, 8);
   // Bytes per k and tile, rounded down so that no address lies past the panel (at most a few lines
@@ -174,14 +179,14 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
         }
         const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
         const float* bias_p = bp ? bp + p * kCols : nullptr;
-        for (int64_t m = 0; m < M; m += kRows) {
+        for (int64_t t = 0, m = 0; t < tiles; m += rows_in(t), ++t) {
           const float* am = a + m * K;
           Out* cm = c + m * N + p * kCols;
-          const bool pf_tile = pf_next && m / kRows < pf_tiles;
-          const char* pf_m = pf_tile ? pf + (m / kRows) * K * pf_step : nullptr;
+          const bool pf_tile = pf_next && t < pf_tiles;
+          const char* pf_m = pf_tile ? pf + t * K * pf_step : nullptr;
           auto run = [&](auto with_prefetch) {
             constexpr bool F = decltype(with_prefetch)::value;
-            switch (std::min<int64_t>(kRows, M - m)) {
+            switch (rows_in(t)) {
               case 4: tile<4, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
               case 3: tile<3, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
               case 2: tile<2, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;

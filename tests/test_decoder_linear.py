@@ -107,7 +107,7 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
 @pytest.mark.skipif(not has_op("linear_packed"), reason="the project's GEMM is built for AVX2 (and AVX-512) only")
 def test_fp32_project_gemm_is_exact_to_rounding_and_batch_invariant():
     """`orcaserve::linear_packed` over the 24-column panels: float64's answer to fp32 rounding for
-    widths that leave a partial last panel and row counts that leave partial 4-row tiles, with and
+    widths that leave a partial last panel and row counts that need tiles of 1-3 rows, with and
     without bias, from non-contiguous inputs too; and each row's result bit for bit the same
     whatever rows it is computed with (every element sums its products in one order)."""
     torch.manual_seed(0)
@@ -119,7 +119,7 @@ def test_fp32_project_gemm_is_exact_to_rounding_and_batch_invariant():
             assert lin.weight.shape == (-(-out_f // 24), in_f, 24)
             batch = torch.randn(70, in_f)
             full = lin(batch)
-            for rows in (1, 2, 3, 4, 5, 31, 32, 33, 70):
+            for rows in (1, 2, 3, 4, 5, 6, 9, 13, 17, 31, 32, 33, 70):
                 x = batch[:rows]
                 want = x.double() @ weight.double().t() + (b.double() if b is not None else 0)
                 got = lin(x)
@@ -153,7 +153,7 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
                 assert torch.equal(full, wide(batch.float()).bfloat16())
             want = batch.double() @ weight.double().t() + (b.double() if b is not None else 0)
             torch.testing.assert_close(full.double(), want, atol=1e-3, rtol=2**-8)
-            for rows in (1, 3, 4, 5, 33):
+            for rows in (1, 3, 4, 5, 9, 17, 33):
                 assert torch.equal(lin(batch[:rows]), full[:rows]), (out_f, in_f, rows)
             strided = torch.randn(9, in_f + 5).bfloat16()[:, 2 : 2 + in_f]  # row stride != in_features
             transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
