@@ -144,7 +144,7 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
   const int64_t tiles = (M + kRows - 1) / kRows;
   // Rows spread over the tiles as evenly as their count allows (17 rows: 4, 4, 3, 3, 3, not 4, 4,
   // 4, 4, 1). A tile of R rows runs 3 R independent FMA chains; under 8 (R < 3) each k waits on
-  // the FMA latency, so a 1-row tail took as long as a 3-row tile.
+  // the FMA latency, so a 1-row tail took about as long as a 3-row tile.
   const int64_t base_rows = tiles ? M / tiles : 0, wide_tiles = tiles ? M % tiles : 0;
   auto rows_in = [&](int64_t t) { return base_rows + (t < wide_tiles ? 1 : 0); };
   const bool prefetch = std::is_same_v<W, float> && tiles >= 2 && tiles <= 16;
