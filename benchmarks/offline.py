@@ -60,21 +60,23 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
 
 
 def _time_model_runs(engine: Engine) -> dict[str, dict[str, float]]:
-    """Times each step's model run (forward and lm_head, not scheduling or sampling), summed by
-    kind: steps that ran one token per request (decodes; a prompt's 1-token last chunk counts
-    there too), and steps with more (prompt chunks). The two cost differently per token (weights
-    read once per step, GEMM rows), so their split says where a workload's time goes."""
+    """Times each step's model run (the runner's `execute`: its metadata, the forward and the
+    lm_head; not scheduling or sampling), summed by kind: steps that ran one token per request
+    (decodes; a prompt's 1-token last chunk counts there too), and steps with more (prompt
+    chunks). The two cost differently per token (weights read once per step, GEMM rows), so their
+    split says where a workload's time goes."""
     by_kind = {k: {"steps": 0, "tokens": 0, "model_s": 0.0} for k in ("decode_only", "with_prompt")}
     execute = engine.runner.execute
 
     def timed(sched, kv):
         t = time.perf_counter()
         logits = execute(sched, kv)
+        elapsed = time.perf_counter() - t
         tokens = sum(sched.num_scheduled_tokens.values())
         k = by_kind["decode_only" if tokens == len(sched.num_scheduled_tokens) else "with_prompt"]
         k["steps"] += 1
         k["tokens"] += tokens
-        k["model_s"] += time.perf_counter() - t
+        k["model_s"] += elapsed
         return logits
 
     engine.runner.execute = timed
