@@ -7,9 +7,11 @@
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
 calls the lean decoder makes (`orcaserve.scheduler.decoder.Linear`): oneDNN's inner product on a
 pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
-MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, in fp32 and bf16 where it is built (AVX2), the
-project's own (`orcaserve::linear_packed`, kernels/cpu_gemm.cpp); with `--inductor`, also `torch.compile` of the
-linear layer with max-autotune over inductor's C++ GEMM template and ATen (compiled per row count,
+MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, in fp32 and bf16 where it is built (AVX2 and
+AVX-512), the project's own (`orcaserve::linear_packed`, kernels/cpu_gemm.cpp) and, in bf16 where
+the CPU has AVX-512 BF16, its `vdpbf16ps` GEMM (`orcaserve::linear_packed_bf16`,
+kernels/cpu_gemm_bf16.cpp); with `--inductor`, also `torch.compile` of the linear layer with
+max-autotune over inductor's C++ GEMM template and ATen (compiled per row count,
 5-20 s each). Prints, per row count, oneDNN's first call (it compiles a kernel per new shape) and the
 median of 7 rounds of 10 calls of each variant, alternated round by round (docs/engine.md, "Fourth
 round", "Fifth round" and "torch.compile"). Those calls reuse one weight, which stays in cache;
@@ -56,11 +58,16 @@ def _compiled(w: torch.Tensor, x: torch.Tensor):
 
 
 def _variants(
-    x: torch.Tensor, w: torch.Tensor, onednn: torch.Tensor, mkl: torch.Tensor | None, orca: torch.Tensor | None
+    x: torch.Tensor,
+    w: torch.Tensor,
+    onednn: torch.Tensor,
+    mkl: torch.Tensor | None,
+    orca: torch.Tensor | None,
+    dot: torch.Tensor | None = None,
 ) -> dict:
     """The calls to time for one weight and input: oneDNN on its pre-packed copy, F.linear, and in
     fp32 MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count) and the
-    project's GEMM on its 24-column panels."""
+    project's GEMM on its 24-column panels; in bf16 its `vdpbf16ps` GEMM on 48-column pair panels."""
     calls = {
         "pre": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""),
         "plain": lambda: F.linear(x, w),
@@ -69,13 +76,18 @@ def _variants(
         calls["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl, w, None, x.shape[0])
     if orca is not None:
         calls["orca"] = lambda: torch.ops.orcaserve.linear_packed(x, orca, None, w.shape[0])
+    if dot is not None:
+        calls["dot"] = lambda: torch.ops.orcaserve.linear_packed_bf16(x, dot, None, w.shape[0])
     return calls
 
 
-def layers_in_dram(args, dtype: torch.dtype, use_mkl: bool, use_orca: bool, onednn: bool) -> None:
+def layers_in_dram(
+    args, dtype: torch.dtype, use_mkl: bool, use_orca: bool, onednn: bool, use_dot: bool = False
+) -> None:
     """Each library over `args.layers` layers' own weights, four GEMMs per layer, as a step calls them;
     F.linear in oneDNN's place where it cannot pack the dtype (bf16 on AVX2-only CPUs)."""
     libs = ["pre" if onednn else "plain", *(["mkl"] if use_mkl else []), *(["orca"] if use_orca else [])]
+    libs += ["dot"] if use_dot else []
     layers = []
     for _ in range(args.layers):
         weights = {n: torch.randn(shape, dtype=dtype) * 0.02 for n, shape in SHAPES.items()}
@@ -85,6 +97,7 @@ def layers_in_dram(args, dtype: torch.dtype, use_mkl: bool, use_orca: bool, oned
                     "pre": torch.ops.mkldnn._reorder_linear_weight(w, None) if onednn else None,
                     "mkl": torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) if use_mkl else None,
                     "orca": torch.ops.orcaserve.pack_linear_weight(w) if use_orca else None,
+                    "dot": torch.ops.orcaserve.pack_linear_weight_bf16(w) if use_dot else None,
                     "plain": w,
                 }
                 for n, w in weights.items()
@@ -98,7 +111,7 @@ def layers_in_dram(args, dtype: torch.dtype, use_mkl: bool, use_orca: bool, oned
             xs = {n: torch.randn(m, shape[1], dtype=dtype) for n, shape in SHAPES.items()}
             steps = {
                 lib: [
-                    _variants(xs[n], c["plain"], c["pre"], c["mkl"], c["orca"])[lib]
+                    _variants(xs[n], c["plain"], c["pre"], c["mkl"], c["orca"], c["dot"])[lib]
                     for c0 in layers
                     for n, c in c0.items()
                 ]
@@ -135,21 +148,24 @@ def main() -> None:
     torch.manual_seed(0)
     use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
     use_orca = dtype in (torch.float32, torch.bfloat16) and has_op("linear_packed")
+    use_dot = dtype == torch.bfloat16 and has_op("linear_packed_bf16")
     if args.layers:
-        layers_in_dram(args, dtype, use_mkl, use_orca, onednn)
+        layers_in_dram(args, dtype, use_mkl, use_orca, onednn, use_dot)
         return
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
     orca = {n: torch.ops.orcaserve.pack_linear_weight(w) for n, w in weights.items() if use_orca}
+    dot = {n: torch.ops.orcaserve.pack_linear_weight_bf16(w) for n, w in weights.items() if use_dot}
     heads = {
         "pre": "oneDNN pre-packed",
         "plain": "F.linear",
         "mkl": "MKL packed",
         "orca": "orcaserve",
+        "dot": "orcaserve vdpbf16ps",
         "inductor": "inductor",
     }
-    skip = {"mkl": not use_mkl, "orca": not use_orca, "inductor": not args.inductor}
+    skip = {"mkl": not use_mkl, "orca": not use_orca, "dot": not use_dot, "inductor": not args.inductor}
     columns = [c for c in heads if not skip.get(c, False)]
     names = " | ".join(heads[c] for c in columns)
     print(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
@@ -158,7 +174,7 @@ def main() -> None:
             cells = []
             for name, w in weights.items():
                 x = torch.randn(m, w.shape[1], dtype=dtype)
-                calls = _variants(x, w, packed[name], mkl.get(name), orca.get(name))
+                calls = _variants(x, w, packed[name], mkl.get(name), orca.get(name), dot.get(name))
                 first = _ms(calls["pre"], 1)
                 if args.inductor:  # after `first`: its autotuning may create oneDNN's kernel for this shape
                     compiled = _compiled(w, x)

@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 SOURCES = (
     SOURCE,
-    *(Path(__file__).with_name(n) for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp", "cpu_gemm.cpp")),
+    *(
+        Path(__file__).with_name(n)
+        for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp", "cpu_gemm.cpp", "cpu_gemm_bf16.cpp")
+    ),
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h", "cpu_rows.h"))
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp

@@ -3,10 +3,10 @@
 The transformers forward costs, per layer and step, about 45 small ops and seven GEMMs whose
 weights oneDNN re-lays out on every call. This forward computes the same thing with the weights
 fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight packed for MKL's
-GEMM (fp32 on Intel), the project's own (fp32 on AVX2-only CPUs) or in oneDNN's blocked layout
-(bf16, and fp32 elsewhere; `Linear`), and attention straight through the
-backend. The element-wise math (RMSNorm, rotary embedding, SiLU) is written exactly as
-transformers writes it, and the rotary tables come from the model's own `rotary_emb`, so any
+GEMM (fp32 on Intel), the project's own (fp32 elsewhere, bf16 on AVX2-only CPUs), its `vdpbf16ps`
+GEMM (bf16 with AVX-512 BF16 and no AMX) or in oneDNN's blocked layout (bf16 elsewhere; `Linear`),
+and attention straight through the backend. The element-wise math (RMSNorm, rotary embedding,
+SiLU) is written exactly as transformers writes it, and the rotary tables come from the model's own `rotary_emb`, so any
 rope type it supports is supported here. Models outside the family use the transformers forward
 (`ModelRunner`).
 """
@@ -77,21 +77,45 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
 @functools.cache
 def orca_gemm_preferred() -> bool:
     """Whether GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): where torch runs AVX2 code
-    (no AVX-512), as on an AMD Zen 3. There it ran SmolLM2's fp32 layer GEMMs over 30 layers'
-    weights 1.14-1.39x as fast as oneDNN's pre-packed inner product at 1-512 rows (`python
-    benchmarks/gemm.py --dtype float32 --layers 30`; docs/engine.md, "Eighth round"), and bf16,
-    which oneDNN cannot pack there, far faster than F.linear ("Ninth round"). With AVX-512, MKL
-    (Intel) or oneDNN keep them: the op uses half the vector width there."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX2"
+    (no AVX-512), as on an AMD Zen 3, and on other vendors' AVX-512 CPUs than Intel's. On a Zen 3
+    it ran SmolLM2's fp32 layer GEMMs over 30 layers' weights 1.14-1.39x as fast as oneDNN's
+    pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32 --layers
+    30`; docs/engine.md, "Eighth round"), and bf16, which oneDNN cannot pack there, far faster than
+    F.linear ("Ninth round"). On a Zen 4 (AVX-512, whose 512-bit FMAs run as two 256-bit halves)
+    fp32 1.1-1.6x as fast at 1-32 rows, level at 128, 4 % slower at 512, the offline fp32 workload
+    faster in 2 of 2 alternated pairs ("Thirteenth round"). On Intel, MKL keeps fp32."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2" or not mkl_preferred()
+
+
+@functools.cache
+def bf16_gemm_preferred() -> bool:
+    """Whether bf16 GEMMs go to the project's `vdpbf16ps` GEMM (`kernels/cpu_gemm_bf16.cpp`): where
+    the CPU has AVX-512 BF16 but no AMX, as on an AMD Zen 4. With AMX, oneDNN's tiles keep them."""
+    return torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported()
+
+
+def _runs_dot(weight: torch.Tensor, dot: bool | None = None) -> bool:
+    """Whether a packed bf16 `weight` runs `orcaserve::linear_packed_bf16`: where the op is built
+    (AVX-512 BF16), the input width even (the weight is packed in pairs along it), and by default
+    where preferred."""
+    return (
+        weight.device.type == "cpu"
+        and weight.dtype == torch.bfloat16
+        and weight.shape[1] % 2 == 0
+        and (bf16_gemm_preferred() if dot is None else dot)
+        and has_op("linear_packed_bf16")
+    )
 
 
 def _runs_orca(weight: torch.Tensor, orca: bool | None = None) -> bool:
     """Whether a packed fp32 or bf16 `weight` runs `orcaserve::linear_packed`: where the op is
-    built, and by default where preferred."""
+    built, and by default where preferred (bf16 only where oneDNN cannot pack it: it widens bf16 to
+    fp32, half oneDNN's speed where the CPU computes bf16)."""
+    preferred = orca_gemm_preferred() and (weight.dtype == torch.float32 or not _can_pack(weight))
     return (
         weight.device.type == "cpu"
         and weight.dtype in (torch.float32, torch.bfloat16)
-        and (orca_gemm_preferred() if orca is None else orca)
+        and (preferred if orca is None else orca)
         and has_op("linear_packed")  # last: it loads the library, needless where not preferred
     )
 
@@ -117,11 +141,11 @@ class Linear:
     overrides): the sgemm behind F.linear (at most row counts bit for bit its results), there 10-25 %
     faster than oneDNN's pre-packed inner product at decode sizes and no slower above (`python
     benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count.
-    Elsewhere fp32, like bf16, runs oneDNN's inner product on its blocked layout (1.4-2x faster
-    than unpacked). On AVX2-only CPUs fp32 and bf16 run the project's own GEMM over its packed
-    panels (`orca_gemm_preferred`; `orca` overrides); bf16 that neither it nor oneDNN can pack runs
-    F.linear. `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for
-    it; oneDNN only)."""
+    On other CPUs fp32 runs the project's own GEMM over its packed panels (`orca_gemm_preferred`;
+    `orca` overrides), and so does bf16 on AVX2-only CPUs. With AVX-512 BF16 and no AMX bf16 runs
+    the project's `vdpbf16ps` GEMM (`bf16_gemm_preferred`; `dot` overrides); elsewhere oneDNN's
+    inner product on its blocked layout (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear`
+    over the unpacked weight (kept for it; oneDNN only)."""
 
     def __init__(
         self,
@@ -131,14 +155,18 @@ class Linear:
         plain_from: int | None = None,
         mkl: bool | None = None,
         orca: bool | None = None,
+        dot: bool | None = None,
     ) -> None:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.bias = bias
-        self.orca = pack and _runs_orca(weight, orca)
-        self.mkl = pack and not self.orca and _runs_mkl(weight, mkl)
-        self.packed = pack and (self.orca or self.mkl or _can_pack(weight))
-        if self.orca:  # [ceil(out / 24), in, 24] panels
+        self.dot = pack and _runs_dot(weight, dot)
+        self.orca = pack and not self.dot and _runs_orca(weight, orca)
+        self.mkl = pack and not (self.dot or self.orca) and _runs_mkl(weight, mkl)
+        self.packed = pack and (self.dot or self.orca or self.mkl or _can_pack(weight))
+        if self.dot:  # [ceil(out / 48), in / 2, 48, 2] panels
+            self.weight = torch.ops.orcaserve.pack_linear_weight_bf16(weight)
+        elif self.orca:  # [ceil(out / 24), in, 24] panels
             self.weight = torch.ops.orcaserve.pack_linear_weight(weight)
         elif self.mkl:
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
@@ -149,11 +177,13 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         else:
             self.weight = weight
-        keep_plain = self.packed and not (self.mkl or self.orca) and plain_from is not None
+        keep_plain = self.packed and not (self.mkl or self.orca or self.dot) and plain_from is not None
         self.plain: torch.Tensor | None = weight.detach() if keep_plain else None
         self.plain_from = plain_from if keep_plain and plain_from is not None else 1 << 62
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self.dot:
+            return torch.ops.orcaserve.linear_packed_bf16(x, self.weight, self.bias, self.out_features)
         if self.orca:
             return torch.ops.orcaserve.linear_packed(x, self.weight, self.bias, self.out_features)
         if self.mkl:
@@ -243,7 +273,7 @@ class Decoder:
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
         # compiles a kernel per new count; 0: none. MKL and the project's GEMM (fp32) have no such
         # first-call cost.
-        onednn = pack and _can_pack(self.embed) and not (_runs_mkl(self.embed) or _runs_orca(self.embed))
+        onednn = pack and _can_pack(self.embed) and not any(r(self.embed) for r in (_runs_mkl, _runs_orca, _runs_dot))
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses

@@ -14,6 +14,7 @@ from orcaserve.scheduler.decoder import (
     PLAIN_FROM_ROWS,
     Decoder,
     Linear,
+    bf16_gemm_preferred,
     mkl_preferred,
     orca_gemm_preferred,
     padded_tokens,
@@ -30,7 +31,7 @@ def test_linear_runs_large_steps_from_the_plain_weight():
     the plain one: each path gives exactly what it gives on its own."""
     torch.manual_seed(0)
     weight, bias = torch.randn(48, 96).bfloat16(), torch.randn(48).bfloat16()
-    lin = Linear(weight, bias, pack=True, plain_from=64)
+    lin = Linear(weight, bias, pack=True, plain_from=64, dot=False)
     assert lin.packed and lin.plain is not None
     for rows in (1, 63, 64, 100):
         x = torch.randn(rows, 96).bfloat16()
@@ -39,7 +40,7 @@ def test_linear_runs_large_steps_from_the_plain_weight():
         want = F.linear(x, weight, bias) if rows >= 64 else packed
         assert torch.equal(got, want), rows
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=0.1, rtol=0.02)
-    assert Linear(weight, bias, pack=True).plain is None  # no second copy unless asked
+    assert Linear(weight, bias, pack=True, dot=False).plain is None  # no second copy unless asked
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="MKL not built in")
@@ -59,7 +60,7 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
     assert not Linear(weight.bfloat16(), None, pack=True, mkl=True).mkl  # bf16: oneDNN
     # By default MKL on Intel CPUs only (slower paths elsewhere), the project's GEMM on AVX2-only
-    # CPUs, oneDNN's packed copy otherwise
+    # and other vendors' CPUs, oneDNN's packed copy otherwise (Intel without MKL)
     default = Linear(weight.clone(), None, pack=True)
     assert default.orca == (orca_gemm_preferred() and has_op("linear_packed"))
     assert default.mkl == (mkl_preferred() and not default.orca) and default.packed
@@ -70,16 +71,18 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
 def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
     """o_proj and down_proj keep a plain copy in bf16 only (where oneDNN's packed inner product
     loses at prefill sizes); where oneDNN runs the GEMMs the warm-up calls every GEMM at every
-    padded row count. Where the CPU cannot pack bf16, bf16 runs unpacked and nothing is warmed up."""
+    padded row count. Where the project's GEMMs run bf16 or the CPU cannot pack it, one copy each and
+    nothing is warmed up."""
     decoder = Decoder(tiny_model("llama").to(dtype))
     layer = decoder.layers[0]
     bf16 = dtype == torch.bfloat16
-    if bf16 and not BF16_PACKS:  # the project's GEMM where built, else F.linear: one copy, no padding
+    dot = bf16 and bf16_gemm_preferred() and has_op("linear_packed_bf16")
+    if bf16 and (dot or not BF16_PACKS):  # the project's GEMMs where built, else F.linear: no padding
         linears = (layer.qkv, layer.o, layer.gate_up, layer.down, decoder.lm_head)
-        orca = orca_gemm_preferred() and has_op("linear_packed")
-        assert all(lin.orca == lin.packed == orca and lin.plain is None for lin in linears)
+        orca = not dot and orca_gemm_preferred() and has_op("linear_packed")
+        assert all((lin.dot, lin.orca, lin.packed) == (dot, orca, dot or orca) and lin.plain is None for lin in linears)
         assert decoder.pad_multiple == 0
-        if not orca:
+        if not (orca or dot):
             x = torch.randn(5, layer.qkv.in_features, dtype=dtype)
             assert torch.equal(layer.qkv(x), F.linear(x, layer.qkv.weight))
         return
@@ -141,9 +144,9 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
     torch.manual_seed(0)
     for out_f, in_f in ((200, 96), (49, 576), (5, 33)):
         weight, bias = torch.randn(out_f, in_f).bfloat16(), torch.randn(out_f).bfloat16()
-        wide = Linear(weight.float(), bias.float(), pack=True, orca=True)
+        wide = Linear(weight.float(), bias.float(), pack=True, orca=True, dot=False)
         for b in (bias, None):
-            lin = Linear(weight.clone(), b, pack=True, orca=True)
+            lin = Linear(weight.clone(), b, pack=True, orca=True, dot=False)
             assert lin.orca and lin.weight.dtype == torch.bfloat16
             assert lin.weight.shape == (-(-out_f // 24), in_f, 24)
             batch = torch.randn(70, in_f).bfloat16()
@@ -159,9 +162,44 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
             transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
             for x in (strided, transposed):
                 assert torch.equal(lin(x), lin(x.contiguous()))
-    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, orca=True)
+    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, orca=True, dot=False)
     special = torch.tensor([[float("nan"), 0, 0, 0], [float("-inf"), 0, 0, 0], [3e38, 3e38, 0, 0]]).bfloat16()
     got = ones(special)
     assert got[0].isnan().all() and (got[1] == float("-inf")).all() and (got[2] == float("inf")).all()
     assert ones(torch.empty(0, 4).bfloat16()).shape == (0, 24)
-    assert Linear(weight.clone(), None, pack=True).orca == orca_gemm_preferred()
+    assert Linear(weight.clone(), None, pack=True).orca == (orca_gemm_preferred() and not BF16_PACKS)
+
+
+@pytest.mark.skipif(not has_op("linear_packed_bf16"), reason="the vdpbf16ps GEMM needs AVX-512 BF16")
+def test_bf16_vdpbf16ps_gemm_is_exact_to_rounding_and_batch_invariant():
+    """`orcaserve::linear_packed_bf16` over 48-column pair panels: float64's answer to fp32 sums
+    rounded once to bf16, for widths that leave a partial last panel and row counts that need every
+    tile height of 1-8, with and without bias, from non-contiguous inputs too; each row bit for bit
+    the same in any batch; odd input widths (the pairs) left to the other paths; the default where
+    preferred."""
+    torch.manual_seed(0)
+    for out_f, in_f in ((200, 96), (49, 576), (5, 34), (96, 1536)):
+        weight, bias = torch.randn(out_f, in_f).bfloat16(), torch.randn(out_f).bfloat16()
+        for b in (bias, None):
+            lin = Linear(weight.clone(), b, pack=True, dot=True)
+            assert lin.dot and lin.packed and not (lin.orca or lin.mkl) and lin.plain is None
+            assert lin.weight.shape == (-(-out_f // 48), in_f // 2, 48, 2)
+            batch = torch.randn(70, in_f).bfloat16()
+            full = lin(batch)
+            assert full.dtype == torch.bfloat16 and full.shape == (70, out_f)
+            want = batch.double() @ weight.double().t() + (b.double() if b is not None else 0)
+            torch.testing.assert_close(full.double(), want, atol=1e-3 * in_f**0.5, rtol=2**-7)
+            for rows in (*range(1, 18), 23, 31, 32, 33, 64):
+                assert torch.equal(lin(batch[:rows]), full[:rows]), (out_f, in_f, rows)
+            strided = torch.randn(9, in_f + 5).bfloat16()[:, 3 : 3 + in_f]  # odd row stride and offset
+            transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
+            for x in (strided, transposed):
+                assert torch.equal(lin(x), lin(x.contiguous()))
+    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, dot=True)
+    special = torch.tensor([[float("nan"), 0, 0, 0], [float("-inf"), 0, 0, 0], [3e38, 3e38, 0, 0]]).bfloat16()
+    got = ones(special)
+    assert got[0].isnan().all() and (got[1] == float("-inf")).all() and (got[2] == float("inf")).all()
+    assert ones(torch.empty(0, 4).bfloat16()).shape == (0, 24)
+    assert not Linear(torch.randn(8, 33).bfloat16(), None, pack=True, dot=True).dot  # odd width
+    assert not Linear(torch.randn(8, 34), None, pack=True, dot=True).dot  # bf16 only
+    assert Linear(torch.randn(8, 34).bfloat16(), None, pack=True).dot == bf16_gemm_preferred()

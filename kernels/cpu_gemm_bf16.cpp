@@ -1,0 +1,164 @@
+// bf16 GEMM for the lean decoder's linear layers on CPUs with AVX-512 BF16 but no AMX (AMD Zen 4):
+// y = x W^T (+ b) with `vdpbf16ps`, which multiplies pairs of bf16 and adds both products to an
+// fp32 sum in one instruction, reading x and W as stored (cpu_gemm.cpp widens them to fp32 first
+// and runs half as many products per instruction).
+//
+// The weight is packed once into panels of 48 output columns with the K axis in pairs,
+// [P, K / 2, 48, 2]: a panel's row k2 is the three zmm operands of one step, read as one stream.
+// Micro-kernel: up to 8 rows x 48 columns of fp32 sums (24 zmm registers), one broadcast of a row's
+// x pair against the panel's row k2, summed over k2 in order. As in cpu_gemm.cpp, every output
+// element sums its products in the same order whatever the row count or the thread split (a
+// request's results do not depend on its batch-mates), each sum is rounded once to bf16, and
+// threads take panel pairs from an atomic counter.
+//
+// `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
+// oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <optional>
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+namespace orcaserve {
+namespace {
+
+constexpr int kCols = 48;  // output columns per panel: three zmm registers of fp32 sums
+constexpr int kRows = 8;   // rows per micro-tile: 24 accumulators, 3 panel loads, 1 broadcast
+
+inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }  // same bits: GCC's vector cast
+
+// C[r, :ncols] = bias + sum_k2 a[r, 2 k2 : 2 k2 + 2] . b[k2, :, :] for R rows; b is one panel
+// [K2, 48, 2].
+template <int R>
+inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int64_t K2, const float* bias,
+                 at::BFloat16* c, int64_t ldc, int ncols) {
+  alignas(64) float init[kCols] = {};
+  if (bias != nullptr) std::copy(bias, bias + ncols, init);
+  // Named registers, not an array: GCC keeps an accumulator array in memory across the loop.
+#define ORCA_ACC(r) __m512 c##r##0 = _mm512_load_ps(init), c##r##1 = _mm512_load_ps(init + 16), \
+                           c##r##2 = _mm512_load_ps(init + 32);
+  ORCA_ACC(0) ORCA_ACC(1) ORCA_ACC(2) ORCA_ACC(3) ORCA_ACC(4) ORCA_ACC(5) ORCA_ACC(6) ORCA_ACC(7)
+#define ORCA_DOT(r)                                                       \
+  if (R > r) {                                                            \
+    int32_t pair;                                                         \
+    std::memcpy(&pair, a + r * lda + 2 * k2, sizeof(pair));               \
+    const __m512bh x = as_bh(_mm512_set1_epi32(pair));                    \
+    c##r##0 = _mm512_dpbf16_ps(c##r##0, x, b0);                           \
+    c##r##1 = _mm512_dpbf16_ps(c##r##1, x, b1);                           \
+    c##r##2 = _mm512_dpbf16_ps(c##r##2, x, b2);                           \
+  }
+  for (int64_t k2 = 0; k2 < K2; ++k2) {
+    const at::BFloat16* bk = b + k2 * 2 * kCols;
+    const __m512bh b0 = as_bh(_mm512_loadu_si512(bk)), b1 = as_bh(_mm512_loadu_si512(bk + 32)),
+                   b2 = as_bh(_mm512_loadu_si512(bk + 64));
+    ORCA_DOT(0) ORCA_DOT(1) ORCA_DOT(2) ORCA_DOT(3) ORCA_DOT(4) ORCA_DOT(5) ORCA_DOT(6) ORCA_DOT(7)
+  }
+  // fp32 -> bf16 to nearest even (`vcvtneps2bf16`); a partial last panel goes through a buffer.
+  alignas(64) at::BFloat16 buf[kCols];
+#define ORCA_STORE(r)                                                                             \
+  if (R > r) {                                                                                    \
+    at::BFloat16* dst = ncols == kCols ? c + r * ldc : buf;                                       \
+    const __m256bh h0 = _mm512_cvtneps_pbh(c##r##0), h1 = _mm512_cvtneps_pbh(c##r##1),            \
+                   h2 = _mm512_cvtneps_pbh(c##r##2);                                              \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)h0);                            \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 16), (__m256i)h1);                       \
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 32), (__m256i)h2);                       \
+    if (ncols != kCols) std::copy(buf, buf + ncols, c + r * ldc);                                 \
+  }
+  ORCA_STORE(0) ORCA_STORE(1) ORCA_STORE(2) ORCA_STORE(3) ORCA_STORE(4) ORCA_STORE(5) ORCA_STORE(6) ORCA_STORE(7)
+#undef ORCA_ACC
+#undef ORCA_DOT
+#undef ORCA_STORE
+}
+
+// [N, K] bf16 (K even) -> [ceil(N / 48), K / 2, 48, 2], the last panel's missing columns zero.
+at::Tensor pack_linear_weight_bf16(const at::Tensor& weight) {
+  TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 &&
+                  weight.size(1) % 2 == 0,
+              "pack_linear_weight_bf16: a bf16 [out, in] CPU tensor with an even in");
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), K2 = K / 2, P = (N + kCols - 1) / kCols;
+  at::Tensor packed = at::zeros({P, K2, kCols, 2}, w.options());
+  const at::BFloat16* src = w.data_ptr<at::BFloat16>();
+  at::BFloat16* dst = packed.data_ptr<at::BFloat16>();
+  at::parallel_for(0, P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t j = 0; j < kCols && p * kCols + j < N; ++j)
+        for (int64_t k = 0; k < K; ++k) dst[((p * K2 + k / 2) * kCols + j) * 2 + k % 2] = src[(p * kCols + j) * K + k];
+  });
+  return packed;
+}
+
+at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
+              "linear_packed_bf16: x must be a bf16 [rows, in] CPU tensor");
+  TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2 &&
+                  packed.scalar_type() == at::kBFloat16 && packed.is_contiguous() &&
+                  packed.size(1) * 2 == x.size(1) && packed.size(0) == (out_features + kCols - 1) / kCols,
+              "linear_packed_bf16: packed must come from pack_linear_weight_bf16 of an [out_features, in] weight");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kBFloat16 && bias->numel() == out_features),
+              "linear_packed_bf16: bias must be [out_features] in bf16");
+  const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();  // rows may be strided
+  const int64_t M = xc.size(0), K2 = xc.size(1) / 2, N = out_features, P = packed.size(0), lda = xc.stride(0);
+  const at::Tensor bc = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const at::BFloat16* a = xc.data_ptr<at::BFloat16>();
+  const at::BFloat16* b = packed.data_ptr<at::BFloat16>();
+  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  at::BFloat16* c = y.data_ptr<at::BFloat16>();
+
+  const int64_t tiles = (M + kRows - 1) / kRows;
+  const int64_t base_rows = M / tiles, wide_tiles = M % tiles;  // rows spread evenly over the tiles
+  auto rows_in = [&](int64_t t) { return base_rows + (t < wide_tiles ? 1 : 0); };
+  // No prefetch of the next panel into L2, unlike cpu_gemm.cpp: here (Zen 4, 30 layers' weights)
+  // it made 9-16 rows (two tiles) about a fifth slower and 17-512 rows no faster.
+  const int64_t panel_elems = K2 * kCols * 2;
+  constexpr int64_t kChunk = 2;  // adjacent panel pairs from a counter, as in cpu_gemm.cpp
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (P + kChunk - 1) / kChunk);
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t p0 = next.fetch_add(kChunk); p0 < P; p0 = next.fetch_add(kChunk)) {
+      for (int64_t p = p0; p < std::min(P, p0 + kChunk); ++p) {
+        const at::BFloat16* panel = b + p * panel_elems;
+        const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
+        const float* bias_p = bp ? bp + p * kCols : nullptr;
+        for (int64_t t = 0, m = 0; t < tiles; m += rows_in(t), ++t) {
+          const at::BFloat16* am = a + m * lda;
+          at::BFloat16* cm = c + m * N + p * kCols;
+          switch (rows_in(t)) {
+            case 8: tile<8>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            case 7: tile<7>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            case 6: tile<6>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            case 5: tile<5>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            case 4: tile<4>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            case 3: tile<3>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            case 2: tile<2>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+            default: tile<1>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
+          }
+        }
+      }
+    }
+  });
+  return y;
+}
+
+}  // namespace
+}  // namespace orcaserve
+
+TORCH_LIBRARY_FRAGMENT(orcaserve, m) {
+  m.def("pack_linear_weight_bf16(Tensor weight) -> Tensor");
+  m.def("linear_packed_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
+  m.impl("pack_linear_weight_bf16", &orcaserve::pack_linear_weight_bf16);
+  m.impl("linear_packed_bf16", &orcaserve::linear_packed_bf16);
+}
+#endif  // AVX-512 BF16: elsewhere the ops are not registered and the decoder keeps oneDNN
