@@ -6,9 +6,9 @@ fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight packed
 GEMM (fp32 on Intel), the project's own (fp32 elsewhere, bf16 on AVX2-only CPUs), its `vdpbf16ps`
 GEMM (bf16 with AVX-512 BF16 and no AMX) or in oneDNN's blocked layout (bf16 elsewhere; `Linear`),
 and attention straight through the backend. The element-wise math (RMSNorm, rotary embedding,
-SiLU) is written exactly as transformers writes it, and the rotary tables come from the model's own `rotary_emb`, so any
-rope type it supports is supported here. Models outside the family use the transformers forward
-(`ModelRunner`).
+SiLU) is written exactly as transformers writes it, and the rotary tables come from the model's
+own `rotary_emb`, so any rope type it supports is supported here. Models outside the family use
+the transformers forward (`ModelRunner`).
 """
 
 from __future__ import annotations
@@ -144,8 +144,8 @@ class Linear:
     On other CPUs fp32 runs the project's own GEMM over its packed panels (`orca_gemm_preferred`;
     `orca` overrides), and so does bf16 on AVX2-only CPUs. With AVX-512 BF16 and no AMX bf16 runs
     the project's `vdpbf16ps` GEMM (`bf16_gemm_preferred`; `dot` overrides); elsewhere oneDNN's
-    inner product on its blocked layout (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear`
-    over the unpacked weight (kept for it; oneDNN only)."""
+    inner product on its blocked layout (1.4-2x faster than unpacked). `plain_from`: from this
+    many rows on, `F.linear` over the unpacked weight (kept for it; oneDNN only)."""
 
     def __init__(
         self,
@@ -271,9 +271,10 @@ class Decoder:
             fused = self.embed.device.type == "cpu" and fused_ops()
         self.fused = fused
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
-        # compiles a kernel per new count; 0: none. MKL and the project's GEMM (fp32) have no such
+        # compiles a kernel per new count; 0: none. MKL and the project's GEMMs have no such
         # first-call cost.
-        onednn = pack and _can_pack(self.embed) and not any(r(self.embed) for r in (_runs_mkl, _runs_orca, _runs_dot))
+        others = (_runs_mkl, _runs_orca, _runs_dot)
+        onednn = pack and _can_pack(self.embed) and not any(runs(self.embed) for runs in others)
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
