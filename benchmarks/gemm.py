@@ -16,8 +16,9 @@ max-autotune over inductor's C++ GEMM template and ATen (compiled per row count,
 median of 7 rounds of 10 calls of each variant, alternated round by round (docs/engine.md, "Fourth
 round", "Fifth round" and "torch.compile"). Those calls reuse one weight, which stays in cache;
 `--layers N` instead calls each layer's four GEMMs in turn over N layers' weights, as a step does
-(30: SmolLM2, about 280 MB in fp32, read from DRAM), and prints ms per N layers, the minimum of
-`--rounds` rounds per library, alternated ("Eighth round").
+(30: SmolLM2, about 425 MB in fp32, read from DRAM), and prints ms per N layers, the minimum of
+`--rounds` rounds per library, alternated ("Eighth round"). `--library` loads another build of the
+project's ops (an older kernel's .so from the build cache) in place of the current sources'.
 """
 
 from __future__ import annotations
@@ -137,7 +138,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inductor", action="store_true", help="also torch.compile (max-autotune) per row count")
     ap.add_argument("--layers", type=int, default=0, help="N layers' weights called in turn (weights in DRAM)")
+    ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
     args = ap.parse_args()
+    if args.library:  # an older build of the ops, e.g. from the build cache, against the current one
+        from pathlib import Path
+
+        from orcaserve.kernels import cpu_attention
+
+        cpu_attention.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     dtype = getattr(torch, args.dtype)
     onednn = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if not (onednn or args.layers):

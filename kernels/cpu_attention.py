@@ -50,7 +50,10 @@ SOURCES = (
         for n in ("cpu_fused.cpp", "cpu_rope_store.cpp", "cpu_argmax.cpp", "cpu_gemm.cpp", "cpu_gemm_bf16.cpp")
     ),
 )
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_attention_common.h", "cpu_attention_decode.h", "cpu_rows.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(n)
+    for n in ("cpu_attention_common.h", "cpu_attention_decode.h", "cpu_rows.h", "cpu_gemm_panels.h")
+)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 80, 96, 128, 256)  # the template instances in the .cpp
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

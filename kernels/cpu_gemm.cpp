@@ -1,5 +1,5 @@
 // GEMM for the lean decoder's linear layers on AVX2 CPUs: y = x W^T (+ b) over a weight packed once
-// into panels of 24 output columns, [P, K, 24], so that a panel is read as one sequential stream.
+// into panels of 24 output columns (48 on AVX-512), [P, K, 24], so that a panel is read as one sequential stream.
 // On an AMD Zen 3, SmolLM2's fp32 layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
 // pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
 // float32 --layers 30`; docs/engine.md, "Eighth round").
@@ -13,21 +13,23 @@
 // once to bf16. There F.linear ran them at 14-19 GFLOP/s, this at 109 at 32 rows, within 1-6 % of
 // itself in fp32 (`python benchmarks/gemm.py --dtype bfloat16 --layers 30`; "Ninth round").
 //
-// Micro-kernel: 4 rows x 24 columns of accumulators (12 ymm registers), a broadcast of each row's
-// x[k] against the panel's row k, summed over k in order with FMA. Every output element therefore
-// sums its K products in the same order whatever the row count or the thread split: a request's
-// results do not depend on its batch-mates. Threads take panels from an atomic counter, so one
-// that is preempted does not hold the other up at a barrier with half the work.
+// Micro-kernel: a broadcast of each row's x[k] against the panel's row k, summed over k in order
+// with FMA; on AVX2 4 rows x 24 columns of accumulators (12 ymm registers), on AVX-512 8 rows x 48
+// columns (24 of its 32 zmm registers), whose panels are packed 48 wide. On an AMD Zen 4 (AVX-512
+// on 256-bit units) the wider tile ran 5-10 % faster from 24 rows up and level below (docs/engine.md,
+// "Fourteenth round"). Every output element sums its K products in the same order whatever the row
+// count or the thread split: a request's results do not depend on its batch-mates. Threads take
+// panels from a counter (cpu_gemm_panels.h).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <optional>
 #include <type_traits>
 #include <vector>
+
+#include "cpu_gemm_panels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -35,13 +37,34 @@
 namespace orcaserve {
 namespace {
 
-constexpr int kCols = 24;  // output columns per panel: three ymm registers
-constexpr int kRows = 4;   // rows per micro-tile: 12 accumulators, 3 panel loads, 1 broadcast
+// One vector of fp32 lanes: a zmm register where the library is built for AVX-512, else a ymm.
+#if defined(__AVX512F__)
+using vfloat = __m512;
+constexpr int kLanes = 16;
+constexpr int kRows = 8;  // rows per micro-tile: 24 accumulators, 3 panel loads, 1 broadcast
+// Prefetching the next panel at two tiles (9-16 rows) made those GEMMs 1.6x slower with 48-wide
+// panels (and the vdpbf16ps GEMM's a fifth slower), so from three.
+constexpr int64_t kMinPrefetchTiles = 3;
+inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vfloat vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
+inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+#else
+using vfloat = __m256;
+constexpr int kLanes = 8;
+constexpr int kRows = 4;  // rows per micro-tile: 12 accumulators, 3 panel loads, 1 broadcast
+constexpr int64_t kMinPrefetchTiles = 2;
+inline vfloat vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vfloat vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+#endif
+constexpr int kCols = 3 * kLanes;  // output columns per panel: three registers per row
 
 inline void store_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
 
 // fp32 -> bf16 rounded to nearest even, NaN kept quiet: c10::BFloat16's rounding, 8 lanes at a time.
-// Not at::vec::convert: its 16 lanes leave a 24-wide row's last 8 to a scalar loop; with it the bf16
+// Not at::vec::convert: its 16 lanes leave an AVX2 row's last 8 of 24 to a scalar loop; with it the bf16
 // GEMMs at 32 rows took 1.9x the fp32 op's time, 1.05x with this (one by one: 74 against 109 GFLOP/s).
 inline void store_row(const float* src, at::BFloat16* dst, int n) {
   if (n < kCols) {
@@ -67,39 +90,41 @@ inline void store_row(const float* src, at::BFloat16* dst, int n) {
 template <int R, bool Prefetch, typename Out>
 inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, Out* c,
                  int64_t ldc, int ncols, const char* pf, int64_t pf_step) {
-  alignas(32) float init[kCols] = {};
+  alignas(64) float init[kCols] = {};
   if (bias != nullptr) std::copy(bias, bias + ncols, init);
   // Named registers, not an array: GCC keeps an accumulator array in memory across the loop.
-#define ORCA_ACC(r) __m256 c##r##0 = _mm256_load_ps(init), c##r##1 = _mm256_load_ps(init + 8), \
-                           c##r##2 = _mm256_load_ps(init + 16);
-  ORCA_ACC(0) ORCA_ACC(1) ORCA_ACC(2) ORCA_ACC(3)
-#define ORCA_FMA(r)                                                  \
-  if (R > r) {                                                       \
-    const __m256 x = _mm256_broadcast_ss(a + r * lda + k);           \
-    c##r##0 = _mm256_fmadd_ps(x, b0, c##r##0);                       \
-    c##r##1 = _mm256_fmadd_ps(x, b1, c##r##1);                       \
-    c##r##2 = _mm256_fmadd_ps(x, b2, c##r##2);                       \
+  // Rows past R (and past kRows) are never used; the compiler drops them.
+#define ORCA_ACC(r) vfloat c##r##0 = vload(init), c##r##1 = vload(init + kLanes), c##r##2 = vload(init + 2 * kLanes);
+  ORCA_ACC(0) ORCA_ACC(1) ORCA_ACC(2) ORCA_ACC(3) ORCA_ACC(4) ORCA_ACC(5) ORCA_ACC(6) ORCA_ACC(7)
+#define ORCA_FMA(r)                                \
+  if constexpr (R > r) {                           \
+    const vfloat x = vbroadcast(a + r * lda + k);  \
+    c##r##0 = vfma(x, b0, c##r##0);                \
+    c##r##1 = vfma(x, b1, c##r##1);                \
+    c##r##2 = vfma(x, b2, c##r##2);                \
   }
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
     const float* bk = b + k * kCols;
     if constexpr (Prefetch) _mm_prefetch(pf + k * pf_step, _MM_HINT_T1);
-    const __m256 b0 = _mm256_loadu_ps(bk), b1 = _mm256_loadu_ps(bk + 8), b2 = _mm256_loadu_ps(bk + 16);
-    ORCA_FMA(0) ORCA_FMA(1) ORCA_FMA(2) ORCA_FMA(3)
+    const vfloat b0 = vload(bk), b1 = vload(bk + kLanes), b2 = vload(bk + 2 * kLanes);
+    ORCA_FMA(0) ORCA_FMA(1) ORCA_FMA(2) ORCA_FMA(3) ORCA_FMA(4) ORCA_FMA(5) ORCA_FMA(6) ORCA_FMA(7)
   }
-  alignas(32) float out[kRows][kCols];
-#define ORCA_STORE(r)                          \
-  _mm256_store_ps(out[r], c##r##0);            \
-  _mm256_store_ps(out[r] + 8, c##r##1);        \
-  _mm256_store_ps(out[r] + 16, c##r##2);
-  ORCA_STORE(0) ORCA_STORE(1) ORCA_STORE(2) ORCA_STORE(3)
+  alignas(64) float out[R][kCols];
+#define ORCA_STORE(r)                     \
+  if constexpr (R > r) {                  \
+    vstore(out[r], c##r##0);              \
+    vstore(out[r] + kLanes, c##r##1);     \
+    vstore(out[r] + 2 * kLanes, c##r##2); \
+  }
+  ORCA_STORE(0) ORCA_STORE(1) ORCA_STORE(2) ORCA_STORE(3) ORCA_STORE(4) ORCA_STORE(5) ORCA_STORE(6) ORCA_STORE(7)
 #undef ORCA_ACC
 #undef ORCA_FMA
 #undef ORCA_STORE
   for (int r = 0; r < R; ++r) store_row(out[r], c + r * ldc, ncols);
 }
 
-// [N, K] -> [ceil(N / 24), K, 24] in the weight's dtype (fp32 or bf16), the last panel's missing
+// [N, K] -> [ceil(N / kCols), K, kCols] in the weight's dtype (fp32 or bf16), the last panel's missing
 // columns zero.
 template <typename T>
 void pack_into(const at::Tensor& w, at::Tensor& packed) {
@@ -130,77 +155,46 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 // The threads' loop: fp32 activations a [M, K], panels b of W (type W), output c [M, N] (type Out).
 //
 // A panel's first row tile reads it from DRAM (30 layers' weights do not stay in cache) at 16 bytes
-// a cycle where fp32 FMAs run, more than a core gets: at 32 rows that tile ran at DRAM speed and
-// the panel's other 7 from L2. So each tile also prefetches its share of the panel the thread
-// takes next: the rest of its pair, or the first of the pair it claims as it starts its last one.
+// a cycle where fp32 FMAs run, more than a core gets: at 32 rows on the Zen 3 that tile ran at DRAM
+// speed and the panel's other 7 from L2. So each tile also prefetches its share of the panel the
+// thread takes next.
 template <typename W, typename Out>
 void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, int64_t K, int64_t N,
                 int64_t P) {
-  // fp32 panels from 2 to 16 row tiles. Under two a panel is read once, streamed by the hardware
-  // prefetcher; beyond 16 its DRAM read is a small part of its time (prefetched, 512 rows were
-  // slower in 3 of 4 alternated runs). bf16 panels are streamed by the widening pass, and 32 rows
-  // were slower in 4 of 4 with the prefetch. The first 8 tiles share the work: at most one
-  // prefetch per 12 bytes.
-  const int64_t tiles = (M + kRows - 1) / kRows;
-  // Rows spread over the tiles as evenly as their count allows (17 rows: 4, 4, 3, 3, 3, not 4, 4,
-  // 4, 4, 1). A tile of R rows runs 3 R independent FMA chains; under 8 (R < 3) each k waits on
-  // the FMA latency, so a 1-row tail took about as long as a 3-row tile.
-  const int64_t base_rows = tiles ? M / tiles : 0, wide_tiles = tiles ? M % tiles : 0;
-  auto rows_in = [&](int64_t t) { return base_rows + (t < wide_tiles ? 1 : 0); };
-  const bool prefetch = std::is_same_v<W, float> && tiles >= 2 && tiles <= 16;
-  const int64_t pf_tiles = std::min<int64_t>(tiles, 8);
+  const RowTiles tiles(M, kRows);
+  // fp32 panels up to 16 row tiles. Under kMinPrefetchTiles a panel is read once, streamed by the
+  // hardware prefetcher; beyond 16 its DRAM read is a small part of its time (prefetched, 512 rows
+  // were slower in 3 of 4 alternated runs). bf16 panels are streamed by the widening pass, and 32
+  // rows were slower in 4 of 4 with the prefetch. The first 8 tiles share the work: at most one
+  // prefetch per 12 bytes (24 on AVX-512).
+  const bool prefetch = std::is_same_v<W, float> && tiles.count() >= kMinPrefetchTiles && tiles.count() <= 16;
+  const int64_t pf_tiles = std::min<int64_t>(tiles.count(), 8);
   // Bytes per k and tile, rounded down so that no address lies past the panel (at most a few lines
   // of it are left to the hardware).
   const int64_t pf_step = kCols * static_cast<int64_t>(sizeof(W)) / pf_tiles;
-  // Panels are taken in adjacent pairs (1-4 measured alike), from a counter: a thread that is
-  // preempted holds up little of the other's work. Taken one at a time with the next claimed ahead
-  // (every thread's panels then 2 apart), the offline workload ran 1-6 % slower than before this
-  // prefetch in 4 of 4 alternated runs, and 9-13 % faster as pairs in 2 of 2: likely because a
-  // pair is one stream for the hardware prefetcher.
-  constexpr int64_t kChunk = 2;
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (P + kChunk - 1) / kChunk);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    std::vector<float> wide(std::is_same_v<W, float> ? 0 : K * kCols);  // one widened panel
-    for (int64_t p0 = next.fetch_add(kChunk); p0 < P;) {
-      const int64_t p1 = std::min(P, p0 + kChunk);
-      int64_t after = P;  // the pair after this one, claimed early only to be prefetched
-      for (int64_t p = p0; p < p1; ++p) {
-        if (prefetch && p + 1 == p1) after = next.fetch_add(kChunk);
-        const int64_t q = p + 1 < p1 ? p + 1 : after;  // the panel this thread computes next, if q < P
-        const bool pf_next = prefetch && q < P;           // a thread's last panel has none to fetch
-        const char* pf = pf_next ? reinterpret_cast<const char*>(b + q * K * kCols) : nullptr;
-        const float* panel;
-        if constexpr (std::is_same_v<W, float>) {
-          panel = b + p * K * kCols;
-        } else {
-          at::vec::convert(b + p * K * kCols, wide.data(), K * kCols);  // exact
-          panel = wide.data();
-        }
-        const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
-        const float* bias_p = bp ? bp + p * kCols : nullptr;
-        for (int64_t t = 0, m = 0; t < tiles; m += rows_in(t), ++t) {
-          const float* am = a + m * K;
-          Out* cm = c + m * N + p * kCols;
-          const bool pf_tile = pf_next && t < pf_tiles;
-          const char* pf_m = pf_tile ? pf + t * K * pf_step : nullptr;
-          auto run = [&](auto with_prefetch) {
-            constexpr bool F = decltype(with_prefetch)::value;
-            switch (rows_in(t)) {
-              case 4: tile<4, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-              case 3: tile<3, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-              case 2: tile<2, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-              default: tile<1, F>(am, K, panel, K, bias_p, cm, N, ncols, pf_m, pf_step); break;
-            }
-          };
-          if (pf_tile)
-            run(std::true_type{});
-          else
-            run(std::false_type{});
-        }
-      }
-      p0 = prefetch ? after : next.fetch_add(kChunk);
+  for_each_panel(P, prefetch, [&](int64_t p, int64_t q) {
+    const float* panel;
+    if constexpr (std::is_same_v<W, float>) {
+      panel = b + p * K * kCols;
+    } else {
+      thread_local std::vector<float> wide;  // one widened panel per thread
+      wide.resize(K * kCols);
+      at::vec::convert(b + p * K * kCols, wide.data(), K * kCols);  // exact
+      panel = wide.data();
     }
+    const bool pf_next = prefetch && q < P;  // a thread's last panel has none to fetch
+    const char* pf = pf_next ? reinterpret_cast<const char*>(b + q * K * kCols) : nullptr;
+    const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
+    const float* bias_p = bp ? bp + p * kCols : nullptr;
+    tiles.each<kRows>([&](int64_t t, int64_t m, auto rows) {
+      constexpr int R = decltype(rows)::value;
+      const float* am = a + m * K;
+      Out* cm = c + m * N + p * kCols;
+      if (pf_next && t < pf_tiles)
+        tile<R, true>(am, K, panel, K, bias_p, cm, N, ncols, pf + t * K * pf_step, pf_step);
+      else
+        tile<R, false>(am, K, panel, K, bias_p, cm, N, ncols, nullptr, 0);
+    });
   });
 }
 

@@ -9,18 +9,18 @@
 // x pair against the panel's row k2, summed over k2 in order. As in cpu_gemm.cpp, every output
 // element sums its products in the same order whatever the row count or the thread split (a
 // request's results do not depend on its batch-mates), each sum is rounded once to bf16, and
-// threads take panel pairs from an atomic counter.
+// threads take panel pairs from a counter (cpu_gemm_panels.h).
 //
 // `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
 // oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <optional>
+
+#include "cpu_gemm_panels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
@@ -45,7 +45,7 @@ inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int6
                            c##r##2 = _mm512_load_ps(init + 32);
   ORCA_ACC(0) ORCA_ACC(1) ORCA_ACC(2) ORCA_ACC(3) ORCA_ACC(4) ORCA_ACC(5) ORCA_ACC(6) ORCA_ACC(7)
 #define ORCA_DOT(r)                                                       \
-  if (R > r) {                                                            \
+  if constexpr (R > r) {                                                            \
     int32_t pair;                                                         \
     std::memcpy(&pair, a + r * lda + 2 * k2, sizeof(pair));               \
     const __m512bh x = as_bh(_mm512_set1_epi32(pair));                    \
@@ -62,7 +62,7 @@ inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int6
   // fp32 -> bf16 to nearest even (`vcvtneps2bf16`); a partial last panel goes through a buffer.
   alignas(64) at::BFloat16 buf[kCols];
 #define ORCA_STORE(r)                                                                             \
-  if (R > r) {                                                                                    \
+  if constexpr (R > r) {                                                                          \
     at::BFloat16* dst = ncols == kCols ? c + r * ldc : buf;                                       \
     const __m256bh h0 = _mm512_cvtneps_pbh(c##r##0), h1 = _mm512_cvtneps_pbh(c##r##1),            \
                    h2 = _mm512_cvtneps_pbh(c##r##2);                                              \
@@ -115,37 +115,17 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   at::BFloat16* c = y.data_ptr<at::BFloat16>();
 
-  const int64_t tiles = (M + kRows - 1) / kRows;
-  const int64_t base_rows = M / tiles, wide_tiles = M % tiles;  // rows spread evenly over the tiles
-  auto rows_in = [&](int64_t t) { return base_rows + (t < wide_tiles ? 1 : 0); };
+  const RowTiles tiles(M, kRows);
+  const int64_t panel_elems = K2 * kCols * 2;
   // No prefetch of the next panel into L2, unlike cpu_gemm.cpp: here (Zen 4, 30 layers' weights)
   // it made 9-16 rows (two tiles) about a fifth slower and 17-512 rows no faster.
-  const int64_t panel_elems = K2 * kCols * 2;
-  constexpr int64_t kChunk = 2;  // adjacent panel pairs from a counter, as in cpu_gemm.cpp
-  std::atomic<int64_t> next{0};
-  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (P + kChunk - 1) / kChunk);
-  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
-    for (int64_t p0 = next.fetch_add(kChunk); p0 < P; p0 = next.fetch_add(kChunk)) {
-      for (int64_t p = p0; p < std::min(P, p0 + kChunk); ++p) {
-        const at::BFloat16* panel = b + p * panel_elems;
-        const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
-        const float* bias_p = bp ? bp + p * kCols : nullptr;
-        for (int64_t t = 0, m = 0; t < tiles; m += rows_in(t), ++t) {
-          const at::BFloat16* am = a + m * lda;
-          at::BFloat16* cm = c + m * N + p * kCols;
-          switch (rows_in(t)) {
-            case 8: tile<8>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            case 7: tile<7>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            case 6: tile<6>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            case 5: tile<5>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            case 4: tile<4>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            case 3: tile<3>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            case 2: tile<2>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-            default: tile<1>(am, lda, panel, K2, bias_p, cm, N, ncols); break;
-          }
-        }
-      }
-    }
+  for_each_panel(P, false, [&](int64_t p, int64_t) {
+    const at::BFloat16* panel = b + p * panel_elems;
+    const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
+    const float* bias_p = bp ? bp + p * kCols : nullptr;
+    tiles.each<kRows>([&](int64_t, int64_t m, auto rows) {
+      tile<decltype(rows)::value>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols, N, ncols);
+    });
   });
   return y;
 }

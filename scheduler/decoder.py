@@ -166,7 +166,7 @@ class Linear:
         self.packed = pack and (self.dot or self.orca or self.mkl or _can_pack(weight))
         if self.dot:  # [ceil(out / 48), in / 2, 48, 2] panels
             self.weight = torch.ops.orcaserve.pack_linear_weight_bf16(weight)
-        elif self.orca:  # [ceil(out / 24), in, 24] panels
+        elif self.orca:  # [ceil(out / w), in, w] panels, w = 48 where built for AVX-512, else 24
             self.weight = torch.ops.orcaserve.pack_linear_weight(weight)
         elif self.mkl:
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from tiny_models import tiny_model
 
-from orcaserve.kernels.cpu_attention import has_op
+from orcaserve.kernels.cpu_attention import arch_flags, has_op
 from orcaserve.scheduler.decoder import (
     MKL_PACK_ROWS,
     PAD_MULTIPLE,
@@ -19,6 +19,9 @@ from orcaserve.scheduler.decoder import (
     orca_gemm_preferred,
     padded_tokens,
 )
+
+# Output columns per panel of the project's fp32 GEMM: three vector registers of the ISA it is built for.
+PANEL = 48 if "-mavx512f" in arch_flags() else 24
 
 needs_mkldnn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not built in")
 # oneDNN packs bf16 weights only with AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT (not on AMD Zen 3)
@@ -109,20 +112,21 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
 
 @pytest.mark.skipif(not has_op("linear_packed"), reason="the project's GEMM is built for AVX2 (and AVX-512) only")
 def test_fp32_project_gemm_is_exact_to_rounding_and_batch_invariant():
-    """`orcaserve::linear_packed` over the 24-column panels: float64's answer to fp32 rounding for
-    widths that leave a partial last panel and row counts that need tiles of 1-3 rows, with and
-    without bias, from non-contiguous inputs too; and each row's result bit for bit the same
-    whatever rows it is computed with (every element sums its products in one order)."""
+    """`orcaserve::linear_packed` over its panels (24 columns, 48 on AVX-512): float64's answer to
+    fp32 rounding for widths that leave a partial last panel and row counts that need every tile
+    height (1-4 rows, 1-8 on AVX-512), with and without bias, from non-contiguous inputs too; and
+    each row's result bit for bit the same whatever rows it is computed with (every element sums
+    its products in one order)."""
     torch.manual_seed(0)
-    for out_f, in_f in ((200, 96), (24, 7), (49, 576), (5, 33)):
+    for out_f, in_f in ((200, 96), (24, 7), (48, 20), (49, 576), (5, 33)):
         weight, bias = torch.randn(out_f, in_f), torch.randn(out_f)
         for b in (bias, None):
             lin = Linear(weight.clone(), b, pack=True, orca=True)
             assert lin.orca and lin.packed and lin.plain is None and not lin.mkl
-            assert lin.weight.shape == (-(-out_f // 24), in_f, 24)
+            assert lin.weight.shape == (-(-out_f // PANEL), in_f, PANEL)
             batch = torch.randn(70, in_f)
             full = lin(batch)
-            for rows in (1, 2, 3, 4, 5, 6, 9, 13, 17, 31, 32, 33, 70):
+            for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 31, 32, 33, 39, 70):
                 x = batch[:rows]
                 want = x.double() @ weight.double().t() + (b.double() if b is not None else 0)
                 got = lin(x)
@@ -148,7 +152,7 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
         for b in (bias, None):
             lin = Linear(weight.clone(), b, pack=True, orca=True, dot=False)
             assert lin.orca and lin.weight.dtype == torch.bfloat16
-            assert lin.weight.shape == (-(-out_f // 24), in_f, 24)
+            assert lin.weight.shape == (-(-out_f // PANEL), in_f, PANEL)
             batch = torch.randn(70, in_f).bfloat16()
             full = lin(batch)
             assert full.dtype == torch.bfloat16
@@ -156,7 +160,7 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
                 assert torch.equal(full, wide(batch.float()).bfloat16())
             want = batch.double() @ weight.double().t() + (b.double() if b is not None else 0)
             torch.testing.assert_close(full.double(), want, atol=1e-3, rtol=2**-8)
-            for rows in (1, 3, 4, 5, 9, 17, 33):
+            for rows in (1, 3, 4, 5, 7, 8, 9, 17, 33):
                 assert torch.equal(lin(batch[:rows]), full[:rows]), (out_f, in_f, rows)
             strided = torch.randn(9, in_f + 5).bfloat16()[:, 2 : 2 + in_f]  # row stride != in_features
             transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
