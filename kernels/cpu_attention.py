@@ -5,9 +5,10 @@ cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
 `torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
 The same library carries the lean decoder's fused element-wise ops (`cpu_fused.cpp`:
 `add_rms_norm`, `silu_mul`; see `fused_ops`), its rotary + K/V write (`cpu_rope_store.cpp`:
-`rope_store_kv`), the sampler's argmax (`cpu_argmax.cpp`: `argmax_rows`) and, on AVX2 builds, an
-fp32 GEMM over pre-packed weights (`cpu_gemm.cpp`: `pack_linear_weight`, `linear_packed`); see
-`has_op`.
+`rope_store_kv`), the sampler's argmax (`cpu_argmax.cpp`: `argmax_rows`), on AVX2 and AVX-512
+builds a GEMM over pre-packed fp32 or bf16 weights (`cpu_gemm.cpp`: `pack_linear_weight`,
+`linear_packed`) and, with AVX-512 BF16, a `vdpbf16ps` GEMM (`cpu_gemm_bf16.cpp`:
+`pack_linear_weight_bf16`, `linear_packed_bf16`); see `has_op`.
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
 `torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_attention

@@ -1,5 +1,6 @@
-// GEMM for the lean decoder's linear layers on AVX2 CPUs: y = x W^T (+ b) over a weight packed once
-// into panels of 24 output columns (48 on AVX-512), [P, K, 24], so that a panel is read as one sequential stream.
+// GEMM for the lean decoder's linear layers on AVX2 and AVX-512 CPUs: y = x W^T (+ b) over a weight
+// packed once into panels of 24 output columns (48 on AVX-512), [P, K, 24 or 48], so that a panel
+// is read as one sequential stream.
 // On an AMD Zen 3, SmolLM2's fp32 layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
 // pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
 // float32 --layers 30`; docs/engine.md, "Eighth round").
@@ -16,10 +17,10 @@
 // Micro-kernel: a broadcast of each row's x[k] against the panel's row k, summed over k in order
 // with FMA; on AVX2 4 rows x 24 columns of accumulators (12 ymm registers), on AVX-512 8 rows x 48
 // columns (24 of its 32 zmm registers), whose panels are packed 48 wide. On an AMD Zen 4 (AVX-512
-// on 256-bit units) the wider tile ran 5-10 % faster from 24 rows up and level below (docs/engine.md,
-// "Fourteenth round"). Every output element sums its K products in the same order whatever the row
-// count or the thread split: a request's results do not depend on its batch-mates. Threads take
-// panels from a counter (cpu_gemm_panels.h).
+// on 256-bit units) the wider tile ran 32-512 rows about 10-20 % faster, 1-16 level
+// (docs/engine.md, "Fourteenth round"). Every output element sums its K products in the same order
+// whatever the row count or the thread split: a request's results do not depend on its
+// batch-mates. Threads take panels from a counter (cpu_gemm_panels.h).
 #include <ATen/ATen.h>
 #include <ATen/cpu/vec/vec.h>
 #include <torch/library.h>
@@ -64,8 +65,9 @@ constexpr int kCols = 3 * kLanes;  // output columns per panel: three registers 
 inline void store_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
 
 // fp32 -> bf16 rounded to nearest even, NaN kept quiet: c10::BFloat16's rounding, 8 lanes at a time.
-// Not at::vec::convert: its 16 lanes leave an AVX2 row's last 8 of 24 to a scalar loop; with it the bf16
-// GEMMs at 32 rows took 1.9x the fp32 op's time, 1.05x with this (one by one: 74 against 109 GFLOP/s).
+// Not at::vec::convert: its 16 lanes leave an AVX2 row's last 8 of 24 to a scalar loop; with it
+// the bf16 GEMMs at 32 rows took 1.9x the fp32 op's time, 1.05x with this (one by one: 74 against
+// 109 GFLOP/s).
 inline void store_row(const float* src, at::BFloat16* dst, int n) {
   if (n < kCols) {
     for (int j = 0; j < n; ++j) dst[j] = static_cast<at::BFloat16>(src[j]);
@@ -124,8 +126,8 @@ inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const f
   for (int r = 0; r < R; ++r) store_row(out[r], c + r * ldc, ncols);
 }
 
-// [N, K] -> [ceil(N / kCols), K, kCols] in the weight's dtype (fp32 or bf16), the last panel's missing
-// columns zero.
+// [N, K] -> [ceil(N / kCols), K, kCols] in the weight's dtype (fp32 or bf16), the last panel's
+// missing columns zero.
 template <typename T>
 void pack_into(const at::Tensor& w, at::Tensor& packed) {
   const int64_t N = w.size(0), K = w.size(1), P = packed.size(0);

@@ -82,8 +82,9 @@ def orca_gemm_preferred() -> bool:
     pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32 --layers
     30`; docs/engine.md, "Eighth round"), and bf16, which oneDNN cannot pack there, far faster than
     F.linear ("Ninth round"). On a Zen 4 (AVX-512, whose 512-bit FMAs run as two 256-bit halves)
-    fp32 1.1-1.6x as fast at 1-32 rows, level at 128, 4 % slower at 512, the offline fp32 workload
-    faster in 2 of 2 alternated pairs ("Thirteenth round"). On Intel, MKL keeps fp32."""
+    fp32 1.1-1.6x as fast at 1-32 rows, level at 128, 4 % slower at 512 ("Thirteenth round"); in
+    zmm registers since, 0.69-0.80x oneDNN's time at 32-64 rows and 0.92-0.99x at 128-512
+    ("Fourteenth round"). On Intel, MKL keeps fp32."""
     return torch.backends.cpu.get_cpu_capability() == "AVX2" or not mkl_preferred()
 
 
