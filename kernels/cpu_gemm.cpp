@@ -43,8 +43,8 @@ namespace {
 using vfloat = __m512;
 constexpr int kLanes = 16;
 constexpr int kRows = 8;  // rows per micro-tile: 24 accumulators, 3 panel loads, 1 broadcast
-// Prefetching the next panel at two tiles (9-16 rows) made those GEMMs 1.6x slower with 48-wide
-// panels (and the vdpbf16ps GEMM's a fifth slower), so from three.
+// Prefetching the next panel at two tiles (9-16 rows) made those GEMMs 1.15-1.25x slower with
+// 48-wide panels (4-row tiles at 6-8 rows 1.6x; the vdpbf16ps GEMM's a fifth), so from three.
 constexpr int64_t kMinPrefetchTiles = 3;
 inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
 inline vfloat vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
