@@ -86,9 +86,9 @@ inline void store_row(const float* src, at::BFloat16* dst, int n) {
   }
 }
 
-// C[r, :ncols] = bias[:ncols] + sum_k a[r * lda + k] * b[k, :] for R rows; b is one panel [K, 24].
-// The sum is rounded once, into C's type. With Prefetch, pf + k * pf_step is fetched into L2 at
-// step k: the caller's share of the panel it computes next.
+// C[r, :ncols] = bias[:ncols] + sum_k a[r * lda + k] * b[k, :] for R rows; b is one panel
+// [K, kCols]. The sum is rounded once, into C's type. With Prefetch, pf + k * pf_step is fetched
+// into L2 at step k: the caller's share of the panel it computes next.
 template <int R, bool Prefetch, typename Out>
 inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, Out* c,
                  int64_t ldc, int ncols, const char* pf, int64_t pf_step) {
@@ -163,7 +163,7 @@ at::Tensor pack_linear_weight(const at::Tensor& weight) {
 template <typename W, typename Out>
 void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, int64_t K, int64_t N,
                 int64_t P) {
-  const RowTiles tiles(M, kRows);
+  const RowTiles<kRows> tiles(M);
   // fp32 panels up to 16 row tiles. Under kMinPrefetchTiles a panel is read once, streamed by the
   // hardware prefetcher; beyond 16 its DRAM read is a small part of its time (prefetched, 512 rows
   // were slower in 3 of 4 alternated runs). bf16 panels are streamed by the widening pass, and 32
@@ -188,7 +188,7 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
     const char* pf = pf_next ? reinterpret_cast<const char*>(b + q * K * kCols) : nullptr;
     const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
     const float* bias_p = bp ? bp + p * kCols : nullptr;
-    tiles.each<kRows>([&](int64_t t, int64_t m, auto rows) {
+    tiles.each([&](int64_t t, int64_t m, auto rows) {
       constexpr int R = decltype(rows)::value;
       const float* am = a + m * K;
       Out* cm = c + m * N + p * kCols;

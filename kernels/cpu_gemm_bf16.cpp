@@ -115,7 +115,7 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   at::BFloat16* c = y.data_ptr<at::BFloat16>();
 
-  const RowTiles tiles(M, kRows);
+  const RowTiles<kRows> tiles(M);
   const int64_t panel_elems = K2 * kCols * 2;
   // No prefetch of the next panel into L2, unlike cpu_gemm.cpp: here (Zen 4, 30 layers' weights)
   // it made 9-16 rows (two tiles) about a fifth slower and 17-512 rows no faster.
@@ -123,7 +123,7 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
     const at::BFloat16* panel = b + p * panel_elems;
     const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
     const float* bias_p = bp ? bp + p * kCols : nullptr;
-    tiles.each<kRows>([&](int64_t, int64_t m, auto rows) {
+    tiles.each([&](int64_t, int64_t m, auto rows) {
       tile<decltype(rows)::value>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols, N, ncols);
     });
   });

@@ -12,21 +12,20 @@
 
 namespace orcaserve {
 
-// M rows in tiles of at most `max_rows`, spread as evenly as the tile count allows (17 rows in
-// tiles of 4: 4, 4, 3, 3, 3, not 4, 4, 4, 4, 1). A tile of R rows runs 3 R independent FMA chains;
-// under 8 each k waits on the FMA latency, so a 1-row tail took about as long as a 3-row tile.
+// M rows in tiles of at most Max rows, spread as evenly as the tile count allows (17 rows in tiles
+// of 4: 4, 4, 3, 3, 3, not 4, 4, 4, 4, 1). A tile of R rows runs 3 R independent FMA chains; under
+// 8 each k waits on the FMA latency, so a 1-row tail took about as long as a 3-row tile.
+template <int Max>
 class RowTiles {
  public:
-  RowTiles(int64_t rows, int64_t max_rows)
-      : count_((rows + max_rows - 1) / max_rows),
-        base_(count_ ? rows / count_ : 0),
-        wide_(count_ ? rows % count_ : 0) {}
+  explicit RowTiles(int64_t rows)
+      : count_((rows + Max - 1) / Max), base_(count_ ? rows / count_ : 0), wide_(count_ ? rows % count_ : 0) {}
   int64_t count() const { return count_; }
   int64_t rows(int64_t t) const { return base_ + (t < wide_ ? 1 : 0); }
 
   // f(t, first row, std::integral_constant<int, R>) for each tile t of R rows, R in 1..Max, so that
   // the micro-kernel is instantiated per tile height.
-  template <int Max, typename F>
+  template <typename F>
   void each(F&& f) const {
     for (int64_t t = 0, m = 0; t < count_; m += rows(t), ++t) dispatch<Max>(rows(t), [&](auto r) { f(t, m, r); });
   }

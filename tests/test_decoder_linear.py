@@ -139,6 +139,16 @@ def test_fp32_project_gemm_is_exact_to_rounding_and_batch_invariant():
     assert not Linear(weight.half(), None, pack=True, orca=True).orca  # fp32 and bf16 only
 
 
+def _assert_bf16_specials(**path: bool) -> None:
+    """A bf16 GEMM path (Linear's `orca` / `dot` flags) keeps NaN and infinities, rounds a sum past
+    bf16's range to infinity, and answers zero rows with an empty result."""
+    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, **path)
+    special = torch.tensor([[float("nan"), 0, 0, 0], [float("-inf"), 0, 0, 0], [3e38, 3e38, 0, 0]]).bfloat16()
+    got = ones(special)
+    assert got[0].isnan().all() and (got[1] == float("-inf")).all() and (got[2] == float("inf")).all()
+    assert ones(torch.empty(0, 4).bfloat16()).shape == (0, 24)
+
+
 @pytest.mark.skipif(not has_op("linear_packed"), reason="the project's GEMM is built for AVX2 (and AVX-512) only")
 def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
     """bf16 weights run the same fp32 micro-kernel over panels widened on the fly: each result is
@@ -166,11 +176,7 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
             transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
             for x in (strided, transposed):
                 assert torch.equal(lin(x), lin(x.contiguous()))
-    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, orca=True, dot=False)
-    special = torch.tensor([[float("nan"), 0, 0, 0], [float("-inf"), 0, 0, 0], [3e38, 3e38, 0, 0]]).bfloat16()
-    got = ones(special)
-    assert got[0].isnan().all() and (got[1] == float("-inf")).all() and (got[2] == float("inf")).all()
-    assert ones(torch.empty(0, 4).bfloat16()).shape == (0, 24)
+    _assert_bf16_specials(orca=True, dot=False)
     assert Linear(weight.clone(), None, pack=True).orca == (orca_gemm_preferred() and not BF16_PACKS)
 
 
@@ -199,11 +205,7 @@ def test_bf16_vdpbf16ps_gemm_is_exact_to_rounding_and_batch_invariant():
             transposed = torch.randn(in_f, 7).bfloat16().t()  # column stride != 1
             for x in (strided, transposed):
                 assert torch.equal(lin(x), lin(x.contiguous()))
-    ones = Linear(torch.ones(24, 4).bfloat16(), None, pack=True, dot=True)
-    special = torch.tensor([[float("nan"), 0, 0, 0], [float("-inf"), 0, 0, 0], [3e38, 3e38, 0, 0]]).bfloat16()
-    got = ones(special)
-    assert got[0].isnan().all() and (got[1] == float("-inf")).all() and (got[2] == float("inf")).all()
-    assert ones(torch.empty(0, 4).bfloat16()).shape == (0, 24)
+    _assert_bf16_specials(dot=True)
     assert not Linear(torch.randn(8, 33).bfloat16(), None, pack=True, dot=True).dot  # odd width
     assert not Linear(torch.randn(8, 34), None, pack=True, dot=True).dot  # bf16 only
     assert Linear(torch.randn(8, 34).bfloat16(), None, pack=True).dot == bf16_gemm_preferred()
