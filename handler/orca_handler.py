@@ -20,12 +20,9 @@ import json
 import logging
 import os
 import signal
-import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import torch
@@ -34,65 +31,20 @@ from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.engine_loop import EngineLoop
 from orcaserve.scheduler.request_stream import RequestError, RequestStream
 
-from . import socket_lock, supervisor
+from . import socket_lock
 from .config import HandlerConfig
 from .faults import FaultInjector
 from .metrics import EngineMetrics
 from .protocol import CHAT, ParsedRequest, ProtocolError, decode_body, error_body, parse_request, route
 from .reply import Reply
-from .responses import SSE_DONE, final_response, sse, stream_chunk
+from .responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
+from .supervisor_link import SupervisorLink, start_supervisor
 from .tenancy import derive_cache_salt
 
 log = logging.getLogger(__name__)
 
 # Seconds a stopping worker gives its requests to send their final frames.
 _EXIT_GRACE_S = 5.0
-
-
-def _start_supervisor(context: Any, props: dict) -> supervisor.SupervisorLink | None:
-    """Lock and observe the connection to the frontend and start the supervisor beside it.
-
-    The connection is not handed to handlers: during `initialize` it is the `cl_socket` local of
-    TorchServe's `handle_connection_async`, up the stack (ts 0.12). Finding it there means
-    observing from the first request on, at a message boundary."""
-    frame: FrameType | None = sys._getframe()
-    while frame is not None and not isinstance(frame.f_locals.get("cl_socket"), socket.socket):
-        frame = frame.f_back
-    if frame is None:
-        log.warning("orcaserve: no TorchServe connection found; a dead worker's requests will not be answered")
-        return None
-    sock = frame.f_locals["cl_socket"]
-    try:
-        socket_lock.install(sock)
-        link = supervisor.SupervisorLink.start(sock, _load_spec(context, props), _metrics_config())
-    except Exception:
-        log.exception("orcaserve: could not start the supervisor; a dead worker's requests will not be answered")
-        return None
-    socket_lock.observe(link)
-    return link
-
-
-def _load_spec(context: Any, props: dict) -> dict:
-    """What TorchServe's LOAD message said, so that a replacement worker loads the same way."""
-    manifest = getattr(context, "manifest", None) or {}
-    return {
-        "model_name": getattr(context, "model_name", None),
-        "model_dir": props.get("model_dir"),
-        "batch_size": props.get("batch_size") or 1,
-        "handler": (manifest.get("model") or {}).get("handler"),
-        "gpu": props.get("gpu_id"),
-        "limit_max_image_pixels": props.get("limit_max_image_pixels", True),
-    }
-
-
-def _metrics_config() -> str:
-    """The metrics config TorchServe gave this worker (`--metrics-config`), for a replacement."""
-    argv = sys.argv
-    if "--metrics-config" in argv[:-1]:
-        return argv[argv.index("--metrics-config") + 1]
-    import ts
-
-    return os.path.join(os.path.dirname(ts.__file__), "configs", "metrics.yaml")
 
 
 class OrcaHandler:
@@ -109,7 +61,7 @@ class OrcaHandler:
         self._faults = FaultInjector()
         self._active = 0  # handle() calls in progress (asyncio thread)
         self._guard_worker = False  # a real TorchServe worker: exit on loop death, supervised
-        self._link: supervisor.SupervisorLink | None = None
+        self._link: SupervisorLink | None = None
         self._exiting = threading.Event()
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -148,7 +100,7 @@ class OrcaHandler:
         # A replacement worker's link is already on its socket (takeover.py); a worker TorchServe
         # started gets its supervisor now, while its socket is between messages.
         link = socket_lock.observer()
-        self._link = link if isinstance(link, supervisor.SupervisorLink) else _start_supervisor(context, props)
+        self._link = link if isinstance(link, SupervisorLink) else start_supervisor(context, props)
         self._install_sigterm()
 
     def start(
@@ -230,7 +182,7 @@ class OrcaHandler:
         except ProtocolError as e:
             body = reply.fail(e.status, e.body())
         except RequestError as e:
-            body = reply.fail(e.status, self._engine_error(e), e.retry_after)
+            body = reply.fail(e.status, engine_error_body(e), e.retry_after)
         except Exception as e:  # the worker must survive anything one request does
             log.exception("request %s failed", request_id)
             body = reply.fail(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))
@@ -331,7 +283,7 @@ class OrcaHandler:
             if not started:
                 raise
             # Headers (200) are gone already: report in-band, as OpenAI does, and end the stream.
-            return sse(self._engine_error(e)) + SSE_DONE
+            return sse(engine_error_body(e)) + SSE_DONE
         raise RequestError(500, "the request stream ended without a final output")
 
     # ---- helpers -----------------------------------------------------------------------------
@@ -356,11 +308,3 @@ class OrcaHandler:
             raise ProtocolError(
                 f"request body has {size} bytes; this server accepts at most {limit} (max_body_bytes)", None, 413
             )
-
-    @staticmethod
-    def _engine_error(e: RequestError) -> dict:
-        if e.status == 400:
-            return error_body(e.message, e.param)
-        if e.status == 408:
-            return error_body(e.message, e.param or "timeout", "timeout_error")
-        return error_body(e.message, None, "server_error")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from .protocol import COMPLETIONS
+from orcaserve.scheduler.request_stream import RequestError
+
+from .protocol import COMPLETIONS, error_body
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
@@ -98,3 +100,12 @@ def sse(obj: dict | str) -> str:
 
 
 SSE_DONE = sse("[DONE]")
+
+
+def engine_error_body(e: RequestError) -> dict:
+    """OpenAI's error object for an error the engine loop answered a request with."""
+    if e.status == 400:
+        return error_body(e.message, e.param)
+    if e.status == 408:
+        return error_body(e.message, e.param or "timeout", "timeout_error")
+    return error_body(e.message, None, "server_error")

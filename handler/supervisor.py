@@ -22,7 +22,7 @@ pipe reaches EOF (the worker is gone, however it went):
   TorchServe.
 
 Standard library only (no torch): it starts in milliseconds and costs a few MB.
-Run as `python -m orcaserve.handler.supervisor` (see `SupervisorLink.start`).
+Run as `python -m orcaserve.handler.supervisor` (see `supervisor_link.SupervisorLink.start`).
 """
 
 from __future__ import annotations
@@ -41,127 +41,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .frames import InboundParser, final_frames, read_request_ids, written_requests
+from .frames import final_frames, read_request_ids
+from .supervisor_link import ENV, FLAG_BYTES, new_flag_fd
 
 log = logging.getLogger(__name__)
 
-ENV = "ORCASERVE_SUPERVISED"  # "EVENTS_FD,FLAG_FD" in a replacement worker's environment
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
 LINGER_S = 2.0
-FLAG_BYTES = 2
-
-
-class SupervisorLink:
-    """The worker's end: tells the supervisor what crosses the worker's socket.
-
-    It observes the socket (`socket_lock.observe`): a request is open from the moment the worker
-    has read its message (`B`) until its final frame is on the socket (`E`); `S` marks its first
-    frame (the 200 status line). Events precede the bytes they describe, and a shared flag
-    covers each write and each half-read message, so that after a death the supervisor knows
-    whether its picture is exact. Event writes are single `os.write` calls under PIPE_BUF bytes
-    (atomic); if the supervisor is gone or its pipe is full, reporting stops rather than block.
-    """
-
-    def __init__(self, events_fd: int, flag: mmap.mmap, proc: subprocess.Popen | None = None) -> None:
-        self._fd = events_fd
-        os.set_blocking(self._fd, False)
-        self.flag = flag  # [0]: a frame is being written; [1]: a message is half read
-        self._proc = proc
-        self._ok = True
-        self._inbound = InboundParser()
-        self._lost = False
-        self._started: set[str] = set()  # requests with a frame on the socket, not yet final
-
-    @classmethod
-    def start(cls, sock: socket.socket, load: dict, metrics_config: str) -> SupervisorLink:
-        """Start the supervisor beside this worker (the one TorchServe started), while the socket
-        is between messages. `load`: how a replacement loads the model, as TorchServe's LOAD did."""
-        read_fd, write_fd = os.pipe()
-        flag_fd = _flag_fd()
-        fds = (sock.fileno(), read_fd, flag_fd)
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "orcaserve.handler.supervisor",
-                "--sock-fd",
-                str(fds[0]),
-                "--events-fd",
-                str(read_fd),
-                "--flag-fd",
-                str(flag_fd),
-                "--worker-pid",
-                str(os.getpid()),
-                "--load",
-                json.dumps(load),
-                "--metrics-config",
-                metrics_config,
-            ],
-            pass_fds=fds,
-            stdin=subprocess.DEVNULL,
-        )
-        os.close(read_fd)
-        flag = mmap.mmap(flag_fd, FLAG_BYTES)
-        os.close(flag_fd)
-        log.info("orcaserve: supervisor %d watches worker %d", proc.pid, os.getpid())
-        return cls(write_fd, flag, proc)
-
-    @classmethod
-    def attach(cls, spec: str) -> SupervisorLink:
-        """In a replacement worker: the pipe and flag its supervisor passed (`ENV`)."""
-        events_fd, flag_fd = (int(x) for x in spec.split(","))
-        flag = mmap.mmap(flag_fd, FLAG_BYTES)
-        os.close(flag_fd)
-        return cls(events_fd, flag)
-
-    def _send(self, event: str) -> None:
-        if not self._ok:
-            return
-        try:
-            os.write(self._fd, f"{event}\n".encode())
-        except OSError as e:
-            self._ok = False
-            log.error("orcaserve: supervisor unreachable (%s); a dead worker's requests will not be answered", e)
-
-    def read(self, data: bytes) -> None:
-        if self._lost:
-            return
-        try:
-            for rid in self._inbound.feed(data):
-                self._send(f"B {rid}")
-            self.flag[1] = self._inbound.mid_message
-        except Exception:  # a message it cannot follow: from now on it cannot vouch for anything
-            self.flag[1] = 1
-            self._lost = True
-            log.exception("orcaserve: cannot follow the frontend's messages; a takeover will not be tried")
-
-    def writing(self, frame: bytes) -> None:
-        self.flag[0] = 1
-        try:
-            updates = written_requests(frame)
-        except Exception:  # not a predict frame: nothing to report
-            return
-        for rid, final in updates:
-            if final:
-                self._started.discard(rid)
-                self._send(f"E {rid}")
-            elif rid not in self._started:
-                self._started.add(rid)
-                self._send(f"S {rid}")
-
-    def written(self) -> None:
-        self.flag[0] = 0
-
-    def stopping(self) -> None:
-        """This worker stops on request (SIGTERM): do not replace it."""
-        self._send("Q")
-
-
-def _flag_fd() -> int:
-    fd = os.memfd_create("orcaserve-socket-flags")
-    os.ftruncate(fd, FLAG_BYTES)
-    return fd
 
 
 # ---- the supervisor process ------------------------------------------------------------------
@@ -212,7 +99,7 @@ def log_path(model_name: str, role: str, pid: int) -> str:
 
 def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
     read_fd, write_fd = os.pipe()
-    flag_fd = _flag_fd()
+    flag_fd = new_flag_fd()
     env = dict(os.environ, **{ENV: f"{write_fd},{flag_fd}"}, TQDM_DISABLE="1")
     out = open(log_path(json.loads(load)["model_name"], "worker", os.getpid()), "ab")
     proc = subprocess.Popen(

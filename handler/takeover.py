@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from ts.async_service import AsyncService
     from ts.model_service_worker import TorchModelServiceWorker
 
-    from orcaserve.handler import socket_lock, supervisor
+    from orcaserve.handler import socket_lock, supervisor_link
 
     load = json.loads(args.load)
     msg = {
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = socket.socket(fileno=args.sock_fd)
     sock.setblocking(True)
     socket_lock.install(sock)  # observed from the first byte: the supervisor knows what is open
-    socket_lock.observe(supervisor.SupervisorLink.attach(os.environ[supervisor.ENV]))
+    socket_lock.observe(supervisor_link.SupervisorLink.attach(os.environ[supervisor_link.ENV]))
     service, result, code = worker.load_model(msg)
     if code != 200:
         logging.error("orcaserve replacement worker %d could not load the model: %s", os.getpid(), result)

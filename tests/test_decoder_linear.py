@@ -8,16 +8,14 @@ import torch.nn.functional as F
 from tiny_models import tiny_model
 
 from orcaserve.kernels.cpu_attention import arch_flags, has_op
-from orcaserve.scheduler.decoder import (
+from orcaserve.scheduler.decoder import PAD_MULTIPLE, Decoder, padded_tokens
+from orcaserve.scheduler.linear import (
     MKL_PACK_ROWS,
-    PAD_MULTIPLE,
     PLAIN_FROM_ROWS,
-    Decoder,
     Linear,
     bf16_gemm_preferred,
     mkl_preferred,
     orca_gemm_preferred,
-    padded_tokens,
 )
 
 # Output columns per panel of the project's fp32 GEMM: three vector registers of the ISA it is built for.

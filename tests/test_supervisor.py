@@ -18,7 +18,7 @@ from test_orca_handler import parse_frames
 
 from orcaserve.handler import socket_lock
 from orcaserve.handler.frames import read_request_ids, response_frame, written_requests
-from orcaserve.handler.supervisor import SupervisorLink
+from orcaserve.handler.supervisor_link import SupervisorLink
 
 LOAD = {
     "model_name": "m",
