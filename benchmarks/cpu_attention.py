@@ -25,8 +25,9 @@ from pathlib import Path
 
 import torch
 
-from orcaserve.kernels import cpu_attention
-from orcaserve.kernels.cpu_attention import CpuBackend, load_cpu_ops
+from orcaserve.kernels import cpu_ops
+from orcaserve.kernels.cpu_attention import CpuBackend
+from orcaserve.kernels.cpu_ops import load_cpu_ops
 from orcaserve.kernels.torch_attention import TorchAttentionPlan
 
 H, H_KV, D, BS = 9, 3, 64, 16
@@ -123,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.library:  # another build (an older kernel's .so from the build cache), to compare
-        cpu_attention.library_path = lambda: Path(args.library)  # type: ignore[assignment]
+        cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     op, reason = load_cpu_ops(build=True)
     print(f"threads={torch.get_num_threads()} op: {reason}")
     if op is None:

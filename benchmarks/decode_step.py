@@ -43,9 +43,9 @@ def main() -> None:
     if args.library:
         from pathlib import Path
 
-        from orcaserve.kernels import cpu_attention
+        from orcaserve.kernels import cpu_ops
 
-        cpu_attention.library_path = lambda: Path(args.library)  # type: ignore[assignment]
+        cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -32,7 +32,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels.cpu_attention import has_op
+from orcaserve.kernels.cpu_ops import has_op
 from orcaserve.scheduler.linear import MKL_PACK_ROWS
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
@@ -143,9 +143,9 @@ def main() -> None:
     if args.library:  # an older build of the ops, e.g. from the build cache, against the current one
         from pathlib import Path
 
-        from orcaserve.kernels import cpu_attention
+        from orcaserve.kernels import cpu_ops
 
-        cpu_attention.library_path = lambda: Path(args.library)  # type: ignore[assignment]
+        cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     dtype = getattr(torch, args.dtype)
     onednn = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if not (onednn or args.layers):

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend
-from orcaserve.kernels.cpu_attention import fused_ops, has_op
+from orcaserve.kernels.cpu_ops import fused_ops, has_op
 
 from .linear import PLAIN_FROM_ROWS, Linear, fuse_linears, runs_onednn
 from .loader import model_dims

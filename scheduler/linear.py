@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels.cpu_attention import has_op
+from orcaserve.kernels.cpu_ops import has_op
 
 
 def _can_pack(weight: torch.Tensor) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from orcaserve.kernels.cpu_attention import has_op
+from orcaserve.kernels.cpu_ops import has_op
 
 from .request import Request
 

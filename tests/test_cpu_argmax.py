@@ -5,7 +5,7 @@ multiple of the vector width. Skipped if the library cannot be built (the sample
 import pytest
 import torch
 
-from orcaserve.kernels import cpu_attention as ca
+from orcaserve.kernels import cpu_ops as ca
 from orcaserve.scheduler.sampler import argmax_rows
 
 OP, REASON = ca.load_cpu_ops(build=True)

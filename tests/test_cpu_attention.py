@@ -16,9 +16,10 @@ from attention_cases import SCENARIOS as SHARED
 from attention_cases import make_case
 
 from orcaserve.kernels import cpu_attention as ca
+from orcaserve.kernels import cpu_ops
 from orcaserve.kernels import torch_attention as ref
 
-OP, REASON = ca.load_cpu_ops(build=True)
+OP, REASON = cpu_ops.load_cpu_ops(build=True)
 if OP is None:
     pytest.skip(f"C++ CPU attention not built: {REASON}", allow_module_level=True)
 
@@ -165,7 +166,7 @@ def test_backend_falls_back_loudly(monkeypatch, caplog):
 def test_build_is_not_triggered_on_import_or_without_build(tmp_path, monkeypatch):
     """load(build=False) never compiles: with an empty cache directory it reports why."""
     monkeypatch.setenv("ORCASERVE_EXTENSIONS_DIR", str(tmp_path))
-    op, reason = ca._load(build=False, verbose=False)
+    op, reason = cpu_ops._load(build=False, verbose=False)
     assert op is None and "not built" in reason
     assert not any(tmp_path.iterdir())
 
@@ -192,7 +193,7 @@ def test_sources_compile_for_every_isa(isa):
     from torch.utils.cpp_extension import include_paths
 
     includes = [f"-I{p}" for p in include_paths()]
-    for src in ca.SOURCES:
-        cmd = ["g++", "-std=c++20", "-fsyntax-only", "-fopenmp", *ca.arch_flags(*isa), *includes, str(src)]
+    for src in cpu_ops.SOURCES:
+        cmd = ["g++", "-std=c++20", "-fsyntax-only", "-fopenmp", *cpu_ops.arch_flags(*isa), *includes, str(src)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         assert done.returncode == 0, f"{src.name} for {isa}:\n{done.stderr[-3000:]}"

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from tiny_models import TINY_VOCAB, tiny_model
 
-from orcaserve.kernels import cpu_attention as ca
+from orcaserve.kernels import cpu_ops as ca
 from orcaserve.kernels.torch_attention import store_kv
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.decoder import rms_norm

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from tiny_models import tiny_model
 
-from orcaserve.kernels.cpu_attention import arch_flags, has_op
+from orcaserve.kernels.cpu_ops import arch_flags, has_op
 from orcaserve.scheduler.decoder import PAD_MULTIPLE, Decoder, padded_tokens
 from orcaserve.scheduler.linear import (
     MKL_PACK_ROWS,
