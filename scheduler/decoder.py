@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from orcaserve.kernels import AttentionBackend
 from orcaserve.kernels.cpu_ops import fused_ops, has_op
 
-from .linear import PLAIN_FROM_ROWS, Linear, fuse_linears, runs_onednn
+from .linear import PLAIN_FROM_ROWS, Linear, fuse_linears
 from .loader import model_dims
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -92,10 +92,6 @@ class Decoder:
         if fused is None:
             fused = self.embed.device.type == "cpu" and fused_ops()
         self.fused = fused
-        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the GEMMs, which
-        # compiles a kernel per new count; 0: none. MKL and the project's GEMMs have no such
-        # first-call cost.
-        self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if pack and runs_onednn(self.embed) else 0
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
         # it too.
@@ -126,6 +122,10 @@ class Decoder:
                     down=fuse_linears(mlp.down_proj, pack=pack, plain_from=narrow),
                 )
             )
+        # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the layers' GEMMs,
+        # which compiles a kernel per new count; 0: none.
+        onednn = bool(self.layers) and self.layers[0].qkv.onednn
+        self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
 
     @torch.inference_mode()
     def warm_up(self, max_tokens: int, max_samples: int) -> None:

@@ -145,6 +145,9 @@ class Linear:
         self.orca = pack and not self.dot and _runs_orca(weight, orca)
         self.mkl = pack and not (self.dot or self.orca) and _runs_mkl(weight, mkl)
         self.packed = pack and (self.dot or self.orca or self.mkl or _can_pack(weight))
+        # oneDNN's inner product, which compiles a kernel per new row count (MKL's and the
+        # project's GEMMs do not).
+        self.onednn = self.packed and not (self.dot or self.orca or self.mkl)
         if self.dot:  # [ceil(out / 48), in / 2, 48, 2] panels
             self.weight = torch.ops.orcaserve.pack_linear_weight_bf16(weight)
         elif self.orca:  # [ceil(out / w), in, w] panels, w = 48 where built for AVX-512, else 24
@@ -158,7 +161,7 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         else:
             self.weight = weight
-        keep_plain = self.packed and not (self.mkl or self.orca or self.dot) and plain_from is not None
+        keep_plain = self.onednn and plain_from is not None
         self.plain: torch.Tensor | None = weight.detach() if keep_plain else None
         self.plain_from = plain_from if keep_plain and plain_from is not None else 1 << 62
 
@@ -191,10 +194,3 @@ def fuse_linears(*linears: Any, pack: bool, plain_from: int | None = None) -> Li
         lin.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
         lin.bias = None  # an nn.Linear without a bias has None there
     return fused
-
-
-def runs_onednn(weight: torch.Tensor) -> bool:
-    """Whether a packed `Linear` over `weight` runs oneDNN's inner product (which compiles a kernel
-    per new row count) rather than MKL's or the project's GEMMs (which do not)."""
-    others = (_runs_mkl, _runs_orca, _runs_dot)
-    return _can_pack(weight) and not any(runs(weight) for runs in others)
