@@ -43,9 +43,9 @@ inline void scores_fma(const float* qb, int R, const T* kb, int64_t ldk, int nk,
     for (int c = 0; c < NC; ++c) qv[c] = Vec::loadu(qb + r * D + c * kV);
     for (int j0 = 0; j0 < nk; j0 += kV) {
       Vec acc[kV];
-      const int n = std::min(kV, nk - j0);
-      for (int jj = 0; jj < n; ++jj) {
-        const T* kj = kb + (j0 + jj) * ldk;
+#pragma GCC unroll 16
+      for (int jj = 0; jj < kV; ++jj) {  // kV keys always (masked below): acc stays in registers
+        const T* kj = kb + std::min(j0 + jj, nk - 1) * ldk;
         Vec a0 = qv[0] * load_f(kj), a1(0.f);  // two chains: FMA latency
         for (int c = 1; c < NC; ++c) {
           if (c & 1) a1 = at::vec::fmadd(qv[c], load_f(kj + c * kV), a1);
@@ -53,7 +53,6 @@ inline void scores_fma(const float* qb, int R, const T* kb, int64_t ldk, int nk,
         }
         acc[jj] = a0 + a1;
       }
-      for (int jj = n; jj < kV; ++jj) acc[jj] = Vec(0.f);
       const Vec kpos = Vec::arange(static_cast<float>(k0 + j0), 1.f);
       const Vec limit(std::min(qpos[r], static_cast<float>(k0 + nk - 1)));
       Vec::blendv(hsum_lanes(acc), Vec(kNegInf), kpos > limit).store(s + r * ld_s + j0);
@@ -142,14 +141,13 @@ inline void scores_dp(const uint16_t* qh, int R, const at::BFloat16* kb, int64_t
     for (int c = 0; c < B::NCH; ++c) qv[c] = _mm512_loadu_si512(qh + r * B::NCH * 32 + 32 * c);
     for (int j0 = 0; j0 < nk; j0 += kV) {
       Vec acc[kV];
-      const int n = std::min(kV, nk - j0);
-      for (int jj = 0; jj < n; ++jj) {
-        const at::BFloat16* kj = kb + (j0 + jj) * ldk;
+#pragma GCC unroll 16
+      for (int jj = 0; jj < kV; ++jj) {  // as in scores_fma
+        const at::BFloat16* kj = kb + std::min(j0 + jj, nk - 1) * ldk;
         __m512 x = dpbf16(_mm512_setzero_ps(), qv[0], B::load(kj, 0));
         for (int c = 1; c < B::NCH; ++c) x = dpbf16(x, qv[c], B::load(kj, c));
         acc[jj] = x;
       }
-      for (int jj = n; jj < kV; ++jj) acc[jj] = Vec(0.f);
       const Vec kpos = Vec::arange(static_cast<float>(k0 + j0), 1.f);
       const Vec limit(std::min(qpos[r], static_cast<float>(k0 + nk - 1)));
       Vec::blendv(hsum_lanes(acc) * vscale, Vec(kNegInf), kpos > limit).store(s + r * ld_s + j0);
