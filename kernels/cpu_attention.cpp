@@ -14,9 +14,10 @@
 // Two kernels, picked by the rows per KV head:
 //  * few (decodes, short chunks): cpu_attention_decode.h, scores per key and row, softmax and
 //    P @ V per segment of up to 256 keys, bf16 caches multiplied as stored where the CPU can;
-//  * many (prefill tiles), here: queries transposed to [D, rows], so each key costs D fused
-//    multiply-adds vectorised over rows and no horizontal sum; an fp32 online softmax per block,
-//    vectorised over rows, and a register-blocked P @ V update.
+//  * many (prefill tiles), here with the block kernels of cpu_attention_tile.h: rows in vector
+//    lanes, so no key needs a horizontal sum (fp32 FMAs, or bf16 pairs through vdpbf16ps where
+//    the CPU has it); an fp32 online softmax per block, vectorised over rows, and a
+//    register-blocked P @ V update.
 // Only slots before each item's last query position are read: the rest may hold anything.
 
 #include <ATen/Parallel.h>
@@ -26,6 +27,7 @@
 
 #include "cpu_attention_common.h"
 #include "cpu_attention_decode.h"
+#include "cpu_attention_tile.h"
 
 namespace orcaserve {
 namespace {
@@ -37,44 +39,10 @@ constexpr int kDotRows = 8;
 constexpr int kTileRows = 64;
 constexpr int64_t kSerialWork = 4096;
 
-// Transposed scores s[j * Rp + r] for RC row vectors x JB keys: per head-dim element, RC loads
-// of the transposed queries, JB broadcast keys and RC x JB fused multiply-adds.
-template <int D, int RC, int JB>
-inline void qk_tile(const float* qt, int Rp, const float* kb, int64_t ldk, float* s, int rc, int j) {
-  Vec acc[RC][JB];
-  for (int c = 0; c < RC; ++c)
-    for (int jj = 0; jj < JB; ++jj) acc[c][jj] = Vec(0.f);
-  const float* k = kb + j * ldk;
-  for (int d = 0; d < D; ++d) {
-    Vec qd[RC];
-    for (int c = 0; c < RC; ++c) qd[c] = Vec::loadu(qt + d * Rp + rc + c * kV);
-    for (int jj = 0; jj < JB; ++jj) {
-      const Vec kk(k[jj * ldk + d]);
-      for (int c = 0; c < RC; ++c) acc[c][jj] = at::vec::fmadd(qd[c], kk, acc[c][jj]);
-    }
-  }
-  for (int jj = 0; jj < JB; ++jj)
-    for (int c = 0; c < RC; ++c) acc[c][jj].store(s + (j + jj) * Rp + rc + c * kV);
-}
-
-// K or V rows [nk, D] of one KV head of a block as fp32: in place for fp32 caches, otherwise
-// converted into `buf` (one pass per block and head, shared by every row of that head).
-template <typename T, int D>
-inline const float* block_rows(const T* base, float* buf, int nk, int64_t stride, int64_t* ld) {
-  if constexpr (std::is_same_v<T, float>) {
-    *ld = stride;
-    return base;
-  } else {
-    for (int j = 0; j < nk; ++j)
-      for (int c = 0; c < D; c += kV) load_f(base + j * stride + c).store(buf + j * D + c);
-    *ld = D;
-    return buf;
-  }
-}
-
 // A prefill tile: one KV head, rows r = (token i0 + r / G, query head g = r % G), more than kDotRows.
 template <typename T, int D>
 void attend_tile(const Args& a, const Item& it, Scratch& sc) {
+  constexpr bool dp = kHaveDpBf16 && std::is_same_v<T, at::BFloat16>;
   constexpr int NC = D / kV;
   const int G = static_cast<int>(a.group);
   const int64_t bs = a.block_size;
@@ -102,15 +70,27 @@ void attend_tile(const Args& a, const Item& it, Scratch& sc) {
     // Padding rows see every key, so they never produce -inf - -inf.
     qpos[r] = r < R ? static_cast<float>(first_pos + token(r)) : 3e38f;
   }
-  std::fill(o, o + R * D, 0.f);
-  const Vec vscale(a.scale);
-  for (int r = 0; r < R; ++r) {
-    const T* qr = static_cast<const T*>(a.q) + (q_begin + token(r)) * a.sq_t + head(r) * a.sq_h;
-    alignas(64) float tmp[D];
-    for (int c = 0; c < NC; ++c) (load_f(qr + c * kV) * vscale).store(tmp + c * kV);
-    for (int d = 0; d < D; ++d) qb[d * Rp + r] = tmp[d];
+  int32_t* qp = sc.pairs.data();  // bf16 dot path: [D / 2, Rp] query pairs, then P @ V's operands
+  int32_t* pp = qp + Rp * D / 2;
+  int32_t* vp = pp + (bs + 1) / 2 * Rp;
+  if constexpr (dp) {
+    std::fill(o, o + D * Rp, 0.f);  // transposed, [D, Rp]
+    std::fill(qp, qp + Rp * D / 2, 0);
+    for (int r = 0; r < R; ++r) {
+      const T* qr = static_cast<const T*>(a.q) + (q_begin + token(r)) * a.sq_t + head(r) * a.sq_h;
+      for (int d2 = 0; d2 < D / 2; ++d2) std::memcpy(qp + d2 * Rp + r, qr + 2 * d2, sizeof(int32_t));
+    }
+  } else {
+    std::fill(o, o + R * D, 0.f);
+    const Vec vscale(a.scale);
+    for (int r = 0; r < R; ++r) {
+      const T* qr = static_cast<const T*>(a.q) + (q_begin + token(r)) * a.sq_t + head(r) * a.sq_h;
+      alignas(64) float tmp[D];
+      for (int c = 0; c < NC; ++c) (load_f(qr + c * kV) * vscale).store(tmp + c * kV);
+      for (int d = 0; d < D; ++d) qb[d * Rp + r] = tmp[d];
+    }
+    for (int d = 0; d < D; ++d) std::fill(qb + d * Rp + R, qb + (d + 1) * Rp, 0.f);
   }
-  for (int d = 0; d < D; ++d) std::fill(qb + d * Rp + R, qb + (d + 1) * Rp, 0.f);
 
   const int64_t num_blocks = (kmax + bs - 1) / bs;
   for (int64_t bi = 0; bi < num_blocks; ++bi) {
@@ -123,31 +103,38 @@ void attend_tile(const Args& a, const Item& it, Scratch& sc) {
       prefetch_rows(kc + next0, nk_next, D, row_stride);
       prefetch_rows(vc + next0, nk_next, D, row_stride);
     }
-    // Scores transposed, s[j * Rp + r]; eight accumulators hide the FMA latency.
-    int64_t ldk, ldv;
-    const float* kb = block_rows<T, D>(kc + slot0, sc.kf.data(), nk, row_stride, &ldk);
-    const float* vb = block_rows<T, D>(vc + slot0, sc.vf.data(), nk, row_stride, &ldv);
-    int rc = 0;
-    for (; rc + 2 * kV <= Rp; rc += 2 * kV) {
-      int j = 0;
-      for (; j + 4 <= nk; j += 4) qk_tile<D, 2, 4>(qb, Rp, kb, ldk, s, rc, j);
-      for (; j < nk; ++j) qk_tile<D, 2, 1>(qb, Rp, kb, ldk, s, rc, j);
-    }
-    if (rc < Rp) {
-      int j = 0;
-      for (; j + 8 <= nk; j += 8) qk_tile<D, 1, 8>(qb, Rp, kb, ldk, s, rc, j);
-      for (; j < nk; ++j) qk_tile<D, 1, 1>(qb, Rp, kb, ldk, s, rc, j);
+    // Scores transposed, s[j * Rp + r].
+    int64_t ldk = 0, ldv = 0;
+    const float* vb = nullptr;
+    if constexpr (dp) {
+#ifdef ORCA_DPBF16  // as in attend_rows: a discarded branch must still name declared things
+      qk_block_dp<D>(qp, Rp, kc + slot0, row_stride, nk, s, a.scale);
+#endif
+    } else {
+      const float* kb = block_rows<T, D>(kc + slot0, sc.kf.data(), nk, row_stride, &ldk);
+      vb = block_rows<T, D>(vc + slot0, sc.vf.data(), nk, row_stride, &ldv);
+      int rc = 0;  // eight accumulators per call hide the FMA latency
+      for (; rc + 2 * kV <= Rp; rc += 2 * kV) {
+        int j = 0;
+        for (; j + 4 <= nk; j += 4) qk_tile<D, 2, 4>(qb, Rp, kb, ldk, s, rc, j);
+        for (; j < nk; ++j) qk_tile<D, 2, 1>(qb, Rp, kb, ldk, s, rc, j);
+      }
+      if (rc < Rp) {
+        int j = 0;
+        for (; j + 8 <= nk; j += 8) qk_tile<D, 1, 8>(qb, Rp, kb, ldk, s, rc, j);
+        for (; j < nk; ++j) qk_tile<D, 1, 1>(qb, Rp, kb, ldk, s, rc, j);
+      }
     }
     const bool masked = k0 + nk - 1 > diag;
     const Vec ninf(kNegInf);
-    for (rc = 0; rc < Rp; rc += kV) {
-      const Vec qp = Vec::loadu(qpos + rc);
+    for (int rc = 0; rc < Rp; rc += kV) {
+      const Vec qv = Vec::loadu(qpos + rc);
       const Vec m_old = Vec::loadu(m + rc);
       Vec mv = m_old;
       for (int j = 0; j < nk; ++j) {
         Vec sj = Vec::loadu(s + j * Rp + rc);
         if (masked) {
-          sj = Vec::blendv(sj, ninf, Vec(static_cast<float>(k0 + j)) > qp);
+          sj = Vec::blendv(sj, ninf, Vec(static_cast<float>(k0 + j)) > qv);
           sj.store(s + j * Rp + rc);
         }
         mv = at::vec::maximum(mv, sj);
@@ -163,14 +150,21 @@ void attend_tile(const Args& a, const Item& it, Scratch& sc) {
       mv.store(m + rc);
       al.store(alpha + rc);
     }
-    const int64_t block0 = 0;  // vb is the block itself
-    pv_fma<float, D>(o, D, R, alpha, s, 1, Rp, vb, &block0, 1, nk, ldv, nk);
+    if constexpr (dp) {
+#ifdef ORCA_DPBF16
+      pv_operands_dp<D>(s, Rp, vc + slot0, row_stride, nk, pp, vp);
+      pv_block_dp<D>(o, Rp, alpha, pp, vp, nk);
+#endif
+    } else {
+      const int64_t block0 = 0;  // vb is the block itself
+      pv_fma<float, D>(o, D, R, alpha, s, 1, Rp, vb, &block0, 1, nk, ldv, nk);
+    }
   }
 
   for (int r = 0; r < R; ++r) {
     alignas(64) float tmp[D];
-    const Vec inv(1.f / l[r]);
-    for (int c = 0; c < NC; ++c) (Vec::loadu(o + r * D + c * kV) * inv).store(tmp + c * kV);
+    const float inv = 1.f / l[r];
+    for (int d = 0; d < D; ++d) tmp[d] = (dp ? o[d * Rp + r] : o[r * D + d]) * inv;
     at::vec::convert(tmp, static_cast<T*>(a.out) + (q_begin + token(r)) * a.so_t + head(r) * a.so_h, D);
   }
 }

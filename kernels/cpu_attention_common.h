@@ -20,7 +20,7 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int kV = Vec::size();
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// bf16 dot products in hardware (vdpbf16ps): the decode path then multiplies the bf16 cache
+// bf16 dot products in hardware (vdpbf16ps): both attention kernels then multiply the bf16 cache
 // as stored, with no conversion to fp32. Compiled in only when the building CPU has them.
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
 #define ORCA_DPBF16 1
@@ -133,6 +133,7 @@ struct Scratch {
   std::vector<float> kf, vf;  // [block_size, D] fp32 copies of one head of a block (prefill tiles)
   std::vector<float> m, l, alpha, qpos;  // [Rp]
   std::vector<int64_t> blocks;           // element offsets of one segment's blocks (decodes)
+  std::vector<int32_t> pairs;            // bf16 pairs of a prefill tile: queries, P and V of a block
 
   void reserve(int64_t rp, int64_t dp, int64_t bs, int64_t ld_s) {
     auto grow = [](auto& v, int64_t n) {
@@ -147,6 +148,7 @@ struct Scratch {
     grow(vf, bs * dp);
     for (auto* v : {&m, &l, &alpha, &qpos}) grow(*v, rp);
     grow(blocks, ld_s / std::max<int64_t>(bs, 1) + 2);
+    grow(pairs, rp * dp / 2 + (bs + 1) / 2 * (rp + dp));
   }
 };
 

@@ -48,7 +48,13 @@ SOURCES = tuple(
 )
 HEADERS = tuple(
     Path(__file__).with_name(n)
-    for n in ("cpu_attention_common.h", "cpu_attention_decode.h", "cpu_rows.h", "cpu_gemm_panels.h")
+    for n in (
+        "cpu_attention_common.h",
+        "cpu_attention_decode.h",
+        "cpu_attention_tile.h",
+        "cpu_rows.h",
+        "cpu_gemm_panels.h",
+    )
 )
 
 # (q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, out) -> None, writes out.
