@@ -125,6 +125,14 @@ struct Bf16Row {
     }
     return _mm512_loadu_si512(p);
   }
+  // Chunk c of rows j and j + 1 (zeros for j + 1 unless `pair`) interleaved for vdpbf16ps's pairs:
+  // (v_j[d], v_j+1[d]) per 32-bit lane, in the lanes dp_lane maps d to.
+  static inline void pair_rows(const at::BFloat16* vj, int64_t ld, bool pair, int c, __m512i* lo, __m512i* hi) {
+    const __m512i a = load(vj, c);
+    const __m512i b = pair ? load(vj + ld, c) : _mm512_setzero_si512();
+    *lo = _mm512_unpacklo_epi16(a, b);
+    *hi = _mm512_unpackhi_epi16(a, b);
+  }
 };
 
 inline __m512 dpbf16(__m512 acc, __m512i a, __m512i b) { return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b); }
@@ -172,12 +180,7 @@ inline void pv_dp_rows(float* o, int64_t ldo, const float* alpha, const uint16_t
     for (int j = 0; j < nk; j += 2) {
       const bool pair = j + 1 < nk;  // an odd tail pairs with zeros, never with a slot past nk
       __m512i lo[B::NCH], hi[B::NCH];
-      for (int c = 0; c < B::NCH; ++c) {
-        const __m512i a = B::load(vb + j * ldv, c);
-        const __m512i b = pair ? B::load(vb + (j + 1) * ldv, c) : _mm512_setzero_si512();
-        lo[c] = _mm512_unpacklo_epi16(a, b);
-        hi[c] = _mm512_unpackhi_epi16(a, b);
-      }
+      for (int c = 0; c < B::NCH; ++c) B::pair_rows(vb + j * ldv, ldv, pair, c, &lo[c], &hi[c]);
       for (int r = 0; r < RB; ++r) {
         uint32_t pp;
         std::memcpy(&pp, p + r * ldp + off + j, sizeof(pp));

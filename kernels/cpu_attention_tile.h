@@ -51,19 +51,6 @@ inline const float* block_rows(const T* base, float* buf, int nk, int64_t stride
   }
 }
 
-// Runs f(RC, first row) over Rp rows in vectors of kV: four at a time, then what is left.
-template <typename F>
-inline void row_vectors(int Rp, F&& f) {
-  int rc = 0;
-  for (; rc + 4 * kV <= Rp; rc += 4 * kV) f(std::integral_constant<int, 4>{}, rc);
-  switch ((Rp - rc) / kV) {
-    case 3: f(std::integral_constant<int, 3>{}, rc); break;
-    case 2: f(std::integral_constant<int, 2>{}, rc); break;
-    case 1: f(std::integral_constant<int, 1>{}, rc); break;
-    default: break;
-  }
-}
-
 #ifdef ORCA_DPBF16
 inline int32_t bf16_pair(const void* p) {
   int32_t v;
@@ -97,8 +84,9 @@ inline void qk_tile_dp(const int32_t* qp, int Rp, const at::BFloat16* kb, int64_
 template <int D>
 inline void qk_block_dp(const int32_t* qp, int Rp, const at::BFloat16* kb, int64_t ldk, int nk, float* s,
                         float scale) {
-  row_vectors(Rp, [&](auto rc_n, int rc) {
+  row_groups<4>(Rp / kV, [&](auto rc_n, int v0) {  // 4 row vectors at a time, then the rest
     constexpr int RC = decltype(rc_n)::value;
+    const int rc = v0 * kV;
     int j = 0;
     for (; j + 4 <= nk; j += 4) qk_tile_dp<D, RC, 4>(qp, Rp, kb, ldk, s, rc, j, scale);
     for (; j < nk; ++j) qk_tile_dp<D, RC, 1>(qp, Rp, kb, ldk, s, rc, j, scale);
@@ -123,10 +111,10 @@ inline void pv_operands_dp(const float* s, int Rp, const at::BFloat16* vb, int64
       _mm512_storeu_si512(pp + (j / 2) * Rp + rc, _mm512_or_si512(half(j), hi));
     }
     for (int c = 0; c < B::NCH; ++c) {
-      const __m512i a = B::load(vb + j * ldv, c);
-      const __m512i b = pair ? B::load(vb + (j + 1) * ldv, c) : _mm512_setzero_si512();
-      _mm512_storeu_si512(vp + (j / 2) * DP + 32 * c, _mm512_unpacklo_epi16(a, b));
-      _mm512_storeu_si512(vp + (j / 2) * DP + 32 * c + 16, _mm512_unpackhi_epi16(a, b));
+      __m512i lo, hi;
+      B::pair_rows(vb + j * ldv, ldv, pair, c, &lo, &hi);
+      _mm512_storeu_si512(vp + (j / 2) * DP + 32 * c, lo);
+      _mm512_storeu_si512(vp + (j / 2) * DP + 32 * c + 16, hi);
     }
   }
 }
@@ -160,8 +148,9 @@ inline void pv_tile_dp(float* oT, int Rp, const float* alpha, const int32_t* pp,
 template <int D>
 inline void pv_block_dp(float* oT, int Rp, const float* alpha, const int32_t* pp, const int32_t* vp, int nk) {
   const int npairs = (nk + 1) / 2;
-  row_vectors(Rp, [&](auto rc_n, int rc) {
+  row_groups<4>(Rp / kV, [&](auto rc_n, int v0) {
     constexpr int RC = decltype(rc_n)::value;
+    const int rc = v0 * kV;
     for (int d0 = 0; d0 < D; d0 += 4) pv_tile_dp<D, RC, 4>(oT, Rp, alpha, pp, vp, npairs, rc, d0);
   });
 }
