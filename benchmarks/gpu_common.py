@@ -1,0 +1,85 @@
+"""What the steps of benchmarks/gpu_engine.py share: stand-ins, result files, device names."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+
+
+class ByteTokenizer:
+    """The engine needs encode/decode/eos/pad only; prompts are token ids (no tokenizer files travel)."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def encode(self, text, add_special_tokens=False):
+        return list(text.encode())
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i % 256 for i in ids).decode("latin-1")
+
+
+class OnDevice:
+    """`generate` on a GPU model for offline.run_padded_generate, which builds CPU tensors: moves
+    them, and waits for the GPU so the caller's wall clock covers the work."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def generate(self, input_ids, attention_mask=None, **kwargs):
+        import torch
+
+        dev = self.model.device
+        out = self.model.generate(input_ids.to(dev), attention_mask=attention_mask.to(dev), **kwargs)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return out
+
+
+def versions() -> dict:
+    import torch
+    import transformers
+
+    v = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        v["triton"] = None
+    return v
+
+
+def free_cuda() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+class Results:
+    def __init__(self, path: str | None, **head):
+        self.path = path
+        self.data = dict(head, date=time.strftime("%Y-%m-%d %H:%M:%S"), versions=versions())
+
+    def save(self) -> None:
+        if self.path:
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.data, f, indent=1, default=str)
+            os.replace(tmp, self.path)
+
+
+def device_name(dev) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (TRITON_INTERPRET=1)"
+
+
+CONFIGS = {  # name: (max_num_seqs, max_num_batched_tokens, padded generate batch)
+    "gpu": (256, 4096, 256),
+    "cpu": (32, 512, 32),
+}

@@ -1,0 +1,174 @@
+"""gpu_engine.py throughput: a random model of SmolLM2-135M's shape on the offline workload."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from gpu_common import CONFIGS, ByteTokenizer, OnDevice, Results, device_name, free_cuda
+
+SMOLLM2 = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+    initializer_range=0.02,
+)
+SMOKE_SHAPE = dict(
+    SMOLLM2,
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
+
+def smollm2_shaped(dev, dtype, smoke: bool):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = LlamaForCausalLM(LlamaConfig(**(SMOKE_SHAPE if smoke else SMOLLM2))).to(dtype).eval()
+    model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
+    return model
+
+
+def generate_batch_startup(model, args) -> float:
+    """Seconds to start and stop an idle continuous-batching manager (its warm-up captures CUDA
+    graphs): offline.run_generate_batch times it as part of the run, so it is also reported apart."""
+    from transformers import GenerationConfig
+
+    cfg = GenerationConfig(max_new_tokens=args.max_out, do_sample=False, eos_token_id=None, pad_token_id=0)
+    t = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=cfg, block=True, timeout=5):
+        pass
+    return time.perf_counter() - t
+
+
+def run_throughput(args, dev) -> int:
+    import offline
+    import torch
+    from serve_workload import offline_workload, workload_sha256
+
+    class TritonEngine(offline.Engine):
+        """offline.run_orcaserve's engine, on the Triton backend also where it is not the default
+        (the CPU smoke run under the interpreter; on CUDA it is the default anyway)."""
+
+        @classmethod
+        def from_model(cls, model, tokenizer, config=None, **engine_args):
+            if config is None:
+                engine_args.setdefault("attention_backend", "triton")
+            return super().from_model(model, tokenizer, config, **engine_args)
+
+    offline.Engine = TritonEngine
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    model = smollm2_shaped(dev, dtype, args.smoke)
+    tok = ByteTokenizer()
+    work = offline_workload(
+        args.num_prompts,
+        args.seed,
+        (args.min_prompt, args.max_prompt),
+        (args.min_out, args.max_out),
+        model.config.vocab_size,
+    )
+    warm = work[: args.warmup_prompts]
+    res = Results(
+        args.json,
+        step="throughput",
+        device=str(dev),
+        device_name=device_name(dev),
+        model="random-init, SmolLM2-135M config" if not args.smoke else "smoke shape",
+        model_config={k: v for k, v in (SMOKE_SHAPE if args.smoke else SMOLLM2).items()},
+        workload={
+            k: getattr(args, k)
+            for k in ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out", "max_out", "dtype")
+        },
+        workload_sha256=workload_sha256(work),
+        useful_tokens=sum(n for _, n in work),
+        prompt_tokens=sum(len(p) for p, _ in work),
+        runs=[],
+    )
+    runners = {
+        "orcaserve": offline.run_orcaserve,
+        "generate": offline.run_padded_generate,
+        "generate_batch": offline.run_generate_batch,
+    }
+    failed = 0
+    for cfg_name in args.configs.split(","):
+        seqs, tokens, batch = CONFIGS[cfg_name]
+        if args.smoke:
+            seqs, tokens, batch = 4, 64, 4
+        ns = argparse.Namespace(**vars(args))
+        ns.max_num_seqs, ns.max_num_batched_tokens, ns.batch = seqs, tokens, batch
+        ns.max_model_len = None
+        for name in args.systems.split(","):
+            if name == "generate_batch" and cfg_name != args.configs.split(",")[0]:
+                continue  # its own scheduler sizes itself; one run is enough
+            fn = runners[name]
+            target = OnDevice(model) if name == "generate" else model
+            row = {
+                "system": name,
+                "config": cfg_name,
+                "max_num_seqs": seqs,
+                "max_num_batched_tokens": tokens,
+                "generate_batch_size": batch if name == "generate" else None,
+                "status": "warm-up",
+            }
+            res.data["runs"].append(row)  # saved as it goes: a timeout leaves the row with its status
+            res.save()
+            print(f"[{cfg_name}] {name}: warm-up ...", flush=True)
+            try:
+                if name == "generate_batch":
+                    row["startup_s"] = generate_batch_startup(model, ns)
+                else:
+                    fn(target, tok, warm, ns)
+                free_cuda()
+                row["status"] = "running"
+                res.save()
+                if dev.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(dev)
+                r = fn(target, tok, work, ns)
+                r["useful_tok_s"] = r["useful_tokens"] / r["wall_s"]
+                if dev.type == "cuda":
+                    r["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(dev) / (1 << 30)
+                if "startup_s" in row and r["wall_s"] > row["startup_s"]:
+                    r["useful_tok_s_excl_startup"] = r["useful_tokens"] / (r["wall_s"] - row["startup_s"])
+                row.update(r, status="done")
+                print(
+                    f"[{cfg_name}] {name}: {r['useful_tok_s']:9.1f} useful tok/s, wall {r['wall_s']:7.2f} s", flush=True
+                )
+            except Exception as e:  # report and go on with the next system
+                failed += 1
+                row.update(error=f"{type(e).__name__}: {e}", status="failed")
+                print(f"[{cfg_name}] {name}: FAILED {row['error']}", flush=True)
+            free_cuda()
+            res.save()
+    by = {(r["config"], r["system"]): r.get("useful_tok_s") for r in res.data["runs"]}
+    res.data["speedup_vs_generate"] = {
+        f"{c}/{s}": v / by[(c, "generate")] for (c, s), v in by.items() if v and by.get((c, "generate"))
+    }
+    res.data["speedup_vs_generate_batch"] = {
+        f"{c}/orcaserve": by[(c, "orcaserve")] / gb
+        for (c, s), gb in by.items()
+        if s == "generate_batch" and gb and by.get((c, "orcaserve"))
+    }
+    res.save()
+    for k, v in res.data["speedup_vs_generate"].items():
+        print(f"{k}: {v:.2f}x padded generate")
+    return 1 if failed else 0

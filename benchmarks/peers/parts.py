@@ -1,0 +1,299 @@
+"""The four parts of the peer run (each system offline and over HTTP) and the process handling
+they share. Each part takes the run's arguments, a dtype and a scratch folder, and returns its
+figures as a dict. run.py puts benchmarks/ and tests/ on sys.path for the imports inside them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+VENV = HERE / ".venv-vllm"
+VPY = VENV / "bin" / "python"
+MODEL_DIR = HERE / "model" / "SmolLM2-135M-Instruct"
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+# Both systems run every part with these (the JSON's settings["engine"]).
+ENGINE_LIMITS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024}
+
+
+def limit_flags() -> list[str]:
+    """ENGINE_LIMITS as flags: offline.py, vllm_offline.py and vLLM's server spell them alike."""
+    return [x for k, v in ENGINE_LIMITS.items() for x in ("--" + k.replace("_", "-"), str(v))]
+
+
+def log(msg: str) -> None:
+    print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def vllm_env() -> dict:
+    """vLLM's tuned CPU environment: tcmalloc + its libiomp5 preloaded, threads bound, 2 GiB KV cache."""
+    tcm = sorted((HERE / "tcmalloc").glob("usr/lib/*/libtcmalloc_minimal.so.4"))
+    if not tcm or not VPY.exists():
+        raise SystemExit("peers: vLLM is not set up: run benchmarks/peers/setup_vllm.sh first")
+    preload = [str(tcm[0])] + [str(p) for p in [VENV / "lib" / "libiomp5.so"] if p.exists()]
+    cores = len(os.sched_getaffinity(0))
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join(preload + [p for p in env.get("LD_PRELOAD", "").split(":") if p])
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{cores - 1}")
+    return env
+
+
+def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,)) -> None:
+    """Run to completion in its own process group (killed whole on timeout); output to `logfile`."""
+    shown = ["--key=$KEY" if a.startswith("--key=") and a != "--key=none" else a for a in cmd]
+    log("$ " + shlex.join(shown) + f"   (log: {logfile})")
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        finally:
+            stop_group(proc)
+    if rc not in ok:
+        raise RuntimeError(f"{Path(cmd[1]).name} exited {rc}: {logfile.read_text(errors='replace')[-1500:]}")
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM the process group, SIGKILL what is left after `grace` s; wait until it is gone."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)  # anything of the group left (engine processes too)?
+            except ProcessLookupError:
+                return
+            time.sleep(0.3)
+    proc.poll()
+
+
+# ---- the four parts --------------------------------------------------------------------------
+def orcaserve_offline(args, dtype: str, work: Path) -> dict:
+    out = work / f"orcaserve-offline-{dtype}.json"
+    run_logged(
+        [
+            sys.executable,
+            "benchmarks/offline.py",
+            "--systems",
+            "orcaserve",
+            "--dtype",
+            dtype,
+            "--num-prompts",
+            str(args.num_prompts),
+            *limit_flags(),
+            "--seed",
+            str(args.seed),
+            "--json",
+            str(out),
+        ],
+        out.with_suffix(".log"),
+    )
+    data = json.loads(out.read_text())
+    r = data["orcaserve"]
+    return {
+        "output_tok_s": r["useful_tok_s"],
+        "wall_s": r["wall_s"],
+        "useful_tokens": r["useful_tokens"],
+        "engine_dtype": r.get("dtype"),
+        "preemptions": r.get("preemptions"),
+        "steps": r.get("steps"),
+        "workload_sha256": data.get("workload_sha256"),
+    }
+
+
+def vllm_offline(args, dtype: str, work: Path) -> dict:
+    out = work / f"vllm-offline-{dtype}.json"
+    run_logged(
+        [
+            str(VPY),
+            str(HERE / "vllm_offline.py"),
+            "--model",
+            str(MODEL_DIR),
+            "--dtype",
+            dtype,
+            "--num-prompts",
+            str(args.num_prompts),
+            *limit_flags(),
+            "--seed",
+            str(args.seed),
+            "--json",
+            str(out),
+        ],
+        out.with_suffix(".log"),
+        env=vllm_env(),
+    )
+    r = json.loads(out.read_text())
+    return {
+        "output_tok_s": r["useful_tok_s"],
+        "wall_s": r["wall_s"],
+        "useful_tokens": r["useful_tokens"],
+        "startup_s": r["startup_s"],
+        "engine_dtype": r["dtype"],
+        "workload_sha256": r["workload_sha256"],
+        "versions": r["versions"],
+    }
+
+
+def load_http(args, label: str, endpoint: str, key: str | None, work: Path, model_name: str | None = None) -> dict:
+    """benchmarks/serve.py against `endpoint`: the same seeded requests for every system."""
+    out = work / f"{label}-http.json"
+    cmd = [
+        sys.executable,
+        "benchmarks/serve.py",
+        "--endpoint",
+        endpoint,
+        f"--key={key or 'none'}",
+        "--model",
+        label,
+        "--concurrency",
+        str(args.concurrency),
+        "--num-requests",
+        str(args.num_requests),
+        "--input-len",
+        "16:256",
+        "--output-len",
+        "8:128",
+        "--token-range",
+        f"100:{args.vocab}",
+        "--seed",
+        str(args.seed),
+        "--warmup",
+        str(args.warmup),
+        "--timeout",
+        "900",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
+    if model_name:
+        cmd += ["--model-name", model_name]
+    run_logged(cmd, out.with_suffix(".log"), timeout=3600, ok=(0, 1))  # 1: some requests failed (counted below)
+    data = json.loads(out.read_text())
+    [s] = data["summaries"]
+    shape = [(r["input_len"], r["max_tokens"]) for r in sorted(data["requests"], key=lambda r: r["index"])]
+    return {
+        "output_tok_s": s.get("output_tokens_per_s"),
+        "duration_s": s.get("duration_s"),
+        "requests": s["requests"],
+        "completed": s["completed"],
+        "errors": s["errors"],
+        "ttft_p50": (s.get("ttft") or {}).get("p50"),
+        "e2e_p50": (s.get("e2e") or {}).get("p50"),
+        "tpot_p50": (s.get("tpot") or {}).get("p50"),
+        "ttft_p99": (s.get("ttft") or {}).get("p99"),
+        "e2e_p99": (s.get("e2e") or {}).get("p99"),
+        "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(),
+        "raw": str(out),
+    }
+
+
+def orcaserve_http(args, dtype: str, work: Path) -> dict:
+    from torchserve_harness import TorchServe
+
+    store = work / f"model-store-{dtype}"
+    sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orcaserve.handler.archive",
+        "--name",
+        "smollm2",
+        "--export-path",
+        str(store),
+        "--format",
+        "no-archive",
+        "--force",
+    ]
+    run_logged(cmd + [a for kv in sets for a in ("--set", kv)], work / f"archive-{dtype}.log")
+    t = time.perf_counter()
+    with TorchServe(
+        work / f"torchserve-{dtype}", store, extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}
+    ) as ts:
+        ts.register("smollm2")
+        startup = time.perf_counter() - t
+        log(f"TorchServe up, smollm2 ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
+        r = load_http(
+            args,
+            f"orcaserve-{dtype}",
+            ts.url("/predictions/smollm2/1.0/v1/completions"),
+            ts.keys.get("inference"),
+            work,
+        )
+    r.update(startup_s=startup, archive_overrides=sets)
+    return r
+
+
+def vllm_http(args, dtype: str, work: Path) -> dict:
+    from torchserve_harness import free_ports
+
+    [port] = free_ports(1)
+    cmd = [
+        str(VPY),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        "smollm2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        TORCH_DTYPE[dtype],
+        *limit_flags(),
+        "--seed",
+        str(args.seed),
+    ]
+    logfile = work / f"vllm-server-{dtype}.log"
+    log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
+    t = time.perf_counter()
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=vllm_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        while True:  # start-up compiles: minutes on a busy machine
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"vLLM server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}"
+                )
+            if time.perf_counter() - t > args.server_timeout:
+                raise RuntimeError(f"vLLM server not up after {args.server_timeout} s (log: {logfile})")
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        startup = time.perf_counter() - t
+        log(f"vLLM server up in {startup:.0f} s")
+        r = load_http(args, f"vllm-{dtype}", f"http://127.0.0.1:{port}/v1/completions", None, work, "smollm2")
+    finally:
+        stop_group(proc)
+    r.update(startup_s=startup, server_command=shlex.join(cmd))
+    return r
+
+
+PARTS = {
+    ("orcaserve", "offline"): orcaserve_offline,
+    ("vllm", "offline"): vllm_offline,
+    ("orcaserve", "http"): orcaserve_http,
+    ("vllm", "http"): vllm_http,
+}
