@@ -31,6 +31,12 @@ def limit_flags() -> list[str]:
     return [x for k, v in ENGINE_LIMITS.items() for x in ("--" + k.replace("_", "-"), str(v))]
 
 
+def offline_flags(args, dtype: str, out: Path) -> list[str]:
+    """The offline workload's flags, alike for offline.py and vllm_offline.py."""
+    common = ["--dtype", dtype, "--num-prompts", str(args.num_prompts), *limit_flags()]
+    return [*common, "--seed", str(args.seed), "--json", str(out)]
+
+
 def log(msg: str) -> None:
     print(f"[peers {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -92,15 +98,7 @@ def orcaserve_offline(args, dtype: str, work: Path) -> dict:
             "benchmarks/offline.py",
             "--systems",
             "orcaserve",
-            "--dtype",
-            dtype,
-            "--num-prompts",
-            str(args.num_prompts),
-            *limit_flags(),
-            "--seed",
-            str(args.seed),
-            "--json",
-            str(out),
+            *offline_flags(args, dtype, out),
         ],
         out.with_suffix(".log"),
     )
@@ -125,15 +123,7 @@ def vllm_offline(args, dtype: str, work: Path) -> dict:
             str(HERE / "vllm_offline.py"),
             "--model",
             str(MODEL_DIR),
-            "--dtype",
-            dtype,
-            "--num-prompts",
-            str(args.num_prompts),
-            *limit_flags(),
-            "--seed",
-            str(args.seed),
-            "--json",
-            str(out),
+            *offline_flags(args, dtype, out),
         ],
         out.with_suffix(".log"),
         env=vllm_env(),
