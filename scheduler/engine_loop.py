@@ -35,29 +35,6 @@ class _Abort:
 
 
 _STOP = object()
-_FIELDS = {
-    "prompt",
-    "priority",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "stop_token_ids",
-    "ignore_eos",
-    "cache_salt",
-}
-
-
-def _param_of(message: str) -> str | None:
-    """Validation messages start with the field's name (see SamplingParams, Engine.add_request)."""
-    first = message.split(" ", 1)[0]
-    return first if first in _FIELDS else None
 
 
 class EngineLoop:
@@ -245,7 +222,7 @@ class EngineLoop:
         try:
             self.engine.add_request(rid, item.prompt, item.params, item.priority, cache_salt=item.cache_salt)
         except ValueError as e:
-            self._finish_stream(item.stream, RequestError(400, str(e), _param_of(str(e))))
+            self._finish_stream(item.stream, RequestError.invalid(str(e)))
             return
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the loop
             log.exception("request %s could not be admitted", rid)

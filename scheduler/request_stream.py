@@ -8,6 +8,27 @@ from collections.abc import AsyncIterator, Iterator
 
 from .outputs import RequestOutput
 
+# Validation messages (SamplingParams, Engine.add_request) start with the offending field's name.
+_FIELDS = frozenset(
+    {
+        "prompt",
+        "priority",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "stop_token_ids",
+        "ignore_eos",
+        "cache_salt",
+    }
+)
+
 
 class RequestError(Exception):
     """A request failed. `status` is the HTTP status to answer with: 400 invalid request, 408
@@ -21,6 +42,12 @@ class RequestError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
+
+    @classmethod
+    def invalid(cls, message: str) -> RequestError:
+        """A 400 for a validation message; `param` is its first word where that names a field."""
+        first = message.split(" ", 1)[0]
+        return cls(400, message, first if first in _FIELDS else None)
 
 
 class RequestStream:
