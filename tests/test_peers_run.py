@@ -1,0 +1,82 @@
+"""benchmarks/peers/run.py without vLLM: its arguments, the engine limits both systems get, and
+the rules that keep a table honest (earlier results reused only under the same settings, both
+systems on the very same requests). A whole run needs vLLM's own venv (`make bench-peers`; its
+`--smoke` mode takes about ten minutes), so it is not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _import_peers():
+    """run.py puts benchmarks/ first on sys.path, where benchmarks/kernels.py would then shadow
+    the PyPI package `kernels` that transformers looks for: import, then restore the path."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
+    try:
+        import parts
+        import run
+    finally:
+        sys.path[:] = saved
+    return parts, run
+
+
+parts, run = _import_peers()
+
+
+def test_arguments():
+    args = run.parse_args(["--smoke", "--work", "/tmp/x", "--systems", "vllm", "--repeats", "2"])
+    assert args.work == "/tmp/x" and args.workloads == ["offline", "http"]  # --work is not --workloads
+    assert args.systems == ["vllm"] and args.dtypes == ["fp32", "bf16"] and args.repeats == 2
+    assert (args.num_prompts, args.num_requests) == (16, 16)
+    for bad in (["--systems", "tgi"], ["--dtypes", "fp16"], ["--workloads", ""]):
+        with pytest.raises(SystemExit):
+            run.parse_args(bad)
+
+
+def test_both_systems_get_the_same_engine_limits(tmp_path):
+    args = argparse.Namespace(num_prompts=7, seed=3)
+    flags = parts.offline_flags(args, "bf16", tmp_path / "o.json")
+    limits = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert limits == {
+        "--dtype": "bf16",
+        "--num-prompts": "7",
+        "--max-num-seqs": "32",
+        "--max-num-batched-tokens": "512",
+        "--max-model-len": "1024",
+        "--seed": "3",
+        "--json": str(tmp_path / "o.json"),
+    }
+    args.vocab, args.num_requests, args.concurrency, args.warmup, args.systems = 49152, 9, 4, 1, ["orcaserve"]
+    settings = run.settings_of(args)
+    assert settings["engine"] == parts.ENGINE_LIMITS and settings["vllm_env"] is None
+
+
+def _entry(system: str, dtype: str, workload: str, sha: str = "s") -> dict:
+    return {"system": system, "dtype": dtype, "workload": workload, "workload_sha256": sha}
+
+
+def test_earlier_results_only_under_the_same_settings(tmp_path):
+    out = tmp_path / "peers.json"
+    settings = {"engine": {"a": 1}, "offline": {"b": 2}, "http": {"c": 3}}
+    old = [_entry("vllm", "bf16", "http"), _entry("orcaserve", "bf16", "http"), _entry("vllm", "fp32", "http")]
+    out.write_text(json.dumps({"settings": settings, "results": old}))
+    args = argparse.Namespace(out=str(out), systems=["orcaserve", "vllm"], dtypes=["fp32"], workloads=["http"])
+    assert run.earlier_results(args, settings) == old[:2]  # the cells this run redoes are dropped
+    assert run.earlier_results(args, dict(settings, http={"c": 4})) == []
+    args.out = str(tmp_path / "missing.json")
+    assert run.earlier_results(args, settings) == []
+
+
+def test_systems_must_have_run_the_same_requests():
+    run.check_same_workloads([_entry("vllm", "bf16", "http"), _entry("orcaserve", "bf16", "http")])
+    with pytest.raises(SystemExit, match="different workloads"):
+        run.check_same_workloads([_entry("vllm", "bf16", "http", "a"), _entry("orcaserve", "bf16", "http", "b")])
