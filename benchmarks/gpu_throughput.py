@@ -63,7 +63,7 @@ def generate_batch_startup(model, args) -> float:
 def run_throughput(args, dev) -> int:
     import offline
     import torch
-    from serve_workload import offline_workload, workload_sha256
+    from serve_workload import offline_workload_of, workload_sha256
 
     class TritonEngine(offline.Engine):
         """offline.run_orcaserve's engine, on the Triton backend also where it is not the default
@@ -80,13 +80,7 @@ def run_throughput(args, dev) -> int:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     model = smollm2_shaped(dev, dtype, args.smoke)
     tok = ByteTokenizer()
-    work = offline_workload(
-        args.num_prompts,
-        args.seed,
-        (args.min_prompt, args.max_prompt),
-        (args.min_out, args.max_out),
-        model.config.vocab_size,
-    )
+    work = offline_workload_of(args, model.config.vocab_size)
     warm = work[: args.warmup_prompts]
     res = Results(
         args.json,

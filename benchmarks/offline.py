@@ -26,7 +26,7 @@ import sys
 import time
 
 import torch
-from serve_workload import add_offline_args, offline_workload, workload_sha256
+from serve_workload import add_offline_args, offline_workload_of, workload_sha256
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.config import EngineConfig
@@ -184,13 +184,7 @@ def main() -> None:
     load_dtype = EngineConfig(dtype=args.dtype, device="cpu").resolved_dtype() if args.dtype else torch.float32
     model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), load_dtype, torch.device("cpu"))
     model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
-    work = offline_workload(
-        args.num_prompts,
-        args.seed,
-        (args.min_prompt, args.max_prompt),
-        (args.min_out, args.max_out),
-        model.config.vocab_size,
-    )
+    work = offline_workload_of(args, model.config.vocab_size)
     runners = {"orcaserve": run_orcaserve, "generate": run_padded_generate, "generate_batch": run_generate_batch}
     results: dict = {
         "workload": vars(args),

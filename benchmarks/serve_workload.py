@@ -36,6 +36,13 @@ def add_offline_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
 
 
+def offline_workload_of(args: argparse.Namespace, vocab: int) -> list[tuple[list[int], int]]:
+    """`offline_workload` with the shape `add_offline_args` parsed: every system builds it this way."""
+    return offline_workload(
+        args.num_prompts, args.seed, (args.min_prompt, args.max_prompt), (args.min_out, args.max_out), vocab
+    )
+
+
 def workload_sha256(work) -> str:
     """Fingerprint of a workload, so two systems' results can be checked to come from the same one."""
     return hashlib.sha256(json.dumps(work).encode()).hexdigest()

@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
-from serve_workload import add_offline_args, offline_workload, workload_sha256  # noqa: E402
+from serve_workload import add_offline_args, offline_workload_of, workload_sha256  # noqa: E402
 
 DTYPES = {
     "fp32": "float32",
@@ -47,9 +47,7 @@ def main() -> int:
 
     with open(os.path.join(args.model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
-    work = offline_workload(
-        args.num_prompts, args.seed, (args.min_prompt, args.max_prompt), (args.min_out, args.max_out), vocab
-    )
+    work = offline_workload_of(args, vocab)
 
     t = time.perf_counter()
     llm = LLM(
