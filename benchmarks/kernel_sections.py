@@ -28,6 +28,7 @@ class Layout:
     h: int
     h_kv: int
     d: int
+    quick: bool  # the quick grid (every layout after the first, or --quick)
     device: torch.device
     dtype: torch.dtype
     timer: Timer
@@ -42,7 +43,11 @@ class Layout:
 
     @property
     def esz(self) -> int:
-        return torch.tensor([], dtype=self.dtype).element_size()
+        return self.dtype.itemsize
+
+    @property
+    def decode_grid(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return grid(self.quick, self.args.smoke)
 
     @property
     def name(self) -> str:
@@ -98,7 +103,6 @@ def bench_layout(
 ) -> None:
     """Every section for one head layout; results accumulate in `out` (saved after each shape)."""
     dev, dtype, bs = env["device"], env["dtype"], args.block_size
-    batches, contexts = grid(quick, args.smoke)
     out.update(
         {
             "heads": h,
@@ -112,27 +116,29 @@ def bench_layout(
             "store_kv": [],
         }
     )
+    batches, contexts = grid(quick, args.smoke)
     # One pool for the whole layout, sized for the largest decode step that fits in memory.
-    token_bytes = 2 * h_kv * d * torch.tensor([], dtype=dtype).element_size()
+    token_bytes = 2 * h_kv * d * dtype.itemsize
     budget = (args.max_cache_gib * (1 << 30)) if dev.type == "cuda" else (64 << 20)
     if dev.type == "cuda":
         budget = min(budget, 0.6 * torch.cuda.mem_get_info(dev)[0])
     need = max(max(b * c for b in batches for c in contexts), 8 * 2048, 16384)
     pool_tokens = int(min(need, budget // token_bytes))
     pool = CachePool(-(-pool_tokens // bs) + len(batches) * max(batches), bs, h_kv, d, dtype, dev)
-    out["pool_gib"] = round(pool.k.numel() * 2 * pool.k.element_size() / (1 << 30), 2)
+    out["pool_gib"] = round(pool.k.numel() * 2 * dtype.itemsize / (1 << 30), 2)
     lay = Layout(
-        args, h, h_kv, d, dev, dtype, env["timer"], env["peak_gbps"], env["copy_gbps"], env["peak_tflops"], env["t0"],
-        pool, pool_tokens, out, save,
+        args, h, h_kv, d, quick, dev, dtype, env["timer"], env["peak_gbps"], env["copy_gbps"], env["peak_tflops"],
+        env["t0"], pool, pool_tokens, out, save,
     )  # fmt: skip
     for section in (decode, prefill, mixed, store_kv_section):
-        if not section(lay, batches, contexts):
+        if not section(lay):
             return
 
 
-def decode(lay: Layout, batches: tuple[int, ...], contexts: tuple[int, ...]) -> bool:
+def decode(lay: Layout) -> bool:
     """Bandwidth and the split-K choice against the measured best; False when out of time."""
     args, h, h_kv, d, esz = lay.args, lay.h, lay.h_kv, lay.d, lay.esz
+    batches, contexts = lay.decode_grid
     print(f"\n[{lay.name}] decode (median ms per call; heur = choose_num_splits, best = fastest measured)")
     print(
         f"{'B':>4} {'ctx':>6} {'progs':>6} {'heur':>5} {'best':>5} {'heur ms':>9} {'best ms':>9} {'ratio':>6} "
@@ -199,12 +205,12 @@ def decode(lay: Layout, batches: tuple[int, ...], contexts: tuple[int, ...]) -> 
     return True
 
 
-def prefill(lay: Layout, *_grid) -> bool:
+def prefill(lay: Layout) -> bool:
     """Fresh prompts, a batch, a chunk over a long cache; causal TFLOP/s beside SDPA's."""
     h, h_kv, d, dev, dtype = lay.h, lay.h_kv, lay.d, lay.device, lay.dtype
     if lay.args.smoke:
         prefills = [("fresh 32", [32], [32]), ("chunk 16 @ 80", [16], [80])]
-    elif lay.out["grid"] == "quick":
+    elif lay.quick:
         prefills = [("fresh 4k", [4096], [4096]), ("chunk 2k @ 16k", [2048], [16384])]
     else:
         prefills = [
@@ -261,7 +267,7 @@ def prefill(lay: Layout, *_grid) -> bool:
     return True
 
 
-def mixed(lay: Layout, *_grid) -> bool:
+def mixed(lay: Layout) -> bool:
     """ORCA's merged steps: running decodes plus one prefill chunk."""
     h, h_kv, d, esz = lay.h, lay.h_kv, lay.d, lay.esz
     print(f"\n[{lay.name}] mixed steps")
@@ -292,7 +298,7 @@ def mixed(lay: Layout, *_grid) -> bool:
     return True
 
 
-def store_kv_section(lay: Layout, *_grid) -> bool:
+def store_kv_section(lay: Layout) -> bool:
     """The paged KV write, a decode batch up to a long prefill chunk, beside the PyTorch twin's."""
     h, h_kv, d, dev, dtype, bs = lay.h, lay.h_kv, lay.d, lay.device, lay.dtype, lay.args.block_size
     print(f"\n[{lay.name}] store_kv")
