@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels.cpu_ops import has_op
+from orcaserve.scheduler.config import cpu_has_native_bf16
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -56,16 +57,25 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
 
 @functools.cache
 def orca_gemm_preferred() -> bool:
-    """Whether GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): where torch runs AVX2 code
-    (no AVX-512), as on an AMD Zen 3, and on other vendors' AVX-512 CPUs than Intel's. On a Zen 3
-    it ran SmolLM2's fp32 layer GEMMs over 30 layers' weights 1.14-1.39x as fast as oneDNN's
+    """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): everywhere but on Intel
+    CPUs with AMX, where MKL keeps them (not measured against it there). On an AMD Zen 3 (AVX2) it
+    ran SmolLM2's fp32 layer GEMMs over 30 layers' weights 1.14-1.39x as fast as oneDNN's
     pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32 --layers
-    30`; docs/engine.md, "Eighth round"), and bf16, which oneDNN cannot pack there, far faster than
-    F.linear ("Ninth round"). On a Zen 4 (AVX-512, whose 512-bit FMAs run as two 256-bit halves)
-    fp32 1.1-1.6x as fast at 1-32 rows, level at 128, 4 % slower at 512 ("Thirteenth round"); in
-    zmm registers since, 0.69-0.80x oneDNN's time at 32-64 rows and 0.92-0.99x at 128-512
-    ("Fourteenth round"). On Intel, MKL keeps fp32."""
-    return torch.backends.cpu.get_cpu_capability() == "AVX2" or not mkl_preferred()
+    30`; docs/engine.md, "Eighth round"). On a Zen 4 (AVX-512, whose 512-bit FMAs run as two 256-bit
+    halves), in zmm registers, 0.69-0.80x oneDNN's time at 32-64 rows and 0.92-0.99x at 128-512
+    ("Fourteenth round"). On an Intel Ice Lake (AVX-512, no AMX) 1.26-1.44x as fast as MKL's
+    packed sgemm at 32-128 rows, 1.07-1.10x at 256-512, level at 1 ("Nineteenth round")."""
+    return not (mkl_preferred() and torch.cpu._is_amx_tile_supported())
+
+
+@functools.cache
+def orca_bf16_preferred() -> bool:
+    """Whether bf16 GEMMs (those the `vdpbf16ps` GEMM does not take) go to the project's fp32 GEMM,
+    which widens each bf16 panel as it goes: where the CPU has no native bf16. oneDNN cannot pack
+    bf16 there on AVX2 CPUs (AMD Zen 3; "Ninth round") and emulates it on AVX-512 ones: on an Intel
+    Ice Lake its packed inner product took 3.5-3.7x the widened GEMM's time at 32-512 rows (`python
+    benchmarks/gemm.py --dtype bfloat16 --layers 30`; "Nineteenth round")."""
+    return not cpu_has_native_bf16()
 
 
 @functools.cache
@@ -90,9 +100,12 @@ def _runs_dot(weight: torch.Tensor, dot: bool | None = None) -> bool:
 
 def _runs_orca(weight: torch.Tensor, orca: bool | None = None) -> bool:
     """Whether a packed fp32 or bf16 `weight` runs `orcaserve::linear_packed`: where the op is
-    built, and by default where preferred (bf16 only where oneDNN cannot pack it: it widens bf16 to
-    fp32, half oneDNN's speed where the CPU computes bf16)."""
-    preferred = orca_gemm_preferred() and (weight.dtype == torch.float32 or not _can_pack(weight))
+    built, and by default where preferred (bf16 where the CPU has no native bf16 or oneDNN cannot
+    pack it: it widens bf16 to fp32, half oneDNN's speed where the CPU computes bf16)."""
+    if weight.dtype == torch.float32:
+        preferred = orca_gemm_preferred()
+    else:
+        preferred = orca_bf16_preferred() or not _can_pack(weight)
     return (
         weight.device.type == "cpu"
         and weight.dtype in (torch.float32, torch.bfloat16)
@@ -118,15 +131,16 @@ class Linear:
     """y = x W^T + b from a weight packed once for the CPU's GEMM library: decode-sized GEMMs (tens
     of rows) otherwise pay a re-layout of the whole weight on every call.
 
-    fp32 runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) on Intel CPUs (`mkl_preferred`; `mkl`
-    overrides): the sgemm behind F.linear (at most row counts bit for bit its results), there 10-25 %
-    faster than oneDNN's pre-packed inner product at decode sizes and no slower above (`python
-    benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count.
-    On other CPUs fp32 runs the project's own GEMM over its packed panels (`orca_gemm_preferred`;
-    `orca` overrides), and so does bf16 on AVX2-only CPUs. With AVX-512 BF16 and no AMX bf16 runs
-    the project's `vdpbf16ps` GEMM (`bf16_gemm_preferred`; `dot` overrides); elsewhere oneDNN's
-    inner product on its blocked layout (1.4-2x faster than unpacked). `plain_from`: from this
-    many rows on, `F.linear` over the unpacked weight (kept for it; oneDNN only)."""
+    fp32 runs the project's own GEMM over its packed panels (`orca_gemm_preferred`; `orca`
+    overrides), and so does bf16 where the CPU has no native bf16 (`orca_bf16_preferred`). On Intel
+    CPUs with AMX fp32 runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear`; `mkl` overrides): the
+    sgemm behind F.linear (at most row counts bit for bit its results), there 10-25 % faster than
+    oneDNN's pre-packed inner product at decode sizes and no slower above (`python
+    benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count. With
+    AVX-512 BF16 and no AMX bf16 runs the project's `vdpbf16ps` GEMM (`bf16_gemm_preferred`; `dot`
+    overrides); elsewhere (AMX) oneDNN's inner product on its blocked layout (1.4-2x faster than
+    unpacked). `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for
+    it; oneDNN only)."""
 
     def __init__(
         self,

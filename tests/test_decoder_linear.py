@@ -15,6 +15,7 @@ from orcaserve.scheduler.linear import (
     Linear,
     bf16_gemm_preferred,
     mkl_preferred,
+    orca_bf16_preferred,
     orca_gemm_preferred,
 )
 
@@ -32,7 +33,7 @@ def test_linear_runs_large_steps_from_the_plain_weight():
     the plain one: each path gives exactly what it gives on its own."""
     torch.manual_seed(0)
     weight, bias = torch.randn(48, 96).bfloat16(), torch.randn(48).bfloat16()
-    lin = Linear(weight, bias, pack=True, plain_from=64, dot=False)
+    lin = Linear(weight, bias, pack=True, plain_from=64, dot=False, orca=False)
     assert lin.packed and lin.plain is not None
     for rows in (1, 63, 64, 100):
         x = torch.randn(rows, 96).bfloat16()
@@ -60,8 +61,8 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
     assert not Linear(weight.bfloat16(), None, pack=True, mkl=True).mkl  # bf16: oneDNN
-    # By default MKL on Intel CPUs only (slower paths elsewhere), the project's GEMM on AVX2-only
-    # and other vendors' CPUs, oneDNN's packed copy otherwise (Intel without MKL)
+    # By default the project's GEMM where built, but MKL on Intel CPUs with AMX (not measured
+    # against it there); oneDNN's packed copy where neither runs
     default = Linear(weight.clone(), None, pack=True)
     assert default.orca == (orca_gemm_preferred() and has_op("linear_packed"))
     assert default.mkl == (mkl_preferred() and not default.orca) and default.packed
@@ -78,9 +79,9 @@ def test_plain_copies_only_for_bf16_narrow_outputs(dtype, monkeypatch):
     layer = decoder.layers[0]
     bf16 = dtype == torch.bfloat16
     dot = bf16 and bf16_gemm_preferred() and has_op("linear_packed_bf16")
-    if bf16 and (dot or not BF16_PACKS):  # the project's GEMMs where built, else F.linear: no padding
+    orca = bf16 and not dot and (orca_bf16_preferred() or not BF16_PACKS) and has_op("linear_packed")
+    if bf16 and (dot or orca or not BF16_PACKS):  # the project's GEMMs where built, else F.linear: no padding
         linears = (layer.qkv, layer.o, layer.gate_up, layer.down, decoder.lm_head)
-        orca = not dot and orca_gemm_preferred() and has_op("linear_packed")
         assert all((lin.dot, lin.orca, lin.packed) == (dot, orca, dot or orca) and lin.plain is None for lin in linears)
         assert decoder.pad_multiple == 0
         if not (orca or dot):
@@ -175,7 +176,7 @@ def test_bf16_project_gemm_is_the_fp32_sum_rounded_once():
             for x in (strided, transposed):
                 assert torch.equal(lin(x), lin(x.contiguous()))
     _assert_bf16_specials(orca=True, dot=False)
-    assert Linear(weight.clone(), None, pack=True).orca == (orca_gemm_preferred() and not BF16_PACKS)
+    assert Linear(weight.clone(), None, pack=True).orca == (orca_bf16_preferred() or not BF16_PACKS)
 
 
 @pytest.mark.skipif(not has_op("linear_packed_bf16"), reason="the vdpbf16ps GEMM needs AVX-512 BF16")
