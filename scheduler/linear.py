@@ -63,8 +63,8 @@ def orca_gemm_preferred() -> bool:
     pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32 --layers
     30`; docs/engine.md, "Eighth round"). On a Zen 4 (AVX-512, whose 512-bit FMAs run as two 256-bit
     halves), in zmm registers, 0.69-0.80x oneDNN's time at 32-64 rows and 0.92-0.99x at 128-512
-    ("Fourteenth round"). On an Intel Ice Lake (AVX-512, no AMX) 1.26-1.44x as fast as MKL's
-    packed sgemm at 32-128 rows, 1.07-1.10x at 256-512, level at 1 ("Nineteenth round")."""
+    ("Fourteenth round"). On an Intel Ice Lake (AVX-512, no AMX) 1.25-1.44x as fast as MKL's
+    packed sgemm at 32-128 rows, 1.06-1.10x at 256-512, 0.93-1.03x at 1-8 ("Nineteenth round")."""
     return not (mkl_preferred() and torch.cpu._is_amx_tile_supported())
 
 
@@ -73,7 +73,7 @@ def orca_bf16_preferred() -> bool:
     """Whether bf16 GEMMs (those the `vdpbf16ps` GEMM does not take) go to the project's fp32 GEMM,
     which widens each bf16 panel as it goes: where the CPU has no native bf16. oneDNN cannot pack
     bf16 there on AVX2 CPUs (AMD Zen 3; "Ninth round") and emulates it on AVX-512 ones: on an Intel
-    Ice Lake its packed inner product took 3.5-3.7x the widened GEMM's time at 32-512 rows (`python
+    Ice Lake its packed inner product took 3.5-4.1x the widened GEMM's time at 32-512 rows (`python
     benchmarks/gemm.py --dtype bfloat16 --layers 30`; "Nineteenth round")."""
     return not cpu_has_native_bf16()
 
