@@ -161,6 +161,7 @@ def run_cell(args: argparse.Namespace, system: str, workload: str, dtype: str, r
         "workload": workload,
         "repeat": repeat,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": args.command,  # a later run with other cells keeps this entry, not its command
     }
     try:
         entry.update(PARTS[system, workload](args, dtype, work))
@@ -208,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         args.vocab = json.loads((MODEL_DIR / "config.json").read_text())["vocab_size"]
     else:
         args.vocab = 49152  # SmolLM2's vocabulary (the converted config says the same)
+    args.command = os.environ.get("PEERS_COMMAND") or "python benchmarks/peers/run.py " + shlex.join(
+        argv or sys.argv[1:]
+    )
     settings = settings_of(args)
     results = earlier_results(args, settings)
     t_all = time.perf_counter()
@@ -225,8 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     v = versions()
     report = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": os.environ.get("PEERS_COMMAND")
-        or "python benchmarks/peers/run.py " + shlex.join(argv or sys.argv[1:]),
+        "command": args.command,
         "machine": machine(),
         "versions": v,
         "versions_summary": (
