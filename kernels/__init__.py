@@ -1,7 +1,21 @@
 """Attention kernels for the merged (prefill + decode) step: PyTorch twins and Triton kernels."""
 
-from .backend import AttentionBackend, TorchBackend, get_backend
-from .torch_attention import TorchAttentionPlan, store_kv, unified_attention
+import sys
+from types import ModuleType
+
+_pypi: ModuleType | None = None
+if __name__ == "kernels":
+    # Imported as top-level `kernels` from the checkout's root: PyPI's package owns that name
+    # (see pypi_shadow.py), so the import that found this folder returns it instead.
+    from .pypi_shadow import installed_kernels
+
+    _pypi = installed_kernels()
+
+if _pypi is not None:
+    sys.modules[__name__] = _pypi
+else:
+    from .backend import AttentionBackend, TorchBackend, get_backend
+    from .torch_attention import TorchAttentionPlan, store_kv, unified_attention
 
 __all__ = [
     "AttentionBackend",

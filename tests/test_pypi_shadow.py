@@ -1,0 +1,46 @@
+"""Run from the checkout's root, the `kernels/` folder must not hide PyPI's `kernels` from transformers.
+
+`python -c`, `python -m` and `python -m pytest` put the working directory first on sys.path. The
+CI run of `make test` on 2026-12-03 failed to collect 17 test modules this way once transformers
+5.25 began to depend on PyPI's `kernels`. Real interpreters, real packages, no mocks.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+PROBE = """
+import kernels
+import transformers.modeling_utils  # imports names from PyPI's kernels where it is installed
+import orcaserve.kernels
+from orcaserve.scheduler import Engine
+print(kernels.__file__)
+print(orcaserve.kernels.__file__)
+"""
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_checkout_root_on_sys_path_keeps_pypi_kernels():
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
+    proc = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    top, ours = (Path(line) for line in proc.stdout.split())
+    assert ours == REPO / "kernels" / "__init__.py"
+    if _installed("kernels"):
+        assert top != ours, "top-level kernels is still the checkout's folder"
+    else:
+        # Nothing to hand over to: the folder stays importable under both names, as before.
+        assert top == ours
