@@ -22,7 +22,7 @@
 #               exact) and bf16 (exact NOT expected; every divergence must be a tie within 2x
 #               the measured bf16 logit error, judged by fp32 logits of the same weights), plus a
 #               PyTorch-backend fp32 control                                  -> engine.log
-#   2 kernels   benchmarks/kernels.py: decode bandwidth vs HBM peak at contexts 1k-32k x batch
+#   2 kernels   benchmarks/kernel_bench.py: decode bandwidth vs HBM peak at contexts 1k-32k x batch
 #               1-256, prefill TFLOP/s (vs SDPA), mixed steps, store_kv, and every split count vs
 #               the split-K heuristic's choice; layouts 32x8x128 (full grid) and SmolLM2's 9x3x64
 #               (quick grid), bf16                                   -> kernels.log, kernels.json
@@ -105,7 +105,7 @@ mkdir -p "$WORK/pkg/orcaserve"
 for sub in handler kernels scheduler; do ln -s "$REPO/$sub" "$WORK/pkg/orcaserve/$sub"; done
 export PYTHONPATH=$WORK/pkg${PYTHONPATH:+:$PYTHONPATH}
 # Compiled kernels unless a tool chooses the interpreter itself (dry run without CUDA: the CPU
-# tests, kernels.py --smoke and gpu_engine.py --smoke each set TRITON_INTERPRET=1).
+# tests, kernel_bench.py --smoke and gpu_engine.py --smoke each set TRITON_INTERPRET=1).
 unset TRITON_INTERPRET ORCASERVE_TEST_DEVICE
 HAVE_TIMEOUT=1
 command -v timeout >/dev/null || HAVE_TIMEOUT=0
@@ -376,7 +376,7 @@ if [ "$DRY" = 1 ]; then
     run_step tests 300 "$RESULTS/tests.log" "$PY" -m pytest -q -rA -p no:cacheprovider tests/test_triton_kernels.py \
         -k store_fp32 --junitxml="$WORK/tests.xml"
     run_step engine_exact 300 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" exact --smoke --json "$WORK/exact.json"
-    run_step kernels 300 "$RESULTS/kernels.log" "$PY" benchmarks/kernels.py --smoke --json "$RESULTS/kernels.json"
+    run_step kernels 300 "$RESULTS/kernels.log" "$PY" benchmarks/kernel_bench.py --smoke --json "$RESULTS/kernels.json"
     run_step engine_throughput 300 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --smoke \
         --systems orcaserve,generate --json "$WORK/throughput.json"
     run_step engine_generate_batch 300 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --smoke \
@@ -395,10 +395,10 @@ else
         run_step tests 150 "$RESULTS/tests.log" bash "$WORK/tests_by_sections.sh" "$PY" "$WORK" "$JOBS"
     fi
     run_step engine_exact 100 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" exact --json "$WORK/exact.json"
-    # kernels.py stops starting shapes at --time-budget, before its step's timeout cuts it off.
+    # kernel_bench.py stops starting shapes at --time-budget, before its step's timeout cuts it off.
     KB=$(($(left) - 45))
     [ "$KB" -gt 110 ] && KB=110
-    run_step kernels 150 "$RESULTS/kernels.log" "$PY" benchmarks/kernels.py --dtype bf16 --shapes 32x8x128,9x3x64 \
+    run_step kernels 150 "$RESULTS/kernels.log" "$PY" benchmarks/kernel_bench.py --dtype bf16 --shapes 32x8x128,9x3x64 \
         --json "$RESULTS/kernels.json" --time-budget "$KB"
     run_step engine_throughput 150 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems orcaserve,generate \
         --configs gpu --num-prompts 1024 --json "$WORK/throughput.json"

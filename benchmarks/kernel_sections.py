@@ -1,6 +1,6 @@
-"""The sections of benchmarks/kernels.py for one head layout: decode, prefill, mixed, store_kv.
+"""The sections of benchmarks/kernel_bench.py for one head layout: decode, prefill, mixed, store_kv.
 
-Imported by kernels.py only after it has decided on TRITON_INTERPRET: `@triton.jit` reads that
+Imported by kernel_bench.py only after it has decided on TRITON_INTERPRET: `@triton.jit` reads that
 variable when the kernel modules below are first imported.
 """
 

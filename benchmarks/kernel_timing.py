@@ -1,4 +1,4 @@
-"""Yardsticks for benchmarks/kernels.py: datasheet peaks, a CUDA-event timer, a shuffled K/V pool."""
+"""Yardsticks for benchmarks/kernel_bench.py: datasheet peaks, a CUDA-event timer, a shuffled K/V pool."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _import_peers():
-    """run.py puts benchmarks/ first on sys.path, where benchmarks/kernels.py would then shadow
-    the PyPI package `kernels` that transformers looks for: import, then restore the path."""
+    """run.py puts benchmarks/ and tests/ first on sys.path: import, then restore the path, so the
+    scripts there stay out of the imports of the tests that follow."""
     saved = list(sys.path)
     sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
     try:

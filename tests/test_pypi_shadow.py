@@ -44,3 +44,24 @@ def test_checkout_root_on_sys_path_keeps_pypi_kernels():
     else:
         # Nothing to hand over to: the folder stays importable under both names, as before.
         assert top == ours
+
+
+# Folders that land first on sys.path: `python benchmarks/x.py` puts the script's folder there, and
+# pytest puts tests/ there (rootdir-less `prepend` import mode).
+SCRIPT_DIRS = ("benchmarks", "benchmarks/baseline", "benchmarks/peers", "tests")
+
+
+def test_script_folders_hide_no_installed_module():
+    """A script or package in those folders named like an installed or standard module hides it.
+
+    benchmarks/kernels.py (now kernel_bench.py) hid PyPI's `kernels` from transformers in every
+    `python benchmarks/...` that loads a model, which failed four steps of the GPU check's dry run.
+    """
+    taken = set(importlib.metadata.packages_distributions()) | set(sys.stdlib_module_names)
+    clashes = [
+        f"{folder}/{entry.name}"
+        for folder in SCRIPT_DIRS
+        for entry in sorted((REPO / folder).iterdir())
+        if (entry.suffix == ".py" or (entry / "__init__.py").is_file()) and entry.stem in taken
+    ]
+    assert not clashes, f"rename these, they shadow installed modules: {clashes}"

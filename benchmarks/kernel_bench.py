@@ -1,8 +1,8 @@
 """Time the Triton attention kernels on a CUDA GPU: decode bandwidth, prefill throughput, split-K.
 
-    python benchmarks/kernels.py [--dtype bf16] [--shapes 32x8x128,9x3x64] [--block-size 16]
+    python benchmarks/kernel_bench.py [--dtype bf16] [--shapes 32x8x128,9x3x64] [--block-size 16]
                                  [--peak-gbps 4800] [--quick] [--json out.json] [--time-budget S]
-    python benchmarks/kernels.py --smoke      # CPU, TRITON_INTERPRET=1, tiny sizes: every code path
+    python benchmarks/kernel_bench.py --smoke      # CPU, TRITON_INTERPRET=1, tiny sizes: every code path
 
 Per head layout HxH_kvxD (`--shapes`; the first gets the full grid, the others the quick one):
 
@@ -124,7 +124,7 @@ def main() -> int:
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        print("benchmarks/kernels.py: no CUDA device; nothing to time (GPU figures not measured).")
+        print("benchmarks/kernel_bench.py: no CUDA device; nothing to time (GPU figures not measured).")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"skipped": "no CUDA device"}, f)
