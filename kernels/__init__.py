@@ -13,6 +13,8 @@ if __name__ == "kernels":
 
 if _pypi is not None:
     sys.modules[__name__] = _pypi
+    # The helper was imported as a submodule of this folder; PyPI's package has no such module.
+    del sys.modules[f"{__name__}.pypi_shadow"]
 else:
     from .backend import AttentionBackend, TorchBackend, get_backend
     from .torch_attention import TorchAttentionPlan, store_kv, unified_attention

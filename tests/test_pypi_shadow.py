@@ -16,11 +16,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 PROBE = """
+import sys
 import kernels
 import transformers.modeling_utils  # imports names from PyPI's kernels where it is installed
 import orcaserve.kernels
 from orcaserve.scheduler import Engine
 print(kernels.__file__)
+print("kernels.pypi_shadow" in sys.modules)
 print(orcaserve.kernels.__file__)
 """
 
@@ -37,10 +39,12 @@ def test_checkout_root_on_sys_path_keeps_pypi_kernels():
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    top, ours = (Path(line) for line in proc.stdout.split())
+    top_file, helper_left, ours_file = proc.stdout.split()
+    top, ours = Path(top_file), Path(ours_file)
     assert ours == REPO / "kernels" / "__init__.py"
     if _installed("kernels"):
         assert top != ours, "top-level kernels is still the checkout's folder"
+        assert helper_left == "False", "the checkout's helper is left as a submodule of PyPI's kernels"
     else:
         # Nothing to hand over to: the folder stays importable under both names, as before.
         assert top == ours
