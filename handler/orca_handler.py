@@ -14,7 +14,6 @@ and never touches the engine. Rules of the async backend this file follows (docs
 from __future__ import annotations
 
 import asyncio
-import copy
 import gc
 import json
 import logging
@@ -57,7 +56,6 @@ class OrcaHandler:
         self.config: HandlerConfig | None = None
         self.metrics: EngineMetrics | None = None
         self.model_name = "model"
-        self._tokenizer: Any = None  # the handler's own copy: tokenizers are not thread-safe
         self._faults = FaultInjector()
         self._active = 0  # handle() calls in progress (asyncio thread)
         self._guard_worker = False  # a real TorchServe worker: exit on loop death, supervised
@@ -78,7 +76,6 @@ class OrcaHandler:
             if config.num_threads is not None:
                 torch.set_num_threads(config.num_threads)
             engine = Engine.from_pretrained(config.model_path, **engine_args)
-            self._tokenizer = copy.deepcopy(engine.tokenizer)
             if self._faults.enabled:
                 engine.fault_hook = self._faults.hook
             log.info(
@@ -107,7 +104,6 @@ class OrcaHandler:
         self, engine: Engine, config: HandlerConfig, metrics_cache: Any = None, model_name: str = "model"
     ) -> None:
         """Serve `engine` (already built): start the loop thread that owns it from now on."""
-        self._tokenizer = copy.deepcopy(engine.tokenizer)
         self._serve_loop(
             lambda on_step: EngineLoop(engine, on_step, config.max_waiting_requests, self._on_loop_death).start(),
             config,
@@ -202,9 +198,7 @@ class OrcaHandler:
         assert cfg is not None and metrics is not None  # set with `initialized`
         self._check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
-        req = parse_request(
-            body, kind, self._render_chat, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit
-        )
+        req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit)
         salt = derive_cache_salt(cfg.tenant_header, context.get_all_request_header(0) or {}, req.cache_salt)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(
@@ -287,9 +281,6 @@ class OrcaHandler:
         raise RequestError(500, "the request stream ended without a final output")
 
     # ---- helpers -----------------------------------------------------------------------------
-    def _render_chat(self, messages: list[dict]) -> str:
-        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
     @staticmethod
     def _check_size(raw: Any, content_length: str | None, limit: int | None) -> None:
         """`max_body_bytes` (`limit`): from Content-Length when the frontend passes it, else measured."""

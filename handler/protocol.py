@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from orcaserve.scheduler.prompt import ChatPrompt
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 COMPLETIONS = "completions"
@@ -85,7 +86,7 @@ class ParsedRequest:
     """Everything the handler needs to submit one request to the engine loop."""
 
     kind: str  # COMPLETIONS | CHAT
-    prompt: str | list[int]  # chat: the rendered template text
+    prompt: str | list[int] | ChatPrompt  # chat: the messages, rendered at admission
     params: SamplingParams
     stream: bool = False
     include_usage: bool = False
@@ -129,28 +130,51 @@ def decode_body(raw: Any) -> dict:
             raise ProtocolError(f"request body is not valid JSON: {str(e)[:200]}") from None
     if not isinstance(raw, dict):
         raise ProtocolError("request body must be a JSON object")
-    _check_values(raw, "", 0)
+    try:
+        _check_values(raw, 0)
+    except _BadValue as e:
+        path = "".join(e.path).lstrip(".")
+        field = path.split(".")[0].split("[")[0] or None  # the top-level field, for `param`
+        if e.nesting:
+            raise ProtocolError(f"request body nests deeper than {MAX_NESTING} levels", field) from None
+        raise ProtocolError(
+            f"{path or 'request body'} is not valid Unicode (an unpaired UTF-16 surrogate)", field
+        ) from None
     return raw
 
 
-def _check_values(value: Any, path: str, depth: int) -> None:
-    field = path.split(".")[0].split("[")[0] or None  # the top-level field, for the error's `param`
-    if depth > MAX_NESTING:
-        raise ProtocolError(f"request body nests deeper than {MAX_NESTING} levels", field)
+class _BadValue(Exception):
+    """Raised deep in a body; each level adds its key on the way out, so a valid body, the usual
+    case, costs no path strings: a 1 MiB body is walked on the asyncio thread."""
+
+    def __init__(self, nesting: bool) -> None:
+        self.nesting = nesting
+        self.path: list[str] = []
+
+
+def _check_values(value: Any, depth: int) -> None:
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ProtocolError(
-                f"{path or 'request body'} is not valid Unicode (an unpaired UTF-16 surrogate)", field
-            ) from None
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            _check_values(k, path, depth + 1)
-            _check_values(v, f"{path}.{k}" if path else str(k), depth + 1)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_values(v, f"{path}[{i}]", depth + 1)
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _BadValue(nesting=False) from None
+        return
+    if not isinstance(value, (dict, list)) or not value:
+        return
+    if depth >= MAX_NESTING:  # its members would be deeper
+        raise _BadValue(nesting=True)
+    is_dict = isinstance(value, dict)
+    members: Iterable[tuple[Any, Any]] = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, v in members:
+        if is_dict:
+            _check_values(key, depth + 1)  # a bad key is reported at its object's path
+        if isinstance(v, (str, dict, list)):
+            try:
+                _check_values(v, depth + 1)
+            except _BadValue as e:
+                e.path.insert(0, f".{key}" if is_dict else f"[{key}]")
+                raise
 
 
 def _is_int(v: Any) -> bool:
@@ -213,7 +237,7 @@ def _completion_prompt(body: dict) -> str | list[int]:
     return _parse_prompt(body["prompt"])
 
 
-def _chat_prompt(body: dict, render_chat: Callable[[list[dict]], str]) -> str:
+def _chat_prompt(body: dict) -> ChatPrompt:
     messages = _parse_messages(body.get("messages"))
     for name, ok in (("logprobs", (None, False)), ("top_logprobs", (None,))):
         if body.get(name) not in ok:
@@ -221,10 +245,7 @@ def _chat_prompt(body: dict, render_chat: Callable[[list[dict]], str]) -> str:
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise ProtocolError("only response_format {'type': 'text'} is supported", "response_format")
-    try:
-        return render_chat(messages)
-    except Exception as e:  # a template may refuse e.g. a role order
-        raise ProtocolError(f"messages could not be rendered by the chat template: {e}", "messages") from None
+    return ChatPrompt(messages)  # rendered at admission, off the threads other requests wait for
 
 
 def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -> int:
@@ -273,7 +294,6 @@ def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
 def parse_request(
     body: dict,
     kind: str,
-    render_chat: Callable[[list[dict]], str] | None = None,
     default_timeout: float | None = None,
     default_max_tokens: int | None = None,
     max_tokens_limit: int | None = None,
@@ -286,11 +306,7 @@ def parse_request(
     for key in body:
         if key not in allowed:
             raise ProtocolError(f"unknown field {key!r}", key)
-    if kind == COMPLETIONS:
-        prompt: str | list[int] = _completion_prompt(body)
-    else:
-        assert render_chat is not None
-        prompt = _chat_prompt(body, render_chat)
+    prompt = _completion_prompt(body) if kind == COMPLETIONS else _chat_prompt(body)
     if body.get("n") not in (None, 1):
         raise ProtocolError("only n=1 is supported", "n")
     if body.get("logit_bias") not in (None, {}):

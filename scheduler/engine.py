@@ -19,6 +19,7 @@ from .kv_cache_manager import KVCacheManager
 from .loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from .model_runner import CausalLM, ModelRunner
 from .outputs import RequestOutput
+from .prompt import Prompt, encode_prompt
 from .request import Request, RequestStatus
 from .sampler import Sampler
 from .sampling_params import SamplingParams
@@ -103,7 +104,7 @@ class Engine:
     def add_request(
         self,
         request_id: str,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         params: SamplingParams | None = None,
         priority: int = 0,
         arrival_time: float | None = None,
@@ -111,28 +112,13 @@ class Engine:
     ) -> None:
         """Queue a request; raises ValueError (message starting with the field's name) for an
         empty, too long or malformed prompt. Nothing is queued unless everything succeeded.
+        A text or chat prompt is tokenized here, on the caller's thread: `EngineLoop` passes
+        token ids, tokenized off the engine thread (`admission.py`).
 
         `cache_salt`: requests share cached prefix blocks only with requests of the same salt
         (None is a salt of its own); the serving layer derives it per tenant."""
         params = params or SamplingParams()
-        if isinstance(prompt, str):
-            try:
-                ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
-            except Exception as e:  # e.g. a string that is not valid Unicode
-                raise ValueError(f"prompt could not be tokenized: {type(e).__name__}: {e}") from None
-        elif isinstance(prompt, (list, tuple)):
-            ids = list(prompt)
-        else:
-            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size for t in ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        if not ids:
-            raise ValueError("prompt is empty")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len} "
-                "(prompt plus at least one generated token)"
-            )
+        ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):
@@ -278,7 +264,7 @@ class Engine:
     # ---- offline use -------------------------------------------------------------------------
     def generate(
         self,
-        prompts: Sequence[str | Sequence[int]],
+        prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts to completion; final outputs in the order of the prompts."""

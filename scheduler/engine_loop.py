@@ -3,35 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 
+from .admission import Abort, Admission, Submission
 from .engine import Engine
 from .outputs import RequestOutput
+from .prompt import Prompt
 from .request_stream import RequestError, RequestStream, deliver
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Submit:
-    stream: RequestStream
-    prompt: str | Sequence[int]
-    params: SamplingParams
-    priority: int
-    timeout: float | None
-    deadline: float | None
-    cache_salt: str | None = None
-
-
-@dataclass
-class _Abort:
-    request_id: str
 
 
 _STOP = object()
@@ -41,8 +27,9 @@ class EngineLoop:
     """Runs `engine.step()` while there is work; otherwise blocks on its inbox until a request,
     an abort, a shutdown or the nearest deadline.
 
-    `submit` and `abort` may be called from any thread. The loop thread is the only one that
-    touches the engine, so the scheduler needs no locks. `on_step(engine)` runs on the loop
+    `submit` and `abort` may be called from any thread. Prompts are tokenized on the admission
+    thread (`admission.py`), never on this one. The loop thread is the only one that touches the
+    engine, so the scheduler needs no locks. `on_step(engine)` runs on the loop
     thread after each step and after aborts (for metrics). Nothing a request carries ends the
     thread: admission failures fail that request, step failures the step's requests. Should the
     thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
@@ -73,11 +60,18 @@ class EngineLoop:
         self._build: Callable[[], Engine] | None = None
         self._built = threading.Event()
         self._build_error: BaseException | None = None
+        self._admission = None if engine is None else self._new_admission(engine)
         self._thread = threading.Thread(target=self._run, name="orcaserve-engine", daemon=True)
 
     def start(self) -> EngineLoop:
+        if self._admission is not None:
+            self._admission.start()  # requests submitted before the start share the first step
         self._thread.start()
         return self
+
+    def _new_admission(self, engine: Engine) -> Admission:
+        tokenizer = copy.deepcopy(engine.tokenizer)  # its own: fast tokenizers are not thread-safe
+        return Admission(tokenizer, engine.vocab_size, engine.max_model_len, self._inbox.put)
 
     @classmethod
     def launch(
@@ -127,7 +121,7 @@ class EngineLoop:
     def submit(
         self,
         request_id: str,
-        prompt: str | Sequence[int],
+        prompt: Prompt,
         params: SamplingParams,
         priority: int = 0,
         timeout: float | None = None,
@@ -143,7 +137,7 @@ class EngineLoop:
         stream = RequestStream(request_id, event_loop)
         deadline = time.time() + timeout if timeout is not None else None
         with self._lock:
-            if self._closed:
+            if self._closed or self._admission is None:
                 raise RequestError(503, "the engine is not running", retry_after=5)
             waiting = self._in_flight - self._num_running
             if self.max_waiting is not None and waiting >= self.max_waiting:
@@ -154,11 +148,15 @@ class EngineLoop:
                     retry_after=1,
                 )
             self._in_flight += 1
-            self._inbox.put(_Submit(stream, prompt, params, priority, timeout, deadline, cache_salt))
+            self._enqueue(Submission(stream, prompt, params, priority, timeout, deadline, cache_salt))
         return stream
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(_Abort(request_id))
+        self._enqueue(Abort(request_id))
+
+    def _enqueue(self, item: Submission | Abort) -> None:
+        if self._admission is not None:  # else not started: nothing to abort yet
+            self._admission.put(item)
 
     # ---- loop thread -------------------------------------------------------------------------
     def _run(self) -> None:
@@ -167,6 +165,7 @@ class EngineLoop:
             if self._build is not None:
                 try:
                     self._engine = self._build()
+                    self._admission = self._new_admission(self._engine).start()
                 except BaseException as e:
                     self._build_error = e  # launch() re-raises it on its thread
                     self._closed = True
@@ -184,8 +183,11 @@ class EngineLoop:
     def _serve(self) -> None:
         while True:
             busy = self.engine.has_unfinished()
-            for item in self._drain(block=not busy):
+            items = self._drain(block=not busy)
+            for i, item in enumerate(items):
                 if item is _STOP:
+                    for rest in items[i + 1 :]:  # admission may hand requests on after the stop
+                        self._inbox.put(rest)  # `_close` answers them
                     return
                 self._handle(item)
             self._expire_deadlines()
@@ -211,16 +213,19 @@ class EngineLoop:
             pass
         return items
 
-    def _handle(self, item: _Submit | _Abort) -> None:
-        if isinstance(item, _Abort):
+    def _handle(self, item: Submission | Abort) -> None:
+        if isinstance(item, Abort):
             self._end_early(item.request_id, "abort", None)
             return
         rid = item.stream.request_id
         if rid in self._streams:
             self._finish_stream(item.stream, RequestError(400, f"request id {rid!r} is already in flight"))
             return
+        if item.error is not None or item.ids is None:  # never tokenize here: admission did, or failed
+            self._finish_stream(item.stream, item.error or RequestError(500, "internal error: prompt not prepared"))
+            return
         try:
-            self.engine.add_request(rid, item.prompt, item.params, item.priority, cache_salt=item.cache_salt)
+            self.engine.add_request(rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt)
         except ValueError as e:
             self._finish_stream(item.stream, RequestError.invalid(str(e)))
             return
@@ -297,7 +302,9 @@ class EngineLoop:
     def _close(self, death: BaseException | None) -> None:
         """Answer everything in flight and everything still queued; refuse new submissions."""
         with self._lock:
-            self._closed = True
+            self._closed = True  # no submission enters admission after this
+        if self._admission is not None:
+            self._admission.close()  # what it still holds lands in the inbox, answered below
         if death is None:
             message, status = "the engine is shutting down", 503
         else:
@@ -314,6 +321,6 @@ class EngineLoop:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, _Submit):
+            if isinstance(item, Submission):
                 self._finish_stream(item.stream, RequestError(503, "the engine is shutting down", retry_after=5))
         self._flush()

@@ -12,6 +12,7 @@ from .outputs import RequestOutput
 _FIELDS = frozenset(
     {
         "prompt",
+        "messages",
         "priority",
         "max_tokens",
         "temperature",

@@ -299,6 +299,51 @@ def abandoned_stream(ts: TorchServe, max_tokens: int = 64, model: str = MODEL, t
     }
 
 
+# ---- oversized prompts --------------------------------------------------------------------------------
+def oversized_prompts(ts: TorchServe, offline: Engine, n: int = 4, model: str = MODEL) -> dict:
+    """`n` bodies just under the 1 MiB limit (random printable text, or a chat of one-letter
+    messages, alternately), sent at once while greedy streams run one after another. Each takes
+    seconds to tokenize and is refused (400, too long); the streams must stay exact, and their
+    largest gap between two chunks says whether the tokenizing stopped them."""
+    rng = random.Random(0)
+    alphabet = "".join(chr(c) for c in range(32, 127))
+    text = "".join(rng.choice(alphabet) for _ in range(990_000))
+    big = [
+        (COMPLETIONS, {"prompt": text, "max_tokens": 4})
+        if i % 2 == 0
+        else (CHAT, {"messages": [{"role": "user", "content": "x"}] * 30_000, "max_tokens": 4})
+        for i in range(n)
+    ]
+    want = expected(offline, [("completions", PROMPTS[0])], [48])[0].text
+    body = {"prompt": PROMPTS[0], "max_tokens": 48, "temperature": 0, "stream": True}
+    attack_over = threading.Event()
+    streams: list[dict] = []
+
+    def victim() -> None:
+        while not attack_over.is_set():
+            streams.append(read_stream(call(ts, model, COMPLETIONS, body, stream=True)))
+
+    with ThreadPoolExecutor(1) as vpool, ThreadPoolExecutor(n) as pool:
+        running = vpool.submit(victim)
+        while not streams:  # a first stream done: the server is warm and streaming
+            time.sleep(0.1)
+        started = time.time()
+        answers = list(pool.map(lambda pb: call(ts, model, pb[0], json.dumps(pb[1]).encode()), big))
+        attack_s = time.time() - started
+        attack_over.set()
+        running.result()
+    during = [b - a for s in streams for a, b in zip(s["times"], s["times"][1:]) if started <= b <= started + attack_s]
+    return {
+        "bodies": [len(json.dumps(b).encode()) for _, b in big],
+        "statuses": [r.status_code for r in answers],
+        "params": [r.json()["error"].get("param") for r in answers if r.status_code != 200],
+        "attack_s": round(attack_s, 2),
+        "streams": len(streams),
+        "stream_mismatches": sum(s["text"] != want for s in streams),
+        "largest_gap_during_s": round(max(during, default=attack_s), 3),
+    }
+
+
 # ---- faults -------------------------------------------------------------------------------------------
 class Traffic:
     """A client sending a short request every `period` s, recording (sent, answered, status)."""
@@ -432,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         results["soak"] = soak(ts, offline, args.soak_clients, args.soak_minutes * 60)
         results["kv_exhaustion"] = kv_exhaustion(ts, offline)
         results["abandoned_stream"] = abandoned_stream(ts)
+        results["oversized_prompts"] = oversized_prompts(ts, offline)
         results["sigkill"] = [kill_worker(ts, "SIGKILL"), kill_worker(ts, "SIGKILL")]
         results["loop_death"] = kill_worker(ts, "loop")
         results["sigterm"] = sigterm_mid_stream(ts)

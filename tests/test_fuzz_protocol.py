@@ -49,15 +49,12 @@ _ids = itertools.count()
 
 
 def check(engine, tokenizer, kind: str, body: object, as_bytes: bool) -> None:
-    def render(messages):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
     try:
         raw = json.dumps(body).encode() if as_bytes else json.loads(json.dumps(body))
     except (ValueError, RecursionError):
         return  # not representable as JSON: a client cannot send it
     try:
-        req = parse_request(decode_body(raw), kind, render, 300.0, None, 2048)
+        req = parse_request(decode_body(raw), kind, 300.0, None, 2048)
     except ProtocolError as e:
         assert 400 <= e.status < 500 and e.message
         json.dumps(e.body())  # the answer itself must be sendable

@@ -271,7 +271,8 @@ def test_shutdown_stops_the_loop_thread(backend):
 
 def test_limits_and_unusable_values_are_4xx(make_backend):
     backend = make_backend(max_body_bytes=2000, max_tokens_limit=50)
-    assert backend.handler._tokenizer is not backend.engine.tokenizer  # never shared across threads
+    admission = backend.handler.engine_loop._admission  # tokenizes for the handler, beside the engine
+    assert admission._tokenizer is not backend.engine.tokenizer  # never shared across threads
 
     async def run():
         await asyncio.gather(

@@ -119,6 +119,16 @@ def test_a_hung_up_stream_runs_to_its_limit(ts):
     assert r["tokens_generated_after_hangup"] == r["max_tokens"] and r["kv_blocks_used_at_end"] == 0
 
 
+def test_oversized_prompts_do_not_stop_other_streams(ts, offline):
+    """Tokenizing 4 bodies of 1 MiB takes seconds; on the engine thread it stopped every stream
+    for all of them (benchmarks/admission.py), now it runs beside the engine."""
+    r = rs.oversized_prompts(ts, offline)
+    print(r)
+    assert r["statuses"] == [400] * 4 and set(r["params"]) == {"prompt"}
+    assert max(r["bodies"]) < 1 << 20 and r["stream_mismatches"] == 0 and r["streams"] >= 2
+    assert r["largest_gap_during_s"] < 0.25 * r["attack_s"], r
+
+
 def test_a_failing_step_fails_its_request_only(ts, offline):
     want = rs.expected(offline, [("completions", p) for p in rs.PROMPTS[:2]], [32, 32])
     with rs.ThreadPoolExecutor(3) as pool:

@@ -105,34 +105,26 @@ class BaselineHandler:
         log.info("baseline handler ready: %s, max_model_len %d", path, self.max_model_len)
 
     # ---- requests ----------------------------------------------------------------------------
-    def _render_chat(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
     def _parse(self, item: dict, idx: int, context: Any):
         from orcaserve.handler.protocol import ProtocolError, decode_body, parse_request, route
+        from orcaserve.scheduler.prompt import encode_prompt
 
         kind = route(context.get_request_header(idx, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
-        req = parse_request(decode_body(raw), kind, self._render_chat, None, self.default_max_tokens)
+        req = parse_request(decode_body(raw), kind, None, self.default_max_tokens)
         p = req.params
         for name, neutral in _UNSUPPORTED:
             if getattr(p, name) != neutral:
                 raise ProtocolError(f"{name} is not supported by the request-level baseline", name)
         if p.stop_token_ids:
             raise ProtocolError("stop_token_ids is not supported by the request-level baseline", "stop_token_ids")
-        if isinstance(req.prompt, str):
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=False)
-        else:
-            ids = list(req.prompt)
-            vocab = self.model.config.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
-                raise ProtocolError(f"prompt token ids must be integers in [0, {vocab})", "prompt")
-        if not ids:
-            raise ProtocolError("prompt is empty", "prompt")
-        if len(ids) >= self.max_model_len:
-            raise ProtocolError(f"prompt has {len(ids)} tokens; max_model_len is {self.max_model_len}", "prompt")
+        try:
+            ids = encode_prompt(self.tokenizer, req.prompt, self.model.config.vocab_size, self.max_model_len)
+        except ValueError as e:
+            field = str(e).split(" ", 1)[0]
+            raise ProtocolError(str(e), field if field in ("prompt", "messages") else None) from None
         # Like the engine: generation stops at the context limit.
         p.max_tokens = min(p.max_tokens, self.max_model_len - len(ids))
         return req, ids
