@@ -31,10 +31,11 @@ from orcaserve.scheduler.engine_loop import EngineLoop
 from orcaserve.scheduler.request_stream import RequestError, RequestStream
 
 from . import socket_lock
+from .body import decode_body
 from .config import HandlerConfig
 from .faults import FaultInjector
 from .metrics import EngineMetrics
-from .protocol import CHAT, ParsedRequest, ProtocolError, decode_body, error_body, parse_request, route
+from .protocol import CHAT, ParsedRequest, ProtocolError, error_body, parse_request, route
 from .reply import Reply
 from .responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
 from .supervisor_link import SupervisorLink, start_supervisor

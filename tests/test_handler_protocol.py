@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from orcaserve.handler import body as B
 from orcaserve.handler import protocol as P
 from orcaserve.handler import responses as R
 from orcaserve.handler import socket_lock
@@ -32,13 +33,13 @@ def test_route():
     "raw", [b'{"prompt": "hi"}', '{"prompt": "hi"}', {"prompt": "hi"}, bytearray(b'{"prompt":"hi"}')]
 )
 def test_decode_body_forms(raw):
-    assert P.decode_body(raw) == {"prompt": "hi"}
+    assert B.decode_body(raw) == {"prompt": "hi"}
 
 
 @pytest.mark.parametrize("raw", [b"{bad json", b"[1, 2]", b"\xff\xfe", "", None, 3])
 def test_decode_body_rejects(raw):
     with pytest.raises(P.ProtocolError) as e:
-        P.decode_body(raw)
+        B.decode_body(raw)
     assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
 
 

@@ -106,7 +106,8 @@ class BaselineHandler:
 
     # ---- requests ----------------------------------------------------------------------------
     def _parse(self, item: dict, idx: int, context: Any):
-        from orcaserve.handler.protocol import ProtocolError, decode_body, parse_request, route
+        from orcaserve.handler.body import decode_body
+        from orcaserve.handler.protocol import ProtocolError, parse_request, route
         from orcaserve.scheduler.prompt import encode_prompt
 
         kind = route(context.get_request_header(idx, "url_path"))
