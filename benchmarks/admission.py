@@ -6,8 +6,9 @@
 Victims: `--victims` greedy streams (EOS ignored) through an `EngineLoop` serving the default
 model, as the handler runs it. Once every victim has its first token, `--attackers` prompts of
 `--attack-bytes` bytes arrive at once: random printable text (the slowest text to tokenize that
-was measured here, about 2.5 s per MiB) or, with `--attack-kind chat`, a conversation of that size
-in one-character messages. Each is far beyond `max_model_len`, so each is answered with a 400;
+was measured here, about 2.5 s per MiB) or, with `--attack-kind chat`, that text split into
+`max_model_len - 1` messages (more are refused before rendering). Each is far beyond
+`max_model_len` once tokenized, so each is answered with a 400;
 the question is what its tokenization costs the victims. Printed: the victims' largest gap between
 two tokens and their output tokens/s before and during the attack, and when the 400s arrived.
 """
@@ -29,10 +30,12 @@ from orcaserve.scheduler.prompt import ChatPrompt
 from orcaserve.scheduler.request_stream import RequestError
 
 
-def _attack_prompt(kind: str, size: int, rng: random.Random) -> str | ChatPrompt:
-    if kind == "chat":  # '{"role":"user","content":"x"},' is 31 bytes of JSON
-        return ChatPrompt([{"role": "user", "content": rng.choice(string.ascii_letters)} for _ in range(size // 31)])
-    return "".join(rng.choice(string.printable) for _ in range(size))
+def _attack_prompt(kind: str, size: int, rng: random.Random, max_model_len: int) -> str | ChatPrompt:
+    text = "".join(rng.choice(string.printable) for _ in range(size))
+    if kind == "chat":  # the most messages that are not refused uncounted, sharing the text
+        n = max_model_len - 1
+        return ChatPrompt([{"role": "user", "content": text[i * size // n : (i + 1) * size // n]} for i in range(n)])
+    return text
 
 
 def _victim(loop: EngineLoop, i: int, max_tokens: int, times: list[float], first: threading.Event) -> None:
@@ -63,9 +66,11 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
 
-    rng = random.Random(0)
-    prompts = [_attack_prompt(args.attack_kind, args.attack_bytes, rng) for _ in range(args.attackers)]
     engine = Engine.from_pretrained(default_model_path(), dtype=args.dtype)
+    rng = random.Random(0)
+    prompts = [
+        _attack_prompt(args.attack_kind, args.attack_bytes, rng, engine.max_model_len) for _ in range(args.attackers)
+    ]
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     loop = EngineLoop(engine).start()
 

@@ -27,6 +27,13 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int, max_model_len
     and ids are checked against the vocabulary only once their count is known to fit.
     """
     if isinstance(prompt, ChatPrompt):
+        # Jinja renders in Python, holding the GIL the engine thread needs between its ops; a
+        # template gives every message at least one token, so this many can never fit.
+        if len(prompt.messages) >= max_model_len:
+            raise ValueError(
+                f"messages has {len(prompt.messages)} entries, each at least one token; "
+                f"max_model_len is {max_model_len}"
+            )
         try:
             text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # a template may refuse e.g. a role order

@@ -301,8 +301,8 @@ def abandoned_stream(ts: TorchServe, max_tokens: int = 64, model: str = MODEL, t
 
 # ---- oversized prompts --------------------------------------------------------------------------------
 def oversized_prompts(ts: TorchServe, offline: Engine, n: int = 4, model: str = MODEL) -> dict:
-    """`n` bodies just under the 1 MiB limit (random printable text, or a chat of one-letter
-    messages, alternately), sent at once while greedy streams run one after another. Each takes
+    """`n` bodies just under the 1 MiB limit (random printable text, or that text in a chat of
+    400 messages, alternately), sent at once while greedy streams run one after another. Each takes
     seconds to tokenize and is refused (400, too long); the streams must stay exact, and their
     largest gap between two chunks says whether the tokenizing stopped them."""
     rng = random.Random(0)
@@ -311,7 +311,7 @@ def oversized_prompts(ts: TorchServe, offline: Engine, n: int = 4, model: str = 
     big = [
         (COMPLETIONS, {"prompt": text, "max_tokens": 4})
         if i % 2 == 0
-        else (CHAT, {"messages": [{"role": "user", "content": "x"}] * 30_000, "max_tokens": 4})
+        else (CHAT, {"messages": [{"role": "user", "content": text[k : k + 2450]} for k in range(0, 980_000, 2450)]})
         for i in range(n)
     ]
     want = expected(offline, [("completions", PROMPTS[0])], [48])[0].text

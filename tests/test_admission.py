@@ -28,18 +28,20 @@ def loop(tokenizer):
     loop.shutdown()
 
 
-def _huge(kind: str) -> str | ChatPrompt:
+def _huge(kind: str, max_model_len: int = 1024) -> str | ChatPrompt:
     rng = random.Random(0)  # random printable text: the slowest to tokenize measured here
-    if kind == "chat":
-        return ChatPrompt([{"role": "user", "content": rng.choice(string.ascii_letters)} for _ in range(MIB // 31)])
-    return "".join(rng.choice(string.printable) for _ in range(MIB))
+    text = "".join(rng.choice(string.printable) for _ in range(MIB))
+    if kind == "chat":  # the most messages that are rendered at all
+        n = max_model_len - 1
+        return ChatPrompt([{"role": "user", "content": text[i * MIB // n : (i + 1) * MIB // n]} for i in range(n)])
+    return text
 
 
 @pytest.mark.parametrize("kind", ["text", "chat"])
 def test_a_huge_prompt_does_not_stall_other_streams(loop, kind):
     """A 1 MiB prompt takes seconds to tokenize (and is refused in the end); a running stream
     keeps getting tokens meanwhile. On the engine thread it got none until the 400 was out."""
-    prompt = _huge(kind)
+    prompt = _huge(kind, loop.engine.max_model_len)
     victim = loop.submit("victim", [5] * 8, SamplingParams(max_tokens=1000, ignore_eos=True))
     arrivals: list[float] = []
     first = threading.Event()
@@ -90,7 +92,8 @@ def test_shutdown_answers_what_admission_still_holds(loop):
 
 
 def test_admission_runs_at_lower_cpu_priority(loop):
-    (admission,) = [t for t in threading.enumerate() if t.name == "orcaserve-admission"]
+    admission = loop._admission._thread  # this loop's, whatever other loops the process holds
+    assert admission.name == "orcaserve-admission" and admission.is_alive()
 
     def nice(tid: int) -> int:
         with open(f"/proc/self/task/{tid}/stat") as f:
@@ -107,6 +110,15 @@ def test_a_refused_chat_template_is_a_400_naming_messages(tokenizer):
         encode_prompt(tok, ChatPrompt([{"role": "user", "content": "x"}]), 512, 1024)
     assert "alternate" in str(err.value)
     assert RequestError.invalid(str(err.value)).param == "messages"
+
+
+def test_a_chat_longer_than_the_context_in_messages_is_refused_before_rendering(tokenizer):
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{{ raise_exception('rendered') }}"  # reached only if the count passed
+    with pytest.raises(ValueError, match="messages has 1024 entries"):
+        encode_prompt(tok, ChatPrompt([{"role": "user", "content": "x"}] * 1024), 512, 1024)
+    with pytest.raises(ValueError, match="rendered"):
+        encode_prompt(tok, ChatPrompt([{"role": "user", "content": "x"}] * 1023), 512, 1024)
 
 
 def test_ids_are_checked_for_length_before_the_vocabulary(tokenizer):
