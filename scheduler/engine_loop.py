@@ -223,6 +223,9 @@ class EngineLoop:
             return
         if item.error is not None or item.ids is None:  # never tokenize here: admission did, or failed
             self._finish_stream(item.stream, item.error or RequestError(500, "internal error: prompt not prepared"))
+            if item.error is not None and item.error.status == 408:  # its deadline passed in admission:
+                self.engine.stats.num_aborted += 1  # an abort by deadline, counted as the engine's own
+                self._notify()
             return
         try:
             self.engine.add_request(rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt)

@@ -91,7 +91,7 @@ def test_asyncio_errors_and_deadlines(loop_and_model):
     asyncio.run(main())
     loop.shutdown()  # joins the thread: everything below is final
     assert engine.kv.pool.num_used == 0
-    assert engine.stats.num_aborted == 1  # "slow"; "late" was answered at admission, never admitted
+    assert engine.stats.num_aborted == 2  # "slow", and "late", whose deadline passed in admission
 
 
 def test_abort_is_not_a_timeout(loop_and_model):
