@@ -20,9 +20,10 @@ import json
 import platform
 import random
 import string
-import subprocess
 import threading
 import time
+
+from serve_report import machine
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.engine_loop import EngineLoop
@@ -104,7 +105,7 @@ def main() -> None:
     gaps_before = [b - a for ts in times for a, b in zip(ts, ts[1:]) if b < attack_start]
     result = {
         "machine": platform.processor() or platform.machine(),
-        "cpu": subprocess.run(["sh", "-c", "lscpu | grep 'Model name'"], capture_output=True, text=True).stdout.strip(),
+        "cpu": machine()["cpu"],
         "dtype": str(engine.dtype).removeprefix("torch."),
         "attack": f"{args.attackers} x {args.attack_bytes} bytes of {args.attack_kind}",
         "attack_s": round(attack_end - attack_start, 2),

@@ -109,8 +109,7 @@ class Admission:
 
     def _prepare(self, item: Submission) -> None:
         if item.deadline is not None and time.time() >= item.deadline:
-            timeout = item.timeout or 0.0
-            item.error = RequestError(408, f"request timed out after {timeout:g} s before its first token", "timeout")
+            item.error = RequestError.timed_out(item.timeout or 0.0)
             return
         try:
             item.ids = encode_prompt(self._tokenizer, item.prompt, self._vocab_size, self._max_model_len)

@@ -263,7 +263,7 @@ class EngineLoop:
             return
         if error is None and out is not None and reason == "timeout" and out.completion_tokens == 0:
             timeout = self._deadlines[rid][1]
-            error = RequestError(408, f"request timed out after {timeout:g} s before its first token", "timeout")
+            error = RequestError.timed_out(timeout)
         if error is None and out is None:  # the engine no longer knows it: answer anyway
             error = RequestError(500, f"internal error: request {rid} was lost by the engine")
         self._deliver(rid, error if error is not None else out)  # type: ignore[arg-type]  # one is set

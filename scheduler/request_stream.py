@@ -50,6 +50,11 @@ class RequestError(Exception):
         first = message.split(" ", 1)[0]
         return cls(400, message, first if first in _FIELDS else None)
 
+    @classmethod
+    def timed_out(cls, timeout: float) -> RequestError:
+        """A 408: the request's deadline passed before its first token."""
+        return cls(408, f"request timed out after {timeout:g} s before its first token", "timeout")
+
 
 class RequestStream:
     """Outputs of one request, written by the engine thread, read from a thread or asyncio.

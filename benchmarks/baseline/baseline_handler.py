@@ -109,6 +109,7 @@ class BaselineHandler:
         from orcaserve.handler.body import decode_body
         from orcaserve.handler.protocol import ProtocolError, parse_request, route
         from orcaserve.scheduler.prompt import encode_prompt
+        from orcaserve.scheduler.request_stream import RequestError
 
         kind = route(context.get_request_header(idx, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
@@ -124,8 +125,7 @@ class BaselineHandler:
         try:
             ids = encode_prompt(self.tokenizer, req.prompt, self.model.config.vocab_size, self.max_model_len)
         except ValueError as e:
-            field = str(e).split(" ", 1)[0]
-            raise ProtocolError(str(e), field if field in ("prompt", "messages") else None) from None
+            raise ProtocolError(str(e), RequestError.invalid(str(e)).param) from None
         # Like the engine: generation stops at the context limit.
         p.max_tokens = min(p.max_tokens, self.max_model_len - len(ids))
         return req, ids
