@@ -75,3 +75,22 @@ def _check_values(value: Any, depth: int) -> None:
             except _BadValue as e:
                 e.path.insert(0, f".{key}" if is_dict else f"[{key}]")
                 raise
+
+
+def check_size(raw: Any, content_length: str | None, limit: int | None) -> None:
+    """`max_body_bytes` (`limit`): from Content-Length when the frontend passes it, else measured."""
+    if limit is None:
+        return
+    if content_length and content_length.strip().isdigit():
+        size = int(content_length)
+    elif isinstance(raw, (bytes, bytearray, str)):
+        size = len(raw)
+    else:
+        try:
+            size = len(json.dumps(raw))
+        except (ValueError, RecursionError):
+            return  # decode_body refuses it next, with a better reason
+    if size > limit:
+        raise ProtocolError(
+            f"request body has {size} bytes; this server accepts at most {limit} (max_body_bytes)", None, 413
+        )

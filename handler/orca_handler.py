@@ -14,6 +14,7 @@ and never touches the engine. Rules of the async backend this file follows (docs
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import json
 import logging
@@ -28,14 +29,16 @@ import torch
 
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.engine_loop import EngineLoop
+from orcaserve.scheduler.logprobs import TokenLogprob
 from orcaserve.scheduler.request_stream import RequestError, RequestStream
 
 from . import socket_lock
-from .body import decode_body
+from .body import check_size, decode_body
 from .config import HandlerConfig
 from .faults import FaultInjector
+from .logprobs import LogprobsRenderer
 from .metrics import EngineMetrics
-from .protocol import CHAT, ParsedRequest, ProtocolError, error_body, parse_request, route
+from .protocol import CHAT, COMPLETIONS, ParsedRequest, ProtocolError, error_body, parse_request, route
 from .reply import Reply
 from .responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
 from .supervisor_link import SupervisorLink, start_supervisor
@@ -62,6 +65,7 @@ class OrcaHandler:
         self._guard_worker = False  # a real TorchServe worker: exit on loop death, supervised
         self._link: SupervisorLink | None = None
         self._exiting = threading.Event()
+        self._logprobs: LogprobsRenderer | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -118,6 +122,7 @@ class OrcaHandler:
         self.config, self.model_name = config, model_name
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.engine_loop = make_loop(self.metrics.on_step)
+        self._logprobs = LogprobsRenderer(copy.deepcopy(self.engine_loop.engine.tokenizer))
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -197,7 +202,7 @@ class OrcaHandler:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
         cfg, metrics = self.config, self.metrics
         assert cfg is not None and metrics is not None  # set with `initialized`
-        self._check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
+        check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
         req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit)
         salt = derive_cache_salt(cfg.tenant_header, context.get_all_request_header(0) or {}, req.cache_salt)
@@ -225,6 +230,7 @@ class OrcaHandler:
                     final.prompt_tokens,
                     final.completion_tokens,
                     cached_tokens=final.num_cached_tokens,
+                    logprobs=self._render_logprobs(kind, final.logprobs, 0)[0],
                 )
             )
         finally:
@@ -241,6 +247,7 @@ class OrcaHandler:
         produced a token: a validation error or a deadline before it are still real 4xx answers."""
         created, model, kind = int(time.time()), self.model_name, req.kind
         started = False
+        offset = 0  # where the next token's text starts, for completions' `text_offset`
         try:
             async for outputs in stream.chunks():  # what has piled up goes out as one frame
                 pieces = []
@@ -250,8 +257,10 @@ class OrcaHandler:
                         pieces.append(sse(stream_chunk(kind, request_id, model, created, text="", role=True)))
                 started = True
                 text = "".join(out.new_text for out in outputs)
-                if text:
-                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text=text)))
+                new_logprobs = [lp for out in outputs for lp in out.new_logprobs or ()]
+                if text or new_logprobs:  # a token's logprob goes out even while its text is held back
+                    logprobs, offset = self._render_logprobs(kind, new_logprobs or None, offset)
+                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text=text, logprobs=logprobs)))
                 last = outputs[-1]
                 if last.finished:
                     metrics.on_finish(last)
@@ -281,22 +290,10 @@ class OrcaHandler:
             return sse(engine_error_body(e)) + SSE_DONE
         raise RequestError(500, "the request stream ended without a final output")
 
-    # ---- helpers -----------------------------------------------------------------------------
-    @staticmethod
-    def _check_size(raw: Any, content_length: str | None, limit: int | None) -> None:
-        """`max_body_bytes` (`limit`): from Content-Length when the frontend passes it, else measured."""
-        if limit is None:
-            return
-        if content_length and content_length.strip().isdigit():
-            size = int(content_length)
-        elif isinstance(raw, (bytes, bytearray, str)):
-            size = len(raw)
-        else:
-            try:
-                size = len(json.dumps(raw))
-            except (ValueError, RecursionError):
-                return  # decode_body refuses it next, with a better reason
-        if size > limit:
-            raise ProtocolError(
-                f"request body has {size} bytes; this server accepts at most {limit} (max_body_bytes)", None, 413
-            )
+    def _render_logprobs(self, kind: str, logprobs: list[TokenLogprob] | None, offset: int) -> tuple[dict | None, int]:
+        """A choice's `logprobs` in `kind`'s shape (None when not asked), and the next text offset."""
+        if logprobs is None or self._logprobs is None:
+            return None, offset
+        if kind == COMPLETIONS:
+            return self._logprobs.completion(logprobs, offset)
+        return self._logprobs.chat(logprobs), offset

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.scheduler.prompt import ChatPrompt
-from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, SamplingParams
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -161,17 +161,32 @@ def _parse_messages(messages: Any) -> list[dict]:
 def _completion_prompt(body: dict) -> str | list[int]:
     if "prompt" not in body:
         raise ProtocolError("prompt is required", "prompt")
-    for name, ok in (("echo", (None, False)), ("logprobs", (None,)), ("best_of", (None, 1)), ("suffix", (None,))):
+    for name, ok in (("echo", (None, False)), ("best_of", (None, 1)), ("suffix", (None,))):
         if body.get(name) not in ok:
             raise ProtocolError(f"{name} is not supported", name)
     return _parse_prompt(body["prompt"])
 
 
+def _is_count(v: Any) -> bool:
+    return _is_int(v) and 0 <= v <= MAX_LOGPROBS
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """How many alternatives each token's log-probability comes with; None: no log-probabilities.
+    Completions ask with `logprobs: k`; chat with `logprobs: true` and `top_logprobs: k`."""
+    what = f"an integer from 0 to {MAX_LOGPROBS}"
+    if kind == COMPLETIONS:
+        return _expect(body, "logprobs", _is_count, what)
+    top = _expect(body, "top_logprobs", _is_count, what)
+    if not _expect(body, "logprobs", lambda v: isinstance(v, bool), "a boolean"):
+        if top is not None:
+            raise ProtocolError("top_logprobs needs logprobs: true", "top_logprobs")
+        return None
+    return top or 0
+
+
 def _chat_prompt(body: dict) -> ChatPrompt:
     messages = _parse_messages(body.get("messages"))
-    for name, ok in (("logprobs", (None, False)), ("top_logprobs", (None,))):
-        if body.get(name) not in ok:
-            raise ProtocolError(f"{name} is not supported", name)
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise ProtocolError("only response_format {'type': 'text'} is supported", "response_format")
@@ -192,14 +207,14 @@ def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -
     return value
 
 
-def _sampling_params(body: dict, max_tokens: int) -> SamplingParams:
+def _sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
             raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
     _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
-    values = {"max_tokens": max_tokens, "stop": stop or []}
+    values = {"max_tokens": max_tokens, "stop": stop or [], "logprobs": logprobs}
     for name in (
         "temperature",
         "top_p",
@@ -262,7 +277,8 @@ def parse_request(
     timeout = _expect(body, "timeout", lambda v: _is_number(v) and v > 0, "a positive number of seconds")
     if timeout is None or (default_timeout is not None and timeout > default_timeout):
         timeout = default_timeout  # the server's deadline is also the longest a client may ask for
-    params = _sampling_params(body, _max_tokens(body, kind, default_max_tokens, max_tokens_limit))
+    max_tokens = _max_tokens(body, kind, default_max_tokens, max_tokens_limit)
+    params = _sampling_params(body, max_tokens, _logprobs(body, kind))
     return ParsedRequest(
         kind, prompt, params, stream, bool(opts.get("include_usage")), priority, timeout, body.get("model"), cache_salt
     )

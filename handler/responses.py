@@ -38,17 +38,19 @@ def final_response(
     completion_tokens: int,
     created: int | None = None,
     cached_tokens: int | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
-    """The non-streamed `text_completion` or `chat.completion` object."""
+    """The non-streamed `text_completion` or `chat.completion` object (`logprobs`: the choice's,
+    already in its API's shape)."""
     created = created or int(time.time())
     if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         obj = "text_completion"
     else:
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": finish_reason,
         }
         obj = "chat.completion"
@@ -71,6 +73,7 @@ def stream_chunk(
     finish_reason: str | None = None,
     role: bool = False,
     usage: tuple[int, int] | tuple[int, int, int] | None = None,
+    logprobs: dict | None = None,
 ) -> dict:
     """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices):
     (prompt, completion) tokens, or (prompt, completion, cached prompt) tokens."""
@@ -81,14 +84,14 @@ def stream_chunk(
         chunk["usage"] = _usage(*usage)
         return chunk
     if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
     else:
         delta: dict = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     chunk["choices"] = [choice]
     return chunk
 

@@ -17,6 +17,7 @@ from .config import EngineConfig
 from .detokenizer import IncrementalDetokenizer
 from .kv_cache_manager import KVCacheManager
 from .loader import eos_token_ids, load_model_and_tokenizer, model_dims
+from .logprobs import TokenLogprob, token_logprobs
 from .model_runner import CausalLM, ModelRunner
 from .outputs import RequestOutput
 from .prompt import Prompt, encode_prompt
@@ -29,6 +30,7 @@ from .stats import EngineStats, StepTrace
 log = logging.getLogger(__name__)
 
 _CPU_KV_BYTES = 1 << 30
+_Sample = tuple[Request, int, TokenLogprob | None]  # a request, its new token, and its logprob if asked
 TRACE_STEPS = 100_000
 
 
@@ -159,9 +161,9 @@ class Engine:
         outputs = [self._fail(req, error) for req, error in failed]
         self.scheduler.update_after_step(sched)
         now = time.time()
-        for req, token in sampled:
+        for req, token, logprob in sampled:
             try:
-                outputs.append(self._postprocess(req, token, now))
+                outputs.append(self._postprocess(req, token, logprob, now))
             except Exception as e:
                 log.exception("post-processing failed; failing request %s", req.request_id)
                 outputs.append(self._fail(req, e))
@@ -170,8 +172,9 @@ class Engine:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
         return outputs
 
-    def _run(self, sched: SchedulerOutput) -> tuple[list[tuple[Request, int]], list[tuple[Request, Exception]]]:
-        """Model and sampler over `sched`: (request, token) pairs, and (request, error) failures.
+    def _run(self, sched: SchedulerOutput) -> tuple[list[_Sample], list[tuple[Request, Exception]]]:
+        """Model and sampler over `sched`: (request, token, logprob) samples, and (request, error)
+        failures.
 
         On a failure the batch is halved and each half re-run until the failing requests stand
         alone: re-running a step is safe (the scheduler has not advanced; K/V slots are rewritten
@@ -182,14 +185,15 @@ class Engine:
             if self.fault_hook is not None:
                 self.fault_hook(sched)
             logits = self.runner.execute(sched, self.kv)
-            return list(zip(sched.sampling, self.sampler(logits, sched.sampling))), []
+            tokens = self.sampler(logits, sched.sampling)
+            return list(zip(sched.sampling, tokens, token_logprobs(logits, sched.sampling, tokens))), []
         except Exception as e:
             ids = list(sched.num_scheduled_tokens)
             if len(ids) == 1:
                 log.error("request %s failed in the model run: %s: %s", ids[0], type(e).__name__, e)
                 return [], [(sched.requests[ids[0]], e)]
             log.warning("a step of %d requests failed (%s: %s); re-running it in halves", len(ids), type(e).__name__, e)
-            sampled: list[tuple[Request, int]] = []
+            sampled: list[_Sample] = []
             failed: list[tuple[Request, Exception]] = []
             for half in (ids[: len(ids) // 2], ids[len(ids) // 2 :]):
                 ok, bad = self._run(sched.subset(half))
@@ -197,8 +201,8 @@ class Engine:
                 failed += bad
             return sampled, failed
 
-    def _postprocess(self, req: Request, token: int, now: float) -> RequestOutput:
-        req.append_token(token)
+    def _postprocess(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
+        req.append_token(token, logprob)
         if req.times.first_token is None:
             req.times.first_token = now
         hit_stop = self._detok[req.request_id].update(req.output_token_ids)
@@ -208,10 +212,10 @@ class Engine:
         elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
             reason = "length"
         if reason is None:
-            return self._output(req, [token])
+            return self._output(req, [token], [logprob] if logprob else None)
         self.scheduler.finish_request(req, reason)
         req.times.finished = now
-        return self._finish_output(req, [token])
+        return self._finish_output(req, [token], [logprob] if logprob else None)
 
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
         """Finish `req` as failed; its output carries the error instead of text."""
@@ -236,7 +240,9 @@ class Engine:
             error=f"{type(error).__name__}: {error}",
         )
 
-    def _output(self, req: Request, new_ids: list[int], finished: bool = False) -> RequestOutput:
+    def _output(
+        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None, finished: bool = False
+    ) -> RequestOutput:
         detok = self._detok[req.request_id]
         return RequestOutput(
             request_id=req.request_id,
@@ -251,12 +257,16 @@ class Engine:
             times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
             num_preemptions=req.num_preemptions,
             num_cached_tokens=req.num_cached_tokens,
+            new_logprobs=(new_logprobs or []) if req.logprobs is not None else None,
+            logprobs=list(req.logprobs) if finished and req.logprobs is not None else None,
         )
 
-    def _finish_output(self, req: Request, new_ids: list[int]) -> RequestOutput:
+    def _finish_output(
+        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None
+    ) -> RequestOutput:
         if req.times.finished is None:
             req.times.finished = time.time()
-        out = self._output(req, new_ids, finished=True)
+        out = self._output(req, new_ids, new_logprobs, finished=True)
         del self._detok[req.request_id]
         self.stats.record_finish(req)
         return out

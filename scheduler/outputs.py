@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .logprobs import TokenLogprob
 
 
 @dataclass
@@ -23,7 +27,8 @@ class RequestOutput:
     The final output (`finished`) also carries the whole answer in `output_token_ids` and `text`;
     earlier ones leave them empty, so a long answer is not copied again at every step. `text`
     never contains a stop string, and while a request runs `new_text` holds back any tail that
-    could still become one.
+    could still become one. `new_logprobs` and `logprobs` follow the same rule for the tokens'
+    log-probabilities, when the request asked for them (`SamplingParams.logprobs`); else None.
     """
 
     request_id: str
@@ -41,3 +46,5 @@ class RequestOutput:
     # Prompt tokens whose K/V came from the prefix cache at admission (not computed for this request).
     num_cached_tokens: int = 0
     error: str | None = field(default=None)  # why the engine failed the request (finish_reason "error")
+    new_logprobs: list[TokenLogprob] | None = None  # one per new token
+    logprobs: list[TokenLogprob] | None = None  # one per output token, on the final output only

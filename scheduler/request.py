@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 import itertools
+from typing import TYPE_CHECKING
 
 import torch
 
 from .outputs import RequestTimes
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .logprobs import TokenLogprob
 
 _arrival_counter = itertools.count()
 
@@ -41,6 +45,8 @@ class Request:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
+        # One per output token when the request asked for them (params.logprobs), else None.
+        self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.params = params
         self.priority = priority
@@ -69,9 +75,11 @@ class Request:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
 
     def sort_key(self, by_priority: bool) -> tuple[int, int]:
         """Smaller runs first; the largest is the first to be preempted."""

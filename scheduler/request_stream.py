@@ -27,6 +27,7 @@ _FIELDS = frozenset(
         "stop_token_ids",
         "ignore_eos",
         "cache_salt",
+        "logprobs",
     }
 )
 

@@ -7,6 +7,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+# Most alternatives a request may ask for with each token (vLLM's default `max_logprobs`; OpenAI's
+# chat allows 20 too).
+MAX_LOGPROBS = 20
+
 
 @dataclass
 class SamplingParams:
@@ -14,7 +18,9 @@ class SamplingParams:
 
     `temperature=0` (or below 1e-5) is greedy. `top_k` 0 or -1 and `top_p=1` disable those filters. `seed` gives the
     request its own random generator, so its tokens do not depend on what else runs in the batch.
-    `stop` strings end generation and are not included in the text.
+    `stop` strings end generation and are not included in the text. `logprobs` (0 to
+    MAX_LOGPROBS) reports each sampled token's log-probability with that many most likely
+    alternatives; None reports nothing.
     """
 
     max_tokens: int = 16
@@ -29,6 +35,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,6 +67,8 @@ class SamplingParams:
                 raise ValueError(f"stop must hold non-empty strings, got {s!r}")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, low=0, high=1 << 63)
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS + 1)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 

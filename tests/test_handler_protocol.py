@@ -120,7 +120,9 @@ def test_nulls_mean_default():
         ({"prompt": "x", "timeout": "5"}, "timeout"),
         ({"prompt": "x", "n": 2}, "n"),
         ({"prompt": "x", "echo": True}, "echo"),
-        ({"prompt": "x", "logprobs": 2}, "logprobs"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"prompt": "x", "logprobs": -1}, "logprobs"),
+        ({"prompt": "x", "logprobs": True}, "logprobs"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
         ({"prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
         ({"prompt": "x", "user": 5}, "user"),
@@ -167,6 +169,10 @@ def test_chat_parsing():
             "response_format",
         ),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 2}, "logprobs"),
     ],
 )
 def test_chat_rejects(body, param):
@@ -193,6 +199,19 @@ def test_response_shapes():
     assert k["object"] == "text_completion" and k["choices"][0]["text"] == "é"
     u = R.stream_chunk(P.COMPLETIONS, "r1", "m", 1, usage=(3, 4))
     assert u["choices"] == [] and u["usage"]["total_tokens"] == 7
+
+
+def test_logprobs_fields():
+    assert parse({"prompt": "x"}).params.logprobs is None
+    assert parse({"prompt": "x", "logprobs": None}).params.logprobs is None
+    assert parse({"prompt": "x", "logprobs": 0}).params.logprobs == 0
+    assert parse({"prompt": "x", "logprobs": 20}).params.logprobs == 20
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    assert parse(chat, P.CHAT).params.logprobs is None
+    assert parse({**chat, "logprobs": False}, P.CHAT).params.logprobs is None
+    assert parse({**chat, "logprobs": True}, P.CHAT).params.logprobs == 0
+    assert parse({**chat, "logprobs": True, "top_logprobs": 3}, P.CHAT).params.logprobs == 3
+    assert parse({**chat, "logprobs": False, "top_logprobs": None}, P.CHAT).params.logprobs is None
 
 
 def test_cache_salt_field_and_cached_tokens_in_usage():

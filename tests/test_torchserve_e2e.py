@@ -17,7 +17,7 @@ import requests
 from openai_http import PROMPTS, expected, read_stream
 from torchserve_harness import TorchServe, serving
 
-from orcaserve.scheduler import Engine, default_model_path
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 
 pytestmark = pytest.mark.slow
 
@@ -212,6 +212,47 @@ def test_openai_client(ts, offline):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="x", max_tokens=-1)
     assert e.value.status_code == 400
+
+
+def test_logprobs_through_the_openai_client(ts, offline):
+    """Completions' `logprobs: k` and chat's `logprobs` / `top_logprobs`, streamed and not: the
+    offline engine's tokens and log-probabilities, in the shapes the client parses."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=ts.url(f"/predictions/{MODEL}/1.0/v1"), api_key=ts.keys["inference"])
+    prompt, chat = "The capital of France is", [{"role": "user", "content": QUESTIONS[0]}]
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=3)
+    want, want_chat = offline.generate([prompt, openai_http.render(offline, QUESTIONS[0])], params)
+    text = [offline.tokenizer.decode([t]) for t in want.output_token_ids]
+    values = [lp.logprob for lp in want.logprobs]
+
+    c = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=3)
+    got = c.choices[0].logprobs
+    assert c.choices[0].text == want.text and got.tokens == text
+    assert got.token_logprobs == pytest.approx(values, abs=1e-3)
+    assert got.text_offset == [sum(len(t) for t in text[:i]) for i in range(len(text))]
+    for top, lp in zip(got.top_logprobs, want.logprobs):
+        assert {offline.tokenizer.decode([t]) for t, _ in lp.top} <= set(top) and len(top) in (3, 4)
+    pieces = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logprobs=3, stream=True)
+    streamed = [p.choices[0].logprobs for p in pieces if p.choices and p.choices[0].logprobs]
+    assert [t for lp in streamed for t in lp.tokens] == text
+    assert [o for lp in streamed for o in lp.text_offset] == got.text_offset
+
+    ch = client.chat.completions.create(
+        model=MODEL, messages=chat, max_tokens=8, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = ch.choices[0].logprobs.content
+    assert ch.choices[0].message.content == want_chat.text
+    assert [e.token for e in content] == [offline.tokenizer.decode([t]) for t in want_chat.output_token_ids]
+    assert [e.logprob for e in content] == pytest.approx([lp.logprob for lp in want_chat.logprobs], abs=1e-3)
+    assert all(len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode()) for e in content)
+    pieces = client.chat.completions.create(
+        model=MODEL, messages=chat, max_tokens=8, temperature=0, logprobs=True, stream=True
+    )
+    streamed = [e for p in pieces if p.choices and p.choices[0].logprobs for e in p.choices[0].logprobs.content]
+    assert [e.token for e in streamed] == [e.token for e in content] and all(e.top_logprobs == [] for e in streamed)
+
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
 
 
 def test_metrics_are_scraped(ts):

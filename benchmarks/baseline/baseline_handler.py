@@ -35,7 +35,13 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "smollm2-baseline"
-_UNSUPPORTED = (("min_p", 0.0), ("repetition_penalty", 1.0), ("presence_penalty", 0.0), ("frequency_penalty", 0.0))
+_UNSUPPORTED = (
+    ("min_p", 0.0),
+    ("repetition_penalty", 1.0),
+    ("presence_penalty", 0.0),
+    ("frequency_penalty", 0.0),
+    ("logprobs", None),
+)
 
 
 def _row_sampler(temps: list[float], top_ks: list[int], top_ps: list[float]):
