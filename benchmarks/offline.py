@@ -43,7 +43,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         dtype=args.dtype,
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=args.logprobs) for _, n in work]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     by_kind = _time_model_runs(engine)
     t = time.perf_counter()
     outs = engine.generate([p for p, _ in work], params)
@@ -178,7 +178,6 @@ def main() -> None:
     ap.add_argument("--step-batch", type=int, default=32)
     ap.add_argument("--step-context", type=int, default=256)
     ap.add_argument("--step-tokens", type=int, default=16)
-    ap.add_argument("--logprobs", type=int, default=None, help="orcaserve: every request asks for k logprobs")
     ap.add_argument("--json", default="benchmarks/results/offline.json")
     args = ap.parse_args()
 

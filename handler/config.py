@@ -71,7 +71,9 @@ class HandlerConfig:
     None = one tenant; the `cache_salt` body field alone separates (handler/tenancy.py).
     Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
-    (beyond it: 503 with Retry-After). None = unlimited.
+    (beyond it: 503 with Retry-After). None = unlimited. `max_frame_bytes`: the largest frame
+    sent to the frontend, which refuses one above its `max_response_size` (6,553,500 bytes by
+    default; the request is then never answered); longer bodies go out in several frames.
     """
 
     model_path: str
@@ -84,6 +86,7 @@ class HandlerConfig:
     max_tokens_limit: int | None = 2048
     max_waiting_requests: int | None = 64
     tenant_header: str | None = None
+    max_frame_bytes: int = 1 << 20
 
     SERVING_KEYS = (
         "model_path",
@@ -95,6 +98,7 @@ class HandlerConfig:
         "max_tokens_limit",
         "max_waiting_requests",
         "tenant_header",
+        "max_frame_bytes",
     )
 
     @classmethod
@@ -119,6 +123,9 @@ class HandlerConfig:
             if key in section:
                 value = section.pop(key)
                 serving[key] = _positive(key, parse_bytes(value, key) if key == "max_body_bytes" else value)
+        if "max_frame_bytes" in section:  # never unlimited: the frontend's own limit would hit
+            value = parse_bytes(section.pop("max_frame_bytes"), "max_frame_bytes")
+            serving["max_frame_bytes"] = _positive("max_frame_bytes", value, allow_none=False)
         if "kv_cache_memory" in section:
             section["kv_cache_memory"] = parse_bytes(section["kv_cache_memory"])
         EngineConfig(**section)  # validate now: a bad value should fail the load with its name

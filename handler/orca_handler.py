@@ -177,7 +177,7 @@ class OrcaHandler:
         """Serve one request (TorchServe async mode sends batches of one)."""
         socket_lock.install(getattr(context, "cl_socket", None))
         request_id = context.get_request_id(0) or f"req-{time.time_ns()}"
-        reply = Reply(context)
+        reply = Reply(context, (self.config or HandlerConfig).max_frame_bytes)
         self._active += 1
         try:
             body = await self._serve(data[0] if data else {}, reply, request_id)

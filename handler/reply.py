@@ -19,19 +19,32 @@ class Reply:
     cannot go that way (the frontend closes the connection right after an error status line, before
     the body chunk), so errors are one complete frame without the header, then the `false` frame
     that releases the job (its empty body lands on the closed connection and is dropped).
+
+    The frontend's decoder refuses a frame above its `max_response_size` (seen: such a request is
+    never answered, the client waits out its own timeout): a body longer than `max_frame_bytes` (a
+    non-streamed answer with log-probabilities runs to megabytes) goes out as several frames, which
+    the client receives as chunks of one body.
     """
 
-    def __init__(self, context: Any) -> None:
+    def __init__(self, context: Any, max_frame_bytes: int) -> None:
         self.context = context
         self.started = False
+        self.max_frame_bytes = max_frame_bytes
 
     def send(self, text: str) -> None:
-        """An intermediate frame (written now, from the asyncio thread)."""
+        """Intermediate frames (written now, from the asyncio thread), each at most
+        `max_frame_bytes` of the body."""
         from ts.handler_utils.utils import send_intermediate_predict_response
 
-        send_intermediate_predict_response(
-            [text], self.context.request_ids, "Intermediate Prediction success", 200, self.context
-        )
+        data = text.encode()
+        for start in range(0, max(len(data), 1), self.max_frame_bytes):
+            send_intermediate_predict_response(
+                [data[start : start + self.max_frame_bytes]],
+                self.context.request_ids,
+                "Intermediate Prediction success",
+                200,
+                self.context,
+            )
         self.started = True
 
     def send_complete(self, text: str) -> None:
@@ -58,7 +71,7 @@ class Reply:
 
     def finish(self, text: str) -> str:
         """The final frame's body; TorchServe sends it after `handle` returns."""
-        if not self.started:
+        if not self.started or len(text) > self.max_frame_bytes // 4:  # 4: UTF-8's longest character
             self.send(text)
             text = ""
         self.context.set_response_header(0, "ts_stream_next", "false")

@@ -266,6 +266,11 @@ def test_handler_config(tmp_path):
     with pytest.raises(ValueError, match="default_timeout"):
         HandlerConfig.from_dict({"model_path": "/m", "default_timeout": -1})
     assert parse_bytes("1G") == 1 << 30 and parse_bytes("512KiB") == 512 << 10 and parse_bytes(1000) == 1000
+    assert HandlerConfig.from_dict({"model_path": "/m"}).max_frame_bytes == 1 << 20
+    assert HandlerConfig.from_dict({"model_path": "/m", "max_frame_bytes": "64KiB"}).max_frame_bytes == 64 << 10
+    for bad in (None, 0, "lots"):
+        with pytest.raises(ValueError, match="max_frame_bytes"):
+            HandlerConfig.from_dict({"model_path": "/m", "max_frame_bytes": bad})
 
 
 def test_archive_config_covers_every_engine_argument():

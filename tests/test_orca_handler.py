@@ -329,3 +329,32 @@ def test_a_full_queue_answers_503_with_retry_after(make_backend):
     second = frames["second"][0]
     assert second["status"] == 503 and second["headers"]["Retry-After"] == "1"
     assert "max_waiting_requests" in json.loads(second["body"])["error"]["message"]
+
+
+def test_a_body_longer_than_a_frame_goes_out_in_frames(make_backend):
+    """TorchServe's frontend drops the worker's connection on a frame above its max_response_size;
+    answers longer than `max_frame_bytes` (here log-probabilities, 20 per token) are split."""
+    limit = 4096
+    backend = make_backend(max_frame_bytes=limit)
+    prompt = [5, 6, 7, 8]
+    want = backend.reference.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=20)
+    )[0]
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "logprobs": 20}
+
+    async def run():
+        await asyncio.gather(backend.request("json", body), backend.request("sse", {**body, "stream": True}))
+
+    asyncio.run(run())
+    frames = backend.frames()
+    for fs in frames.values():
+        check_release(fs)
+        assert all(len(f["body"]) <= limit for f in fs)
+    assert len(body_of(frames["json"])) > 2 * limit  # three frames at least
+    choice = json.loads(body_of(frames["json"]))["choices"][0]
+    assert choice["text"] == want.text and len(choice["logprobs"]["tokens"]) == 24
+    assert choice["logprobs"]["token_logprobs"] == pytest.approx([lp.logprob for lp in want.logprobs], abs=1e-4)
+    events = [json.loads(e[6:]) for e in body_of(frames["sse"]).decode().split("\n\n") if e and e != "data: [DONE]"]
+    assert [t for e in events if e["choices"][0]["logprobs"] for t in e["choices"][0]["logprobs"]["tokens"]] == choice[
+        "logprobs"
+    ]["tokens"]

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai_http
 import pytest
 import requests
-from openai_http import PROMPTS, expected, read_stream
+from openai_http import CHAT, PROMPTS, expected, read_stream
 from torchserve_harness import TorchServe, serving
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
@@ -28,9 +28,19 @@ ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?", "Say hello."]
 
 
+# The frontend's frame limit, far below its default (6,553,500 bytes), so that an answer with
+# log-probabilities outgrows it (test_an_answer_longer_than_the_frontends_frame_limit_arrives_whole).
+MAX_RESPONSE_SIZE = 65536
+
+
 @pytest.fixture(scope="module")
 def ts(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("torchserve"), MODEL, {**ENGINE_ARGS, "default_timeout": 300}) as server:
+    with serving(
+        tmp_path_factory.mktemp("torchserve"),
+        MODEL,
+        {**ENGINE_ARGS, "default_timeout": 300, "max_frame_bytes": MAX_RESPONSE_SIZE // 2},
+        {"max_response_size": str(MAX_RESPONSE_SIZE)},
+    ) as server:
         yield server
 
 
@@ -253,6 +263,29 @@ def test_logprobs_through_the_openai_client(ts, offline):
 
     plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     assert plain.choices[0].logprobs is None
+
+
+def test_an_answer_longer_than_the_frontends_frame_limit_arrives_whole(ts, offline):
+    """64 tokens with 20 alternatives each make a chat answer of about 100 KB, more than this
+    server's max_response_size: the worker sends it in frames of max_frame_bytes. In one frame (the
+    split turned off) TorchServe refused it and the request was never answered (300 s timeout);
+    here it arrives whole, a stream beside it ends token-exact and the same worker serves on."""
+    chat = [{"role": "user", "content": QUESTIONS[0]}]
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=20)
+    want = offline.generate([openai_http.render(offline, QUESTIONS[0])], params)[0]
+    beside = expected(offline, [("completions", PROMPTS[0])], [48])[0]
+    pid = ts.worker_pids(MODEL)
+    with ThreadPoolExecutor(1) as pool:
+        stream = pool.submit(result, ts, "completions", PROMPTS[0], 48, True)
+        body = {"messages": chat, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+        r = call(ts, CHAT, {**body, "logprobs": True, "top_logprobs": 20})
+        assert r.status_code == 200 and len(r.content) > MAX_RESPONSE_SIZE, len(r.content)
+        content = r.json()["choices"][0]["logprobs"]["content"]
+        assert [e["token"] for e in content] == [offline.tokenizer.decode([t]) for t in want.output_token_ids]
+        assert all(len(e["top_logprobs"]) == 20 for e in content)
+        assert stream.result()["text"] == beside.text
+    assert result(ts, "completions", PROMPTS[1], 4, False)["finish_reason"] == "length"
+    assert ts.worker_pids(MODEL) == pid
 
 
 def test_metrics_are_scraped(ts):

@@ -237,14 +237,17 @@ class TorchServe:
 
 
 @contextmanager
-def serving(root: Path, model: str, overrides: dict) -> Iterator[TorchServe]:
+def serving(
+    root: Path, model: str, overrides: dict, extra_config: dict[str, str] | None = None
+) -> Iterator[TorchServe]:
     """A TorchServe under `root` with the default model archived as `model` (with `overrides` of
-    its `handler:` section) and registered; its log is printed if start-up or a test fails."""
+    its `handler:` section) and registered; its log is printed if start-up or a test fails.
+    `extra_config`: config.properties entries of this server."""
     from orcaserve.handler.archive import build
 
     store = root / "model-store"
     build("default", model, str(store), fmt="default", overrides=overrides)
-    server = TorchServe(root / "work", store).start()
+    server = TorchServe(root / "work", store, extra_config=extra_config).start()
     try:
         started = time.time()
         server.register(f"{model}.mar")
