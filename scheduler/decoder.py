@@ -2,13 +2,13 @@
 
 The transformers forward costs, per layer and step, about 45 small ops and seven GEMMs whose
 weights oneDNN re-lays out on every call. This forward computes the same thing with the weights
-fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight packed for MKL's
-GEMM (fp32 on Intel), the project's own (fp32 elsewhere, bf16 on AVX2-only CPUs), its `vdpbf16ps`
-GEMM (bf16 with AVX-512 BF16 and no AMX) or in oneDNN's blocked layout (bf16 elsewhere; `linear.py`),
-and attention straight through the backend. The element-wise math (RMSNorm, rotary embedding,
-SiLU) is written exactly as transformers writes it, and the rotary tables come from the model's
-own `rotary_emb`, so any rope type it supports is supported here. Models outside the family use
-the transformers forward (`ModelRunner`).
+fused and pre-packed once: q/k/v as one GEMM, gate/up as one, each weight packed for the
+project's own GEMM (fp32, and bf16 on CPUs without native bf16; MKL's or oneDNN's where it is not
+built), its `vdpbf16ps` GEMM (bf16 with AVX-512 BF16 and no AMX) or in oneDNN's blocked layout
+(bf16 elsewhere; `linear.py`), and attention straight through the backend. The element-wise math
+(RMSNorm, rotary embedding, SiLU) is written exactly as transformers writes it, and the rotary
+tables come from the model's own `rotary_emb`, so any rope type it supports is supported here.
+Models outside the family use the transformers forward (`ModelRunner`).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def padded_tokens(t: int, multiple: int) -> int:
 
 
 # Row multiples the steps pad to where oneDNN runs the GEMMs. fp32 GEMMs here are compute-bound,
-# their time linear in the rows: the finer, the less padding is computed (fp32 pads only where MKL
-# does not run them: builds without it, non-Intel CPUs). AMX runs bf16 tiles of 16 rows and is
+# their time linear in the rows: the finer, the less padding is computed (fp32 pads only where
+# neither the project's GEMM nor MKL runs them). AMX runs bf16 tiles of 16 rows and is
 # slower at 8-row multiples between them (136 rows took longer than 144, 264 than 288:
 # `python benchmarks/gemm.py --rows 136,144,264,288`).
 PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}

@@ -57,15 +57,16 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
 
 @functools.cache
 def orca_gemm_preferred() -> bool:
-    """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): everywhere but on Intel
-    CPUs with AMX, where MKL keeps them (not measured against it there). On an AMD Zen 3 (AVX2) it
-    ran SmolLM2's fp32 layer GEMMs over 30 layers' weights 1.14-1.39x as fast as oneDNN's
-    pre-packed inner product at 1-512 rows (`python benchmarks/gemm.py --dtype float32 --layers
-    30`; docs/engine.md, "Eighth round"). On a Zen 4 (AVX-512, whose 512-bit FMAs run as two 256-bit
-    halves), in zmm registers, 0.69-0.80x oneDNN's time at 32-64 rows and 0.92-0.99x at 128-512
-    ("Fourteenth round"). On an Intel Ice Lake (AVX-512, no AMX) 1.25-1.44x as fast as MKL's
-    packed sgemm at 32-128 rows, 1.06-1.10x at 256-512, 0.93-1.03x at 1-8 ("Nineteenth round")."""
-    return not (mkl_preferred() and torch.cpu._is_amx_tile_supported())
+    """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): on every CPU kind
+    measured. SmolLM2's fp32 layer GEMMs over 30 layers' weights (`python benchmarks/gemm.py
+    --dtype float32 --layers 30`): on an AMD Zen 3 (AVX2) 1.14-1.39x as fast as oneDNN's
+    pre-packed inner product at 1-512 rows (docs/engine.md, "Eighth round"); on a Zen 4 (AVX-512,
+    whose 512-bit FMAs run as two 256-bit halves), in zmm registers, 0.69-0.80x oneDNN's time at
+    32-64 rows and 0.92-0.99x at 128-512 ("Fourteenth round"); on an Intel Ice Lake (AVX-512, no
+    AMX) 1.25-1.44x as fast as MKL's packed sgemm at 32-128 rows, 1.06-1.10x at 256-512,
+    0.93-1.03x at 1-8 ("Nineteenth round"); on an Intel Sapphire Rapids (AMX) 1.07-1.47x as fast
+    as MKL's at 1-512 rows ("Twentieth round")."""
+    return True
 
 
 @functools.cache
@@ -132,11 +133,12 @@ class Linear:
     of rows) otherwise pay a re-layout of the whole weight on every call.
 
     fp32 runs the project's own GEMM over its packed panels (`orca_gemm_preferred`; `orca`
-    overrides), and so does bf16 where the CPU has no native bf16 (`orca_bf16_preferred`). On Intel
-    CPUs with AMX fp32 runs MKL's packed GEMM (`torch.ops.mkl._mkl_linear`; `mkl` overrides): the
-    sgemm behind F.linear (at most row counts bit for bit its results), there 10-25 % faster than
-    oneDNN's pre-packed inner product at decode sizes and no slower above (`python
-    benchmarks/gemm.py --dtype float32`), and without oneDNN's compile per new row count. With
+    overrides), and so does bf16 where the CPU has no native bf16 (`orca_bf16_preferred`). Where
+    that op is not built, fp32 runs MKL's packed GEMM on Intel CPUs (`torch.ops.mkl._mkl_linear`;
+    `mkl` overrides): the sgemm behind F.linear (at most row counts bit for bit its results), on
+    a Sapphire Rapids 10-25 % faster than oneDNN's pre-packed inner product at decode sizes and
+    no slower above (`python benchmarks/gemm.py --dtype float32`), and without oneDNN's compile
+    per new row count. With
     AVX-512 BF16 and no AMX bf16 runs the project's `vdpbf16ps` GEMM (`bf16_gemm_preferred`; `dot`
     overrides); elsewhere (AMX) oneDNN's inner product on its blocked layout (1.4-2x faster than
     unpacked). `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for

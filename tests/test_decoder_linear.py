@@ -61,8 +61,8 @@ def test_fp32_runs_mkl_packed_at_every_row_count():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
         torch.testing.assert_close(got, F.linear(x, weight, bias), atol=1e-4, rtol=1e-5)
     assert not Linear(weight.bfloat16(), None, pack=True, mkl=True).mkl  # bf16: oneDNN
-    # By default the project's GEMM where built, but MKL on Intel CPUs with AMX (not measured
-    # against it there); oneDNN's packed copy where neither runs
+    # By default the project's GEMM where built, else MKL on Intel CPUs; oneDNN's packed copy
+    # where neither runs
     default = Linear(weight.clone(), None, pack=True)
     assert default.orca == (orca_gemm_preferred() and has_op("linear_packed"))
     assert default.mkl == (mkl_preferred() and not default.orca) and default.packed
