@@ -185,6 +185,16 @@ def _logprobs(body: dict, kind: str) -> int | None:
     return top or 0
 
 
+def _logit_bias(body: dict) -> dict[int, Any]:
+    """OpenAI's `logit_bias`: token ids as JSON keys (decimal strings) to biases; the values'
+    range and the ids' vocabulary are checked by SamplingParams and the engine."""
+    bias = _expect(body, "logit_bias", lambda v: isinstance(v, dict), "an object of token ids to numbers") or {}
+    for key in bias:
+        if not (key.isascii() and key.isdigit() and len(key) <= 19):
+            raise ProtocolError(f"logit_bias keys must be token ids (decimal integers), got {key[:32]!r}", "logit_bias")
+    return {int(key): value for key, value in bias.items()}
+
+
 def _chat_prompt(body: dict) -> ChatPrompt:
     messages = _parse_messages(body.get("messages"))
     fmt = body.get("response_format")
@@ -214,7 +224,7 @@ def _sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> Sampl
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
             raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
     _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
-    values = {"max_tokens": max_tokens, "stop": stop or [], "logprobs": logprobs}
+    values = {"max_tokens": max_tokens, "stop": stop or [], "logprobs": logprobs, "logit_bias": _logit_bias(body)}
     for name in (
         "temperature",
         "top_p",
@@ -254,8 +264,6 @@ def parse_request(
     prompt = _completion_prompt(body) if kind == COMPLETIONS else _chat_prompt(body)
     if body.get("n") not in (None, 1):
         raise ProtocolError("only n=1 is supported", "n")
-    if body.get("logit_bias") not in (None, {}):
-        raise ProtocolError("logit_bias is not supported", "logit_bias")
     _expect(body, "model", lambda v: isinstance(v, str), "a string")
     _expect(body, "user", lambda v: isinstance(v, str), "a string")
     stream = _expect(body, "stream", lambda v: isinstance(v, bool), "a boolean") or False

@@ -113,14 +113,17 @@ class Engine:
         cache_salt: str | None = None,
     ) -> None:
         """Queue a request; raises ValueError (message starting with the field's name) for an
-        empty, too long or malformed prompt. Nothing is queued unless everything succeeded.
-        A text or chat prompt is tokenized here, on the caller's thread: `EngineLoop` passes
-        token ids, tokenized off the engine thread (`admission.py`).
+        empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
+        queued unless everything succeeded. A text or chat prompt is tokenized here, on the
+        caller's thread: `EngineLoop` passes token ids, tokenized off the engine thread
+        (`admission.py`).
 
         `cache_salt`: requests share cached prefix blocks only with requests of the same salt
         (None is a salt of its own); the serving layer derives it per tenant."""
         params = params or SamplingParams()
         ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
+        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
+            raise ValueError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):

@@ -28,6 +28,7 @@ _FIELDS = frozenset(
         "ignore_eos",
         "cache_salt",
         "logprobs",
+        "logit_bias",
     }
 )
 

@@ -11,6 +11,11 @@ from typing import Any
 # chat allows 20 too).
 MAX_LOGPROBS = 20
 
+# Most tokens one request may bias, and the largest bias (OpenAI's range): a bound on the work the
+# sampler does for a request on every step, and -100 / 100 already ban / force a token.
+MAX_LOGIT_BIAS_TOKENS = 1024
+MAX_LOGIT_BIAS = 100.0
+
 
 @dataclass
 class SamplingParams:
@@ -20,7 +25,9 @@ class SamplingParams:
     request its own random generator, so its tokens do not depend on what else runs in the batch.
     `stop` strings end generation and are not included in the text. `logprobs` (0 to
     MAX_LOGPROBS) reports each sampled token's log-probability with that many most likely
-    alternatives; None reports nothing.
+    alternatives; None reports nothing. `logit_bias` maps token ids to a value in [-100, 100]
+    added to that token's logit before penalties and sampling (not to the reported
+    log-probabilities, which stay the model's).
     """
 
     max_tokens: int = 16
@@ -36,6 +43,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -69,6 +77,7 @@ class SamplingParams:
             _check_int("stop_token_ids", t, low=0, high=1 << 63)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS + 1)
+        self.logit_bias = _check_logit_bias(self.logit_bias)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 
@@ -94,6 +103,21 @@ def _check_int(name: str, value: Any, low: int | None = None, high: int | None =
         raise ValueError(f"{name} must be >= {low}, got {value}")
     if high is not None and value >= high:
         raise ValueError(f"{name} must be < {high}, got {value}")
+
+
+def _check_logit_bias(value: Any) -> dict[int, float]:
+    if not isinstance(value, dict):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {type(value).__name__}")
+    if len(value) > MAX_LOGIT_BIAS_TOKENS:
+        raise ValueError(f"logit_bias may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(value)}")
+    checked = {}
+    for token, bias in value.items():
+        _check_int("logit_bias", token, low=0, high=1 << 63)
+        bias = _check_float("logit_bias", bias)
+        if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+        checked[token] = bias
+    return checked
 
 
 def _check_float(name: str, value: Any, low: float | None = None) -> float:

@@ -265,6 +265,26 @@ def test_logprobs_through_the_openai_client(ts, offline):
     assert plain.choices[0].logprobs is None
 
 
+def test_logit_bias_through_the_openai_client(ts, offline):
+    """`logit_bias` with token ids as JSON keys: the offline engine's answer under the same bias
+    (the greedy answer's first token banned); an id outside the vocabulary is a 400 naming it."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=ts.url(f"/predictions/{MODEL}/1.0/v1"), api_key=ts.keys["inference"])
+    prompt = "The capital of France is"
+    first = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=1))[0].output_token_ids[0]
+    bias = {first: -100.0}
+    want = offline.generate([prompt], SamplingParams(temperature=0, max_tokens=8, logit_bias=bias))[0]
+    assert want.output_token_ids[0] != first
+
+    c = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=8, temperature=0, logit_bias={str(first): -100}
+    )
+    assert c.choices[0].text == want.text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, logit_bias={str(offline.vocab_size): 1})
+    assert e.value.status_code == 400 and e.value.body["param"] == "logit_bias"
+
+
 def test_an_answer_longer_than_the_frontends_frame_limit_arrives_whole(ts, offline):
     """64 tokens with 20 alternatives each make a chat answer of about 100 KB, more than this
     server's max_response_size: the worker sends it in frames of max_frame_bytes. In one frame (the

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 TINY_VOCAB = 512  # ids below 512 are real SmolLM2 tokens, so the real tokenizer decodes them
@@ -42,13 +44,15 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
-    """transformers generate() for one request, the reference every engine output is held to."""
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int, **generate_args: Any) -> list[int]:
+    """transformers generate() for one request, the reference every engine output is held to;
+    `generate_args` go to generate() (e.g. `sequence_bias`)."""
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=max_new_tokens,
             do_sample=False,
+            **generate_args,
         )
     return out[0, len(prompt) :].tolist()

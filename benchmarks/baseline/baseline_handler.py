@@ -41,6 +41,7 @@ _UNSUPPORTED = (
     ("presence_penalty", 0.0),
     ("frequency_penalty", 0.0),
     ("logprobs", None),
+    ("logit_bias", {}),
 )
 
 
