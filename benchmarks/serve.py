@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", help="JSONL prompts instead of synthetic ones")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=2, help="unrecorded requests per system first")
+    p.add_argument(
+        "--warmup-load",
+        type=int,
+        default=0,
+        help="then N unrecorded requests of the measured lengths (another seed, so no prompt is cached) "
+        "from the closed loop of --concurrency clients (default 0)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
     p.add_argument("--out", default="benchmark-serving.json")
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
@@ -164,12 +171,23 @@ def _describe(args: argparse.Namespace, plan: Plan) -> str:
 
 
 def _warm_up(args: argparse.Namespace, plan: Plan) -> bool:
-    """First requests pay lazy initialisation; keep them out of the figures."""
+    """First requests pay lazy initialisation; keep them out of the figures. `--warmup-load`
+    also runs the streaming path under load first: TorchServe's JVM compiles it after thousands
+    of chunks, and a 2-request warm-up left its JIT compiler threads on up to 0.15 of 2 cores
+    during the measurement (docs/peers.md, "Reading the table above")."""
     for model, url, name in plan.targets:
         for spec in make_workload(args.warmup, args.seed + 1, (8, 16), (2, 4), args.token_range):
             r = send(url, plan.headers, spec, model, None, args.timeout, name)
             if r.error:
                 print(f"warm-up request to {model} failed: {r.error}", file=sys.stderr)
+                return False
+        if args.warmup_load:
+            specs = make_workload(args.warmup_load, args.seed + 2, args.input_len, args.output_len, args.token_range)
+            clients = args.concurrency or 1
+            results = run_one(url, model, plan.headers, specs, None, clients, 0, args.timeout, None, name)
+            failed = [r for r in results if r.error]
+            if failed:
+                print(f"warm-up load on {model}: {len(failed)} requests failed: {failed[0].error}", file=sys.stderr)
                 return False
     return True
 

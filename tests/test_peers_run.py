@@ -56,6 +56,7 @@ def test_both_systems_get_the_same_engine_limits(tmp_path):
         "--json": str(tmp_path / "o.json"),
     }
     args.vocab, args.num_requests, args.concurrency, args.warmup, args.systems = 49152, 9, 4, 1, ["orcaserve"]
+    args.warmup_load = 0
     settings = run.settings_of(args)
     assert settings["engine"] == parts.ENGINE_LIMITS and settings["vllm_env"] is None
 

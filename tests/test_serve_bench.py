@@ -209,7 +209,8 @@ def test_serve_bench_openai_endpoint_closed_loop(tmp_path):
     """--endpoint drives any OpenAI completions URL (vLLM's server in benchmarks/peers/run.py):
     the URL as given, no Authorization header with `--key none` (even beside a key file), the
     body's `model` from --model-name, token-id prompts; a closed loop of --concurrency clients
-    sends exactly --num-requests requests and never has more than that many open."""
+    sends exactly --num-requests requests and never has more than that many open, after the
+    --warmup-load requests, which are not recorded."""
 
     def check(path, headers, body):
         return (
@@ -247,6 +248,8 @@ def test_serve_bench_openai_endpoint_closed_loop(tmp_path):
             "100:200",
             "--warmup",
             "1",
+            "--warmup-load",
+            "6",
             "--out",
             str(out),
             "--no-progress",
@@ -256,7 +259,11 @@ def test_serve_bench_openai_endpoint_closed_loop(tmp_path):
     finally:
         server.shutdown()
     report = json.loads(out.read_text())
-    assert len(log["requests"]) == 10 + 1  # the warm-up request, then the measured ones
+    # the warm-up request, the warm-up load (same clients, other prompts), then the measured ones
+    assert len(log["requests"]) == 1 + 6 + 10
+    warm = [body["prompt"] for _, body in log["requests"][1:7]]
+    measured = [body["prompt"] for _, body in log["requests"][7:]]
+    assert all(4 <= len(p) <= 8 for p in warm) and not set(map(tuple, warm)) & set(map(tuple, measured))
     assert 2 <= log["peak"] <= 3, log["peak"]
     [summary] = report["summaries"]
     assert summary["system"] == "vllm-bf16" and summary["concurrency"] == 3

@@ -165,6 +165,8 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
         str(args.seed),
         "--warmup",
         str(args.warmup),
+        "--warmup-load",
+        str(args.warmup_load),
         "--timeout",
         "900",
         "--out",

@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--repeats", type=int, default=1, help="runs per system and cell, in alternating order; the table shows medians"
     )
     p.add_argument("--warmup", type=int, default=2, help="unrecorded HTTP requests per system first")
+    p.add_argument(
+        "--warmup-load",
+        type=int,
+        default=96,
+        help="then unrecorded HTTP requests of the measured kind (another seed) from the clients, so both "
+        "servers are measured warm (TorchServe's JVM compiles its streaming path under load); 0: none",
+    )
     p.add_argument("--server-timeout", type=float, default=900, help="seconds for vLLM's server to come up")
     p.add_argument("--out", default=None, help="JSON (default: benchmarks/results/peers.json; --smoke: in --work)")
     p.add_argument("--png", default=None, help="bar chart (default: docs/peers.png; --smoke: in --work)")
@@ -114,6 +121,7 @@ def settings_of(args: argparse.Namespace) -> dict:
             "num_requests": args.num_requests,
             "concurrency": args.concurrency,
             "warmup": args.warmup,
+            "warmup_load": args.warmup_load,
             "prompt_len": [16, 256],
             "output_len": [8, 128],
             "token_ids": [100, args.vocab - 1],
