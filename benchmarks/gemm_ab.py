@@ -8,7 +8,8 @@
 fp32 layers run one GEMM or the other (`orcaserve.scheduler.linear.orca_gemm_preferred` switched
 before each engine is built), alternating which goes first each round so neither gets the VM's
 slow phases alone. Prints output tok/s per run and the medians (docs/engine.md, "Nineteenth round"
-and "Twentieth round"). MKL runs only where torch has it (Intel's and AMD's x86 builds).
+and "Twentieth round"). The "mkl" variant is what runs without the project's GEMM: MKL's packed
+sgemm on Intel CPUs, oneDNN's pre-packed inner product on others (`linear.mkl_preferred`).
 """
 
 from __future__ import annotations

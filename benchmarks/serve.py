@@ -98,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="then N unrecorded requests of the measured lengths (another seed, so no prompt is cached) "
-        "from the closed loop of --concurrency clients (default 0)",
+        "from the closed loop of --concurrency clients, or from one client with --rate(s) (default 0)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
     p.add_argument("--out", default="benchmark-serving.json")

@@ -55,7 +55,6 @@ def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
     return _can_mkl(weight) and (mkl_preferred() if mkl is None else mkl)
 
 
-@functools.cache
 def orca_gemm_preferred() -> bool:
     """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): on every CPU kind
     measured. SmolLM2's fp32 layer GEMMs over 30 layers' weights (`python benchmarks/gemm.py
@@ -64,7 +63,7 @@ def orca_gemm_preferred() -> bool:
     whose 512-bit FMAs run as two 256-bit halves), in zmm registers, 0.69-0.80x oneDNN's time at
     32-64 rows and 0.92-0.99x at 128-512 ("Fourteenth round"); on an Intel Ice Lake (AVX-512, no
     AMX) 1.25-1.44x as fast as MKL's packed sgemm at 32-128 rows, 1.06-1.10x at 256-512,
-    0.93-1.03x at 1-8 ("Nineteenth round"); on an Intel Sapphire Rapids (AMX) 1.07-1.47x as fast
+    0.93-1.03x at 1-8 ("Nineteenth round"); on an Intel Sapphire Rapids (AMX) 1.08-1.47x as fast
     as MKL's at 1-512 rows ("Twentieth round")."""
     return True
 
@@ -138,11 +137,10 @@ class Linear:
     `mkl` overrides): the sgemm behind F.linear (at most row counts bit for bit its results), on
     a Sapphire Rapids 10-25 % faster than oneDNN's pre-packed inner product at decode sizes and
     no slower above (`python benchmarks/gemm.py --dtype float32`), and without oneDNN's compile
-    per new row count. With
-    AVX-512 BF16 and no AMX bf16 runs the project's `vdpbf16ps` GEMM (`bf16_gemm_preferred`; `dot`
-    overrides); elsewhere (AMX) oneDNN's inner product on its blocked layout (1.4-2x faster than
-    unpacked). `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for
-    it; oneDNN only)."""
+    per new row count. With AVX-512 BF16 and no AMX bf16 runs the project's `vdpbf16ps` GEMM
+    (`bf16_gemm_preferred`; `dot` overrides); elsewhere (AMX) oneDNN's inner product on its blocked
+    layout (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear` over
+    the unpacked weight (kept for it; oneDNN only)."""
 
     def __init__(
         self,

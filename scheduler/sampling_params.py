@@ -115,7 +115,9 @@ def _check_logit_bias(value: Any) -> dict[int, float]:
         _check_int("logit_bias", token, low=0, high=1 << 63)
         bias = _check_float("logit_bias", bias)
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {token}")
+            raise ValueError(
+                f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for token {token}"
+            )
         checked[token] = bias
     return checked
 
