@@ -5,9 +5,11 @@
     python benchmarks/cpu_attention.py --quick --library OLD.so     # another build of the operator
 
 SmolLM2-135M heads (H=9, H_kv=3, D=64), block size 16, fp32 and bf16. Shapes: decode batches of
-1/8/32/64 at contexts 128/512/1024, and a mixed step (one 512-token prefill chunk with no history
-plus 31 decodes at contexts 128-1024). Per shape: median and minimum over `--repeats` x `--iters`
-calls (the plan is built once per step and is not timed, as in the engine).
+1/8/32/64 at contexts 128/512/1024, a mixed step (one 512-token prefill chunk with no history
+plus 31 decodes at contexts 128-1024) and steps of 512 prompt tokens (16 x 32, 4 x 128, 2 x 256).
+With AMX, bf16 prefill tiles run there; `ORCASERVE_AMX_ATTENTION=0` measures the AVX-512 kernel.
+Per shape: median and minimum over `--repeats` x `--iters` calls (the plan is built once per step
+and is not timed, as in the engine).
 The cache is sized for the shape only, so it may sit in L3 cache: a real engine's per-layer
 cache for 30 layers does not, which favours neither path more than the other. `--memory` measures
 that case for the C++ operator: 32 decodes called over 30 layers, each with its own 4,096-block
@@ -78,6 +80,8 @@ def shapes(quick: bool) -> list[tuple[str, list[int], list[int]]]:
             out.append((f"decode B={batch} ctx={ctx}", [1] * batch, [ctx] * batch))
     decode_ctx = [128 + (1024 - 128) * i // 30 for i in range(31)]
     out.append(("mixed: prefill 512 + 31 decodes", [512] + [1] * 31, [512] + decode_ctx))
+    for n, length in ((16, 32), (4, 128), (2, 256)):  # a step of 512 prompt tokens, no history
+        out.append((f"prefill {n} x {length}", [length] * n, [length] * n))
     return out
 
 

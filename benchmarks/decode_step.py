@@ -1,6 +1,7 @@
-"""Time (and optionally profile) steady-state decode steps of the engine.
+"""Time (and optionally profile) steady-state decode steps of the engine, or prefill steps.
 
     python benchmarks/decode_step.py --dtype bfloat16 --batch 32 --context 256 [--profile 20]
+    python benchmarks/decode_step.py --dtype bfloat16 --prefill 128 [--profile 20]
 
 B requests of C random prompt tokens are prefilled, then whole `Engine.step()`s (scheduler,
 attention, model, sampler, detokenizer) are timed while every request decodes; the best of
@@ -11,7 +12,9 @@ this VM, whose speed drifts by tens of percent over minutes, only such in-proces
 compare two variants. Runs against whatever `orcaserve` is importable, so an older checkout
 can be measured the same way; `--library` loads another build of the C++ operators (an older
 kernel's .so from the build cache) in place of the current sources' (docs/engine.md, "Decode
-step, before and after").
+step, before and after"). `--prefill L` times steps of 512 prompt tokens instead: each step gets
+512 / L fresh prompts of L random tokens (one output token each, no prefix caching), as a burst of
+new requests does.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N")
     ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
     ap.add_argument("--toggle", default=None, metavar="ATTR", help="A/B a boolean flag of the lean decoder")
+    ap.add_argument(
+        "--prefill", type=int, default=0, metavar="L", help="time 512-token prefill steps of L-token prompts"
+    )
     args = ap.parse_args()
     if args.library:
         from pathlib import Path
@@ -58,6 +64,9 @@ def main() -> None:
     if "enable_prefix_caching" in {f.name for f in dataclasses.fields(EngineConfig)}:
         engine_args["enable_prefix_caching"] = False  # random prompts share nothing; older checkouts lack it
     engine = Engine.from_pretrained(default_model_path(), **engine_args)
+    if args.prefill:
+        prefill(engine, args)
+        return
     rng = random.Random(1)
     params = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
     for i in range(args.batch):
@@ -80,12 +89,44 @@ def main() -> None:
         f"attention {type(engine.runner.backend).__name__}, {torch.get_num_threads()} threads)"
     )
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
+        print_profile(engine.step, args.profile)
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for _ in range(5):
-                engine.step()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
+
+def prefill(engine: Engine, args: argparse.Namespace) -> None:
+    """Best of `--repeats` means of `--steps` steps of 512 prompt tokens (the first 3 untimed)."""
+    rng = random.Random(1)
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    n = max(1, 512 // args.prefill)
+    count = 0
+
+    def step() -> float:
+        nonlocal count
+        for _ in range(n):
+            engine.add_request(f"p{count}", [rng.randrange(100, 49000) for _ in range(args.prefill)], params)
+            count += 1
+        t = time.perf_counter()
+        engine.step()  # every prompt whole, each request finished by its one token
+        return time.perf_counter() - t
+
+    for _ in range(3):
+        step()
+    best = min(sum(step() for _ in range(args.steps)) / args.steps for _ in range(args.repeats))
+    print(
+        f"prefill step: {best * 1e3:.1f} ms ({n} prompts of {args.prefill} tokens, {engine.dtype}, "
+        f"{torch.get_num_threads()} threads)"
+    )
+    if args.profile:
+        print_profile(step, args.profile)
+
+
+def print_profile(step, rows: int) -> None:
+    """torch.profiler's top `rows` ops by self CPU time over 5 calls of `step`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
 
 
 def toggle(engine: Engine, args: argparse.Namespace) -> None:

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "cpu_rows.h"
+
 namespace orcaserve {
 namespace {
 
@@ -20,14 +22,8 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int kV = Vec::size();
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// bf16 dot products in hardware (vdpbf16ps): both attention kernels then multiply the bf16 cache
-// as stored, with no conversion to fp32. Compiled in only when the building CPU has them.
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
-#define ORCA_DPBF16 1
-constexpr bool kHaveDpBf16 = true;
-#else
-constexpr bool kHaveDpBf16 = false;
-#endif
+// ORCA_DPBF16 / kHaveDpBf16 (cpu_rows.h): both attention kernels then multiply the bf16 cache as
+// stored through vdpbf16ps, with no conversion to fp32.
 
 template <typename T>
 inline Vec load_f(const T* p) {

@@ -49,6 +49,7 @@ SOURCES = tuple(
 HEADERS = tuple(
     Path(__file__).with_name(n)
     for n in (
+        "cpu_attention_amx.h",
         "cpu_attention_common.h",
         "cpu_attention_decode.h",
         "cpu_attention_tile.h",

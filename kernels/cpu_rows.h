@@ -1,4 +1,4 @@
-// Helpers shared by the row-wise CPU ops (cpu_fused.cpp, cpu_rope_store.cpp).
+// Helpers shared by the row-wise CPU ops (cpu_fused.cpp, cpu_rope_store.cpp) and the attention.
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>
@@ -7,7 +7,19 @@
 #include <algorithm>
 #include <type_traits>
 
+// bf16 in hardware (AVX-512 BF16: vdpbf16ps, vcvtneps2bf16), compiled in only when the building
+// CPU has it.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#define ORCA_DPBF16 1
+#endif
+
 namespace orcaserve {
+
+#ifdef ORCA_DPBF16
+constexpr bool kHaveDpBf16 = true;
+#else
+constexpr bool kHaveDpBf16 = false;
+#endif
 
 // Rows per task: a decode step's few rows run on one thread (the fork would cost more than the
 // work), a prefill chunk's are split.

@@ -7,8 +7,10 @@ be built (no compiler): the engine then falls back to the PyTorch path.
 """
 
 import logging
+import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -101,6 +103,18 @@ def test_many_decodes_long_contexts(dtype, heads):
     q_lens, ctx = [1] * 12 + [2], [1 + 97 * i for i in range(12)] + [600]
     q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, *heads, 64, 16, dtype, seed=11)
     check(run_op(q, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), dtype, f"{heads}")
+
+
+@pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(), reason="the CPU has no AMX")
+def test_avx512_prefill_kernel_still_right_where_amx_takes_over():
+    """Where the CPU has AMX, bf16 prefill tiles run there (cpu_attention_amx.h) and the cases
+    above test that path; the vdpbf16ps tile kernel still serves CPUs without AMX. Its bf16 cases,
+    in a child process with ORCASERVE_AMX_ATTENTION=0 (the switch is read once per process)."""
+    env = dict(os.environ, ORCASERVE_AMX_ATTENTION="0")
+    cases = "test_matches_reference and bfloat16 or many_decodes"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", cases]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
 def test_strided_query_and_empty_step():
