@@ -112,6 +112,32 @@ def test_abort_is_not_a_timeout(loop_and_model):
     assert rest[-1].finish_reason == "abort" and rest[-1].completion_tokens < 1000
 
 
+def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
+    """In a step's outputs a request's first token comes before the other streams' next tokens:
+    the event loop writes frames in that order, and time to first token is what a new request
+    waits for. Each flush of the loop is one step's outputs."""
+    from orcaserve.scheduler import engine_loop
+
+    loop, _ = loop_and_model
+    flushes: list[list[tuple[str, int]]] = []
+
+    def spy(items):
+        flushes.append([(s.request_id, getattr(o, "completion_tokens", -1)) for s, o in items])
+        engine_loop.deliver_real(items)
+
+    monkeypatch.setattr(engine_loop, "deliver_real", engine_loop.deliver, raising=False)
+    monkeypatch.setattr(engine_loop, "deliver", spy)
+    early = [loop.submit(f"early{i}", [5 + i] * 6, SamplingParams(max_tokens=30, ignore_eos=True)) for i in range(3)]
+    it = iter(early[0])
+    next(it), next(it)  # the three run
+    late = loop.submit("late", [7] * 6, SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(list(late)) == 3
+    for stream in early:
+        list(stream)
+    step = next(f for f in flushes if ("late", 1) in f)
+    assert step[0] == ("late", 1) and len(step) == 4, step
+
+
 def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
     loop, _ = loop_and_model
     gate = threading.Event()
