@@ -14,7 +14,8 @@
 //   softmax    row by row in fp32 (scale, causal limit, running max and sum, O rescaled);
 //   O [R, D]  += P [R, np] . V, P rounded to bf16 (as the other kernels do), V packed as
 //                [np / 2, D] pairs of keys.
-// Same arithmetic as the vdpbf16ps tile kernel up to the order of the fp32 sums inside a product.
+// Same arithmetic as the vdpbf16ps tile kernel up to the order of fp32 sums: inside a product, and
+// the online softmax's rescaling per 128-key chunk instead of per block.
 #pragma once
 
 #include <ATen/native/CPUBlas.h>
