@@ -69,8 +69,6 @@ struct AmxScratch {
   }
 };
 
-inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
-
 // V rows j and j + 1 (nullptr: zeros) interleaved element by element: dst[2 d + t] = row_t[d].
 template <int D>
 inline void pair_rows(const at::BFloat16* a, const at::BFloat16* b, at::BFloat16* dst) {

@@ -295,7 +295,7 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
         for (int r = 0; r < R; ++r)
           for (int j = 0; j < n_pad; j += kV)
             _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + r * ld_s + j),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + r * ld_s + j)));
+                                to_bf16(_mm512_loadu_ps(s + r * ld_s + j)));
         constexpr int RB = std::max(1, std::min(4, 20 / (2 * Bf16Row<D>::NCH)));
         row_groups<RB>(R, [&](auto rb, int r0) {
           pv_dp_rows<D, decltype(rb)::value>(o + r0 * DP, DP, alpha + r0, p + r0 * ld_s, ld_s, vc, blocks, nb, bs,

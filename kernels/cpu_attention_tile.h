@@ -105,7 +105,7 @@ inline void pv_operands_dp(const float* s, int Rp, const at::BFloat16* vb, int64
     const bool pair = j + 1 < nk;
     for (int rc = 0; rc < Rp; rc += kV) {
       auto half = [&](int jj) {
-        return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(s + jj * Rp + rc)));
+        return _mm512_cvtepu16_epi32(to_bf16(_mm512_loadu_ps(s + jj * Rp + rc)));
       };
       const __m512i hi = pair ? _mm512_slli_epi32(half(j + 1), 16) : _mm512_setzero_si512();
       _mm512_storeu_si512(pp + (j / 2) * Rp + rc, _mm512_or_si512(half(j), hi));

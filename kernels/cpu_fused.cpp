@@ -29,12 +29,11 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int kV = Vec::size();
 
-// fp32 -> bf16 in one instruction (vcvtneps2bf16) where the building CPU has AVX-512 BF16
-// (ORCA_DPBF16): ATen's conversion takes about eight integer ops per vector, a third of a bf16
-// SiLU's work. Same round-to-nearest-even, except that it reads fp32 denormals (below 1.2e-38)
-// as zero.
-
 // 2 kV elements of T as two fp32 vectors and back: one bf16 vector holds twice a float one's lanes.
+// Where the building CPU has AVX-512 BF16 (ORCA_DPBF16), bf16 is rounded by `to_bf16`
+// (vcvtneps2bf16): ATen's conversion takes about eight integer ops per vector, a third of a bf16
+// SiLU's work. Same round-to-nearest-even, except that it reads fp32 denormals (below 1.2e-38) as
+// zero.
 template <typename T>
 struct Chunk {
   static constexpr int N = 2 * kV;
@@ -53,8 +52,8 @@ struct Chunk {
       b.store(p + kV);
     } else if constexpr (kHaveDpBf16 && std::is_same_v<T, at::BFloat16>) {
 #ifdef ORCA_DPBF16
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(a));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + kV), (__m256i)_mm512_cvtneps_pbh(b));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(a));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + kV), to_bf16(b));
 #endif
     } else {
       at::vec::convert_from_float<T>(a, b).store(p);
@@ -65,7 +64,7 @@ struct Chunk {
     if constexpr (kHaveDpBf16 && std::is_same_v<T, at::BFloat16>) {
 #ifdef ORCA_DPBF16
       auto rt = [](__m512 v) {
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
       };
       a = rt(a);
       b = rt(b);
@@ -76,8 +75,9 @@ struct Chunk {
   }
 };
 
-// Calls f(offset, ptrs...) for every whole chunk of a row of n, then once more for the tail
-// through zero-padded copies (written back for the outputs), so f sees only whole chunks.
+// Calls f(inputs, outputs) with the pointers advanced to every whole chunk of a row of n, then
+// once more for the tail through zero-padded copies (written back to the outputs), so f sees only
+// whole chunks.
 template <typename T, int NIn, int NOut, typename F>
 void chunked(int64_t n, const T* const (&in)[NIn], T* const (&out)[NOut], F f) {
   constexpr int N = Chunk<T>::N;

@@ -17,6 +17,9 @@ namespace orcaserve {
 
 #ifdef ORCA_DPBF16
 constexpr bool kHaveDpBf16 = true;
+
+// 16 fp32 values rounded to bf16 (nearest even) in one instruction; fp32 denormals read as zero.
+inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 #else
 constexpr bool kHaveDpBf16 = false;
 #endif

@@ -121,11 +121,12 @@ def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
     loop, _ = loop_and_model
     flushes: list[list[tuple[str, int]]] = []
 
+    real = engine_loop.deliver
+
     def spy(items):
         flushes.append([(s.request_id, getattr(o, "completion_tokens", -1)) for s, o in items])
-        engine_loop.deliver_real(items)
+        real(items)
 
-    monkeypatch.setattr(engine_loop, "deliver_real", engine_loop.deliver, raising=False)
     monkeypatch.setattr(engine_loop, "deliver", spy)
     early = [loop.submit(f"early{i}", [5 + i] * 6, SamplingParams(max_tokens=30, ignore_eos=True)) for i in range(3)]
     it = iter(early[0])
