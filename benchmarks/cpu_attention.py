@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from orcaserve.kernels import cpu_ops
-from orcaserve.kernels.cpu_attention import CpuBackend
-from orcaserve.kernels.cpu_ops import load_cpu_ops
-from orcaserve.kernels.torch_attention import TorchAttentionPlan
+from orcaserve.kernels.cpu import build as cpu_ops
+from orcaserve.kernels.cpu.attention import CpuBackend
+from orcaserve.kernels.cpu.build import load_cpu_ops
+from orcaserve.kernels.pytorch.attention import TorchAttentionPlan
 
 H, H_KV, D, BS = 9, 3, 64, 16
 

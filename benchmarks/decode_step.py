@@ -49,7 +49,7 @@ def main() -> None:
     if args.library:
         from pathlib import Path
 
-        from orcaserve.kernels import cpu_ops
+        from orcaserve.kernels.cpu import build as cpu_ops
 
         cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     if args.threads:

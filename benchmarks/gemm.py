@@ -5,7 +5,7 @@
     python benchmarks/gemm.py --dtype bfloat16 --layers 30   # on AVX2 CPUs: F.linear vs the project's
 
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
-calls the lean decoder makes (`orcaserve.scheduler.linear.Linear`): oneDNN's inner product on a
+calls the lean decoder makes (`orcaserve.kernels.linear.Linear`): oneDNN's inner product on a
 pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
 MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, in fp32 and bf16 where it is built (AVX2 and
 AVX-512), the project's own (`orcaserve::linear_packed`, kernels/cpu_gemm.cpp) and, in bf16 where
@@ -32,8 +32,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels.cpu_ops import has_op
-from orcaserve.scheduler.linear import MKL_PACK_ROWS
+from orcaserve.kernels.cpu.build import has_op
+from orcaserve.kernels.linear import MKL_PACK_ROWS
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
 
@@ -143,7 +143,7 @@ def main() -> None:
     if args.library:  # an older build of the ops, e.g. from the build cache, against the current one
         from pathlib import Path
 
-        from orcaserve.kernels import cpu_ops
+        from orcaserve.kernels.cpu import build as cpu_ops
 
         cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
     dtype = getattr(torch, args.dtype)

@@ -5,7 +5,7 @@
 
 `benchmarks/gemm.py --layers 30` times the GEMMs alone; this runs the offline workload of
 `benchmarks/offline.py` (random token-id prompts, EOS ignored, greedy) through whole engines whose
-fp32 layers run one GEMM or the other (`orcaserve.scheduler.linear.orca_gemm_preferred` switched
+fp32 layers run one GEMM or the other (`orcaserve.kernels.linear.orca_gemm_preferred` switched
 before each engine is built), alternating which goes first each round so neither gets the VM's
 slow phases alone. Prints output tok/s per run and the medians (docs/engine.md, "Nineteenth round"
 and "Twentieth round"). The "mkl" variant is what runs without the project's GEMM: MKL's packed
@@ -21,8 +21,9 @@ import torch
 from offline import run_orcaserve
 from serve_workload import add_offline_args, offline_workload_of
 
-from orcaserve.scheduler import default_model_path, linear
-from orcaserve.scheduler.loader import load_model_and_tokenizer
+from orcaserve.kernels import linear
+from orcaserve.scheduler import default_model_path
+from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
 VARIANTS = ("mkl", "orca")
 

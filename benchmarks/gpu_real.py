@@ -31,7 +31,7 @@ def run_real(args, dev) -> int:
         print(res.data["skipped"])
         return 0
     from orcaserve.scheduler import Engine, SamplingParams, default_model_path
-    from orcaserve.scheduler.loader import load_model_and_tokenizer
+    from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     path = default_model_path()
     failed = 0

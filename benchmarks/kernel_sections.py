@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from kernel_timing import SPLIT_CANDIDATES, CachePool, Timer, visible_pairs
 
-from orcaserve.kernels import torch_attention
-from orcaserve.kernels.triton_attention import choose_num_splits, num_sms, select_config, unified_attention
-from orcaserve.kernels.triton_store_kv import store_kv
+from orcaserve.kernels.pytorch import attention as torch_attention
+from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, select_config, unified_attention
+from orcaserve.kernels.triton.store_kv import store_kv
 
 
 @dataclass

@@ -8,7 +8,7 @@ outputs U[8, 128], EOS ignored, prefix caching off so every run computes the sam
 without `logprobs`, alternating. Printed per run: output tokens/s, and the time spent in
 `token_logprobs` (wrapped with a timer) as a share of the run. The share is the figure to read:
 on a shared VM the runs' tokens/s drift by more than it. First, the top-k alone: ATen's `topk`
-against `top_k` (scheduler/logprobs.py) on a [32, vocabulary] fp32 batch of log-probabilities.
+against `top_k` (scheduler/model/logprobs.py) on a [32, vocabulary] fp32 batch of log-probabilities.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from serve_report import machine
 
 import orcaserve.scheduler.engine as engine_module
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
-from orcaserve.scheduler.logprobs import top_k
+from orcaserve.scheduler.model.logprobs import top_k
 
 
 def _ms(fn, repeats: int = 50) -> float:

@@ -30,7 +30,7 @@ from serve_workload import add_offline_args, offline_workload_of, workload_sha25
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.config import EngineConfig
-from orcaserve.scheduler.loader import load_model_and_tokenizer
+from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
 
 def run_orcaserve(model, tokenizer, work, args) -> dict:

@@ -35,10 +35,10 @@ from functools import partial
 import torch
 from serve_workload import poisson_offsets
 
-from orcaserve.handler.tenancy import derive_cache_salt
+from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
-from orcaserve.scheduler.engine_loop import EngineLoop
-from orcaserve.scheduler.loader import load_model_and_tokenizer
+from orcaserve.scheduler.model.loader import load_model_and_tokenizer
+from orcaserve.scheduler.serving.engine_loop import EngineLoop
 
 TOKENS = (100, 40000)
 SERVER_ARGS = {

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from .config import HandlerConfig
+from orcaserve.handler.config import HandlerConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEMPLATE = os.path.join(HERE, "model-config.yaml")

@@ -31,7 +31,7 @@ def resolve_model_path(path: Any, model_dir: str | None) -> str:
     """`default` (the bundled SmolLM2 GGUF), an absolute path, or one relative to the archive."""
     path = str(path or "default")
     if path == "default":
-        from orcaserve.scheduler.loader import default_model_path
+        from orcaserve.scheduler.model.loader import default_model_path
 
         return default_model_path()
     if not os.path.isabs(path) and model_dir:
@@ -68,7 +68,7 @@ class HandlerConfig:
     num_threads: torch intra-op threads of the worker; None = leave torch's choice.
     tenant_header: the request header (set by a trusted gateway) naming the tenant; prefix-cache
     blocks are shared only within a tenant, and requests without the header are refused (400).
-    None = one tenant; the `cache_salt` body field alone separates (handler/tenancy.py).
+    None = one tenant; the `cache_salt` body field alone separates (handler/openai/tenancy.py).
     Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
     (beyond it: 503 with Retry-After). None = unlimited. `max_frame_bytes`: the largest frame

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 
-from orcaserve.scheduler.scheduler import SchedulerOutput
+from orcaserve.scheduler.core.scheduler import SchedulerOutput
 
 ENV = "ORCASERVE_TEST_FAULTS"
 PREFIX = "orcaserve-fault:"

@@ -14,8 +14,8 @@ from typing import Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
+from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
-from orcaserve.scheduler.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 

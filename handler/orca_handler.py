@@ -27,22 +27,29 @@ from typing import Any
 
 import torch
 
+from orcaserve.handler.config import HandlerConfig
+from orcaserve.handler.faults import FaultInjector
+from orcaserve.handler.metrics import EngineMetrics
+from orcaserve.handler.openai.body import check_size, decode_body
+from orcaserve.handler.openai.logprobs import LogprobsRenderer
+from orcaserve.handler.openai.protocol import (
+    CHAT,
+    COMPLETIONS,
+    ParsedRequest,
+    ProtocolError,
+    error_body,
+    parse_request,
+    route,
+)
+from orcaserve.handler.openai.responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
+from orcaserve.handler.openai.tenancy import derive_cache_salt
+from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
+from orcaserve.handler.torchserve import socket_lock
+from orcaserve.handler.torchserve.reply import Reply
 from orcaserve.scheduler.engine import Engine
-from orcaserve.scheduler.engine_loop import EngineLoop
-from orcaserve.scheduler.logprobs import TokenLogprob
-from orcaserve.scheduler.request_stream import RequestError, RequestStream
-
-from . import socket_lock
-from .body import check_size, decode_body
-from .config import HandlerConfig
-from .faults import FaultInjector
-from .logprobs import LogprobsRenderer
-from .metrics import EngineMetrics
-from .protocol import CHAT, COMPLETIONS, ParsedRequest, ProtocolError, error_body, parse_request, route
-from .reply import Reply
-from .responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
-from .supervisor_link import SupervisorLink, start_supervisor
-from .tenancy import derive_cache_salt
+from orcaserve.scheduler.model.logprobs import TokenLogprob
+from orcaserve.scheduler.serving.engine_loop import EngineLoop
+from orcaserve.scheduler.serving.request_stream import RequestError, RequestStream
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ if _pypi is not None:
     # The helper was imported as a submodule of this folder; PyPI's package has no such module.
     del sys.modules[f"{__name__}.pypi_shadow"]
 else:
-    from .backend import AttentionBackend, TorchBackend, get_backend
-    from .torch_attention import TorchAttentionPlan, store_kv, unified_attention
+    from orcaserve.kernels.attention import AttentionBackend, TorchBackend, get_backend
+    from orcaserve.kernels.pytorch.attention import TorchAttentionPlan, store_kv, unified_attention
 
 __all__ = [
     "AttentionBackend",

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from . import torch_attention
+from orcaserve.kernels.pytorch import attention as torch_attention
 
 
 class AttentionBackend(ABC):
@@ -76,13 +76,13 @@ def get_backend(name: str) -> AttentionBackend:
     built or loaded), `"torch"` or `"triton"` (imported lazily: Triton is only needed when asked
     for)."""
     if name == "cpu":
-        from .cpu_attention import make_cpu_backend
+        from orcaserve.kernels.cpu.attention import make_cpu_backend
 
         return make_cpu_backend()
     if name == "torch":
         return TorchBackend()
     if name == "triton":
-        from .triton_backend import TritonBackend
+        from orcaserve.kernels.triton.backend import TritonBackend
 
         return TritonBackend()
     raise ValueError(f"attention_backend: unknown backend {name!r} (expected 'cpu', 'torch' or 'triton')")

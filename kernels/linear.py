@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels.cpu_ops import has_op
+from orcaserve.kernels.cpu.build import has_op
 from orcaserve.scheduler.config import cpu_has_native_bf16
 
 

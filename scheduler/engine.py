@@ -12,20 +12,19 @@ from collections.abc import Callable, Sequence
 import torch
 
 from orcaserve.kernels import get_backend
-
-from .config import EngineConfig
-from .detokenizer import IncrementalDetokenizer
-from .kv_cache_manager import KVCacheManager
-from .loader import eos_token_ids, load_model_and_tokenizer, model_dims
-from .logprobs import TokenLogprob, token_logprobs
-from .model_runner import CausalLM, ModelRunner
-from .outputs import RequestOutput
-from .prompt import Prompt, encode_prompt
-from .request import Request, RequestStatus
-from .sampler import Sampler
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
-from .stats import EngineStats, StepTrace
+from orcaserve.scheduler.config import EngineConfig
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.request import Request, RequestStatus
+from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
+from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
+from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
+from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
+from orcaserve.scheduler.model.sampler import Sampler
+from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
+from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
 

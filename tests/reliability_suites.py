@@ -71,7 +71,7 @@ def serving_pid(ts: TorchServe, model: str = MODEL) -> int:
     takeovers = [
         p
         for p in psutil.process_iter(["pid", "cmdline", "create_time"])
-        if "orcaserve.handler.takeover" in " ".join(p.info["cmdline"] or [])
+        if "orcaserve.handler.supervisor.takeover" in " ".join(p.info["cmdline"] or [])
         and f'"model_name": "{model}"' in " ".join(p.info["cmdline"] or [])
     ]
     if takeovers:

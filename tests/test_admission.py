@@ -12,8 +12,8 @@ import pytest
 from tiny_models import tiny_model
 
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams
-from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt
-from orcaserve.scheduler.request_stream import RequestError
+from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
+from orcaserve.scheduler.serving.request_stream import RequestError
 
 MIB = 1 << 20
 

@@ -5,8 +5,8 @@ multiple of the vector width. Skipped if the library cannot be built (the sample
 import pytest
 import torch
 
-from orcaserve.kernels import cpu_ops as ca
-from orcaserve.scheduler.sampler import argmax_rows
+from orcaserve.kernels.cpu import build as ca
+from orcaserve.scheduler.model.sampler import argmax_rows
 
 OP, REASON = ca.load_cpu_ops(build=True)
 if OP is None or not ca.has_op("argmax_rows"):

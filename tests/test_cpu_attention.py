@@ -17,9 +17,9 @@ import torch
 from attention_cases import SCENARIOS as SHARED
 from attention_cases import make_case
 
-from orcaserve.kernels import cpu_attention as ca
-from orcaserve.kernels import cpu_ops
-from orcaserve.kernels import torch_attention as ref
+from orcaserve.kernels.cpu import attention as ca
+from orcaserve.kernels.cpu import build as cpu_ops
+from orcaserve.kernels.pytorch import attention as ref
 
 OP, REASON = cpu_ops.load_cpu_ops(build=True)
 if OP is None:

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from tiny_models import TINY_VOCAB, tiny_model
 
-from orcaserve.kernels import cpu_ops as ca
-from orcaserve.kernels.torch_attention import store_kv
+from orcaserve.kernels.cpu import build as ca
+from orcaserve.kernels.pytorch.attention import store_kv
 from orcaserve.scheduler import SamplingParams
-from orcaserve.scheduler.decoder import rms_norm
+from orcaserve.scheduler.model.decoder import rms_norm
 
 OP, REASON = ca.load_cpu_ops(build=True)
 if OP is None or not ca.fused_ops() or not ca.has_op("rope_store_kv"):

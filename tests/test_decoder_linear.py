@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from tiny_models import tiny_model
 
-from orcaserve.kernels.cpu_ops import arch_flags, has_op
-from orcaserve.scheduler.decoder import PAD_MULTIPLE, Decoder, padded_tokens
-from orcaserve.scheduler.linear import (
+from orcaserve.kernels.cpu.build import arch_flags, has_op
+from orcaserve.kernels.linear import (
     MKL_PACK_ROWS,
     PLAIN_FROM_ROWS,
     Linear,
@@ -18,6 +17,7 @@ from orcaserve.scheduler.linear import (
     orca_bf16_preferred,
     orca_gemm_preferred,
 )
+from orcaserve.scheduler.model.decoder import PAD_MULTIPLE, Decoder, padded_tokens
 
 # Output columns per panel of the project's fp32 GEMM: three vector registers of the ISA it is built for.
 PANEL = 48 if "-mavx512f" in arch_flags() else 24

@@ -75,7 +75,7 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
     import torch
 
     from orcaserve.scheduler import Engine
-    from orcaserve.scheduler.loader import load_model_and_tokenizer
+    from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(smollm2_path, torch.float32, torch.device("cpu"))
     questions = [
@@ -115,7 +115,7 @@ def test_padded_token_counts():
     bf16 (the token-exact tests above run through the padding)."""
     import torch
 
-    from orcaserve.scheduler.decoder import PAD_MULTIPLE, padded_tokens
+    from orcaserve.scheduler.model.decoder import PAD_MULTIPLE, padded_tokens
 
     ts = (1, 7, 32, 33, 40, 41, 500, 512)
     assert [padded_tokens(t, PAD_MULTIPLE[torch.float32]) for t in ts] == [1, 7, 32, 40, 40, 48, 504, 512]

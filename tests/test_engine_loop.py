@@ -11,7 +11,7 @@ import pytest
 from tiny_models import hf_greedy, tiny_model
 
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams
-from orcaserve.scheduler.request_stream import RequestError
+from orcaserve.scheduler.serving.request_stream import RequestError
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
     """In a step's outputs a request's first token comes before the other streams' next tokens:
     the event loop writes frames in that order, and time to first token is what a new request
     waits for. Each flush of the loop is one step's outputs."""
-    from orcaserve.scheduler import engine_loop
+    from orcaserve.scheduler.serving import engine_loop
 
     loop, _ = loop_and_model
     flushes: list[list[tuple[str, int]]] = []

@@ -18,8 +18,8 @@ from fuzz_bodies import chats, completions
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orcaserve.handler.body import decode_body
-from orcaserve.handler.protocol import CHAT, COMPLETIONS, ProtocolError, parse_request
+from orcaserve.handler.openai.body import decode_body
+from orcaserve.handler.openai.protocol import CHAT, COMPLETIONS, ProtocolError, parse_request
 from orcaserve.scheduler import Engine
 
 pytestmark = pytest.mark.slow  # thousands of generated bodies through parse_request and the engine

@@ -8,13 +8,13 @@ import threading
 
 import pytest
 
-from orcaserve.handler import body as B
-from orcaserve.handler import protocol as P
-from orcaserve.handler import responses as R
-from orcaserve.handler import socket_lock
 from orcaserve.handler.archive import model_config
 from orcaserve.handler.config import HandlerConfig, parse_bytes
-from orcaserve.scheduler.prompt import ChatPrompt
+from orcaserve.handler.openai import body as B
+from orcaserve.handler.openai import protocol as P
+from orcaserve.handler.openai import responses as R
+from orcaserve.handler.torchserve import socket_lock
+from orcaserve.scheduler.serving.prompt import ChatPrompt
 
 
 def parse(body, kind=P.COMPLETIONS, **kw):

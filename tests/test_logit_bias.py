@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import hf_greedy, tiny_model
 
-from orcaserve.handler import protocol as P
+from orcaserve.handler.openai import protocol as P
 from orcaserve.scheduler import SamplingParams
 
 

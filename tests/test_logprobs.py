@@ -9,9 +9,9 @@ import pytest
 import torch
 from tiny_models import TINY_VOCAB, hf_greedy, tiny_model
 
-from orcaserve.handler.logprobs import LogprobsRenderer
+from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.scheduler import SamplingParams
-from orcaserve.scheduler.logprobs import TokenLogprob
+from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 
 def _reference(model: torch.nn.Module, prompt: list[int], output: list[int]) -> torch.Tensor:
@@ -121,7 +121,7 @@ def test_openai_shapes(tokenizer):
 
 @pytest.mark.parametrize("vocab", [49152, 512, 100])
 def test_top_k_matches_torch(vocab):
-    from orcaserve.scheduler.logprobs import top_k
+    from orcaserve.scheduler.model.logprobs import top_k
 
     gen = torch.Generator().manual_seed(vocab)
     x = torch.randn(7, vocab, generator=gen) * 4

@@ -8,14 +8,14 @@ import zlib
 
 import pytest
 
-from orcaserve.handler.protocol import ProtocolError
-from orcaserve.handler.tenancy import derive_cache_salt, header_value
-from orcaserve.scheduler.block_hash import block_key, extend_block_keys
-from orcaserve.scheduler.block_pool import BlockPool
-from orcaserve.scheduler.kv_cache_manager import KVCacheManager
-from orcaserve.scheduler.request import Request, RequestStatus
+from orcaserve.handler.openai.protocol import ProtocolError
+from orcaserve.handler.openai.tenancy import derive_cache_salt, header_value
+from orcaserve.scheduler.core.block_hash import block_key, extend_block_keys
+from orcaserve.scheduler.core.block_pool import BlockPool
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.request import Request, RequestStatus
+from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.sampling_params import SamplingParams
-from orcaserve.scheduler.scheduler import Scheduler
 
 
 def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=64, policy="fcfs", caching=True):

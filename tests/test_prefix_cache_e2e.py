@@ -11,7 +11,7 @@ import pytest
 from openai_http import CHAT, COMPLETIONS, read_stream
 from torchserve_harness import TorchServe, serving
 
-from orcaserve.handler.tenancy import derive_cache_salt
+from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 
 pytestmark = pytest.mark.slow

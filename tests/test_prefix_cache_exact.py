@@ -138,7 +138,7 @@ def test_smollm2_shared_system_prompt_on_and_off(smollm2_path, tokenizer):
     import torch
 
     from orcaserve.scheduler import Engine
-    from orcaserve.scheduler.loader import load_model_and_tokenizer
+    from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(smollm2_path, torch.float32, torch.device("cpu"))
     system = (

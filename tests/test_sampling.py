@@ -9,8 +9,8 @@ import torch
 from tiny_models import hf_greedy, tiny_model
 
 from orcaserve.scheduler import SamplingParams
-from orcaserve.scheduler.request import Request
-from orcaserve.scheduler.sampler import _apply_penalties, filter_logits
+from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.model.sampler import _apply_penalties, filter_logits
 
 
 @pytest.mark.parametrize(

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from orcaserve.scheduler.block_pool import BlockPool
-from orcaserve.scheduler.kv_cache_manager import KVCacheManager
-from orcaserve.scheduler.request import Request, RequestStatus
+from orcaserve.scheduler.core.block_pool import BlockPool
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.request import Request, RequestStatus
+from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.sampling_params import SamplingParams
-from orcaserve.scheduler.scheduler import Scheduler
 
 
 def make_scheduler(num_blocks=64, block_size=16, max_num_seqs=8, budget=64, policy="fcfs"):
@@ -127,7 +127,7 @@ def test_no_block_leaks_after_thousands_of_mixed_requests():
 
 
 def test_waiting_queue_orders_and_removes_in_constant_time():
-    from orcaserve.scheduler.request_queue import WaitingQueue
+    from orcaserve.scheduler.core.request_queue import WaitingQueue
 
     fifo = WaitingQueue(by_priority=False)
     a, b, c = req("a", 4), req("b", 4), req("c", 4)

@@ -16,9 +16,9 @@ import struct
 import pytest
 from test_orca_handler import parse_frames
 
-from orcaserve.handler import socket_lock
-from orcaserve.handler.frames import read_request_ids, response_frame, written_requests
-from orcaserve.handler.supervisor_link import SupervisorLink
+from orcaserve.handler.supervisor.link import SupervisorLink
+from orcaserve.handler.torchserve import socket_lock
+from orcaserve.handler.torchserve.frames import read_request_ids, response_frame, written_requests
 
 LOAD = {
     "model_name": "m",

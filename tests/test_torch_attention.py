@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from orcaserve.kernels.torch_attention import decode_groups, unified_attention
+from orcaserve.kernels.pytorch.attention import decode_groups, unified_attention
 
 
 def _cost(groups, blocks_of, overhead):

@@ -3,7 +3,7 @@
 pytest compiles a representative subset (20 builds: the fp16/bf16 tile configurations of every
 kernel, bf16 with the padded head dim 80 and fp16 with 128, both architectures; ~25 s). The full
 matrix (every dtype x head dim, 144 builds, ~2.5 min on 2 cores) is
-`python -m orcaserve.kernels.compile_check`.
+`python -m orcaserve.kernels.triton.compile_check`.
 TRITON_INTERPRET=1 is set on purpose: the check must remove it and still build real binaries.
 """
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # builds kernels for sm_80/sm_90 with ptxas
 def test_compile_check_quick():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "orcaserve.kernels.compile_check", "--quick"],
+        [sys.executable, "-m", "orcaserve.kernels.triton.compile_check", "--quick"],
         env=env,
         capture_output=True,
         text=True,

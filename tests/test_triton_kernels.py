@@ -40,7 +40,7 @@ def to_dev(*tensors):
 
 
 def reference(q, k_cache, v_cache, cu, seq_lens, tables, scale):
-    from orcaserve.kernels import torch_attention as ref
+    from orcaserve.kernels.pytorch import attention as ref
 
     f = torch.float32
     return ref.unified_attention(q.to(f), k_cache.to(f), v_cache.to(f), cu, seq_lens, tables, scale)
@@ -71,7 +71,7 @@ def _cases():
 
 
 def section_unified(dtype):
-    from orcaserve.kernels.triton_attention import launch_unified
+    from orcaserve.kernels.triton.attention import launch_unified
 
     for name, q_lens, ctx, h, h_kv, d, bs in _cases():
         q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, h, h_kv, d, bs, dtype)
@@ -84,7 +84,7 @@ def section_unified(dtype):
 
 
 def section_split(dtype):
-    from orcaserve.kernels.triton_split_k import launch_split_k
+    from orcaserve.kernels.triton.split_k import launch_split_k
 
     for i, (name, q_lens, ctx, h, h_kv, d, bs) in enumerate(_cases()):
         q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=1)
@@ -111,8 +111,8 @@ def _store_views(qkv, value_t, h, h_kv, d, dev):
 
 
 def section_store(dtype):
-    from orcaserve.kernels import torch_attention as ref
-    from orcaserve.kernels.triton_store_kv import store_kv
+    from orcaserve.kernels.pytorch import attention as ref
+    from orcaserve.kernels.triton.store_kv import store_kv
 
     for i, d in enumerate(HEAD_DIMS):
         h, h_kv = HEADS[i % len(HEADS)]
@@ -140,7 +140,7 @@ def section_store(dtype):
 def section_dispatch(dtype):
     """Public wrapper (heuristic on: a long-context decode takes split-K) and the backend."""
     from orcaserve.kernels import get_backend
-    from orcaserve.kernels.triton_attention import choose_num_splits, unified_attention
+    from orcaserve.kernels.triton.attention import choose_num_splits, unified_attention
 
     assert choose_num_splits(2, 2, 1, 4, 1, 4096) > 1
     assert choose_num_splits(2, 2, 1, 4, 1, 1024) == 1  # short context
@@ -156,7 +156,7 @@ def section_dispatch(dtype):
             f"wrapper num_splits={splits}",
         )
 
-    from orcaserve.kernels import torch_attention as ref
+    from orcaserve.kernels.pytorch import attention as ref
 
     q, kc, vc, cu, sl, bt = make_case([1, 12, 0], [50, 12, 3], 8, 2, 80, 16, dtype, seed=4)
     be = get_backend("triton")
@@ -180,8 +180,8 @@ def section_dispatch(dtype):
 def section_configs(dtype):
     """GPU only: every case through the tiles the engine launches (`select_config`), unified and
     split-K, and the public wrapper with its own heuristic."""
-    from orcaserve.kernels.triton_attention import launch_unified, select_config, unified_attention
-    from orcaserve.kernels.triton_split_k import launch_split_k
+    from orcaserve.kernels.triton.attention import launch_unified, select_config, unified_attention
+    from orcaserve.kernels.triton.split_k import launch_split_k
 
     for i, (name, q_lens, ctx, h, h_kv, d, bs) in enumerate(_cases()):
         q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=5)
@@ -219,7 +219,7 @@ LARGE = [
 
 def section_large(dtype):
     """GPU only: model-like heads and contexts through the wrapper (heuristic) and forced splits."""
-    from orcaserve.kernels.triton_attention import choose_num_splits, num_sms, unified_attention
+    from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, unified_attention
 
     for j, (name, q_lens, ctx, h, h_kv, d, bs) in enumerate(LARGE):
         q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=10 + j)
@@ -285,7 +285,7 @@ def test_kernel_section(section):
 if __name__ == "__main__":
     import time
 
-    from orcaserve.kernels import triton_attention
+    from orcaserve.kernels.triton import attention as triton_attention
 
     compiled = isinstance(triton_attention._unified_attention_kernel, __import__("triton").runtime.jit.JITFunction)
     if DEVICE == "cpu":

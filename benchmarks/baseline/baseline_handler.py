@@ -8,7 +8,7 @@ answers every request when the whole batch is done. Nothing joins a running batc
 leaves it early: that is the cost ORCA's iteration-level scheduling removes.
 
 Same request JSON and response shapes as the orcaserve handler (it reuses
-`orcaserve.handler.protocol`): `POST /predictions/{model}/1.0/v1/completions` (and
+`orcaserve.handler.openai.protocol`): `POST /predictions/{model}/1.0/v1/completions` (and
 `v1/chat/completions`) with `prompt` (text or token ids), `max_tokens`, `temperature`, `top_p`,
 `top_k`, `stop`, `ignore_eos`, `stream`, `stream_options`. `stream: true` gets Server-Sent
 Events, all sent when the batch finishes (time to first token = end-to-end latency).
@@ -55,7 +55,7 @@ def _row_sampler(temps: list[float], top_ks: list[int], top_ps: list[float]):
     import torch
     from transformers import LogitsProcessor
 
-    from orcaserve.scheduler.sampler import filter_logits
+    from orcaserve.scheduler.model.sampler import filter_logits
 
     class RowSampler(LogitsProcessor):
         def __call__(self, input_ids, scores):  # noqa: ARG002
@@ -88,7 +88,7 @@ class BaselineHandler:
 
         from orcaserve.handler.config import resolve_model_path
         from orcaserve.scheduler.config import EngineConfig
-        from orcaserve.scheduler.loader import eos_token_ids, load_model_and_tokenizer
+        from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
 
         cfg = dict((getattr(context, "model_yaml_config", None) or {}).get("handler") or {})
         model_dir = (getattr(context, "system_properties", None) or {}).get("model_dir")
@@ -113,10 +113,10 @@ class BaselineHandler:
 
     # ---- requests ----------------------------------------------------------------------------
     def _parse(self, item: dict, idx: int, context: Any):
-        from orcaserve.handler.body import decode_body
-        from orcaserve.handler.protocol import ProtocolError, parse_request, route
-        from orcaserve.scheduler.prompt import encode_prompt
-        from orcaserve.scheduler.request_stream import RequestError
+        from orcaserve.handler.openai.body import decode_body
+        from orcaserve.handler.openai.protocol import ProtocolError, parse_request, route
+        from orcaserve.scheduler.serving.prompt import encode_prompt
+        from orcaserve.scheduler.serving.request_stream import RequestError
 
         kind = route(context.get_request_header(idx, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
@@ -138,7 +138,7 @@ class BaselineHandler:
         return req, ids
 
     def handle(self, data: list, context: Any) -> list:
-        from orcaserve.handler.protocol import ProtocolError, error_body
+        from orcaserve.handler.openai.protocol import ProtocolError, error_body
 
         received = time.time()
         out: list = [None] * len(data)
@@ -233,8 +233,8 @@ class BaselineHandler:
     def _respond(
         self, context: Any, idx: int, req, n_prompt: int, text: str, reason: str, n_out: int, batch: dict
     ) -> str:
-        from orcaserve.handler.protocol import CHAT
-        from orcaserve.handler.responses import SSE_DONE, final_response, sse, stream_chunk
+        from orcaserve.handler.openai.protocol import CHAT
+        from orcaserve.handler.openai.responses import SSE_DONE, final_response, sse, stream_chunk
 
         rid = (context.get_request_id(idx) if hasattr(context, "get_request_id") else None) or f"req-{time.time_ns()}"
         kind = req.kind
@@ -262,7 +262,7 @@ class BaselineHandler:
 
     @staticmethod
     def _error(context: Any, idx: int, status: int, body: dict) -> str:
-        from orcaserve.handler.protocol import HTTP_PHRASES
+        from orcaserve.handler.openai.protocol import HTTP_PHRASES
 
         context.set_response_status(status, HTTP_PHRASES.get(status, ""), idx)
         context.set_response_content_type(idx, "application/json")

@@ -51,7 +51,7 @@ def plain_copy(model):
 
 
 def verify(gguf_model, gguf_tok, out: str, new_tokens: int = 8) -> dict:
-    from orcaserve.scheduler.loader import load_model_and_tokenizer
+    from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     hf_model, hf_tok = load_model_and_tokenizer(out, torch.float32, torch.device("cpu"))
     a, b = _greedy(gguf_model, gguf_tok, PROMPT, new_tokens), _greedy(hf_model, hf_tok, PROMPT, new_tokens)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from orcaserve.scheduler import default_model_path
-    from orcaserve.scheduler.loader import load_model_and_tokenizer
+    from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     gguf = os.path.abspath(args.gguf or default_model_path())
     source = {"gguf": gguf, "size": os.path.getsize(gguf), "mtime": int(os.path.getmtime(gguf))}

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .protocol import ProtocolError
+from orcaserve.handler.openai.protocol import ProtocolError
 
 MAX_NESTING = 32
 

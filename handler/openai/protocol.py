@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orcaserve.scheduler.prompt import ChatPrompt
 from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, SamplingParams
+from orcaserve.scheduler.serving.prompt import ChatPrompt
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -42,7 +42,7 @@ _COMMON = {
     "stop_token_ids",
     "priority",
     "timeout",
-    "cache_salt",  # vLLM's name: subdivides prefix-cache sharing (handler/tenancy.py)
+    "cache_salt",  # vLLM's name: subdivides prefix-cache sharing (handler/openai/tenancy.py)
 }
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}

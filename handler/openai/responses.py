@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 import time
 
-from orcaserve.scheduler.request_stream import RequestError
-
-from .protocol import COMPLETIONS, error_body
+from orcaserve.handler.openai.protocol import COMPLETIONS, error_body
+from orcaserve.scheduler.serving.request_stream import RequestError
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:

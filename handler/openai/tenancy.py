@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from .protocol import ProtocolError
+from orcaserve.handler.openai.protocol import ProtocolError
 
 
 def _field(data: bytes) -> bytes:

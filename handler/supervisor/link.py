@@ -16,8 +16,8 @@ import sys
 from types import FrameType
 from typing import Any
 
-from . import socket_lock
-from .frames import InboundParser, written_requests
+from orcaserve.handler.torchserve import socket_lock
+from orcaserve.handler.torchserve.frames import InboundParser, written_requests
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class SupervisorLink:
             [
                 sys.executable,
                 "-m",
-                "orcaserve.handler.supervisor",
+                "orcaserve.handler.supervisor.process",
                 "--sock-fd",
                 str(fds[0]),
                 "--events-fd",

@@ -22,7 +22,7 @@ pipe reaches EOF (the worker is gone, however it went):
   TorchServe.
 
 Standard library only (no torch): it starts in milliseconds and costs a few MB.
-Run as `python -m orcaserve.handler.supervisor` (see `supervisor_link.SupervisorLink.start`).
+Run as `python -m orcaserve.handler.supervisor.process` (see `supervisor_link.SupervisorLink.start`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from .frames import final_frames, read_request_ids
-from .supervisor_link import ENV, FLAG_BYTES, new_flag_fd
+from orcaserve.handler.supervisor.link import ENV, FLAG_BYTES, new_flag_fd
+from orcaserve.handler.torchserve.frames import final_frames, read_request_ids
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
         [
             sys.executable,
             "-m",
-            "orcaserve.handler.takeover",
+            "orcaserve.handler.supervisor.takeover",
             "--sock-fd",
             str(sock.fileno()),
             "--load",

@@ -5,7 +5,7 @@ connection, on the connection the supervisor hands over instead: load the model 
 original LOAD message asked (same model directory, handler, batch size, GPU), then run the async
 service loop on that socket. The frontend never sees a worker die.
 
-    python -m orcaserve.handler.takeover --sock-fd N --load JSON --metrics-config PATH
+    python -m orcaserve.handler.supervisor.takeover --sock-fd N --load JSON --metrics-config PATH
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     from ts.async_service import AsyncService
     from ts.model_service_worker import TorchModelServiceWorker
 
-    from orcaserve.handler import socket_lock, supervisor_link
+    from orcaserve.handler.supervisor.process import link as supervisor_link
+    from orcaserve.handler.torchserve import socket_lock
 
     load = json.loads(args.load)
     msg = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .protocol import HTTP_PHRASES
-from .responses import SSE_DONE, sse
+from orcaserve.handler.openai.protocol import HTTP_PHRASES
+from orcaserve.handler.openai.responses import SSE_DONE, sse
 
 
 class Reply:

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import torch_attention
-from .backend import AttentionBackend, TorchBackend
-from .cpu_ops import PagedAttentionOp, load_cpu_ops
+from orcaserve.kernels.attention import AttentionBackend, TorchBackend
+from orcaserve.kernels.cpu.build import PagedAttentionOp, load_cpu_ops
+from orcaserve.kernels.pytorch import attention as torch_attention
 
 log = logging.getLogger(__name__)
 

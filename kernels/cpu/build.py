@@ -10,7 +10,7 @@ write (`cpu_rope_store.cpp`: `rope_store_kv`), the sampler's argmax (`cpu_argmax
 (`cpu_gemm_bf16.cpp`: `pack_linear_weight_bf16`, `linear_packed_bf16`); see `has_op`.
 
 Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
-`torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu_ops
+`torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu.build
 --build` does the same from the command line (the Makefile's set-up step).
 
 Build directory: `$ORCASERVE_EXTENSIONS_DIR` if set, else `<sys.prefix>/var/cache/orcaserve` (the
@@ -35,26 +35,27 @@ from pathlib import Path
 
 import torch
 
+CSRC = Path(__file__).with_name("csrc")
 SOURCES = tuple(
-    Path(__file__).with_name(n)
+    CSRC / n
     for n in (
-        "cpu_attention.cpp",
-        "cpu_fused.cpp",
-        "cpu_rope_store.cpp",
-        "cpu_argmax.cpp",
-        "cpu_gemm.cpp",
-        "cpu_gemm_bf16.cpp",
+        "attention/paged_attention.cpp",
+        "fused/norm_silu.cpp",
+        "fused/rope_store.cpp",
+        "fused/argmax.cpp",
+        "gemm/gemm_fp32.cpp",
+        "gemm/gemm_bf16.cpp",
     )
 )
 HEADERS = tuple(
-    Path(__file__).with_name(n)
+    CSRC / n
     for n in (
-        "cpu_attention_amx.h",
-        "cpu_attention_common.h",
-        "cpu_attention_decode.h",
-        "cpu_attention_tile.h",
-        "cpu_rows.h",
-        "cpu_gemm_panels.h",
+        "attention/amx.h",
+        "attention/common.h",
+        "attention/decode.h",
+        "attention/tile.h",
+        "rows.h",
+        "gemm/panels.h",
     )
 )
 
@@ -163,7 +164,7 @@ def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
         elif not build:
             return (
                 None,
-                f"not built ({lib} missing or being built); run python -m orcaserve.kernels.cpu_ops --build",
+                f"not built ({lib} missing or being built); run python -m orcaserve.kernels.cpu.build --build",
             )
         else:
             from torch.utils import cpp_extension
@@ -175,6 +176,7 @@ def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
                 sources=[str(p) for p in SOURCES],
                 extra_cflags=compile_flags(),
                 extra_ldflags=["-fopenmp"],
+                extra_include_paths=[str(CSRC)],
                 build_directory=str(lib.parent),
                 is_python_module=False,
                 verbose=verbose,

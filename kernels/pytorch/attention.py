@@ -10,7 +10,7 @@ Shapes used throughout (gpt-fast style):
     cache    [num_blocks, block_size, H_kv, D]
 
 `store_kv` and `unified_attention` have the same positional signatures as their Triton versions
-in `orcaserve.kernels.triton_attention`. The CPU engine does not call `unified_attention` per layer;
+in `orcaserve.kernels.triton.attention`. The CPU engine does not call `unified_attention` per layer;
 it builds a `TorchAttentionPlan` once per step (gather indices and masks are the same for all
 layers) and calls `plan.attend(...)` per layer. `unified_attention` is the same computation,
 planned on the spot.

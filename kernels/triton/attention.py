@@ -1,7 +1,7 @@
 """Triton paged attention for ORCA's merged steps: prefill chunks and decodes in one launch.
 
 `store_kv` and `unified_attention` take the same positional arguments as their PyTorch twins in
-`orcaserve.kernels.torch_attention` (which are also their test oracle).
+`orcaserve.kernels.pytorch.attention` (which are also their test oracle).
 
 Unified kernel (`_unified_attention_kernel`): grid (T // BLOCK_Q + B, H_kv). A program owns one
 query tile (BLOCK_Q new tokens of one request x the G query heads of one KV head, see
@@ -44,9 +44,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import attend_q_tile, locate_q_tile
-from .triton_split_k import launch_split_k
-from .triton_store_kv import store_kv
+from orcaserve.kernels.triton.common import attend_q_tile, locate_q_tile
+from orcaserve.kernels.triton.split_k import launch_split_k
+from orcaserve.kernels.triton.store_kv import store_kv
 
 __all__ = ["store_kv", "unified_attention", "choose_num_splits", "select_config"]
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import AttentionBackend
-from .triton_attention import choose_num_splits, num_sms, unified_attention
-from .triton_store_kv import store_kv
+from orcaserve.kernels.attention import AttentionBackend
+from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, unified_attention
+from orcaserve.kernels.triton.store_kv import store_kv
 
 
 @dataclass

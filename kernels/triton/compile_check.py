@@ -1,8 +1,8 @@
 """Compile every Triton kernel configuration for sm_80 and sm_90 without a GPU.
 
-    python -m orcaserve.kernels.compile_check            # full matrix, table on stdout
-    python -m orcaserve.kernels.compile_check --quick    # one representative row per kernel/target
-    python -m orcaserve.kernels.compile_check --jobs 4 --arch 90
+    python -m orcaserve.kernels.triton.compile_check            # full matrix, table on stdout
+    python -m orcaserve.kernels.triton.compile_check --quick    # one representative row per kernel/target
+    python -m orcaserve.kernels.triton.compile_check --jobs 4 --arch 90
 
 Each kernel x dtype (fp32/fp16/bf16) x head dim (64/80/96/128) x tile configuration (the ones
 `triton_attention.select_config` and the store/reduce launchers use) is built with
@@ -40,8 +40,8 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
     """(kernel, label, constexprs without head dim, launch options, dtype) as the launchers use."""
     import torch
 
-    from .triton_attention import select_config
-    from .triton_store_kv import BLOCK_T
+    from orcaserve.kernels.triton.attention import select_config
+    from orcaserve.kernels.triton.store_kv import BLOCK_T
 
     out = []
     for dtype in DTYPES:
@@ -58,7 +58,9 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
 
 
 def _kernel(name: str):
-    from . import triton_attention, triton_split_k, triton_store_kv
+    from orcaserve.kernels.triton import attention as triton_attention
+    from orcaserve.kernels.triton import split_k as triton_split_k
+    from orcaserve.kernels.triton import store_kv as triton_store_kv
 
     return {
         "unified": triton_attention._unified_attention_kernel,
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="orcaserve-compile-check-")
     if _interpreted():
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        cmd = [sys.executable, "-m", "orcaserve.kernels.compile_check", *(argv or sys.argv[1:])]
+        cmd = [sys.executable, "-m", "orcaserve.kernels.triton.compile_check", *(argv or sys.argv[1:])]
         return subprocess.call(cmd, env=env)
 
     jobs = _jobs(args.quick, tuple(args.arch or ARCHS), args.kernel, args.dtype)

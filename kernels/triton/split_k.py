@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_common import NEG_BIG, attend_q_tile, locate_q_tile
+from orcaserve.kernels.triton.common import NEG_BIG, attend_q_tile, locate_q_tile
 
 
 @triton.jit

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .block_hash import extend_block_keys
-from .block_pool import BlockPool
-from .request import Request
+from orcaserve.scheduler.core.block_hash import extend_block_keys
+from orcaserve.scheduler.core.block_pool import BlockPool
+from orcaserve.scheduler.core.request import Request
 
 
 class KVCacheManager:

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .outputs import RequestTimes
-from .sampling_params import SamplingParams
+from orcaserve.scheduler.core.outputs import RequestTimes
+from orcaserve.scheduler.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from .logprobs import TokenLogprob
+    from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 _arrival_counter = itertools.count()
 

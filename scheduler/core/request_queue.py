@@ -6,7 +6,7 @@ import heapq
 import itertools
 from collections import deque
 
-from .request import Request
+from orcaserve.scheduler.core.request import Request
 
 
 class WaitingQueue:

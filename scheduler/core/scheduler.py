@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .kv_cache_manager import KVCacheManager
-from .request import Request, RequestStatus
-from .request_queue import WaitingQueue
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.request import Request, RequestStatus
+from orcaserve.scheduler.core.request_queue import WaitingQueue
 
 
 @dataclass

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .kv_cache_manager import KVCacheManager
-from .request import Request
-from .scheduler import Scheduler, SchedulerOutput
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 
 
 @dataclass

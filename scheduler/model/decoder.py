@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend
-from orcaserve.kernels.cpu_ops import fused_ops, has_op
-
-from .linear import PLAIN_FROM_ROWS, Linear, fuse_linears
-from .loader import model_dims
+from orcaserve.kernels.cpu.build import fused_ops, has_op
+from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear, fuse_linears
+from orcaserve.scheduler.model.loader import model_dims
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 

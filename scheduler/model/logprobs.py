@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .request import Request
+from orcaserve.scheduler.core.request import Request
 
 
 @dataclass(frozen=True)

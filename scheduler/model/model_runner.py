@@ -10,11 +10,10 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from orcaserve.kernels import AttentionBackend
-
-from .decoder import Decoder
-from .decoder import supports as decoder_supports
-from .kv_cache_manager import KVCacheManager
-from .scheduler import SchedulerOutput
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.model.decoder import Decoder
+from orcaserve.scheduler.model.decoder import supports as decoder_supports
 
 ATTN_NAME = "orcaserve_paged"
 # A transformers causal LM (`PreTrainedModel`: `.config`, `.model.layers`, `.lm_head`); Any because

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from orcaserve.kernels.cpu_ops import has_op
-
-from .request import Request
+from orcaserve.kernels.cpu.build import has_op
+from orcaserve.scheduler.core.request import Request
 
 
 def _apply_logit_bias(logits: torch.Tensor, reqs: list[Request]) -> None:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .prompt import Prompt, encode_prompt
-from .request_stream import RequestError, RequestStream
-from .sampling_params import SamplingParams
+from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
+from orcaserve.scheduler.serving.request_stream import RequestError, RequestStream
 
 log = logging.getLogger(__name__)
 

@@ -10,12 +10,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from .admission import Abort, Admission, Submission
-from .engine import Engine
-from .outputs import RequestOutput
-from .prompt import Prompt
-from .request_stream import RequestError, RequestStream, deliver
-from .sampling_params import SamplingParams
+from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
+from orcaserve.scheduler.serving.prompt import Prompt
+from orcaserve.scheduler.serving.request_stream import RequestError, RequestStream, deliver
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import asyncio
 import queue
 from collections.abc import AsyncIterator, Iterator
 
-from .outputs import RequestOutput
+from orcaserve.scheduler.core.outputs import RequestOutput
 
 # Validation messages (SamplingParams, Engine.add_request) start with the offending field's name.
 _FIELDS = frozenset(

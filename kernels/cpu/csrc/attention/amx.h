@@ -23,7 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "cpu_attention_common.h"
+#include "attention/common.h"
 
 namespace orcaserve {
 namespace {

@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_rows.h"
+#include "rows.h"
 
 namespace orcaserve {
 namespace {

@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "cpu_attention_common.h"
+#include "attention/common.h"
 
 namespace orcaserve {
 namespace {

@@ -1,6 +1,6 @@
 // Ragged paged attention on the CPU, reading the paged KV cache in place.
 //
-// Same semantics as orcaserve.kernels.torch_attention.unified_attention: request b owns the queries
+// Same semantics as orcaserve.kernels.pytorch.attention.unified_attention: request b owns the queries
 // cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1, which are the last q_len positions of its seq_lens[b]
 // tokens; each attends causally to the keys at or before its position, found through
 // block_tables[b]. Prefill chunks and decodes share one call.
@@ -26,10 +26,10 @@
 
 #include <atomic>
 
-#include "cpu_attention_amx.h"
-#include "cpu_attention_common.h"
-#include "cpu_attention_decode.h"
-#include "cpu_attention_tile.h"
+#include "attention/amx.h"
+#include "attention/common.h"
+#include "attention/decode.h"
+#include "attention/tile.h"
 
 namespace orcaserve {
 namespace {

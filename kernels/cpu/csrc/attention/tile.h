@@ -10,8 +10,8 @@
 
 #include <cstring>
 
-#include "cpu_attention_common.h"
-#include "cpu_attention_decode.h"
+#include "attention/common.h"
+#include "attention/decode.h"
 
 namespace orcaserve {
 namespace {

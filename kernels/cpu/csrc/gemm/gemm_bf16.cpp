@@ -20,7 +20,7 @@
 #include <cstring>
 #include <optional>
 
-#include "cpu_gemm_panels.h"
+#include "gemm/panels.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>

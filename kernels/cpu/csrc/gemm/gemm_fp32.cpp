@@ -30,7 +30,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_gemm_panels.h"
+#include "gemm/panels.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
