@@ -8,12 +8,13 @@
 # store, starts TorchServe once on free loopback ports (token auth on, gRPC on free ports, own
 # temp dir), registers both, runs benchmarks/serve.py with the same seeded Poisson sweep against
 # both (systems interleaved per rate), then draws the baseline's batches. Writes into $OUT
-# (default docs/): benchmark-serving.json, benchmark-serving.png, benchmark-serving-batches.png (the
-# baseline's batches at the first rate), and the
-# results section of benchmark-serving.md (when $OUT/benchmark-serving.md exists).
+# (default docs/): benchmark-serving.png, benchmark-serving-batches.png (the baseline's batches at
+# the first rate), and the results section of benchmark-serving.md (when $OUT/benchmark-serving.md
+# exists); the JSON report, benchmark-serving.json, into $RESULTS (default benchmarks/results/ when
+# OUT is docs/, else $OUT).
 # Settings (environment): RATES, NUM_REQUESTS (one count, or one per rate), INPUT_LEN, OUTPUT_LEN,
 # SEED, BATCH_SIZE, MAX_BATCH_DELAY (baseline), DTYPE (both systems; default: their shared rule), ORCA_SET (orcaserve model-config overrides, e.g.
-# "max_num_seqs=64 max_num_batched_tokens=512"), SYSTEMS (default both), OUT, WORK (scratch dir,
+# "max_num_seqs=64 max_num_batched_tokens=512"), SYSTEMS (default both), OUT, RESULTS, WORK (scratch dir,
 # kept), PY, EXTRA (more serve.py args).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,13 +31,15 @@ SEED=${SEED:-0}
 BATCH_SIZE=${BATCH_SIZE:-8}
 MAX_BATCH_DELAY=${MAX_BATCH_DELAY:-100}
 OUT=${OUT:-docs}
+# JSON results live under benchmarks/results/; a scratch OUT keeps its JSON beside its pictures.
+if [ "$OUT" = docs ]; then RESULTS=${RESULTS:-benchmarks/results}; else RESULTS=${RESULTS:-$OUT}; fi
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/orcaserve-compare.XXXXXX")}
 EXTRA=${EXTRA:-}
 ORCA_SET=${ORCA_SET:-}
 # Both systems in one dtype: empty = each handler's default rule (the same: bf16 where native).
 DTYPE=${DTYPE:-}
 SYSTEMS=${SYSTEMS:-smollm2 smollm2-baseline}
-mkdir -p "$OUT" "$WORK/tmp" "$WORK/logs"
+mkdir -p "$OUT" "$RESULTS" "$WORK/tmp" "$WORK/logs"
 WORK=$(cd "$WORK" && pwd)
 STORE="$WORK/model-store"
 
@@ -113,11 +116,11 @@ status=0
 SERVE_BENCH_COMMAND="$CMD" "$PY" benchmarks/serve.py --url "http://127.0.0.1:$INF" --key="$(key inference)" \
     "${MODEL_ARGS[@]}" --rates "$RATES" --num-requests "$NUM_REQUESTS" \
     --input-len "$INPUT_LEN" --output-len "$OUTPUT_LEN" --seed "$SEED" \
-    --out "$OUT/benchmark-serving.json" --plot "$OUT/benchmark-serving.png" "${DOC[@]}" $EXTRA || status=$?
-if [ -s "$OUT/benchmark-serving.json" ] && [[ " $SYSTEMS " == *" smollm2-baseline "* ]]; then
+    --out "$RESULTS/benchmark-serving.json" --plot "$OUT/benchmark-serving.png" "${DOC[@]}" $EXTRA || status=$?
+if [ -s "$RESULTS/benchmark-serving.json" ] && [[ " $SYSTEMS " == *" smollm2-baseline "* ]]; then
     FIRST_RATE=${RATES%%,*}
-    "$PY" benchmarks/plot_schedule.py baseline "$OUT/benchmark-serving.json" --system smollm2-baseline \
+    "$PY" benchmarks/plot_schedule.py baseline "$RESULTS/benchmark-serving.json" --system smollm2-baseline \
         --rate "$FIRST_RATE" --max-requests 24 --png "$OUT/benchmark-serving-batches.png" || status=1
 fi
-echo "== done (exit $status): $OUT/benchmark-serving.{json,png}, $OUT/benchmark-serving-batches.png; scratch: $WORK"
+echo "== done (exit $status): $RESULTS/benchmark-serving.json, $OUT/benchmark-serving{,-batches}.png; scratch: $WORK"
 exit $status

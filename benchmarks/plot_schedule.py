@@ -3,9 +3,9 @@
     # 1. run the engine offline on a Poisson workload (same generator and seed as serve.py),
     #    record its per-step trace, and draw it
     python benchmarks/plot_schedule.py trace --rate 1 --num-requests 24 --input-len 8:64 \\
-        --output-len 1:64 --json docs/schedule-orcaserve.json --png docs/schedule-orcaserve.png
+        --output-len 1:64 --json benchmarks/results/schedule-orcaserve.json --png docs/schedule-orcaserve.png
     # 2. redraw a saved trace (a list of StepTrace.to_dict(), or the JSON written by step 1)
-    python benchmarks/plot_schedule.py orca docs/schedule-orcaserve.json --png docs/schedule-orcaserve.png
+    python benchmarks/plot_schedule.py orca benchmarks/results/schedule-orcaserve.json --png docs/schedule-orcaserve.png
     # 3. draw the baseline's batches from a serve.py report (per-request timestamps + batch info)
     python benchmarks/plot_schedule.py baseline bench.json --system smollm2-baseline --rate 1 \\
         --png docs/schedule-baseline.png

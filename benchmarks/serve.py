@@ -3,7 +3,7 @@ OpenAI completions endpoint (e.g. vLLM's server, benchmarks/peers/run.py).
 
     python benchmarks/serve.py --url http://127.0.0.1:8080 --key-file key_file.json \\
         --model smollm2 --model smollm2-baseline --rates 0.25,0.5,1,2 --duration 40 \\
-        --out docs/benchmark-serving.json --plot docs/benchmark-serving.png
+        --out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png
     python benchmarks/serve.py --endpoint http://127.0.0.1:8000/v1/completions --key none \\
         --model vllm --model-name smollm2 --concurrency 32 --num-requests 96 --out vllm.json
 
