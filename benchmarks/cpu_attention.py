@@ -7,7 +7,8 @@
 SmolLM2-135M heads (H=9, H_kv=3, D=64), block size 16, fp32 and bf16. Shapes: decode batches of
 1/8/32/64 at contexts 128/512/1024, a mixed step (one 512-token prefill chunk with no history
 plus 31 decodes at contexts 128-1024) and steps of 512 prompt tokens (16 x 32, 4 x 128, 2 x 256).
-With AMX, bf16 prefill tiles run there; `ORCASERVE_AMX_ATTENTION=0` measures the AVX-512 kernel.
+The variant is kernels/dispatch.py's; `ORCASERVE_CPU_ISA=avx512_bf16` on an AMX CPU measures the
+vdpbf16ps tiles instead of AMX's (any lower variant the CPU executes, likewise).
 Per shape: median and minimum over `--repeats` x `--iters` calls (the plan is built once per step
 and is not timed, as in the engine).
 The cache is sized for the shape only, so it may sit in L3 cache: a real engine's per-layer
@@ -27,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from orcaserve.kernels.cpu import build as cpu_ops
+from orcaserve.kernels import dispatch
+from orcaserve.kernels.cpu import build
 from orcaserve.kernels.cpu.attention import CpuBackend
-from orcaserve.kernels.cpu.build import load_cpu_ops
 from orcaserve.kernels.pytorch.attention import TorchAttentionPlan
 
 H, H_KV, D, BS = 9, 3, 64, 16
@@ -128,15 +129,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.library:  # another build (an older kernel's .so from the build cache), to compare
-        cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
-    op, reason = load_cpu_ops(build=True)
-    print(f"threads={torch.get_num_threads()} op: {reason}")
-    if op is None:
+        build.library_path = lambda variants=None: Path(args.library)  # type: ignore[assignment]
+    ok, reason = build.load(build=True)
+    op = dispatch.kernel("paged_attention", torch.float32)
+    print(f"threads={torch.get_num_threads()} op: {reason}; fp32 {dispatch.resolve('paged_attention', torch.float32)}")
+    print(f"bf16: {dispatch.resolve('paged_attention', torch.bfloat16)}")
+    if not ok or op is None:
         return
     if args.memory:
         memory_resident(op, args.context)
         return
-    backend = CpuBackend(op)
+    backend = CpuBackend()
     scale = D**-0.5
     print(f"{'':41s}{'median ms':>28s}   {'minimum ms':>27s}")
     print(

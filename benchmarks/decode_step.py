@@ -49,9 +49,9 @@ def main() -> None:
     if args.library:
         from pathlib import Path
 
-        from orcaserve.kernels.cpu import build as cpu_ops
+        from orcaserve.kernels.cpu import build
 
-        cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
+        build.library_path = lambda variants=None: Path(args.library)  # type: ignore[assignment]
     if args.threads:
         torch.set_num_threads(args.threads)
 

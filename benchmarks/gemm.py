@@ -28,11 +28,12 @@ import statistics
 import sys
 import time
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels.cpu.build import has_op
+from orcaserve.kernels.cpu import build
 from orcaserve.kernels.linear import MKL_PACK_ROWS
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
@@ -58,6 +59,14 @@ def _compiled(w: torch.Tensor, x: torch.Tensor):
     return fn
 
 
+def orca_op(name: str) -> Any | None:
+    """`torch.ops.orcaserve.<name>` in the widest ISA variant loaded here, None where none is."""
+    build.load(build=True)
+    packet = getattr(torch.ops.orcaserve, name, None)
+    found = [v for v in build.built_variants() if packet is not None and hasattr(packet, v)]
+    return getattr(packet, found[-1]) if found else None
+
+
 def _variants(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -76,9 +85,9 @@ def _variants(
     if mkl is not None:
         calls["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl, w, None, x.shape[0])
     if orca is not None:
-        calls["orca"] = lambda: torch.ops.orcaserve.linear_packed(x, orca, None, w.shape[0])
+        calls["orca"] = lambda: orca_op("linear_packed")(x, orca, None, w.shape[0])
     if dot is not None:
-        calls["dot"] = lambda: torch.ops.orcaserve.linear_packed_bf16(x, dot, None, w.shape[0])
+        calls["dot"] = lambda: orca_op("linear_packed_bf16")(x, dot, None, w.shape[0])
     return calls
 
 
@@ -97,8 +106,8 @@ def layers_in_dram(
                 n: {
                     "pre": torch.ops.mkldnn._reorder_linear_weight(w, None) if onednn else None,
                     "mkl": torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) if use_mkl else None,
-                    "orca": torch.ops.orcaserve.pack_linear_weight(w) if use_orca else None,
-                    "dot": torch.ops.orcaserve.pack_linear_weight_bf16(w) if use_dot else None,
+                    "orca": orca_op("pack_linear_weight")(w) if use_orca else None,
+                    "dot": orca_op("pack_linear_weight_bf16")(w) if use_dot else None,
                     "plain": w,
                 }
                 for n, w in weights.items()
@@ -143,9 +152,7 @@ def main() -> None:
     if args.library:  # an older build of the ops, e.g. from the build cache, against the current one
         from pathlib import Path
 
-        from orcaserve.kernels.cpu import build as cpu_ops
-
-        cpu_ops.library_path = lambda: Path(args.library)  # type: ignore[assignment]
+        build.library_path = lambda variants=None: Path(args.library)  # type: ignore[assignment]
     dtype = getattr(torch, args.dtype)
     onednn = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if not (onednn or args.layers):
@@ -155,16 +162,16 @@ def main() -> None:
         )
     torch.manual_seed(0)
     use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
-    use_orca = dtype in (torch.float32, torch.bfloat16) and has_op("linear_packed")
-    use_dot = dtype == torch.bfloat16 and has_op("linear_packed_bf16")
+    use_orca = dtype in (torch.float32, torch.bfloat16) and orca_op("linear_packed") is not None
+    use_dot = dtype == torch.bfloat16 and orca_op("linear_packed_bf16") is not None
     if args.layers:
         layers_in_dram(args, dtype, use_mkl, use_orca, onednn, use_dot)
         return
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
-    orca = {n: torch.ops.orcaserve.pack_linear_weight(w) for n, w in weights.items() if use_orca}
-    dot = {n: torch.ops.orcaserve.pack_linear_weight_bf16(w) for n, w in weights.items() if use_dot}
+    orca = {n: orca_op("pack_linear_weight")(w) for n, w in weights.items() if use_orca}
+    dot = {n: orca_op("pack_linear_weight_bf16")(w) for n, w in weights.items() if use_dot}
     heads = {
         "pre": "oneDNN pre-packed",
         "plain": "F.linear",

@@ -5,11 +5,12 @@
 
 `benchmarks/gemm.py --layers 30` times the GEMMs alone; this runs the offline workload of
 `benchmarks/offline.py` (random token-id prompts, EOS ignored, greedy) through whole engines whose
-fp32 layers run one GEMM or the other (`orcaserve.kernels.linear.orca_gemm_preferred` switched
-before each engine is built), alternating which goes first each round so neither gets the VM's
-slow phases alone. Prints output tok/s per run and the medians (docs/engine.md, "Nineteenth round"
-and "Twentieth round"). The "mkl" variant is what runs without the project's GEMM: MKL's packed
-sgemm on Intel CPUs, oneDNN's pre-packed inner product on others (`linear.mkl_preferred`).
+fp32 layers run one GEMM or the other (`orcaserve.kernels.linear.takes` refusing the project's
+GEMMs before the "mkl" engine is built), alternating which goes first each round so neither gets
+the VM's slow phases alone. Prints output tok/s per run and the medians (docs/performance-log.md,
+the Nineteenth and Twentieth rounds). The "mkl" variant is what the dispatch table falls back to
+without the project's GEMM: MKL's packed sgemm on Intel CPUs, oneDNN's pre-packed inner product
+on others (`kernels/dispatch.py`).
 """
 
 from __future__ import annotations
@@ -41,10 +42,13 @@ def main() -> None:
     model.generation_config.eos_token_id = None
     work = offline_workload_of(args, model.config.vocab_size)
     tok_s: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    takes = linear.takes
     for rnd in range(args.rounds):
         for variant in VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]:
-            use_orca = variant == "orca"
-            linear.orca_gemm_preferred = lambda use_orca=use_orca: use_orca  # type: ignore[assignment]
+            if variant == "orca":
+                linear.takes = takes
+            else:
+                linear.takes = lambda k, w: takes(k, w) and not k.startswith("orcaserve.")  # type: ignore[assignment]
             r = run_orcaserve(model, tokenizer, work, args)
             tok_s[variant].append(r["useful_tokens"] / r["wall_s"])
             print(f"round {rnd}: {variant} {tok_s[variant][-1]:.1f} tok/s", flush=True)

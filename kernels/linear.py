@@ -1,18 +1,16 @@
-"""The lean decoder's linear layers: each weight packed once for the GEMM that runs it fastest on
-this CPU (MKL, oneDNN, or the project's own C++ GEMMs), chosen per CPU kind as measured in
-docs/engine.md, and the fused q/k/v and gate/up projections built from a model's own layers.
+"""The lean decoder's linear layers: each weight packed once for the GEMM that runs it on this CPU
+(the project's C++ GEMMs, MKL, oneDNN, or F.linear), as `kernels/dispatch.py`'s table says for
+the op `linear`, and the fused q/k/v and gate/up projections built from a model's own layers.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels.cpu.build import has_op
-from orcaserve.scheduler.config import cpu_has_native_bf16
+from orcaserve.kernels import dispatch
 
 
 def _can_pack(weight: torch.Tensor) -> bool:
@@ -28,90 +26,19 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
-def _can_mkl(weight: torch.Tensor) -> bool:  # MKL's packed copy lives in a oneDNN tensor
-    return (
-        _can_pack(weight)
-        and weight.dtype == torch.float32
-        and torch.backends.mkl.is_available()
-        and hasattr(torch.ops.mkl, "_mkl_linear")
-    )
-
-
-@functools.cache
-def mkl_preferred() -> bool:
-    """Whether fp32 GEMMs go to MKL rather than oneDNN: on Intel CPUs only. MKL's sgemm takes slower
-    code paths on other vendors' CPUs: on an AMD Zen 3 (AVX2) oneDNN's pre-packed inner product ran
-    SmolLM2's gate_up at 32 rows in 1.34 ms against MKL's 2.39, and every shape at 8-256 rows
-    faster (`python benchmarks/gemm.py --dtype float32`; docs/peers.md, "On an AMD EPYC Zen 3")."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
-    except OSError:
-        return True  # not Linux: as measured on Intel
-
-
-def _runs_mkl(weight: torch.Tensor, mkl: bool | None = None) -> bool:
-    """Whether a packed `weight` runs MKL's GEMM: where it can, and by default where preferred."""
-    return _can_mkl(weight) and (mkl_preferred() if mkl is None else mkl)
-
-
-def orca_gemm_preferred() -> bool:
-    """Whether fp32 GEMMs go to the project's own (`kernels/cpu_gemm.cpp`): on every CPU kind
-    measured. SmolLM2's fp32 layer GEMMs over 30 layers' weights (`python benchmarks/gemm.py
-    --dtype float32 --layers 30`): on an AMD Zen 3 (AVX2) 1.14-1.39x as fast as oneDNN's
-    pre-packed inner product at 1-512 rows (docs/engine.md, "Eighth round"); on a Zen 4 (AVX-512,
-    whose 512-bit FMAs run as two 256-bit halves), in zmm registers, 0.69-0.80x oneDNN's time at
-    32-64 rows and 0.92-0.99x at 128-512 ("Fourteenth round"); on an Intel Ice Lake (AVX-512, no
-    AMX) 1.25-1.44x as fast as MKL's packed sgemm at 32-128 rows, 1.06-1.10x at 256-512,
-    0.93-1.03x at 1-8 ("Nineteenth round"); on an Intel Sapphire Rapids (AMX) 1.08-1.47x as fast
-    as MKL's at 1-512 rows ("Twentieth round")."""
-    return True
-
-
-@functools.cache
-def orca_bf16_preferred() -> bool:
-    """Whether bf16 GEMMs (those the `vdpbf16ps` GEMM does not take) go to the project's fp32 GEMM,
-    which widens each bf16 panel as it goes: where the CPU has no native bf16. oneDNN cannot pack
-    bf16 there on AVX2 CPUs (AMD Zen 3; "Ninth round") and emulates it on AVX-512 ones: on an Intel
-    Ice Lake its packed inner product took 3.5-4.1x the widened GEMM's time at 32-512 rows (`python
-    benchmarks/gemm.py --dtype bfloat16 --layers 30`; "Nineteenth round")."""
-    return not cpu_has_native_bf16()
-
-
-@functools.cache
-def bf16_gemm_preferred() -> bool:
-    """Whether bf16 GEMMs go to the project's `vdpbf16ps` GEMM (`kernels/cpu_gemm_bf16.cpp`): where
-    the CPU has AVX-512 BF16 but no AMX, as on an AMD Zen 4. With AMX, oneDNN's tiles keep them."""
-    return torch.cpu._is_avx512_bf16_supported() and not torch.cpu._is_amx_tile_supported()
-
-
-def _runs_dot(weight: torch.Tensor, dot: bool | None = None) -> bool:
-    """Whether a packed bf16 `weight` runs `orcaserve::linear_packed_bf16`: where the op is built
-    (AVX-512 BF16), the input width even (the weight is packed in pairs along it), and by default
-    where preferred."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and weight.shape[1] % 2 == 0
-        and (bf16_gemm_preferred() if dot is None else dot)
-        and has_op("linear_packed_bf16")
-    )
-
-
-def _runs_orca(weight: torch.Tensor, orca: bool | None = None) -> bool:
-    """Whether a packed fp32 or bf16 `weight` runs `orcaserve::linear_packed`: where the op is
-    built, and by default where preferred (bf16 where the CPU has no native bf16 or oneDNN cannot
-    pack it: it widens bf16 to fp32, half oneDNN's speed where the CPU computes bf16)."""
-    if weight.dtype == torch.float32:
-        preferred = orca_gemm_preferred()
-    else:
-        preferred = orca_bf16_preferred() or not _can_pack(weight)
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype in (torch.float32, torch.bfloat16)
-        and (preferred if orca is None else orca)
-        and has_op("linear_packed")  # last: it loads the library, needless where not preferred
-    )
+def takes(kernel: str, weight: torch.Tensor) -> bool:
+    """Whether `kernel` (a cell of the dispatch table's `linear` rows) can run `weight` here."""
+    if weight.device.type != "cpu" and kernel != "torch":
+        return False
+    if kernel.startswith("orcaserve.linear_packed_bf16."):  # packed in pairs along the input width
+        return weight.dtype == torch.bfloat16 and weight.shape[1] % 2 == 0 and dispatch.available(kernel)
+    if kernel.startswith("orcaserve.linear_packed."):
+        return weight.dtype in (torch.float32, torch.bfloat16) and dispatch.available(kernel)
+    if kernel == "mkl":  # MKL's packed copy lives in a oneDNN tensor
+        return weight.dtype == torch.float32 and _can_pack(weight) and dispatch.available(kernel)
+    if kernel == "onednn":
+        return _can_pack(weight)
+    return kernel == "torch"
 
 
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
@@ -128,19 +55,20 @@ MKL_PACK_ROWS = 32
 
 
 class Linear:
-    """y = x W^T + b from a weight packed once for the CPU's GEMM library: decode-sized GEMMs (tens
-    of rows) otherwise pay a re-layout of the whole weight on every call.
+    """y = x W^T + b from a weight packed once for the CPU's GEMM: decode-sized GEMMs (tens of rows)
+    otherwise pay a re-layout of the whole weight on every call.
 
-    fp32 runs the project's own GEMM over its packed panels (`orca_gemm_preferred`; `orca`
-    overrides), and so does bf16 where the CPU has no native bf16 (`orca_bf16_preferred`). Where
-    that op is not built, fp32 runs MKL's packed GEMM on Intel CPUs (`torch.ops.mkl._mkl_linear`;
-    `mkl` overrides): the sgemm behind F.linear (at most row counts bit for bit its results), on
-    a Sapphire Rapids 10-25 % faster than oneDNN's pre-packed inner product at decode sizes and
-    no slower above (`python benchmarks/gemm.py --dtype float32`), and without oneDNN's compile
-    per new row count. With AVX-512 BF16 and no AMX bf16 runs the project's `vdpbf16ps` GEMM
-    (`bf16_gemm_preferred`; `dot` overrides); elsewhere (AMX) oneDNN's inner product on its blocked
-    layout (1.4-2x faster than unpacked). `plain_from`: from this many rows on, `F.linear` over
-    the unpacked weight (kept for it; oneDNN only)."""
+    `kernel` (the dispatch table's choice by default; a table cell to force one, as the tests and
+    A/B benchmarks do) is one of:
+    - `orcaserve.linear_packed.<variant>`: the project's fp32 GEMM over its packed panels, bf16
+      weights widened panel by panel (`kernels/cpu/csrc/gemm/gemm_fp32.cpp`);
+    - `orcaserve.linear_packed_bf16.<variant>`: its `vdpbf16ps` GEMM (`gemm_bf16.cpp`);
+    - `mkl`: MKL's packed sgemm (`torch.ops.mkl._mkl_linear`), the sgemm behind F.linear (at most
+      row counts bit for bit its results), without oneDNN's compile per new row count;
+    - `onednn`: oneDNN's inner product on its blocked layout (1.4-2x faster than unpacked);
+      `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for it);
+    - `torch`: F.linear on the weight as it is.
+    A kernel that cannot take the weight (see `takes`) gives way to the row's fallbacks."""
 
     def __init__(
         self,
@@ -148,47 +76,48 @@ class Linear:
         bias: torch.Tensor | None,
         pack: bool,
         plain_from: int | None = None,
-        mkl: bool | None = None,
-        orca: bool | None = None,
-        dot: bool | None = None,
+        kernel: str | None = None,
     ) -> None:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
         self.bias = bias
-        self.dot = pack and _runs_dot(weight, dot)
-        self.orca = pack and not self.dot and _runs_orca(weight, orca)
-        self.mkl = pack and not (self.dot or self.orca) and _runs_mkl(weight, mkl)
-        self.packed = pack and (self.dot or self.orca or self.mkl or _can_pack(weight))
-        # oneDNN's inner product, which compiles a kernel per new row count (MKL's and the
-        # project's GEMMs do not).
-        self.onednn = self.packed and not (self.dot or self.orca or self.mkl)
-        if self.dot:  # [ceil(out / 48), in / 2, 48, 2] panels
-            self.weight = torch.ops.orcaserve.pack_linear_weight_bf16(weight)
-        elif self.orca:  # [ceil(out / w), in, w] panels, w = 48 where built for AVX-512, else 24
-            self.weight = torch.ops.orcaserve.pack_linear_weight(weight)
-        elif self.mkl:
+        if not pack:
+            self.kernel = "torch"
+        elif kernel is not None and takes(kernel, weight):
+            self.kernel = kernel
+        else:
+            self.kernel = dispatch.resolve("linear", weight.dtype, lambda k: takes(k, weight))
+        self._op: Any = None
+        if self.kernel.startswith("orcaserve."):
+            # [ceil(out / 48), in / 2, 48, 2] panels (bf16 pairs), or [ceil(out / w), in, w] with
+            # w = 48 on AVX-512 variants and 24 on avx2
+            pack_name = self.kernel.replace(".linear_packed", ".pack_linear_weight", 1)
+            self.weight = dispatch.orcaserve_op(pack_name)(weight)
+            self._op = dispatch.orcaserve_op(self.kernel)
+        elif self.kernel == "mkl":
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
             # The op reads the plain weight's shape and dtype only, given the true row count as its
             # pack size: a stride-0 stand-in instead of a second copy of the weight.
             self.shape_of = weight.new_zeros(1, 1).expand(self.out_features, self.in_features)
-        elif self.packed:  # oneDNN's blocked copy
+        elif self.kernel == "onednn":  # oneDNN's blocked copy
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         else:
             self.weight = weight
+        # oneDNN's inner product compiles a kernel per new row count (MKL's and the project's GEMMs
+        # do not): the decoder pads row counts where it runs.
+        self.onednn = self.kernel == "onednn"
         keep_plain = self.onednn and plain_from is not None
         self.plain: torch.Tensor | None = weight.detach() if keep_plain else None
         self.plain_from = plain_from if keep_plain and plain_from is not None else 1 << 62
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
-        if self.dot:
-            return torch.ops.orcaserve.linear_packed_bf16(x, self.weight, self.bias, self.out_features)
-        if self.orca:
-            return torch.ops.orcaserve.linear_packed(x, self.weight, self.bias, self.out_features)
-        if self.mkl:
+        if self._op is not None:
+            return self._op(x, self.weight, self.bias, self.out_features)
+        if self.kernel == "mkl":
             return torch.ops.mkl._mkl_linear(x, self.weight, self.shape_of, self.bias, x.shape[0])
         if self.plain is not None and x.shape[0] >= self.plain_from:
             return F.linear(x, self.plain, self.bias)
-        if self.packed:
+        if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from orcaserve.kernels import dispatch
+
 _DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -67,7 +69,7 @@ class EngineConfig:
         if isinstance(self.dtype, torch.dtype):
             return self.dtype
         if self.dtype in (None, "auto"):
-            return torch.bfloat16 if self.resolved_device().type == "cuda" or cpu_has_native_bf16() else torch.float32
+            return torch.bfloat16 if self.resolved_device().type == "cuda" or dispatch.native_bf16() else torch.float32
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         return _DTYPES[self.dtype]
@@ -76,9 +78,3 @@ class EngineConfig:
         if self.attention_backend is not None:
             return self.attention_backend
         return "triton" if self.resolved_device().type == "cuda" else "cpu"
-
-
-def cpu_has_native_bf16() -> bool:
-    """bf16 dot products in hardware (AVX-512 BF16 or AMX): there bf16 GEMMs run ~2-3.5x faster
-    than fp32; elsewhere bf16 is emulated and slower."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

@@ -1,4 +1,5 @@
-"""The C++ CPU paged attention (`torch.ops.orcaserve.paged_attention`) against the PyTorch reference.
+"""The C++ CPU paged attention (`torch.ops.orcaserve.paged_attention.<variant>`, every ISA variant this
+machine executes) against the PyTorch reference.
 
 Same kinds of cases as test_triton_kernels.py: decodes, prefills, chunked prefill with history,
 mixed ragged steps, GQA ratios 1-4, block sizes 8/16/32, head dims 64/80/96/128, every slot a
@@ -7,23 +8,23 @@ be built (no compiler): the engine then falls back to the PyTorch path.
 """
 
 import logging
-import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 import torch
 from attention_cases import SCENARIOS as SHARED
 from attention_cases import make_case
+from cpu_variants import LOADED, REASON, op, params
 
+from orcaserve.kernels import dispatch
 from orcaserve.kernels.cpu import attention as ca
-from orcaserve.kernels.cpu import build as cpu_ops
+from orcaserve.kernels.cpu import build
 from orcaserve.kernels.pytorch import attention as ref
 
-OP, REASON = cpu_ops.load_cpu_ops(build=True)
-if OP is None:
+if not LOADED:
     pytest.skip(f"C++ CPU attention not built: {REASON}", allow_module_level=True)
+VARIANTS = params("paged_attention")
 
 HEADS = [(4, 4), (8, 4), (9, 3), (8, 2)]  # (H, H_kv): GQA ratios 1, 2, 3, 4
 HEAD_DIMS = [64, 80, 96, 128]
@@ -43,9 +44,9 @@ def want(q, kc, vc, cu, sl, bt, scale):
     return ref.unified_attention(q.to(f), kc.to(f), vc.to(f), cu, sl, bt, scale)
 
 
-def run_op(q, kc, vc, cu, sl, bt, scale):
+def run_op(variant, q, kc, vc, cu, sl, bt, scale):
     out = torch.full_like(q, float("nan"))
-    OP(q, kc, vc, cu, sl, bt, scale, out)
+    op("paged_attention", variant)(q, kc, vc, cu, sl, bt, scale, out)
     return out
 
 
@@ -72,59 +73,53 @@ def _cases():
 CASES = list(_cases())
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-def test_matches_reference(dtype):
+def test_matches_reference(dtype, variant):
     for i, (name, q_lens, ctx, h, h_kv, d, bs) in enumerate(CASES):
         q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, h, h_kv, d, bs, dtype, seed=i)
-        check(run_op(q, kc, vc, cu, sl, bt, d**-0.5), want(q, kc, vc, cu, sl, bt, d**-0.5), dtype, name)
+        check(run_op(variant, q, kc, vc, cu, sl, bt, d**-0.5), want(q, kc, vc, cu, sl, bt, d**-0.5), dtype, name)
 
 
-def test_large_step_parallel_and_deterministic():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_large_step_parallel_and_deterministic(variant):
     """A step big enough to run on all threads (one long prefill split into query tiles plus 31
     decodes), bitwise identical with one thread: every item is computed by one thread."""
     q_lens, ctx = [300] + [1] * 31, [340] + [50 + 17 * i for i in range(31)]
     q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, 9, 3, 64, 16, torch.float32, seed=7)
-    out = run_op(q, kc, vc, cu, sl, bt, 0.125)
+    out = run_op(variant, q, kc, vc, cu, sl, bt, 0.125)
     check(out, want(q, kc, vc, cu, sl, bt, 0.125), torch.float32, "large step")
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert torch.equal(run_op(q, kc, vc, cu, sl, bt, 0.125), out)
+        assert torch.equal(run_op(variant, q, kc, vc, cu, sl, bt, 0.125), out)
     finally:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("heads", [(9, 3), (32, 2)], ids=["G3", "G16"])
-def test_many_decodes_long_contexts(dtype, heads):
+def test_many_decodes_long_contexts(dtype, heads, variant):
     """Enough decodes for whole-request items (all KV heads), contexts over several 256-key
     softmax segments with odd tails, a two-token chunk; with 16 query heads per KV head a
     decode's rows go to the prefill kernel, which works one KV head at a time."""
     q_lens, ctx = [1] * 12 + [2], [1 + 97 * i for i in range(12)] + [600]
     q, kc, vc, cu, sl, bt = make_case(q_lens, ctx, *heads, 64, 16, dtype, seed=11)
-    check(run_op(q, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), dtype, f"{heads}")
+    check(run_op(variant, q, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), dtype, f"{heads}")
 
 
-@pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(), reason="the CPU has no AMX")
-def test_avx512_prefill_kernel_still_right_where_amx_takes_over():
-    """Where the CPU has AMX, bf16 prefill tiles run there (cpu_attention_amx.h) and the cases
-    above test that path; the vdpbf16ps tile kernel still serves CPUs without AMX. Its bf16 cases,
-    in a child process with ORCASERVE_AMX_ATTENTION=0 (the switch is read once per process)."""
-    env = dict(os.environ, ORCASERVE_AMX_ATTENTION="0")
-    cases = "test_matches_reference and bfloat16 or many_decodes"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", cases]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
-
-
-def test_strided_query_and_empty_step():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_strided_query_and_empty_step(variant):
     """q as the model runner passes it (a transposed view, head dim contiguous); an empty step."""
     q, kc, vc, cu, sl, bt = make_case([1, 5], [20, 5], 8, 2, 64, 16, torch.float32, seed=3)
     q_view = q.transpose(0, 1).contiguous().transpose(0, 1)  # [T, H, D] with stride(0) == D
     assert not q_view.is_contiguous()
-    check(run_op(q_view, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), torch.float32, "strided")
+    check(
+        run_op(variant, q_view, kc, vc, cu, sl, bt, 0.125), want(q, kc, vc, cu, sl, bt, 0.125), torch.float32, "strided"
+    )
     empty = torch.empty(0, 8, 64)
-    OP(
+    op("paged_attention", variant)(
         empty,
         kc,
         vc,
@@ -136,18 +131,20 @@ def test_strided_query_and_empty_step():
     )
 
 
-def test_rejects_bad_tables():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rejects_bad_tables(variant):
     q, kc, vc, cu, sl, bt = make_case([1], [20], 4, 2, 64, 16, torch.float32)
     bt[0, 1] = kc.shape[0]  # a block id past the cache
     with pytest.raises(RuntimeError, match="out of range"):
-        run_op(q, kc, vc, cu, sl, bt, 0.125)
+        run_op(variant, q, kc, vc, cu, sl, bt, 0.125)
 
 
-def test_fake_registration_for_compile():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fake_registration_for_compile(variant):
     q, kc, vc, cu, sl, bt = make_case([1, 4], [9, 4], 4, 2, 64, 8, torch.float32)
     out = torch.empty_like(q)
     torch.library.opcheck(
-        torch.ops.orcaserve.paged_attention.default,
+        op("paged_attention", variant),
         (q, kc, vc, cu, sl, bt, 0.125, out),
         test_utils=("test_schema", "test_faketensor"),
     )
@@ -170,7 +167,7 @@ def test_backend_store_and_attend():
 
 
 def test_backend_falls_back_loudly(monkeypatch, caplog):
-    monkeypatch.setattr(ca, "load_cpu_ops", lambda build=True: (None, "no compiler"))
+    monkeypatch.setattr(ca.build, "load", lambda build=True: (False, "no compiler"))
     with caplog.at_level(logging.WARNING):
         be = ca.make_cpu_backend()
     assert be.name == "torch"
@@ -180,8 +177,8 @@ def test_backend_falls_back_loudly(monkeypatch, caplog):
 def test_build_is_not_triggered_on_import_or_without_build(tmp_path, monkeypatch):
     """load(build=False) never compiles: with an empty cache directory it reports why."""
     monkeypatch.setenv("ORCASERVE_EXTENSIONS_DIR", str(tmp_path))
-    op, reason = cpu_ops._load(build=False, verbose=False)
-    assert op is None and "not built" in reason
+    ok, reason = build._load(build=False, verbose=False)
+    assert not ok and "not built" in reason
     assert not any(tmp_path.iterdir())
 
 
@@ -198,16 +195,23 @@ def test_backend_uncompiled_head_dim_uses_pytorch_path(caplog):
     check(got, want(q, kc, vc, cu, sl, bt, 48**-0.5), torch.float32, "fallback D48")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
-@pytest.mark.parametrize("isa", [("AVX512", True), ("AVX512", False), ("AVX2", False), ("DEFAULT", False)], ids=str)
-def test_sources_compile_for_every_isa(isa):
-    """The library is built for the building machine's ISA, so CPUs without AVX-512 BF16 (or
-    without AVX-512) compile paths this machine never builds: check that they compile."""
-    from torch.utils.cpp_extension import include_paths
+def test_backend_runs_the_dispatch_tables_variant():
+    """The backend calls, per cache dtype, the variant kernels/dispatch.py picks for this CPU."""
+    be = ca.make_cpu_backend()
+    assert isinstance(be, ca.CpuBackend)
+    for dtype in (torch.float32, torch.bfloat16):
+        want_kernel = dispatch.resolve("paged_attention", dtype)
+        assert be.op_for(dtype) is op("paged_attention", want_kernel.rsplit(".", 1)[1])
 
-    includes = [f"-I{p}" for p in include_paths()]
-    for src in cpu_ops.SOURCES:
-        cmd = ["g++", "-std=c++20", "-fsyntax-only", "-fopenmp", *cpu_ops.arch_flags(*isa), *includes, str(src)]
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler")
+@pytest.mark.parametrize("variant", [v for v in build.VARIANTS if v not in build.machine_variants()])
+def test_sources_compile_for_every_variant(variant):
+    """The library holds the variants the building CPU executes (compiled, and run by the tests
+    above), so a CPU of another kind builds variants this one never builds: check that each of
+    their sources compiles."""
+    for src in build.VARIANTS[variant].sources:
+        cmd = ["c++", "-fsyntax-only", *build.common_flags(), *build.variant_flags(variant), str(build.CSRC / src)]
         done = subprocess.run(cmd, capture_output=True, text=True)
-        assert done.returncode == 0, f"{src.name} for {isa}:\n{done.stderr[-3000:]}"
+        assert done.returncode == 0, f"{src} for {variant}:\n{done.stderr[-3000:]}"

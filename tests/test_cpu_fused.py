@@ -1,4 +1,5 @@
-"""The decoder's fused element-wise C++ ops (kernels/cpu_fused.cpp) against the PyTorch they replace.
+"""The decoder's fused element-wise C++ ops (kernels/cpu/csrc/fused/, every ISA variant this
+machine executes) against the PyTorch they replace.
 
 The ops round to the tensor dtype where the unfused ops store a tensor, so in bf16 they agree bit
 for bit except where the mean's different summation order moves a value across a rounding
@@ -9,16 +10,17 @@ Skipped if the library cannot be built (the decoder then runs unfused).
 import pytest
 import torch
 import torch.nn.functional as F
+from cpu_variants import LOADED, REASON, op, params
 from tiny_models import TINY_VOCAB, tiny_model
 
-from orcaserve.kernels.cpu import build as ca
+from orcaserve.kernels import dispatch
 from orcaserve.kernels.pytorch.attention import store_kv
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.model.decoder import rms_norm
 
-OP, REASON = ca.load_cpu_ops(build=True)
-if OP is None or not ca.fused_ops() or not ca.has_op("rope_store_kv"):
+if not LOADED:
     pytest.skip(f"C++ CPU ops not built: {REASON}", allow_module_level=True)
+VARIANTS = params("add_rms_norm")
 
 # (relative size of one unit in the last place, units allowed, share of elements allowed to differ):
 # in bf16 a different last bit of the fp32 statistics rarely survives the rounding, but where it
@@ -38,32 +40,41 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows", [1, 3, 32, 515])
-def test_add_rms_norm(dtype, rows):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_add_rms_norm(dtype, rows, variant):
     g = torch.Generator().manual_seed(rows)
     x, delta = (torch.randn(rows, 576, generator=g) * 3).to(dtype), torch.randn(rows, 576, generator=g).to(dtype)
     weight = (torch.rand(576, generator=g) + 0.5).to(dtype)
-    s, y = torch.ops.orcaserve.add_rms_norm(x, delta, weight, 1e-5)
+    s, y = op("add_rms_norm", variant)(x, delta, weight, 1e-5)
     assert torch.equal(s, x + delta)
     close(y, rms_norm(x + delta, weight, 1e-5), dtype, "rms_norm")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("rows", [1, 32, 300])
-def test_silu_mul(dtype, rows):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_silu_mul(dtype, rows, variant):
     g = torch.Generator().manual_seed(rows)
     gate_up = (torch.randn(rows, 2 * 1536, generator=g) * 4).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
-    close(torch.ops.orcaserve.silu_mul(gate_up), F.silu(gate) * up, dtype, "silu_mul")
+    close(op("silu_mul", variant)(gate_up), F.silu(gate) * up, dtype, "silu_mul")
 
 
 @pytest.mark.parametrize("width", [32, 1536, 4096])
-def test_silu_mul_fp32_bit_exact(width):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_silu_mul_fp32_bit_exact(width, variant):
     """Where the intermediate size is a multiple of 32 (ATen's vector loop covers every row), fp32
-    is bit for bit F.silu(gate) * up: the decoder then fuses it in fp32 too (Decoder.exact_silu)."""
+    is bit for bit F.silu(gate) * up in the variant whose vector code is ATen's own on this CPU:
+    the decoder then fuses it in fp32 too (Decoder.exact_silu). Other variants' exp differs in the
+    last bits (e.g. generic against ATen's AVX2), within the fp32 limits."""
     g = torch.Generator().manual_seed(width)
     gate_up = torch.randn(37, 2 * width, generator=g) * 6
     gate, up = gate_up.chunk(2, dim=-1)
-    assert torch.equal(torch.ops.orcaserve.silu_mul(gate_up), F.silu(gate) * up)
+    got = op("silu_mul", variant)(gate_up)
+    if variant == dispatch.aten_variant():
+        assert torch.equal(got, F.silu(gate) * up)
+    else:
+        close(got, F.silu(gate) * up, torch.float32, "silu_mul")
 
 
 def unfused_rope_store(qkv, cos, sin, k_cache, v_cache, slots, h, hk):
@@ -83,7 +94,8 @@ SHAPES = [(1, (9, 3), 64), (32, (9, 3), 64), (515, (9, 3), 64), (7, (4, 4), 40)]
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("rows", "heads", "d"), SHAPES)
-def test_rope_store_kv_bit_exact(dtype, rows, heads, d):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rope_store_kv_bit_exact(dtype, rows, heads, d, variant):
     """q, the stored k and v bit for bit those of the unfused ops (fp32 included: the token-exact
     tests run through it); slots of -1 store nothing."""
     (h, hk), bs, blocks = heads, 16, 40
@@ -98,20 +110,21 @@ def test_rope_store_kv_bit_exact(dtype, rows, heads, d):
     want_k, want_v = (c.clone() for c in caches)
     want_q, _ = unfused_rope_store(qkv, cos, sin, want_k, want_v, slots, h, hk)
     got_k, got_v = (c.clone() for c in caches)
-    got_q = torch.ops.orcaserve.rope_store_kv(qkv, cos, sin, got_k, got_v, slots, h, hk)
+    got_q = op("rope_store_kv", variant)(qkv, cos, sin, got_k, got_v, slots, h, hk)
     assert torch.equal(got_q, want_q)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
 
 
-def test_rejects_bad_input():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rejects_bad_input(variant):
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="delta"):
-        torch.ops.orcaserve.add_rms_norm(x, torch.randn(4, 9), torch.ones(8), 1e-5)
+        op("add_rms_norm", variant)(x, torch.randn(4, 9), torch.ones(8), 1e-5)
     with pytest.raises(RuntimeError, match="odd width"):
-        torch.ops.orcaserve.silu_mul(torch.randn(4, 7))
+        op("silu_mul", variant)(torch.randn(4, 7))
     with pytest.raises(RuntimeError, match="contiguous"):
-        torch.ops.orcaserve.silu_mul(torch.randn(8, 4).t())
-    cache, trig, rope = torch.zeros(2, 4, 1, 8), torch.zeros(3, 8), torch.ops.orcaserve.rope_store_kv
+        op("silu_mul", variant)(torch.randn(8, 4).t())
+    cache, trig, rope = torch.zeros(2, 4, 1, 8), torch.zeros(3, 8), op("rope_store_kv", variant)
     with pytest.raises(RuntimeError, match="slot out of range"):
         rope(torch.zeros(3, 24), trig, trig, cache, cache.clone(), torch.tensor([0, 1, 8]), 1, 1)
     with pytest.raises(RuntimeError, match="qkv width"):

@@ -1,20 +1,22 @@
 """The "cpu" `AttentionBackend`: paged attention through the C++ operator.
 
-`cpu_attention.cpp` registers `torch.ops.orcaserve.paged_attention(q, k_cache, v_cache,
-cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
-`torch_attention.unified_attention`, reading K/V blocks in place instead of gathering a padded copy.
-The library that carries it, and how it is built and loaded: `cpu_ops.py`.
+`csrc/attention/paged_attention.cpp` is `torch.ops.orcaserve.paged_attention.<variant>(q, k_cache,
+v_cache, cu_seqlens_q, seq_lens, block_tables, scale, out)`, the same computation as
+`kernels/pytorch/attention.unified_attention`, reading K/V blocks in place instead of gathering a
+padded copy. The variant per cache dtype is `kernels/dispatch.py`'s; the library: `build.py`.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from orcaserve.kernels import dispatch
 from orcaserve.kernels.attention import AttentionBackend, TorchBackend
-from orcaserve.kernels.cpu.build import PagedAttentionOp, load_cpu_ops
+from orcaserve.kernels.cpu import build
 from orcaserve.kernels.pytorch import attention as torch_attention
 
 log = logging.getLogger(__name__)
@@ -33,10 +35,11 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [T, H, D]
 ) -> torch.Tensor:
-    """`torch_attention.unified_attention` through the C++ operator (which must load)."""
-    op, reason = load_cpu_ops(build=True)
+    """`unified_attention` through the C++ operator the dispatch table picks (which must load)."""
+    ok, reason = build.load(build=True)
+    op = dispatch.kernel("paged_attention", q.dtype) if ok else None
     if op is None:
-        raise RuntimeError(f"orcaserve CPU attention unavailable: {reason}")
+        raise RuntimeError(f"orcaserve CPU attention unavailable for {q.dtype}: {reason}")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     op(
@@ -67,14 +70,21 @@ class CpuBackend(AttentionBackend):
     """Paged attention through the C++ operator; K/V stored by the PyTorch `store_kv`.
 
     Work items are derived inside the operator (a loop over B, microseconds), so the plan is
-    only the metadata in its final dtype and layout.
+    only the metadata in its final dtype and layout. The operator's variant is looked up once per
+    cache dtype (`kernels/dispatch.py`).
     """
 
     name = "cpu"
 
-    def __init__(self, op: PagedAttentionOp) -> None:
-        self.op = op
+    def __init__(self) -> None:
+        self._ops: dict[torch.dtype, Any] = {}
         self._warned = False
+
+    def op_for(self, dtype: torch.dtype) -> Any | None:
+        """The operator for caches of `dtype`, or None where the dispatch table says torch."""
+        if dtype not in self._ops:
+            self._ops[dtype] = dispatch.kernel("paged_attention", dtype)
+        return self._ops[dtype]
 
     def plan(
         self,
@@ -110,13 +120,14 @@ class CpuBackend(AttentionBackend):
         out: torch.Tensor | None = None,  # [T, H, D]
     ) -> torch.Tensor:
         cache_dtype = k_cache.dtype
-        if q.shape[-1] not in SUPPORTED_HEAD_DIMS or cache_dtype not in SUPPORTED_DTYPES or q.device.type != "cpu":
+        op = self.op_for(cache_dtype) if q.shape[-1] in SUPPORTED_HEAD_DIMS and q.device.type == "cpu" else None
+        if op is None:
             return self._fallback(plan, q, k_cache, v_cache, scale, out)
         # The operator reads q and writes out through their strides; only the head dim must be dense.
         qc = q if q.dtype == cache_dtype and q.stride(-1) == 1 else q.to(cache_dtype).contiguous()
         direct = out is not None and out.dtype == cache_dtype and out.stride(-1) == 1
         res = out if out is not None and direct else torch.empty(qc.shape, dtype=cache_dtype)  # [T, H, D]
-        self.op(qc, k_cache, v_cache, plan.cu_seqlens_q, plan.seq_lens, plan.block_tables, float(scale), res)
+        op(qc, k_cache, v_cache, plan.cu_seqlens_q, plan.seq_lens, plan.block_tables, float(scale), res)
         if out is not None and not direct:
             return out.copy_(res)
         return res if q.dtype == cache_dtype else res.to(q.dtype)
@@ -148,10 +159,10 @@ class CpuBackend(AttentionBackend):
         return plan.fallback.attend(q, k_cache, v_cache, scale, out)
 
 
-def make_cpu_backend(build: bool = True) -> AttentionBackend:
-    """`CpuBackend` if the operator loads, else `TorchBackend` after one warning saying why."""
-    op, reason = load_cpu_ops(build=build)
-    if op is None:
+def make_cpu_backend(build_missing: bool = True) -> AttentionBackend:
+    """`CpuBackend` if the library loads, else `TorchBackend` after one warning saying why."""
+    ok, reason = build.load(build=build_missing)
+    if not ok:
         log.warning("attention_backend 'cpu': C++ operator unavailable, using the PyTorch path (%s)", reason)
         return TorchBackend()
-    return CpuBackend(op)
+    return CpuBackend()

@@ -1,24 +1,34 @@
-"""The project's C++ CPU library: its sources, compile flags, build directory, loading, and which
-ops it carries.
+"""The project's C++ CPU library: its sources, its ISA variants, the build, and loading.
 
-One library (`kernels/*.cpp`) registers every `torch.ops.orcaserve` CPU op: the paged attention
-(`cpu_attention.cpp`, used through `cpu_attention.CpuBackend`), the lean decoder's fused
-element-wise ops (`cpu_fused.cpp`: `add_rms_norm`, `silu_mul`; see `fused_ops`), its rotary + K/V
-write (`cpu_rope_store.cpp`: `rope_store_kv`), the sampler's argmax (`cpu_argmax.cpp`:
-`argmax_rows`), on AVX2 and AVX-512 builds a GEMM over pre-packed fp32 or bf16 weights
-(`cpu_gemm.cpp`: `pack_linear_weight`, `linear_packed`) and, with AVX-512 BF16, a `vdpbf16ps` GEMM
-(`cpu_gemm_bf16.cpp`: `pack_linear_weight_bf16`, `linear_packed_bf16`); see `has_op`.
+One library registers every `torch.ops.orcaserve` CPU op (the schemas and registrations are all in
+`csrc/bindings.cpp`). Its sources are grouped by family under `csrc/`: the paged attention
+(`attention/`), the linear layers' GEMMs (`gemm/`) and the decoder's fused element-wise ops
+(`fused/`: add + RMSNorm, SiLU * up, rotary + K/V write, the sampler's argmax).
 
-Nothing is compiled on import. `load_cpu_ops(build=True)` compiles on first use (JIT through
-`torch.utils.cpp_extension`, ninja) and loads the library; `python -m orcaserve.kernels.cpu.build
---build` does the same from the command line (the Makefile's set-up step).
+Each family is compiled once per ISA variant, as PyTorch compiles its `CPU_CAPABILITY` kernels:
+
+| variant     | flags                                  | families                      |
+| ----------- | -------------------------------------- | ----------------------------- |
+| generic     | none (the compiler's baseline)         | attention, fused              |
+| avx2        | AVX2, FMA, F16C                        | attention, fused, GEMM fp32   |
+| avx512      | AVX-512 F/BW/VL/DQ                     | attention, fused, GEMM fp32   |
+| avx512_bf16 | avx512 + AVX-512 BF16                  | + GEMM bf16 (vdpbf16ps)       |
+| amx         | avx512_bf16, bf16 prefill tiles on AMX | + GEMM bf16                   |
+
+Every variant the building CPU can execute is built into the library, and each op is registered
+once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). Which
+variant the engine runs, and what it falls back to, is the table in `kernels/dispatch.py`.
+
+Nothing is compiled on import. `load(build=True)` compiles on first use (ninja, the compiler
+`torch.utils.cpp_extension` would use) and loads the library; `python -m
+orcaserve.kernels.cpu.build --build` does the same from the command line (the Makefile's set-up).
 
 Build directory: `$ORCASERVE_EXTENSIONS_DIR` if set, else `<sys.prefix>/var/cache/orcaserve` (the
 venv: a TorchServe worker runs the same interpreter, so it finds the library the set-up step built,
 whatever its HOME; and the library is tied to the venv's torch, deleted with it), else
 `~/.cache/orcaserve` when the venv is read-only. Each build lives in a subdirectory keyed by a hash
-of the sources, torch version, Python version and compile flags, so an edited source or an
-upgraded torch never loads a stale library.
+of the sources, torch version, Python version, variants and flags, so an edited source, an
+upgraded torch or another CPU never loads a stale library.
 """
 
 from __future__ import annotations
@@ -28,69 +38,103 @@ import hashlib
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import torch
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = tuple(
-    CSRC / n
-    for n in (
-        "attention/paged_attention.cpp",
-        "fused/norm_silu.cpp",
-        "fused/rope_store.cpp",
-        "fused/argmax.cpp",
-        "gemm/gemm_fp32.cpp",
-        "gemm/gemm_bf16.cpp",
+ATTENTION = ("attention/paged_attention.cpp",)
+FUSED = ("fused/norm_silu.cpp", "fused/rope_store.cpp", "fused/argmax.cpp")
+GEMM_FP32 = ("gemm/gemm_fp32.cpp",)
+GEMM_BF16 = ("gemm/gemm_bf16.cpp",)
+BINDINGS = "bindings.cpp"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # the overload name of its ops, and its C++ namespace (orcaserve::<name>)
+    flags: tuple[str, ...]  # ISA flags and the ATen vector implementation it selects
+    sources: tuple[str, ...]  # under csrc/
+
+
+_AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512")
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("generic", (), ATTENTION + FUSED),
+        Variant("avx2", ("-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"), ATTENTION + FUSED + GEMM_FP32),
+        Variant("avx512", _AVX512, ATTENTION + FUSED + GEMM_FP32),
+        Variant("avx512_bf16", (*_AVX512, "-mavx512bf16"), ATTENTION + FUSED + GEMM_FP32 + GEMM_BF16),
+        Variant("amx", (*_AVX512, "-mavx512bf16", "-DORCA_AMX"), ATTENTION + FUSED + GEMM_FP32 + GEMM_BF16),
     )
-)
-HEADERS = tuple(
-    CSRC / n
-    for n in (
-        "attention/amx.h",
-        "attention/common.h",
-        "attention/decode.h",
-        "attention/tile.h",
-        "rows.h",
-        "gemm/panels.h",
-    )
-)
-
-# (q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, out) -> None, writes out.
-PagedAttentionOp = Callable[..., None]
-
-_loaded: tuple[PagedAttentionOp | None, str] | None = None  # once per process: ops register once
+}
 
 
-def arch_flags(cap: str | None = None, bf16: bool | None = None) -> list[str]:
-    """ISA flags for the machine that builds and runs the library (torch's own CPU detection), or
-    for the capability `cap` ("AVX512", "AVX2", "DEFAULT") and AVX-512 BF16 `bf16` given.
+@cache
+def machine_variants() -> tuple[str, ...]:
+    """The variants this CPU can execute, lowest first (torch's own CPU detection, which
+    `ATEN_CPU_CAPABILITY` does not lower). Off x86-64, generic only."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("generic",)
+    found = ["generic"]
+    if torch.cpu._is_avx2_supported():
+        found.append("avx2")
+    if torch.cpu._is_avx512_supported():
+        found.append("avx512")
+        if torch.cpu._is_avx512_bf16_supported():
+            found.append("avx512_bf16")
+            if torch.cpu._is_amx_tile_supported():
+                found.append("amx")
+    return tuple(found)
 
-    CPU_CAPABILITY_* selects the matching `at::vec::Vectorized` implementation, as torch's own
-    kernels are compiled; explicit flags instead of -march=native keep the library usable on any
-    machine of the same capability level.
-    """
-    cap = cap or torch.backends.cpu.get_cpu_capability()
-    if cap.startswith("AVX512"):
-        flags = ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"]
-        if torch.cpu._is_avx512_bf16_supported() if bf16 is None else bf16:  # vdpbf16ps: bf16 caches as stored
-            flags.append("-mavx512bf16")
-        return [*flags, "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"]
-    if cap == "AVX2":
-        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
-    return []  # generic Vectorized: loops the compiler vectorises for whatever -O3 targets
+
+def variant_flags(name: str) -> list[str]:
+    """Compile flags of one variant's family sources. CPU_CAPABILITY names ATen's vector namespace
+    (at::vec::<it>), ORCA_ISA ours: distinct per variant, and distinct from libtorch's own."""
+    return [*VARIANTS[name].flags, f"-DCPU_CAPABILITY=orca_{name}", f"-DORCA_ISA={name}"]
 
 
-def compile_flags() -> list[str]:
+def common_flags() -> list[str]:
     # -fopenmp: at::parallel_for is inlined from ATen's OpenMP header; without it the loop runs
     # on one thread. libgomp.so.1 then resolves to the copy torch has already loaded (same
     # soname), so the operator shares torch's OpenMP team. -ffp-contract=off: a * b + c stays two
     # roundings, as in ATen's separate ops (rope_store_kv is bit for bit the unfused fp32 path);
     # the kernels' FMAs are written out as intrinsics and stay FMAs.
-    return ["-O3", "-fopenmp", "-ffp-contract=off", *arch_flags()]
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-isystem{p}" for p in cpp_extension.include_paths()]
+    return ["-fPIC", "-std=c++20", "-O3", "-fopenmp", "-ffp-contract=off", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            f"-I{CSRC}", *includes]  # fmt: skip
+
+
+def _all_files() -> list[Path]:
+    return sorted(p for p in CSRC.rglob("*") if p.suffix in (".cpp", ".h"))
+
+
+def build_key(variants: tuple[str, ...] | None = None) -> str:
+    """Hash of everything the compiled library depends on."""
+    variants = variants or machine_variants()
+    h = hashlib.sha256()
+    for f in _all_files():
+        h.update(f.relative_to(CSRC).as_posix().encode())
+        h.update(f.read_bytes())
+    parts = [torch.__version__, sys.version, platform.machine(), " ".join(common_flags())]
+    parts += [f"{v}: {' '.join(variant_flags(v))}" for v in variants]
+    for part in parts:
+        h.update(part.encode())
+    return h.hexdigest()[:16]
+
+
+def library_path(variants: tuple[str, ...] | None = None) -> Path:
+    """Where the library for these sources, torch and variants is (or will be) built."""
+    name = f"orcaserve_cpu_ops_{build_key(variants)}"
+    return _cache_root() / name / f"{name}.so"
 
 
 def _cache_root() -> Path:
@@ -105,124 +149,119 @@ def _cache_root() -> Path:
     return Path(xdg) / "orcaserve"
 
 
-def build_key() -> str:
-    """Hash of everything the compiled library depends on."""
-    h = hashlib.sha256()
-    for header in (*SOURCES, *HEADERS):
-        h.update(header.read_bytes())
-    for part in (torch.__version__, sys.version, platform.machine(), " ".join(compile_flags())):
-        h.update(part.encode())
-    return h.hexdigest()[:16]
-
-
-def library_path() -> Path:
-    """Where the library for this source, torch and machine is (or will be) built."""
-    name = f"orcaserve_cpu_attention_{build_key()}"
-    return _cache_root() / name / f"{name}.so"
-
-
-def _ensure_ninja() -> None:
+def _ninja() -> str:
     # `.venv/bin/python` without an activated venv leaves pip's ninja off PATH.
-    if shutil.which("ninja"):
-        return
-    dirs = [str(Path(sys.executable).parent)]
+    found = shutil.which("ninja")
+    if found:
+        return found
     try:
         import ninja
 
-        dirs.insert(0, ninja.BIN_DIR)
+        return str(Path(ninja.BIN_DIR) / "ninja")
     except ImportError:
-        pass
-    os.environ["PATH"] = os.pathsep.join([*dirs, os.environ.get("PATH", "")])
+        return str(Path(sys.executable).parent / "ninja")
 
 
-def _register_fake() -> None:
-    """Shape-only twin for torch.compile: the op only writes into `out`."""
+def ninja_file(lib: Path, variants: tuple[str, ...]) -> str:
+    """build.ninja: each variant's family sources with its flags, the bindings, one shared library."""
+    from torch.utils import cpp_extension
 
-    @torch.library.register_fake("orcaserve::paged_attention")
-    def _fake(
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        seq_lens: torch.Tensor,
-        block_tables: torch.Tensor,
-        scale: float,
-        out: torch.Tensor,
-    ) -> None:
-        return None
+    cxx = os.environ.get("CXX", "c++")
+    lines = [
+        "ninja_required_version = 1.3",
+        f"cflags = {' '.join(common_flags())}",
+        "rule compile",
+        f"  command = {cxx} -MMD -MF $out.d $cflags $vflags -c $in -o $out",
+        "  depfile = $out.d",
+        "  deps = gcc",
+        "rule link",
+        f"  command = {cxx} $in -shared -fopenmp $ldflags -o $out",
+    ]
+    objects = []
+    for v in variants:
+        for src in VARIANTS[v].sources:
+            obj = f"{v}/{src.replace('/', '_').removesuffix('.cpp')}.o"
+            lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {' '.join(variant_flags(v))}"]
+            objects.append(obj)
+    built = " ".join(f"-DORCA_BUILT_{v.upper()}" for v in variants)
+    lines += [f"build bindings.o: compile {CSRC / BINDINGS}", f"  vflags = {built}"]
+    libdirs = " ".join(f"-L{p}" for p in cpp_extension.library_paths())
+    lines += [
+        f"build {lib.name}: link {' '.join(objects)} bindings.o",
+        f"  ldflags = {libdirs} -lc10 -ltorch_cpu -ltorch",
+        f"default {lib.name}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
-def _load(build: bool, verbose: bool) -> tuple[PagedAttentionOp | None, str]:
-    missing = [str(p) for p in (*SOURCES, *HEADERS) if not p.exists()]
-    if missing:
-        return None, f"source {', '.join(missing)} missing"
-    lib = library_path()
+def _compile(lib: Path, variants: tuple[str, ...], verbose: bool) -> None:
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    (lib.parent / "build.ninja").write_text(ninja_file(lib, variants))
+    jobs = str(max(1, os.cpu_count() or 1))
+    cmd = [_ninja(), "-C", str(lib.parent), "-j", jobs, *(["-v"] if verbose else [])]
+    res = subprocess.run(cmd, capture_output=not verbose, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"build failed ({' '.join(cmd)}):\n{(res.stdout or '')[-3000:]}")
+
+
+_loaded: tuple[bool, str] | None = None  # once per process: ops register once
+
+
+def _load(build: bool, verbose: bool) -> tuple[bool, str]:
+    variants = machine_variants()
+    lib = library_path(variants)
     try:
-        # cpp_extension holds `lock` while it builds: a library next to it may be half-written.
-        if lib.exists() and not (lib.parent / "lock").exists():
-            torch.ops.load_library(str(lib))
-        elif not build:
-            return (
-                None,
-                f"not built ({lib} missing or being built); run python -m orcaserve.kernels.cpu.build --build",
-            )
-        else:
-            from torch.utils import cpp_extension
-
-            _ensure_ninja()
-            lib.parent.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(
-                name=lib.stem,
-                sources=[str(p) for p in SOURCES],
-                extra_cflags=compile_flags(),
-                extra_ldflags=["-fopenmp"],
-                extra_include_paths=[str(CSRC)],
-                build_directory=str(lib.parent),
-                is_python_module=False,
-                verbose=verbose,
-            )
-        op = torch.ops.orcaserve.paged_attention.default
-        _register_fake()
+        if not lib.exists():
+            if not build:
+                return False, f"not built ({lib} missing); run python -m orcaserve.kernels.cpu.build --build"
+            _compile(lib, variants, verbose)
+        torch.ops.load_library(str(lib))
+        _register_fakes(variants)
     except Exception as exc:  # noqa: BLE001 - any build or load failure means "use PyTorch"
-        return None, f"{type(exc).__name__}: {str(exc)[-1500:]}"
-    return op, f"loaded {lib}"
+        return False, f"{type(exc).__name__}: {str(exc)[-1500:]}"
+    return True, f"loaded {lib} (variants {', '.join(variants)})"
 
 
-def load_cpu_ops(build: bool = True, verbose: bool = False) -> tuple[PagedAttentionOp | None, str]:
-    """The operator, or None and why not; builds it first when `build` and it is missing.
+def _register_fakes(variants: tuple[str, ...]) -> None:
+    """Shape-only twins of the attention for torch.compile: the op only writes into `out`."""
+    for v in variants:
 
-    The outcome is cached for the process: an op library registers its schema once.
+        def _fake(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, out) -> None:
+            return None
+
+        torch.library.register_fake(f"orcaserve::paged_attention.{v}")(_fake)
+
+
+def load(build: bool = True, verbose: bool = False) -> tuple[bool, str]:
+    """Whether the library is loaded, and why not; builds it first when `build` and it is missing.
+
+    The outcome is cached for the process: an op library registers its schemas once.
     """
     global _loaded
-    if _loaded is None or (_loaded[0] is None and build):
+    if _loaded is None or (not _loaded[0] and build):
         _loaded = _load(build, verbose)
     return _loaded
 
 
-def has_op(name: str) -> bool:
-    """True when the library is loaded (or loads now without building) with
-    `torch.ops.orcaserve.<name>`: callers use the op, else the PyTorch they replace."""
-    return load_cpu_ops(build=False)[0] is not None and hasattr(torch.ops.orcaserve, name)
-
-
-def fused_ops() -> bool:
-    """The lean decoder's fused bf16 element-wise ops (`add_rms_norm`, `silu_mul`) are there."""
-    return has_op("add_rms_norm") and has_op("silu_mul")
+def built_variants() -> tuple[str, ...]:
+    """The variants whose ops are loaded in this process (builds nothing): every variant this CPU
+    executes once the library is loaded, none before."""
+    return machine_variants() if load(build=False)[0] else ()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build (if asked) and load orcaserve's C++ CPU ops.")
     parser.add_argument("--build", action="store_true", help="compile if missing, then load")
     parser.add_argument("--verbose", action="store_true", help="show the compiler's commands")
-    parser.add_argument("--strict", action="store_true", help="exit 1 if the operator does not load")
+    parser.add_argument("--strict", action="store_true", help="exit 1 if the library does not load")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    op, reason = load_cpu_ops(build=args.build, verbose=args.verbose)
-    print(f"library: {library_path()}")
-    print(f"flags:   {' '.join(compile_flags())}")
-    status = "loaded" if op is not None else "NOT loaded (engine falls back to PyTorch attention)"
-    print(f"status:  {status} in {time.perf_counter() - start:.1f} s: {reason}")
-    return 1 if op is None and args.strict else 0
+    ok, reason = load(build=args.build, verbose=args.verbose)
+    print(f"library:  {library_path()}")
+    print(f"variants: {', '.join(machine_variants())}")
+    status = "loaded" if ok else "NOT loaded (the engine falls back to PyTorch ops)"
+    print(f"status:   {status} in {time.perf_counter() - start:.1f} s: {reason}")
+    return 1 if not ok and args.strict else 0
 
 
 if __name__ == "__main__":

@@ -19,8 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels import AttentionBackend
-from orcaserve.kernels.cpu.build import fused_ops, has_op
+from orcaserve.kernels import AttentionBackend, dispatch
 from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear, fuse_linears
 from orcaserve.scheduler.model.loader import model_dims
 
@@ -85,26 +84,30 @@ class Decoder:
         self.embed: torch.Tensor = inner.embed_tokens.weight  # [V, hidden]
         self.rotary: Any = inner.rotary_emb
         self.norm: torch.Tensor = inner.norm.weight
-        # On the CPU: residual add + RMSNorm and SiLU * up as one C++ op each (cpu_fused.cpp). In
-        # fp32 the norm's mean sums in another order than ATen's: last-bit differences from
-        # transformers, which the token-exact tests allow for (5 % off an fp32 decode step).
-        if fused is None:
-            fused = self.embed.device.type == "cpu" and fused_ops()
-        self.fused = fused
+        # On the CPU: residual add + RMSNorm and SiLU * up as one C++ op each (csrc/fused/, the
+        # variant kernels/dispatch.py picks for the model's dtype). In fp32 the norm's mean sums in
+        # another order than ATen's: last-bit differences from transformers, which the token-exact
+        # tests allow for (5 % off an fp32 decode step).
+        cpu = self.embed.device.type == "cpu"
+        dtype = self.embed.dtype
+        self.add_rms_norm_op: Any = dispatch.kernel("add_rms_norm", dtype) if cpu else None
+        self.silu_mul_op: Any = dispatch.kernel("silu_mul", dtype) if cpu else None
+        have_fused = self.add_rms_norm_op is not None and self.silu_mul_op is not None
+        self.fused = have_fused if fused is None else fused and have_fused
         # SiLU(gate) * up is ATen's own vector formula in the C++ op, so where ATen's vector loop
         # covers each row (intermediate size a multiple of 32) it is bit for bit ATen's: fp32 fuses
-        # it too.
+        # it too, where the variant that runs is the one whose vector code is ATen's.
         self.exact_silu = (
-            self.embed.device.type == "cpu"
-            and self.embed.dtype == torch.float32
+            dtype == torch.float32
             and cfg.intermediate_size % 32 == 0
-            and fused_ops()
+            and have_fused
+            and dispatch.resolve("silu_mul", dtype) == f"orcaserve.silu_mul.{dispatch.aten_variant()}"
         )
-        # Rotary + K/V write in one C++ pass (cpu_rope_store.cpp): bit for bit the unfused ops, so
-        # fp32 too. Used where the step's caches are CPU tensors of the model's dtype.
-        if rope_store is None:
-            rope_store = self.embed.device.type == "cpu" and has_op("rope_store_kv")
-        self.rope_store = rope_store
+        # Rotary + K/V write in one C++ pass (csrc/fused/rope_store.cpp): bit for bit the unfused
+        # ops, so fp32 too. Used where the step's caches are CPU tensors of the model's dtype.
+        self.rope_store_op: Any = dispatch.kernel("rope_store_kv", dtype) if cpu else None
+        have_rope = self.rope_store_op is not None
+        self.rope_store = have_rope if rope_store is None else rope_store and have_rope
         # The lm_head is packed apart from the embedding even when tied: both are read.
         self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
         narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
@@ -182,7 +185,7 @@ class Decoder:
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
             if fuse_rope:
-                q = torch.ops.orcaserve.rope_store_kv(qkv, cos, sin, k_cache, v_cache, slot_mapping, h, hk)
+                q = self.rope_store_op(qkv, cos, sin, k_cache, v_cache, slot_mapping, h, hk)
             else:
                 qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)  # [T, H + H_kv, D], rotated together
                 qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
@@ -210,12 +213,12 @@ class Decoder:
         if delta is None:
             return x, rms_norm(x, weight, self.eps)
         if self.fused:
-            return torch.ops.orcaserve.add_rms_norm(x, delta, weight, self.eps)
+            return self.add_rms_norm_op(x, delta, weight, self.eps)
         x = x + delta
         return x, rms_norm(x, weight, self.eps)
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
         if self.fused or self.exact_silu:
-            return torch.ops.orcaserve.silu_mul(gate_up)
+            return self.silu_mul_op(gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up

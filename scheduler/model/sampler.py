@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
-from orcaserve.kernels.cpu.build import has_op
+from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.request import Request
 
 
@@ -59,13 +62,17 @@ def filter_logits(
     return logits
 
 
-def argmax_rows(x: torch.Tensor, fast: bool) -> torch.Tensor:  # [S, V] -> [S] int64
-    """`x.argmax(-1)`; with `fast`, a CPU fp32 or bf16 batch goes through the C++ op
-    (cpu_argmax.cpp), the same indices at a tenth of ATen's time on a step's [32, 49152] logits."""
-    fits = x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous() and x.shape[1] > 0
-    if fast and x.device.type == "cpu" and fits:
-        return torch.ops.orcaserve.argmax_rows(x)
-    return x.argmax(-1)
+def argmax_ops() -> dict[torch.dtype, Any]:
+    """The C++ argmax per logits dtype, where the dispatch table has one (fp32, bf16)."""
+    ops = {dt: dispatch.kernel("argmax_rows", dt) for dt in (torch.float32, torch.bfloat16)}
+    return {dt: op for dt, op in ops.items() if op is not None}
+
+
+def argmax_rows(x: torch.Tensor, ops: Mapping[torch.dtype, Any]) -> torch.Tensor:  # [S, V] -> [S] int64
+    """`x.argmax(-1)`; a contiguous CPU batch of a dtype in `ops` goes through its C++ op
+    (csrc/fused/argmax.cpp), the same indices at a tenth of ATen's time on [32, 49152] logits."""
+    op = ops.get(x.dtype) if x.device.type == "cpu" and x.is_contiguous() and x.shape[1] > 0 else None
+    return op(x) if op is not None else x.argmax(-1)
 
 
 class Sampler:
@@ -76,7 +83,7 @@ class Sampler:
     """
 
     def __init__(self) -> None:
-        self.fast_argmax = has_op("argmax_rows")
+        self.argmax_ops = argmax_ops()
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         # logits [S, V], fp32 or the model's dtype: an all-greedy batch without penalties takes
@@ -91,7 +98,7 @@ class Sampler:
             if biased:  # before the penalties, as vLLM orders them
                 _apply_logit_bias(logits, reqs)
             _apply_penalties(logits, reqs)
-        greedy = argmax_rows(logits, self.fast_argmax)
+        greedy = argmax_rows(logits, self.argmax_ops)
         if all(r.params.greedy for r in reqs):
             return greedy.tolist()
         logits = logits.float()
@@ -104,6 +111,6 @@ class Sampler:
         noise = torch.empty_like(probs)
         for i, req in enumerate(reqs):
             noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()
-        sampled = argmax_rows(probs / noise, self.fast_argmax)
+        sampled = argmax_rows(probs / noise, self.argmax_ops)
         is_greedy = torch.tensor([r.params.greedy for r in reqs], device=logits.device)
         return torch.where(is_greedy, greedy, sampled).tolist()

@@ -13,7 +13,7 @@
 #define ORCA_DPBF16 1
 #endif
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 
 #ifdef ORCA_DPBF16
 constexpr bool kHaveDpBf16 = true;
@@ -38,4 +38,4 @@ void to_float(const T* src, float* dst, int64_t n) {
   }
 }
 
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA

@@ -20,12 +20,11 @@
 
 #include <ATen/native/CPUBlas.h>
 
-#include <cstdlib>
 #include <cstring>
 
 #include "attention/common.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 constexpr int kAmxKeys = 128;  // keys per chunk: S and P of 128 rows stay in L2
@@ -34,15 +33,16 @@ constexpr int kAmxPad = 32;    // a chunk's keys padded to AMX's bf16 K step
 
 #ifdef ORCA_DPBF16  // every AMX CPU has AVX-512 BF16; the conversions below use it
 
-// Whether bf16 prefill tiles take this path: where ATen's brgemm runs AMX (it packs B only
-// there); ORCASERVE_AMX_ATTENTION=0 keeps the AVX-512 kernel, for A/B measurements.
+// Whether bf16 prefill tiles take this path: in the amx variant only (ORCA_AMX, chosen by
+// kernels/dispatch.py), and there where ATen's brgemm runs AMX (it packs B only there). The
+// avx512_bf16 variant of the same source keeps the vdpbf16ps tile kernel, callable beside it.
 inline bool amx_attention() {
-  static const bool on = [] {
-    const char* env = std::getenv("ORCASERVE_AMX_ATTENTION");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-    return at::native::cpublas::could_pack(at::kBFloat16);
-  }();
+#ifdef ORCA_AMX
+  static const bool on = at::native::cpublas::could_pack(at::kBFloat16);
   return on;
+#else
+  return false;
+#endif
 }
 
 struct AmxScratch {
@@ -187,4 +187,4 @@ inline bool amx_attention() { return false; }
 #endif
 
 }  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA

@@ -15,7 +15,7 @@
 
 #include "rows.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -183,4 +183,4 @@ inline void softmax_rows(float* s, int64_t ld_s, int R, int nk, float* m, float*
 }
 
 }  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA

@@ -13,7 +13,7 @@
 
 #include "attention/common.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 constexpr int kSeg = 256;  // keys per softmax segment: its scores stay in L1
@@ -318,4 +318,4 @@ void attend_rows(const Args& a, const Item& it, Scratch& sc) {
 }
 
 }  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA

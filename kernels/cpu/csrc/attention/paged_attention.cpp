@@ -22,7 +22,6 @@
 // Only slots before each item's last query position are read: the rest may hold anything.
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
 
 #include <atomic>
 
@@ -30,8 +29,9 @@
 #include "attention/common.h"
 #include "attention/decode.h"
 #include "attention/tile.h"
+#include "ops.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 // Tunables (measured on a 2-core AVX-512 VM, SmolLM2 heads): an item with at most kDotRows rows
@@ -251,6 +251,9 @@ void dispatch_dim(const Args& a, int64_t batch, int64_t d) {
   }
 }
 
+}  // namespace
+
+// The op, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 void paged_attention(const at::Tensor& q,             // [T, H, D]
                      const at::Tensor& k_cache,       // [num_blocks, block_size, H_kv, D]
                      const at::Tensor& v_cache,       // [num_blocks, block_size, H_kv, D]
@@ -300,13 +303,5 @@ void paged_attention(const at::Tensor& q,             // [T, H, D]
   }
 }
 
-}  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA
 
-TORCH_LIBRARY_FRAGMENT(orcaserve, m) {
-  m.def(
-      "paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seq_lens, "
-      "Tensor block_tables, float scale, Tensor(a!) out) -> ()");
-}
-
-TORCH_LIBRARY_IMPL(orcaserve, CPU, m) { m.impl("paged_attention", &orcaserve::paged_attention); }

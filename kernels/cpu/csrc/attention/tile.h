@@ -13,7 +13,7 @@
 #include "attention/common.h"
 #include "attention/decode.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 // Transposed scores s[j * Rp + r] for RC row vectors x JB keys: per head-dim element, RC loads
@@ -157,4 +157,4 @@ inline void pv_block_dp(float* oT, int Rp, const float* alpha, const int32_t* pp
 #endif
 
 }  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA

@@ -8,13 +8,13 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <limits>
 #include <vector>
+#include "ops.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -41,6 +41,9 @@ int64_t argmax_row(const float* x, int64_t n) {
   return first_index_of(x, n, best);
 }
 
+}  // namespace
+
+// The op, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 at::Tensor argmax_rows(const at::Tensor& logits) {
   TORCH_CHECK(logits.device().is_cpu() && logits.dim() == 2 && logits.is_contiguous() &&
                   (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16) &&
@@ -70,9 +73,5 @@ at::Tensor argmax_rows(const at::Tensor& logits) {
   return out;
 }
 
-}  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA
 
-TORCH_LIBRARY_FRAGMENT(orcaserve, m) { m.def("argmax_rows(Tensor logits) -> Tensor"); }
-
-TORCH_LIBRARY_IMPL(orcaserve, CPU, m) { m.impl("argmax_rows", &orcaserve::argmax_rows); }

@@ -14,7 +14,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <tuple>
@@ -22,8 +21,9 @@
 #include <vector>
 
 #include "rows.h"
+#include "ops.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -205,6 +205,9 @@ void check_rows(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, what, ": fp32 or bf16");
 }
 
+}  // namespace
+
+// The op, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 // (x + delta, rms_norm(x + delta)): the residual add and the next norm.
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
                                                 double eps) {
@@ -225,15 +228,5 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return silu_mul_impl<at::BFloat16>(gate_up);
 }
 
-}  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA
 
-TORCH_LIBRARY_FRAGMENT(orcaserve, m) {
-  m.def("add_rms_norm(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)");
-  m.def("silu_mul(Tensor gate_up) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
-  m.impl("add_rms_norm", &orcaserve::add_rms_norm);
-  m.impl("silu_mul", &orcaserve::silu_mul);
-}

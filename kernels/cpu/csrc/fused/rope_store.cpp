@@ -14,15 +14,15 @@
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/library.h>
 
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
 #include "rows.h"
+#include "ops.h"
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -86,6 +86,9 @@ at::Tensor rope_store_kv_impl(const at::Tensor& qkv, const at::Tensor& cos, cons
   return q;
 }
 
+}  // namespace
+
+// The op, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 // q [T, H, D] of the fused projection `qkv` [T, (H + 2 H_kv) D], rotated; k (rotated) and v written
 // into `k_cache` / `v_cache` [num_blocks, block_size, H_kv, D] at `slots` [T] (-1: not stored).
 at::Tensor rope_store_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
@@ -114,13 +117,5 @@ at::Tensor rope_store_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
   return rope_store_kv_impl<at::BFloat16>(qkv, cos, sin, k_cache, v_cache, s, h, hk);
 }
 
-}  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA
 
-TORCH_LIBRARY_FRAGMENT(orcaserve, m) {
-  m.def(
-      "rope_store_kv(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, "
-      "int num_heads, int num_kv_heads) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(orcaserve, CPU, m) { m.impl("rope_store_kv", &orcaserve::rope_store_kv); }

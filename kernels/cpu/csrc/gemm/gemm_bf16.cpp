@@ -14,18 +14,18 @@
 // `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
 // oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
 #include <ATen/ATen.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
 #include <optional>
 
 #include "gemm/panels.h"
+#include "ops.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 #include <immintrin.h>
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 constexpr int kCols = 48;  // output columns per panel: three zmm registers of fp32 sums
@@ -77,6 +77,9 @@ inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int6
 #undef ORCA_STORE
 }
 
+}  // namespace
+
+// The op, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 // [N, K] bf16 (K even) -> [ceil(N / 48), K / 2, 48, 2], the last panel's missing columns zero.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 && weight.scalar_type() == at::kBFloat16 &&
@@ -130,15 +133,8 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   return y;
 }
 
-}  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA
 
-TORCH_LIBRARY_FRAGMENT(orcaserve, m) {
-  m.def("pack_linear_weight_bf16(Tensor weight) -> Tensor");
-  m.def("linear_packed_bf16(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
-  m.impl("pack_linear_weight_bf16", &orcaserve::pack_linear_weight_bf16);
-  m.impl("linear_packed_bf16", &orcaserve::linear_packed_bf16);
-}
-#endif  // AVX-512 BF16: elsewhere the ops are not registered and the decoder keeps oneDNN
+#else
+#error "gemm_bf16.cpp needs AVX-512 BF16: kernels/cpu/build.py builds it for the avx512_bf16 and amx variants only"
+#endif

@@ -23,7 +23,6 @@
 // batch-mates. Threads take panels from a counter (cpu_gemm_panels.h).
 #include <ATen/ATen.h>
 #include <ATen/cpu/vec/vec.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <optional>
@@ -31,11 +30,12 @@
 #include <vector>
 
 #include "gemm/panels.h"
+#include "ops.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 namespace {
 
 // One vector of fp32 lanes: a zmm register where the library is built for AVX-512, else a ymm.
@@ -140,6 +140,9 @@ void pack_into(const at::Tensor& w, at::Tensor& packed) {
   });
 }
 
+}  // namespace
+
+// The op, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 at::Tensor pack_linear_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.device().is_cpu() && weight.dim() == 2 &&
                   (weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16),
@@ -235,15 +238,8 @@ at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const st
   return y;
 }
 
-}  // namespace
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA
 
-TORCH_LIBRARY_FRAGMENT(orcaserve, m) {
-  m.def("pack_linear_weight(Tensor weight) -> Tensor");
-  m.def("linear_packed(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
-}
-TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
-  m.impl("pack_linear_weight", &orcaserve::pack_linear_weight);
-  m.impl("linear_packed", &orcaserve::linear_packed);
-}
-#endif  // AVX2 and FMA: elsewhere the ops are not registered and the decoder keeps oneDNN / MKL
+#else
+#error "gemm_fp32.cpp needs AVX2 and FMA: kernels/cpu/build.py builds it for the avx2 variants and up only"
+#endif

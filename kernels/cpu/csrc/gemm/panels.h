@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace orcaserve {
+namespace orcaserve::ORCA_ISA {
 
 // M rows in tiles of at most Max rows, spread as evenly as the tile count allows (17 rows in tiles
 // of 4: 4, 4, 3, 3, 3, not 4, 4, 4, 4, 1). A tile of R rows runs 3 R independent FMA chains; under
@@ -70,4 +70,4 @@ void for_each_panel(int64_t P, bool claim_ahead, Body&& body) {
   });
 }
 
-}  // namespace orcaserve
+}  // namespace orcaserve::ORCA_ISA

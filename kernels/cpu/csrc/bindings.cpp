@@ -1,0 +1,124 @@
+// Every op of orcaserve's C++ CPU library, registered in one place.
+//
+// Each op exists once per ISA variant built into the library, as an overload named after the
+// variant: torch.ops.orcaserve.paged_attention.avx2, .avx512, ... Which one the engine calls is
+// decided once, in Python, by the table in kernels/dispatch.py; the tests call every variant the
+// machine can execute. kernels/cpu/build.py compiles this file once, without ISA flags, and passes
+// -DORCA_BUILT_<VARIANT> for each variant it built (only those the building CPU can execute).
+//
+// Families per variant (as build.py's VARIANTS): attention and the fused ops everywhere, the fp32
+// GEMM from avx2 on, the vdpbf16ps GEMM on avx512_bf16 and amx.
+#include <torch/library.h>
+
+#include <string>
+
+#define ORCA_ISA generic
+#include "ops.h"
+#undef ORCA_ISA
+#define ORCA_ISA avx2
+#include "ops.h"
+#undef ORCA_ISA
+#define ORCA_ISA avx512
+#include "ops.h"
+#undef ORCA_ISA
+#define ORCA_ISA avx512_bf16
+#include "ops.h"
+#undef ORCA_ISA
+#define ORCA_ISA amx
+#include "ops.h"
+#undef ORCA_ISA
+
+namespace {
+
+struct Schema {
+  const char* name;
+  const char* signature;  // everything after the name
+};
+
+constexpr Schema kCommon[] = {
+    {"paged_attention",
+     "(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seq_lens, Tensor block_tables, "
+     "float scale, Tensor(a!) out) -> ()"},
+    {"add_rms_norm", "(Tensor x, Tensor delta, Tensor weight, float eps) -> (Tensor, Tensor)"},
+    {"silu_mul", "(Tensor gate_up) -> Tensor"},
+    {"rope_store_kv",
+     "(Tensor qkv, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, int num_heads, "
+     "int num_kv_heads) -> Tensor"},
+    {"argmax_rows", "(Tensor logits) -> Tensor"},
+};
+constexpr Schema kGemmFp32[] = {
+    {"pack_linear_weight", "(Tensor weight) -> Tensor"},
+    {"linear_packed", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
+};
+constexpr Schema kGemmBf16[] = {
+    {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},
+    {"linear_packed_bf16", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
+};
+
+template <size_t N>
+void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) {
+  for (const Schema& s : schemas) m.def((std::string(s.name) + "." + variant + s.signature).c_str());
+}
+
+}  // namespace
+
+#define ORCA_IMPL_COMMON(m, isa)                                              \
+  m.impl("paged_attention." #isa, &orcaserve::isa::paged_attention);          \
+  m.impl("add_rms_norm." #isa, &orcaserve::isa::add_rms_norm);                \
+  m.impl("silu_mul." #isa, &orcaserve::isa::silu_mul);                        \
+  m.impl("rope_store_kv." #isa, &orcaserve::isa::rope_store_kv);              \
+  m.impl("argmax_rows." #isa, &orcaserve::isa::argmax_rows)
+#define ORCA_IMPL_GEMM_FP32(m, isa)                                           \
+  m.impl("pack_linear_weight." #isa, &orcaserve::isa::pack_linear_weight);    \
+  m.impl("linear_packed." #isa, &orcaserve::isa::linear_packed)
+#define ORCA_IMPL_GEMM_BF16(m, isa)                                           \
+  m.impl("pack_linear_weight_bf16." #isa, &orcaserve::isa::pack_linear_weight_bf16); \
+  m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16)
+
+TORCH_LIBRARY(orcaserve, m) {
+#ifdef ORCA_BUILT_GENERIC
+  define(m, kCommon, "generic");
+#endif
+#ifdef ORCA_BUILT_AVX2
+  define(m, kCommon, "avx2");
+  define(m, kGemmFp32, "avx2");
+#endif
+#ifdef ORCA_BUILT_AVX512
+  define(m, kCommon, "avx512");
+  define(m, kGemmFp32, "avx512");
+#endif
+#ifdef ORCA_BUILT_AVX512_BF16
+  define(m, kCommon, "avx512_bf16");
+  define(m, kGemmFp32, "avx512_bf16");
+  define(m, kGemmBf16, "avx512_bf16");
+#endif
+#ifdef ORCA_BUILT_AMX
+  define(m, kCommon, "amx");
+  define(m, kGemmFp32, "amx");
+  define(m, kGemmBf16, "amx");
+#endif
+}
+
+TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
+#ifdef ORCA_BUILT_GENERIC
+  ORCA_IMPL_COMMON(m, generic);
+#endif
+#ifdef ORCA_BUILT_AVX2
+  ORCA_IMPL_COMMON(m, avx2);
+  ORCA_IMPL_GEMM_FP32(m, avx2);
+#endif
+#ifdef ORCA_BUILT_AVX512
+  ORCA_IMPL_COMMON(m, avx512);
+  ORCA_IMPL_GEMM_FP32(m, avx512);
+#endif
+#ifdef ORCA_BUILT_AVX512_BF16
+  ORCA_IMPL_COMMON(m, avx512_bf16);
+  ORCA_IMPL_GEMM_FP32(m, avx512_bf16);
+  ORCA_IMPL_GEMM_BF16(m, avx512_bf16);
+#endif
+#ifdef ORCA_BUILT_AMX
+  ORCA_IMPL_COMMON(m, amx);
+  ORCA_IMPL_GEMM_FP32(m, amx);
+  ORCA_IMPL_GEMM_BF16(m, amx);
+#endif
+}

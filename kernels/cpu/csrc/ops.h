@@ -1,0 +1,50 @@
+// The C++ signature of every op of the CPU library, in the namespace of one ISA variant.
+//
+// Each family source (attention/, gemm/, fused/) is compiled once per variant that
+// kernels/cpu/build.py builds, with ORCA_ISA naming the variant (generic, avx2, avx512,
+// avx512_bf16, amx), and defines its ops in orcaserve::ORCA_ISA: every variant's code, the ATen
+// vector types it instantiates included (CPU_CAPABILITY is set per variant too), has names of its
+// own, so no variant's copy of a function can stand in for another's at link time.
+// bindings.cpp includes this file once per variant to register them all; a family source includes
+// it so that a definition that drifts from its declaration fails to compile.
+//
+// No include guard: bindings.cpp includes it several times, with ORCA_ISA set each time.
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <tuple>
+
+#ifndef ORCA_ISA
+#error "ORCA_ISA names the variant being compiled (kernels/cpu/build.py sets it)"
+#endif
+
+namespace orcaserve::ORCA_ISA {
+
+// attention/paged_attention.cpp: ragged paged attention, prefill chunks and decodes in one call.
+void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_tables,
+                     double scale, const at::Tensor& out);
+
+// fused/norm_silu.cpp: the decoder's residual add + RMSNorm, and SiLU(gate) * up.
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                                                double eps);
+at::Tensor silu_mul(const at::Tensor& gate_up);
+
+// fused/rope_store.cpp: rotary embedding of q and k, and the K/V write into the paged cache.
+at::Tensor rope_store_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
+                         at::Tensor v_cache, const at::Tensor& slots, int64_t num_heads, int64_t num_kv_heads);
+
+// fused/argmax.cpp: the sampler's per-row argmax (first index of the maximum, as torch.argmax).
+at::Tensor argmax_rows(const at::Tensor& logits);
+
+// gemm/gemm_fp32.cpp (avx2 and up): fp32 or bf16 weights packed in panels, fp32 arithmetic.
+at::Tensor pack_linear_weight(const at::Tensor& weight);
+at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                         int64_t out_features);
+
+// gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
+at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
+at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features);
+
+}  // namespace orcaserve::ORCA_ISA
