@@ -41,11 +41,12 @@ def takes(kernel: str, weight: torch.Tensor) -> bool:
     return kernel == "torch"
 
 
-# bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain
-# weight from this many rows on: there oneDNN's inner product on the packed weight is bimodal and
-# slow in most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear),
-# while below it the packed one wins (`python benchmarks/gemm.py`, docs/engine.md "Fourth
-# round"). Keeping both copies costs those weights' memory twice.
+# bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain weight
+# from this many rows on: there oneDNN's inner product on the packed weight is bimodal and slow in
+# most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear), while
+# below it the packed one wins (`python benchmarks/gemm.py`, docs/performance-log.md, "2026-11-30:
+# GEMMs at prefill sizes and on first use, plain copies for bf16 o and down"). Keeping both copies
+# costs those weights' memory twice.
 PLAIN_FROM_ROWS = 384
 
 # The row count MKL is told it packs for. Its packed layout of the weight does not depend on it

@@ -1,6 +1,7 @@
 """The sampler's C++ argmax (kernels/cpu/csrc/fused/argmax.cpp, every ISA variant this machine
 executes) against torch.argmax, in fp32 and bf16: the same index in every case torch defines, ties
-(the first), NaN (the first NaN), -inf rows, widths that are not a multiple of the vector width. Skipped if the library cannot be built (the sampler then uses ATen)."""
+(the first), NaN (the first NaN), -inf rows, widths that are not a multiple of the vector width.
+Skipped if the library cannot be built (the sampler then uses ATen)."""
 
 import pytest
 import torch

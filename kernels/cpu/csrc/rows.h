@@ -1,4 +1,4 @@
-// Helpers shared by the row-wise CPU ops (cpu_fused.cpp, cpu_rope_store.cpp) and the attention.
+// Helpers shared by the row-wise CPU ops (fused/norm_silu.cpp, fused/rope_store.cpp) and the attention.
 #pragma once
 
 #include <ATen/cpu/vec/functional.h>

@@ -1,4 +1,4 @@
-// Shared pieces of the CPU paged attention (cpu_attention.cpp): vector helpers, the work item,
+// Shared pieces of the CPU paged attention (attention/paged_attention.cpp): vector helpers, the work item,
 // the call's arguments and the per-thread scratch.
 #pragma once
 
@@ -22,7 +22,7 @@ using Vec = at::vec::Vectorized<float>;
 constexpr int kV = Vec::size();
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// ORCA_DPBF16 / kHaveDpBf16 (cpu_rows.h): both attention kernels then multiply the bf16 cache as
+// ORCA_DPBF16 / kHaveDpBf16 (rows.h): both attention kernels then multiply the bf16 cache as
 // stored through vdpbf16ps, with no conversion to fp32.
 
 template <typename T>

@@ -12,13 +12,13 @@
 // at::parallel_for's threads: a static split would leave one thread alone with a long prefill.
 //
 // Two kernels, picked by the rows per KV head:
-//  * few (decodes, short chunks): cpu_attention_decode.h, scores per key and row, softmax and
+//  * few (decodes, short chunks): attention/decode.h, scores per key and row, softmax and
 //    P @ V per segment of up to 256 keys, bf16 caches multiplied as stored where the CPU can;
-//  * many (prefill tiles), here with the block kernels of cpu_attention_tile.h: rows in vector
+//  * many (prefill tiles), here with the block kernels of attention/tile.h: rows in vector
 //    lanes, so no key needs a horizontal sum (fp32 FMAs, or bf16 pairs through vdpbf16ps where
 //    the CPU has it); an fp32 online softmax per block, vectorised over rows, and a
 //    register-blocked P @ V update. bf16 on a CPU with AMX runs its prefill tiles, in larger
-//    tiles, through AMX instead (cpu_attention_amx.h), about twice as fast.
+//    tiles, through AMX instead (attention/amx.h), about twice as fast.
 // Only slots before each item's last query position are read: the rest may hold anything.
 
 #include <ATen/Parallel.h>
@@ -174,7 +174,7 @@ void attend_tile(const Args& a, const Item& it, Scratch& sc) {
 template <typename T, int D>
 void run(const Args& a, int64_t batch) {
   const int64_t G = a.group, n_kv = a.n_kv;
-  bool amx = false;  // bf16 prefill tiles on AMX (cpu_attention_amx.h), in larger tiles
+  bool amx = false;  // bf16 prefill tiles on AMX (attention/amx.h), in larger tiles
 #ifdef ORCA_DPBF16
   if constexpr (std::is_same_v<T, at::BFloat16> && D % 32 == 0) amx = amx_attention();
 #endif

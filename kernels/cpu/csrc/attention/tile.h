@@ -1,4 +1,4 @@
-// Prefill tiles (many query rows per KV head) for cpu_attention.cpp: the pieces of one block's
+// Prefill tiles (many query rows per KV head) for attention/paged_attention.cpp: the pieces of one block's
 // work with the rows in vector lanes, so no key needs a horizontal sum.
 //
 // fp32 (and bf16 where the CPU has no vdpbf16ps): queries transposed to [D, Rp], K and V rows as

@@ -1,15 +1,15 @@
 // bf16 GEMM for the lean decoder's linear layers on CPUs with AVX-512 BF16 but no AMX (AMD Zen 4):
 // y = x W^T (+ b) with `vdpbf16ps`, which multiplies pairs of bf16 and adds both products to an
-// fp32 sum in one instruction, reading x and W as stored (cpu_gemm.cpp widens them to fp32 first
+// fp32 sum in one instruction, reading x and W as stored (gemm/gemm_fp32.cpp widens them to fp32 first
 // and runs half as many products per instruction).
 //
 // The weight is packed once into panels of 48 output columns with the K axis in pairs,
 // [P, K / 2, 48, 2]: a panel's row k2 is the three zmm operands of one step, read as one stream.
 // Micro-kernel: up to 8 rows x 48 columns of fp32 sums (24 zmm registers), one broadcast of a row's
-// x pair against the panel's row k2, summed over k2 in order. As in cpu_gemm.cpp, every output
+// x pair against the panel's row k2, summed over k2 in order. As in gemm/gemm_fp32.cpp, every output
 // element sums its products in the same order whatever the row count or the thread split (a
 // request's results do not depend on its batch-mates), each sum is rounded once to bf16, and
-// threads take panel pairs from a counter (cpu_gemm_panels.h).
+// threads take panel pairs from a counter (gemm/panels.h).
 //
 // `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
 // oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
@@ -120,7 +120,7 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
 
   const RowTiles<kRows> tiles(M);
   const int64_t panel_elems = K2 * kCols * 2;
-  // No prefetch of the next panel into L2, unlike cpu_gemm.cpp: here (Zen 4, 30 layers' weights)
+  // No prefetch of the next panel into L2, unlike gemm/gemm_fp32.cpp: here (Zen 4, 30 layers' weights)
   // it made 9-16 rows (two tiles) about a fifth slower and 17-512 rows no faster.
   for_each_panel(P, false, [&](int64_t p, int64_t) {
     const at::BFloat16* panel = b + p * panel_elems;

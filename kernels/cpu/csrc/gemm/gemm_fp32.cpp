@@ -1,26 +1,30 @@
 // GEMM for the lean decoder's linear layers on AVX2 and AVX-512 CPUs: y = x W^T (+ b) over a weight
 // packed once into panels of 24 output columns (48 on AVX-512), [P, K, 24 or 48], so that a panel
-// is read as one sequential stream.
-// On an AMD Zen 3, SmolLM2's fp32 layer GEMMs at 32 rows over 30 layers' weights: oneDNN's
-// pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python benchmarks/gemm.py --dtype
-// float32 --layers 30`; docs/engine.md, "Eighth round").
+// is read as one sequential stream. On an AMD Zen 3, SmolLM2's fp32 layer GEMMs at 32 rows over 30
+// layers' weights: oneDNN's pre-packed inner product 111 GFLOP/s on two threads, this 145 (`python
+// benchmarks/gemm.py --dtype float32 --layers 30`; docs/performance-log.md, "2026-12-01: the
+// project's own fp32 GEMM on AVX2 CPUs (Zen 3)").
 //
 // Each row tile also prefetches a share of the thread's next panel into L2, so that panel's DRAM
 // read overlaps this one's arithmetic: fp32 GEMMs of 8-64 rows about a fifth faster, the offline
-// fp32 workload 9-13 % (docs/engine.md, "Tenth round").
+// fp32 workload 9-13 % (docs/performance-log.md, "2026-12-02: engine limits re-tuned, the next
+// panel prefetched into L2 (Zen 3)").
 //
 // bf16 weights too, which oneDNN cannot pack without AVX-512: each thread widens the bf16 panel it
 // takes to fp32 in its own buffer (exact) and runs the same fp32 micro-kernel, each sum rounded
 // once to bf16. There F.linear ran them at 14-19 GFLOP/s, this at 109 at 32 rows, within 1-6 % of
-// itself in fp32 (`python benchmarks/gemm.py --dtype bfloat16 --layers 30`; "Ninth round").
+// itself in fp32 (`python benchmarks/gemm.py --dtype bfloat16 --layers 30`;
+// docs/performance-log.md, "2026-12-01: bf16 on the project's GEMM where the CPU has no bf16 (Zen
+// 3)").
 //
 // Micro-kernel: a broadcast of each row's x[k] against the panel's row k, summed over k in order
 // with FMA; on AVX2 4 rows x 24 columns of accumulators (12 ymm registers), on AVX-512 8 rows x 48
 // columns (24 of its 32 zmm registers), whose panels are packed 48 wide. On an AMD Zen 4 (AVX-512
 // on 256-bit units) the wider tile ran 32-512 rows about 10-20 % faster, 1-16 level
-// (docs/engine.md, "Fourteenth round"). Every output element sums its K products in the same order
-// whatever the row count or the thread split: a request's results do not depend on its
-// batch-mates. Threads take panels from a counter (cpu_gemm_panels.h).
+// (docs/performance-log.md, "2026-12-02: the fp32 GEMM in zmm registers, one panel loop (Zen 4)").
+// Every output element sums its K products in the same order whatever the row count or the thread
+// split: a request's results do not depend on its batch-mates. Threads take panels from a counter
+// (gemm/panels.h).
 #include <ATen/ATen.h>
 #include <ATen/cpu/vec/vec.h>
 

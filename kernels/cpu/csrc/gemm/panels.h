@@ -1,4 +1,4 @@
-// How the project's GEMMs (cpu_gemm.cpp, cpu_gemm_bf16.cpp) share out their work: the weight is
+// How the project's GEMMs (gemm/gemm_fp32.cpp, gemm/gemm_bf16.cpp) share out their work: the weight is
 // packed into panels of output columns, each panel is computed in row tiles by a micro-kernel, and
 // the threads take panels from a counter.
 #pragma once
@@ -48,10 +48,11 @@ class RowTiles {
 // Panels are taken in adjacent pairs (1-4 measured alike), from a counter: a thread that is
 // preempted holds up little of the other's work, where a static split would wait at the barrier
 // with half of it. With `claim_ahead` a thread claims its next pair as it starts the last panel of
-// this one, so that this panel's q is known. Taken one at a time with the next claimed ahead
-// (every thread's panels then 2 apart), the offline workload ran 1-6 % slower than without the
-// prefetch in 4 of 4 alternated runs, and 9-13 % faster as pairs in 2 of 2: likely because a pair
-// is one stream for the hardware prefetcher (docs/engine.md, "Tenth round").
+// this one, so that this panel's q is known. Taken one at a time with the next claimed ahead (every
+// thread's panels then 2 apart), the offline workload ran 1-6 % slower than without the prefetch in
+// 4 of 4 alternated runs, and 9-13 % faster as pairs in 2 of 2: likely because a pair is one stream
+// for the hardware prefetcher (docs/performance-log.md, "2026-12-02: engine limits re-tuned, the
+// next panel prefetched into L2 (Zen 3)").
 template <typename Body>
 void for_each_panel(int64_t P, bool claim_ahead, Body&& body) {
   constexpr int64_t kChunk = 2;
