@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     from ts.async_service import AsyncService
     from ts.model_service_worker import TorchModelServiceWorker
 
-    from orcaserve.handler.supervisor.process import link as supervisor_link
+    from orcaserve.handler.supervisor import link as supervisor_link
     from orcaserve.handler.torchserve import socket_lock
 
     load = json.loads(args.load)
