@@ -1,4 +1,5 @@
-"""Attention kernels for the merged (prefill + decode) step: PyTorch twins and Triton kernels."""
+"""The kernels: attention backends (PyTorch twins, Triton, the C++ CPU operators), the CPU dispatch
+table (`dispatch.py`) and the linear layers (`linear.py`)."""
 
 import sys
 from types import ModuleType

@@ -18,7 +18,8 @@ when a layer or backend is built: nothing here runs per step.
 Why each cell is what it is (measurements in docs/performance-log.md):
 - attention, fp32 and fp16: the widest vector variant; the bf16 instructions change nothing there.
 - attention, bf16: vdpbf16ps where the CPU has it (avx512_bf16), AMX prefill tiles on amx
-  ("2026-12-04: AMX prefill tiles" in the performance log).
+  (docs/performance-log.md, "2026-12-04: AMX prefill attention, one-pass element-wise ops, first
+  tokens first (Sapphire Rapids)").
 - fused element-wise ops and argmax: the widest variant; bf16 rounds through vcvtneps2bf16 on
   avx512_bf16 and amx.
 - linear, fp32: the project's GEMM on every x86 kind measured (Zen 3, Zen 4, Ice Lake, Sapphire

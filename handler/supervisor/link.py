@@ -1,4 +1,4 @@
-"""The worker's side of the supervisor (supervisor.py): starting it beside a worker TorchServe
+"""The worker's side of the supervisor (process.py): starting it beside a worker TorchServe
 started, and the link that reports to it what crosses the worker's socket.
 
 Standard library only, like the supervisor, which imports its constants from here.

@@ -1,4 +1,4 @@
-"""A replacement worker: serves a dead worker's connection to TorchServe (see supervisor.py).
+"""A replacement worker: serves a dead worker's connection to TorchServe (see process.py).
 
 It does what TorchServe's `model_service_worker.py` does after accepting the frontend's
 connection, on the connection the supervisor hands over instead: load the model the way the

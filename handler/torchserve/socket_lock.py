@@ -8,7 +8,7 @@ frontend then reads garbage. Both writers call `cl_socket.sendall` on the same s
 switching that object's class to one whose `sendall` holds a process-wide lock serialises every
 frame without touching TorchServe's code.
 
-The same class lets an observer (the supervisor's link, supervisor.py) see every byte the worker
+The same class lets an observer (the supervisor's link, supervisor/link.py) see every byte the worker
 reads and every frame it writes, so the supervisor knows exactly which requests a dead worker
 left without an answer.
 """
@@ -23,7 +23,7 @@ _LOCK = threading.Lock()
 
 
 class SocketObserver(Protocol):
-    """Sees what the worker reads and writes (the supervisor's link, supervisor.py)."""
+    """Sees what the worker reads and writes (the supervisor's link, supervisor/link.py)."""
 
     def read(self, data: bytes) -> None:
         """Bytes just read from the frontend."""

@@ -5,7 +5,7 @@
 
 Unified kernel (`_unified_attention_kernel`): grid (T // BLOCK_Q + B, H_kv). A program owns one
 query tile (BLOCK_Q new tokens of one request x the G query heads of one KV head, see
-`triton_common`), finds its request by binary search over cu_seqlens_q, and walks the request's
+`common`), finds its request by binary search over cu_seqlens_q, and walks the request's
 keys in TILE_N-key tiles through the block table with an fp32 online softmax, causal per request:
 new token j of request b sits at position seq_lens[b] - q_len_b + j and sees keys 0 ..= that
 position. Requests with zero new tokens own one program that exits at once. Head dims that are
@@ -21,7 +21,7 @@ BLOCK_M >= 16 and TILE_N >= 16 keep every tl.dot legal on sm_80 / sm_90.
 
 Split-K heuristic (`choose_num_splits`): the unified grid has P = (T // BLOCK_Q + B) * H_kv
 programs, each walking its whole context serially. When P is small the GPU is mostly idle and
-a long context makes each program slow, so the keys are split (flash-decoding, `triton_split_k`):
+a long context makes each program slow, so the keys are split (flash-decoding, `split_k`):
     if max_seqlen_k < SPLIT_MIN_CONTEXT (2048) or P >= num_SMs:      num_splits = 1 (unified)
     else: num_splits = min(ceil(SPLIT_TARGET_WAVES (4) * num_SMs / P),
                            max_seqlen_k // SPLIT_MIN_KEYS (512), SPLIT_MAX (64))

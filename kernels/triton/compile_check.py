@@ -5,7 +5,7 @@
     python -m orcaserve.kernels.triton.compile_check --jobs 4 --arch 90
 
 Each kernel x dtype (fp32/fp16/bf16) x head dim (64/80/96/128) x tile configuration (the ones
-`triton_attention.select_config` and the store/reduce launchers use) is built with
+`attention.select_config` and the store/reduce launchers use) is built with
 `triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`, which runs Triton's
 bundled ptxas. Registers and spill bytes come from the `ptxas -v` log (TRITON_DUMP_PTXAS_LOG;
 CompiledKernel only learns n_regs/n_spills when a driver loads the binary), shared memory from
