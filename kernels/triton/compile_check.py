@@ -12,6 +12,11 @@ CompiledKernel only learns n_regs/n_spills when a driver loads the binary), shar
 `metadata.shared`. Exit status 1 on any compile error, so CI fails; spills are reported, not
 failed, because they cost speed, not correctness.
 
+The decoder's fused kernels (fused.py) are built the same way: the rotary + K/V store per head dim
+for SmolLM2's (9/3) and Llama-8B's (32/8) head counts; the residual add + RMSNorm and SiLU * up,
+which have no head dim ("-" in the table), at the block sizes of the widths 576 and 4096 and
+of intermediate sizes up to 1024 and above.
+
 The interpreter (TRITON_INTERPRET=1) would skip codegen entirely, so `main` removes it from the
 environment before Triton is imported; if Triton kernels were already defined in interpreted mode
 in this process, the check re-runs itself in a clean subprocess. Importing the module has no
@@ -34,14 +39,22 @@ from concurrent.futures import ProcessPoolExecutor
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 HEAD_DIMS = (64, 80, 96, 128)
 ARCHS = (80, 90)
+KERNELS = ("unified", "split_k", "reduce", "store_kv", "add_rms_norm", "silu_mul", "rope_store_kv")
+FLAT = ("add_rms_norm", "silu_mul")  # no head dim: built once per configuration
+# --quick: the one configuration (by label) built per fused kernel (bf16; the rotary at head dim 80)
+QUICK_FUSED = {"add_rms_norm": "h4096", "silu_mul": "I>1024", "rope_store_kv": "H9/3"}
 
 
 def _configs() -> list[tuple[str, str, dict, dict, str]]:
     """(kernel, label, constexprs without head dim, launch options, dtype) as the launchers use."""
     import torch
+    import triton
 
     from orcaserve.kernels.triton.attention import select_config
+    from orcaserve.kernels.triton.fused import SILU_BLOCK, _num_warps
     from orcaserve.kernels.triton.store_kv import BLOCK_T
+
+    p2 = triton.next_power_of_2
 
     out = []
     for dtype in DTYPES:
@@ -54,11 +67,22 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
             out.append(("split_k", name, tiles, opts, dtype))
         out.append(("reduce", "-", {}, dict(num_warps=0), dtype))  # 0: chosen like the launcher
         out.append(("store_kv", f"T{BLOCK_T}", dict(BLOCK_T=BLOCK_T), dict(num_warps=0), dtype))
+        for hidden, delta in ((576, True), (576, False), (4096, True)):
+            tiles = dict(BLOCK=p2(hidden), HAS_DELTA=delta)
+            label = f"h{hidden}" + ("" if delta else " no delta")
+            out.append(("add_rms_norm", label, tiles, dict(num_warps=_num_warps(p2(hidden))), dtype))
+        for label, block in (("I<=1024 B1024", 1024), (f"I>1024 B{SILU_BLOCK}", SILU_BLOCK)):
+            out.append(("silu_mul", label, dict(BLOCK=block), dict(num_warps=_num_warps(block)), dtype))
+        for h, hk in ((9, 3), (32, 8)):
+            tiles = dict(HEADS_PAD=p2(h + hk), KV_PAD=p2(hk))
+            opts = dict(num_warps=0, enable_fp_fusion=False)  # as the launcher
+            out.append(("rope_store_kv", f"H{h}/{hk}", tiles, opts, dtype))
     return out
 
 
 def _kernel(name: str):
     from orcaserve.kernels.triton import attention as triton_attention
+    from orcaserve.kernels.triton import fused as triton_fused
     from orcaserve.kernels.triton import split_k as triton_split_k
     from orcaserve.kernels.triton import store_kv as triton_store_kv
 
@@ -67,6 +91,9 @@ def _kernel(name: str):
         "split_k": triton_split_k._split_k_kernel,
         "reduce": triton_split_k._reduce_splits_kernel,
         "store_kv": triton_store_kv._store_kv_kernel,
+        "add_rms_norm": triton_fused._add_rms_norm_kernel,
+        "silu_mul": triton_fused._silu_mul_kernel,
+        "rope_store_kv": triton_fused._rope_store_kv_kernel,
     }[name]
 
 
@@ -89,7 +116,7 @@ def _signature(fn, dtype: str):
             sig[n] = "*fp32"
         elif n.endswith("_ptr"):
             sig[n] = "*" + dtype
-        elif n == "scale_log2":
+        elif n in ("scale_log2", "eps"):
             sig[n] = "fp32"
         else:
             sig[n] = "i32"
@@ -114,16 +141,23 @@ def compile_one(job: tuple) -> dict:
 
     fn = _kernel(kernel)
     sig, attrs, consts = _signature(fn, dtype)
-    d_pad = triton.next_power_of_2(head_dim)
-    consts.update(tiles, HEAD_DIM=head_dim, D_PAD=d_pad)
+    consts.update(tiles)
+    d_pad = triton.next_power_of_2(head_dim) if head_dim else 0
+    if head_dim:
+        consts.update(HEAD_DIM=head_dim, D_PAD=d_pad)
     opts = dict(opts)
     if opts.get("num_warps") == 0:
-        opts["num_warps"] = (1 if d_pad <= 64 else 2) if kernel == "reduce" else (4 if head_dim > 64 else 2)
+        if kernel == "rope_store_kv":
+            from orcaserve.kernels.triton.fused import _num_warps
+
+            opts["num_warps"] = _num_warps(tiles["HEADS_PAD"] * d_pad)
+        else:
+            opts["num_warps"] = (1 if d_pad <= 64 else 2) if kernel == "reduce" else (4 if head_dim > 64 else 2)
     row = dict(
         kernel=kernel,
         config=label,
         dtype=dtype,
-        head_dim=head_dim,
+        head_dim=head_dim or "-",
         arch=f"sm_{arch}",
         warps=opts["num_warps"],
         stages=opts.get("num_stages", 3),
@@ -155,10 +189,12 @@ def _jobs(quick: bool, archs, kernels=None, dtypes=None) -> list[tuple]:
     for kernel, label, tiles, opts, dtype in _configs():
         if kernels and kernel not in kernels or dtypes and dtype not in dtypes:
             continue
-        for d in HEAD_DIMS:
-            if quick and (dtype, d) not in (("bf16", 80), ("fp16", 128)):
+        if quick and kernel in QUICK_FUSED and not label.startswith(QUICK_FUSED[kernel]):
+            continue
+        for d in (0,) if kernel in FLAT else HEAD_DIMS:
+            if quick and (dtype, d or 80) not in (("bf16", 80), ("fp16", 128)):
                 continue
-            if quick and kernel in ("reduce", "store_kv") and dtype != "bf16":
+            if quick and kernel not in ("unified", "split_k") and dtype != "bf16":
                 continue
             jobs.extend((kernel, label, tiles, opts, dtype, d, arch) for arch in archs)
     return jobs
@@ -175,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="representative subset only")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--arch", type=int, action="append", choices=ARCHS, help="default: 80 and 90")
-    ap.add_argument("--kernel", action="append", choices=("unified", "split_k", "reduce", "store_kv"))
+    ap.add_argument("--kernel", action="append", choices=KERNELS)
     ap.add_argument("--dtype", action="append", choices=tuple(DTYPES))
     args = ap.parse_args(argv)
     # Before Triton is imported (`_interpreted` imports the kernels). Importing this module
@@ -199,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
 
     hdr = (
-        f"{'kernel':<9} {'config':<17} {'dtype':<5} {'D':>4} {'arch':<6} {'warps':>5} "
+        f"{'kernel':<13} {'config':<17} {'dtype':<5} {'D':>4} {'arch':<6} {'warps':>5} "
         f"{'stages':>6} {'regs':>5} {'smem B':>7} {'spill st/ld B':>14} {'compile s':>9}"
     )
     print(hdr)
@@ -207,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     errors = spilled = 0
     for r in rows:
         head = (
-            f"{r['kernel']:<9} {r['config']:<17} {r['dtype']:<5} {r['head_dim']:>4} {r['arch']:<6} "
+            f"{r['kernel']:<13} {r['config']:<17} {r['dtype']:<5} {r['head_dim']:>4} {r['arch']:<6} "
             f"{r['warps']:>5} {r['stages']:>6}"
         )
         if "error" in r:
