@@ -14,6 +14,7 @@ Models outside the family use the transformers forward (`ModelRunner`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend, dispatch
 from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear, fuse_linears
+from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.scheduler.model.loader import model_dims
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
@@ -48,11 +50,18 @@ def padded_tokens(t: int, multiple: int) -> int:
 PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' RMSNorm, op for op (fp32 statistics, weight applied in the input dtype)."""
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+def triton_fused_ops(wanted: bool | None, cuda: bool) -> ModuleType | None:
+    """kernels/triton/fused.py where the decoder runs it: by default on CUDA, where Triton imports;
+    `wanted` True or False overrides (True on a CPU model needs TRITON_INTERPRET=1)."""
+    if wanted is False or (wanted is None and not cuda):
+        return None
+    try:
+        from orcaserve.kernels.triton import fused
+    except ImportError:
+        if wanted:
+            raise
+        return None
+    return fused
 
 
 @dataclass
@@ -73,8 +82,13 @@ class Decoder:
     """
 
     def __init__(
-        self, model: Any, pack: bool = True, fused: bool | None = None, rope_store: bool | None = None
-    ) -> None:  # a *ForCausalLM
+        self,
+        model: Any,  # a *ForCausalLM
+        pack: bool = True,
+        fused: bool | None = None,
+        rope_store: bool | None = None,
+        triton_fused: bool | None = None,
+    ) -> None:
         cfg = model.config
         inner = model.model
         self.num_heads: int = cfg.num_attention_heads
@@ -108,6 +122,10 @@ class Decoder:
         self.rope_store_op: Any = dispatch.kernel("rope_store_kv", dtype) if cpu else None
         have_rope = self.rope_store_op is not None
         self.rope_store = have_rope if rope_store is None else rope_store and have_rope
+        # On CUDA the same three fusions as Triton kernels (kernels/triton/fused.py, each held to its
+        # PyTorch twin in kernels/pytorch/fused.py) instead of separate PyTorch ops; where set they
+        # take precedence. triton_fused=False keeps the PyTorch ops (A/B).
+        self.triton_ops = triton_fused_ops(triton_fused, self.embed.device.type == "cuda")
         # The lm_head is packed apart from the embedding even when tied: both are read.
         self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
         narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
@@ -178,14 +196,15 @@ class Decoder:
         # a negation and a cat, bit for bit the same.
         sin = torch.cat((-sin[0, :, : d // 2], sin[0, :, d // 2 :]), dim=-1)[:, None, :]  # [T, 1, D]
         fuse_rope = self.rope_store and kv_caches[0][0].device.type == "cpu" and kv_caches[0][0].dtype == x.dtype
-        if fuse_rope:
+        rope_op = self.triton_ops.rope_store_kv if self.triton_ops else self.rope_store_op if fuse_rope else None
+        if rope_op is not None:
             cos, sin = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d)  # [T, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
-            if fuse_rope:
-                q = self.rope_store_op(qkv, cos, sin, k_cache, v_cache, slot_mapping, h, hk)
+            if rope_op is not None:
+                q = rope_op(qkv, cos, sin, k_cache, v_cache, slot_mapping, h, hk)
             else:
                 qk = qkv[:, : (h + hk) * d].view(-1, h + hk, d)  # [T, H + H_kv, D], rotated together
                 qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
@@ -203,22 +222,24 @@ class Decoder:
             delta = layer.down(self._silu_mul(layer.gate_up(hn)))  # [T, hidden]
         if delta is not None:
             x = x + delta
-        last = rms_norm(x.index_select(0, sample_rows), self.norm, self.eps)  # [S, hidden]
+        last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
         return self.lm_head(last)  # [S, V]
 
     def _add_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + delta, rms_norm(x + delta)); no delta adds nothing."""
+        if self.triton_ops:
+            return self.triton_ops.add_rms_norm(x, delta, weight, self.eps)
         if delta is None:
             return x, rms_norm(x, weight, self.eps)
         if self.fused:
             return self.add_rms_norm_op(x, delta, weight, self.eps)
-        x = x + delta
-        return x, rms_norm(x, weight, self.eps)
+        return add_rms_norm(x, delta, weight, self.eps)
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
+        if self.triton_ops:
+            return self.triton_ops.silu_mul(gate_up)
         if self.fused or self.exact_silu:
             return self.silu_mul_op(gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return silu_mul(gate_up)
