@@ -41,6 +41,7 @@ class Request:
         priority: int = 0,
         eos_token_ids: frozenset[int] = frozenset(),
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -62,6 +63,10 @@ class Request:
         self.cache_salt = cache_salt
         self.block_keys: list[bytes] = []
         self.num_cached_tokens = 0
+        # Fair share (fair_share.py): the tenant served, and how many leading prompt tokens were
+        # charged to it already or came from the cache at first admission (never charged again).
+        self.tenant = tenant
+        self.prompt_charged = 0
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         self.generator: torch.Generator | None = None
         if params.seed is not None:

@@ -66,3 +66,46 @@ class WaitingQueue:
             heapq.heappop(self._heap)
         else:
             self._fifo.popleft()
+
+
+class TenantQueues:
+    """The `fair` policy's waiting requests: one priority queue per tenant (priority, then
+    arrival: FCFS when no request carries a priority), so the scheduler can take the head of
+    whichever tenant its counters choose. Only tenants with requests waiting have a queue."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str | None, WaitingQueue] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def tenants(self) -> list[str | None]:
+        return list(self._queues)
+
+    def push(self, req: Request, front: bool = False) -> None:
+        """`front` is implied: a preempted request's (priority, arrival) puts it before later arrivals."""
+        queue = self._queues.get(req.tenant)
+        if queue is None:
+            queue = self._queues[req.tenant] = WaitingQueue(by_priority=True)
+        queue.push(req)
+        self._size += 1
+
+    def remove(self, req: Request) -> None:
+        queue = self._queues[req.tenant]
+        queue.remove(req)
+        self._size -= 1
+        if not queue:
+            del self._queues[req.tenant]
+
+    def peek_tenant(self, tenant: str | None) -> Request | None:
+        queue = self._queues.get(tenant)
+        return queue.peek() if queue is not None else None
+
+    def pop_tenant(self, tenant: str | None) -> Request:
+        queue = self._queues[tenant]
+        req = queue.pop()
+        self._size -= 1
+        if not queue:
+            del self._queues[tenant]
+        return req

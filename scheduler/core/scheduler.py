@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
+from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
-from orcaserve.scheduler.core.request_queue import WaitingQueue
+from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
+
+POLICIES = ("fcfs", "priority", "fair")
 
 
 @dataclass
@@ -51,6 +55,10 @@ class Scheduler:
     are freed and it is recomputed later from its prompt and the tokens it already produced. With
     prefix caching, a request is admitted (and readmitted) after the longest cached prefix of its
     tokens; freed blocks stay cached until evicted, so a readmission often finds its own.
+
+    Under `fair`, the tenants' virtual token counters (`fair_share.py`) order everything after the
+    decodes, tenant by tenant, and the first victim is the newest request of the tenant furthest
+    above its share; within a tenant, priority then arrival.
     """
 
     def __init__(
@@ -59,38 +67,57 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         policy: str = "fcfs",
+        shares: TenantShares | None = None,
     ) -> None:
-        if policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {policy!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {policy!r}")
         self.kv = kv_cache
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.by_priority = policy == "priority"
+        self.fair = policy == "fair"
+        self.by_priority = policy != "fcfs"  # fair: a request's priority orders it within its tenant
+        self.shares = shares if shares is not None else TenantShares()
         self.requests: dict[str, Request] = {}
-        self.waiting = WaitingQueue(self.by_priority)
+        self.waiting: WaitingQueue | TenantQueues = TenantQueues() if self.fair else WaitingQueue(self.by_priority)
         self.running: dict[str, Request] = {}  # in admission order; O(1) removal
         self.num_preemptions = 0
         # Prefix cache, in prompt tokens at first admission (readmissions after preemption would
         # count a request's own blocks as hits): tokens looked up, tokens found.
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # The step being built: tokens left, and (fair) what its batch so far will charge, per
+        # tenant and per request, so that the next choice already sees this step's service.
+        self._budget = 0
+        self._pending: dict[str | None, float] = {}
+        self._charges: dict[str, float] = {}
 
     # ---- queue maintenance -------------------------------------------------------------------
     def _key(self, req: Request) -> tuple[int, int]:
         return req.sort_key(self.by_priority)
 
+    def _projected(self, tenant: str | None) -> float:
+        return self.shares.get(tenant).counter + self._pending.get(tenant, 0.0)
+
+    def _victim_key(self, req: Request) -> tuple[float, int, int]:
+        """The largest is preempted first: newest (or lowest priority); under fair, of the tenant
+        with the largest counter."""
+        return (self._projected(req.tenant) if self.fair else 0.0, *self._key(req))
+
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req
+        self.shares.arrived(req)
         self.waiting.push(req)
 
     def finish_request(self, req: Request, reason: str) -> None:
         """Remove a request for good and return its blocks."""
         if req.status == RequestStatus.RUNNING:
             del self.running[req.request_id]
+            self.shares.left(req, was_running=True)
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
+            self.shares.left(req, was_running=False)
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
@@ -103,6 +130,7 @@ class Scheduler:
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
+        self.shares.preempted(req)
         self.waiting.push(req, front=True)
 
     @property
@@ -119,69 +147,135 @@ class Scheduler:
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-
-        def admit(req: Request, n: int) -> None:
-            nonlocal budget
-            out.num_scheduled_tokens[req.request_id] = n
-            out.requests[req.request_id] = req
-            budget -= n
-
+        self._budget = self.max_num_batched_tokens
+        self._pending.clear()
+        self._charges.clear()
         decodes = [r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1]
         catching_up = sorted(
             (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1), key=self._key
         )
-        for req in decodes + catching_up:
-            if budget <= 0:
-                break
-            if req.status != RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.kv.allocate_slots(req, n):
-                victim = max(self.running.values(), key=self._key)  # newest, or lowest priority
-                refund = out.num_scheduled_tokens.pop(victim.request_id, 0)
-                out.requests.pop(victim.request_id, None)
-                budget += refund
-                self._preempt(victim)
-                out.preempted.append(victim.request_id)
-                if victim is req:
+        for req in decodes:
+            self._continue(out, req)
+        if self.fair:
+            self._fill_fair(out, catching_up)
+        else:
+            for req in catching_up:
+                self._continue(out, req)
+            queue = self.waiting
+            assert isinstance(queue, WaitingQueue)
+            # Admitting new work right after a preemption would only evict it again.
+            while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
+                if not self._start(out, head):
                     break
-            else:
-                admit(req, n)
-
-        # Admitting new work right after a preemption would only evict it again.
-        if not out.preempted:
-            while budget > 0 and len(self.running) < self.max_num_seqs and (head := self.waiting.peek()) is not None:
-                req = head
-                # A waiting request holds no blocks (new, or preempted): start it, or restart it,
-                # after the longest cached prefix of its tokens.
-                hits = self.kv.find_cached_prefix(req)
-                num_cached = len(hits) * self.kv.block_size
-                n = min(req.num_tokens - num_cached, budget)
-                if not self.kv.allocate_slots(req, n, hits):
-                    break
-                self.waiting.pop()
-                req.num_computed_tokens = num_cached
-                req.status = RequestStatus.RUNNING
-                if req.times.first_scheduled is None:
-                    req.times.first_scheduled = time.time()
-                    req.num_cached_tokens = num_cached
-                    if self.kv.enable_prefix_caching:
-                        self.prefix_cache_queries += req.num_prompt_tokens
-                        self.prefix_cache_hits += num_cached
-                self.running[req.request_id] = req
-                admit(req, n)
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]
             if req.num_computed_tokens + n == req.num_tokens:
                 out.sampling.append(req)
         return out
 
+    def _can_admit(self) -> bool:
+        return self._budget > 0 and len(self.running) < self.max_num_seqs
+
+    def _give(self, out: SchedulerOutput, req: Request, n: int) -> None:
+        out.num_scheduled_tokens[req.request_id] = n
+        out.requests[req.request_id] = req
+        self._budget -= n
+        if self.fair:
+            tenant = self.shares.get(req.tenant)
+            charge = self.shares.value(tenant, *self.shares.tokens(req, n))
+            self._charges[req.request_id] = charge
+            self._pending[req.tenant] = self._pending.get(req.tenant, 0.0) + charge
+
+    def _take_back(self, out: SchedulerOutput, req: Request) -> None:
+        self._budget += out.num_scheduled_tokens.pop(req.request_id, 0)
+        out.requests.pop(req.request_id, None)
+        charge = self._charges.pop(req.request_id, 0.0)
+        if charge:
+            self._pending[req.tenant] -= charge
+
+    def _continue(self, out: SchedulerOutput, req: Request) -> None:
+        """Give a running request its next tokens, preempting while the KV pool is short."""
+        if self._budget <= 0 or req.status != RequestStatus.RUNNING:
+            return  # out of budget, or preempted earlier in this step
+        n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+        while not self.kv.allocate_slots(req, n):
+            victim = max(self.running.values(), key=self._victim_key)
+            self._take_back(out, victim)
+            self._preempt(victim)
+            out.preempted.append(victim.request_id)
+            if victim is req:
+                return
+        self._give(out, req, n)
+
+    def _start(self, out: SchedulerOutput, req: Request) -> bool:
+        """Admit the waiting `req` (the head of its queue), or return False, taking nothing, when
+        the KV pool is short. A waiting request holds no blocks (new, or preempted): it starts, or
+        restarts, after the longest cached prefix of its tokens."""
+        hits = self.kv.find_cached_prefix(req)
+        num_cached = len(hits) * self.kv.block_size
+        n = min(req.num_tokens - num_cached, self._budget)
+        if not self.kv.allocate_slots(req, n, hits):
+            return False
+        if isinstance(self.waiting, TenantQueues):
+            self.waiting.pop_tenant(req.tenant)
+        else:
+            self.waiting.pop()
+        req.num_computed_tokens = num_cached
+        req.status = RequestStatus.RUNNING
+        if req.times.first_scheduled is None:
+            req.times.first_scheduled = time.time()
+            req.num_cached_tokens = num_cached
+            req.prompt_charged = num_cached  # prefix-cache hits are not charged (docs/engine.md)
+            if self.kv.enable_prefix_caching:
+                self.prefix_cache_queries += req.num_prompt_tokens
+                self.prefix_cache_hits += num_cached
+        self.running[req.request_id] = req
+        self.shares.admitted(req)
+        self._give(out, req, n)
+        return True
+
+    def _fill_fair(self, out: SchedulerOutput, catching_up: list[Request]) -> None:
+        """The fair policy after the decodes: the budget goes tenant by tenant, smallest counter
+        (with this step's charges so far) first, each tenant's running requests before its
+        waiting ones; equal counters go to the earlier request. Admission stops, as under FCFS,
+        once the head of the chosen tenant does not fit in the KV pool or anything was preempted."""
+        queue = self.waiting
+        assert isinstance(queue, TenantQueues)
+        running: dict[str | None, deque[Request]] = {}
+        for req in catching_up:
+            running.setdefault(req.tenant, deque()).append(req)
+
+        def next_of(tenant: str | None) -> Request:
+            head = running[tenant][0] if tenant in running else queue.peek_tenant(tenant)
+            assert head is not None
+            return head
+
+        admitting = True
+        while self._budget > 0:
+            admitting = admitting and not out.preempted and len(self.running) < self.max_num_seqs
+            candidates = list(running)
+            if admitting:
+                candidates += [t for t in queue.tenants() if t not in running]
+            if not candidates:
+                return
+            tenant = min(candidates, key=lambda t: (self._projected(t), next_of(t).arrival_seq))
+            if tenant in running:
+                req = running[tenant].popleft()
+                if not running[tenant]:
+                    del running[tenant]
+                self._continue(out, req)
+            elif not self._start(out, next_of(tenant)):
+                admitting = False
+
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance every scheduled request by the tokens it computed this step, and offer the
-        blocks that step filled to the prefix cache (a request that failed the step holds none)."""
+        """Advance every scheduled request by the tokens it computed this step, charge them to
+        its tenant, and offer the blocks that step filled to the prefix cache (a request that
+        failed the step holds none and is not charged)."""
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]
+            if req.status == RequestStatus.RUNNING:
+                self.shares.serve(req, n)
             req.num_computed_tokens += n
             if req.status == RequestStatus.RUNNING:
                 self.kv.cache_full_blocks(req)
+        self.shares.rebase()
