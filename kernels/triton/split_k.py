@@ -97,6 +97,8 @@ def _reduce_splits_kernel(
     m_ws_ptr,  # [num_splits, T, H] fp32
     l_ws_ptr,
     out_ptr,  # [T, H, D]
+    cu_seqlens_q_ptr,  # [B + 1] int32
+    num_seqs,
     num_tokens,
     num_heads,
     num_splits,
@@ -107,6 +109,9 @@ def _reduce_splits_kernel(
 ):
     tok = tl.program_id(0)
     head = tl.program_id(1)
+    # Rows past the last request's queries (a CUDA graph's padding) have no partials: leave them.
+    if tok >= tl.load(cu_seqlens_q_ptr + num_seqs):
+        return
     d = tl.arange(0, D_PAD)
     m_run = tl.full([1], NEG_BIG, tl.float32)
     l_run = tl.zeros([1], tl.float32)
@@ -189,6 +194,8 @@ def launch_split_k(
         m_ws,
         l_ws,
         out,
+        cu_seqlens_q,
+        b,
         t,
         h,
         num_splits,
