@@ -11,14 +11,22 @@ from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.request import Request
 
 
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on `device` without a sync: `torch.tensor(values, device=cuda)` copies from
+    pageable memory and waits for the stream; a pinned copy is queued behind the step's work."""
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=dtype)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
+
+
 def _apply_logit_bias(logits: torch.Tensor, reqs: list[Request]) -> None:
     """Each row's `logit_bias` added to its logits (ids checked against the vocabulary by
     `Engine.add_request`)."""
     for i, req in enumerate(reqs):
         bias = req.params.logit_bias
         if bias:
-            ids = torch.tensor(list(bias), dtype=torch.long, device=logits.device)
-            logits[i].index_add_(0, ids, torch.tensor(list(bias.values()), dtype=logits.dtype, device=logits.device))
+            ids = to_device(list(bias), torch.long, logits.device)
+            logits[i].index_add_(0, ids, to_device(list(bias.values()), logits.dtype, logits.device))
 
 
 def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
@@ -27,12 +35,15 @@ def _apply_penalties(logits: torch.Tensor, reqs: list[Request]) -> None:
     for i, req in enumerate(reqs):
         p = req.params
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(req.all_token_ids)), dtype=torch.long, device=logits.device)
+            seen = to_device(sorted(set(req.all_token_ids)), torch.long, logits.device)
             vals = logits[i, seen]
             logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if (p.presence_penalty or p.frequency_penalty) and req.output_token_ids:
-            out = torch.tensor(req.output_token_ids, dtype=torch.long, device=logits.device)
-            counts = torch.bincount(out, minlength=vocab)[:vocab].to(logits.dtype)  # [V]
+            # Counts by index_add, not bincount: bincount sizes its output from the ids' maximum,
+            # which on a GPU is a sync. Whole numbers, so the same values.
+            out = to_device([t for t in req.output_token_ids if t < vocab], torch.long, logits.device)
+            counts = torch.zeros(vocab, dtype=logits.dtype, device=logits.device)
+            counts.index_add_(0, out, torch.ones(out.shape[0], dtype=logits.dtype, device=logits.device))  # [V]
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(logits.dtype)
 
 
@@ -47,15 +58,15 @@ def filter_logits(
     dev = logits.device
     if any(p > 0 for p in min_p):
         probs = logits.softmax(-1)
-        floor = torch.tensor(min_p, device=dev)[:, None] * probs.max(-1, keepdim=True).values
+        floor = to_device(min_p, torch.float32, dev)[:, None] * probs.max(-1, keepdim=True).values
         logits = logits.masked_fill(probs < floor, float("-inf"))
     if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
         sorted_logits, order = logits.sort(-1, descending=True)  # [S, V]
         rank = torch.arange(logits.shape[1], device=dev)[None]
-        drop = rank >= torch.tensor(top_k, device=dev)[:, None]
+        drop = rank >= to_device(top_k, torch.long, dev)[:, None]
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # keep a token while the mass before it is below top_p; the top token always stays
-        drop |= (cum - sorted_logits.softmax(-1)) >= torch.tensor(top_p, device=dev)[:, None]
+        drop |= (cum - sorted_logits.softmax(-1)) >= to_device(top_p, torch.float32, dev)[:, None]
         drop[:, 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
@@ -80,6 +91,9 @@ class Sampler:
 
     argmax(p / E) with E ~ Exp(1) draws from p. A seeded request draws its E from its own
     generator, so its tokens do not depend on the other requests in the batch.
+
+    On a GPU everything stays there: parameters go over in non-blocking pinned copies, and the
+    sampled ids come back in the step's one device-to-host copy (the final `.tolist()`).
     """
 
     def __init__(self) -> None:
@@ -102,15 +116,23 @@ class Sampler:
         if all(r.params.greedy for r in reqs):
             return greedy.tolist()
         logits = logits.float()
+        dev = logits.device
 
-        temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in reqs], device=logits.device)
+        temps = to_device([1.0 if r.params.greedy else r.params.temperature for r in reqs], torch.float32, dev)
         params = [r.params for r in reqs]
         probs = filter_logits(
             logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params]
         ).softmax(-1)  # [S, V]
         noise = torch.empty_like(probs)
-        for i, req in enumerate(reqs):
-            noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()
+        if dev.type == "cpu":
+            for i, req in enumerate(reqs):
+                noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()
+        else:
+            noise.exponential_()  # one launch for every row
+            for i, req in enumerate(reqs):
+                if req.generator is not None:  # a CPU generator: its numbers, drawn here, as on a CPU
+                    row = torch.empty(probs.shape[1], dtype=probs.dtype, pin_memory=True)
+                    noise[i].copy_(row.exponential_(generator=req.generator), non_blocking=True)
         sampled = argmax_rows(probs / noise, self.argmax_ops)
-        is_greedy = torch.tensor([r.params.greedy for r in reqs], device=logits.device)
+        is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, dev)
         return torch.where(is_greedy, greedy, sampled).tolist()
