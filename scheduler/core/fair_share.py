@@ -79,23 +79,36 @@ class TenantShares:
         return t
 
     # ---- costs -------------------------------------------------------------------------------
-    def tokens(self, req: Request, n: int) -> tuple[int, int]:
-        """(prompt tokens, output tokens) charged when `req` computes its next `n` tokens."""
-        start = max(req.num_computed_tokens, req.prompt_charged)
-        prompt = max(0, min(req.num_computed_tokens + n, req.num_prompt_tokens) - start)
-        return prompt, int(req.num_computed_tokens + n == req.num_tokens)
+    @staticmethod
+    def tokens(req: Request, n: int) -> tuple[int, int]:
+        """(prompt tokens, output tokens) charged when `req` computes its next `n` tokens: prompt
+        tokens never computed for it before, and the token it samples if it catches up."""
+        start, end = req.num_computed_tokens, req.num_computed_tokens + n
+        charged, num_prompt = req.prompt_charged, len(req.prompt_token_ids)
+        prompt = min(end, num_prompt) - max(start, charged) if charged < end and charged < num_prompt else 0
+        return prompt, int(end == len(req.all_token_ids))
 
     def value(self, tenant: Tenant, prompt: int, output: int) -> float:
         return (self.prompt_weight * prompt + self.output_weight * output) / tenant.weight
 
-    def serve(self, req: Request, n: int) -> None:
-        """Charge `req`'s tenant for the `n` tokens it just computed (before they are counted)."""
-        prompt, output = self.tokens(req, n)
-        req.prompt_charged = max(req.prompt_charged, min(req.num_computed_tokens + n, req.num_prompt_tokens))
-        t = self.get(req.tenant)
-        t.prompt_tokens += prompt
-        t.output_tokens += output
-        t.counter += self.value(t, prompt, output)
+    def serve(self, scheduled: Iterable[tuple[Request, int]]) -> None:
+        """Charge the tenants of a step's (request, tokens computed) before the tokens are
+        counted; per tenant once (this runs every step, under every policy)."""
+        got: dict[str | None, list[int]] = {}
+        for req, n in scheduled:
+            prompt, output = self.tokens(req, n)
+            if prompt:
+                req.prompt_charged = min(req.num_computed_tokens + n, len(req.prompt_token_ids))
+            if (g := got.get(req.tenant)) is None:
+                got[req.tenant] = [prompt, output]
+            else:
+                g[0] += prompt
+                g[1] += output
+        for name, (prompt, output) in got.items():
+            t = self.get(name)
+            t.prompt_tokens += prompt
+            t.output_tokens += output
+            t.counter += self.value(t, prompt, output)
 
     # ---- request life ------------------------------------------------------------------------
     def arrived(self, req: Request) -> None:

@@ -271,10 +271,9 @@ class Scheduler:
         """Advance every scheduled request by the tokens it computed this step, charge them to
         its tenant, and offer the blocks that step filled to the prefix cache (a request that
         failed the step holds none and is not charged)."""
-        for rid, n in out.num_scheduled_tokens.items():
-            req = out.requests[rid]
-            if req.status == RequestStatus.RUNNING:
-                self.shares.serve(req, n)
+        scheduled = [(out.requests[rid], n) for rid, n in out.num_scheduled_tokens.items()]
+        self.shares.serve([(req, n) for req, n in scheduled if req.status == RequestStatus.RUNNING])
+        for req, n in scheduled:
             req.num_computed_tokens += n
             if req.status == RequestStatus.RUNNING:
                 self.kv.cache_full_blocks(req)
