@@ -25,10 +25,11 @@ import time
 
 from serve_report import machine
 
+from orcaserve.handler.openai.errors import http_error
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.errors import EngineError
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 from orcaserve.scheduler.serving.prompt import ChatPrompt
-from orcaserve.scheduler.serving.request_stream import RequestError
 
 
 def _attack_prompt(kind: str, size: int, rng: random.Random, max_model_len: int) -> str | ChatPrompt:
@@ -52,8 +53,8 @@ def _attacker(loop: EngineLoop, i: int, prompt, answered: list[tuple[float, str]
         for _ in stream:
             pass
         answered.append((time.perf_counter(), "200"))
-    except RequestError as e:
-        answered.append((time.perf_counter(), f"{e.status}: {str(e)[:60]}"))
+    except EngineError as e:
+        answered.append((time.perf_counter(), f"{http_error(e).status}: {str(e)[:60]}"))
 
 
 def main() -> None:

@@ -31,6 +31,7 @@ from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.faults import FaultInjector
 from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
+from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.handler.openai.protocol import (
     CHAT,
@@ -47,9 +48,10 @@ from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
 from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.errors import EngineError, InternalError, ShuttingDown
 from orcaserve.scheduler.model.logprobs import TokenLogprob
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
-from orcaserve.scheduler.serving.request_stream import RequestError, RequestStream
+from orcaserve.scheduler.serving.request_stream import RequestStream
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +192,9 @@ class OrcaHandler:
             body = await self._serve(data[0] if data else {}, reply, request_id)
         except ProtocolError as e:
             body = reply.fail(e.status, e.body())
-        except RequestError as e:
-            body = reply.fail(e.status, engine_error_body(e), e.retry_after)
+        except EngineError as e:
+            answer = http_error(e)
+            body = reply.fail(answer.status, answer.body, answer.retry_after)
         except Exception as e:  # the worker must survive anything one request does
             log.exception("request %s failed", request_id)
             body = reply.fail(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))
@@ -202,7 +205,7 @@ class OrcaHandler:
     async def _serve(self, item: dict, reply: Reply, request_id: str) -> str:
         context = reply.context
         if not self.initialized or self.engine_loop is None or not self.engine_loop.alive:
-            raise RequestError(503, "the engine is not running", retry_after=5)
+            raise ShuttingDown("the engine is not running", retry_after=5)
         kind = route(context.get_request_header(0, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
@@ -224,7 +227,7 @@ class OrcaHandler:
             async for out in stream:
                 final = out
             if final is None:
-                raise RequestError(500, "the request ended without output")
+                raise InternalError("the request ended without output")
             metrics.on_finish(final)
             context.set_response_content_type(0, "application/json")
             return json.dumps(
@@ -290,12 +293,12 @@ class OrcaHandler:
                     return "".join(pieces)
                 if pieces:
                     reply.send("".join(pieces))
-        except RequestError as e:
+        except EngineError as e:
             if not started:
                 raise
             # Headers (200) are gone already: report in-band, as OpenAI does, and end the stream.
             return sse(engine_error_body(e)) + SSE_DONE
-        raise RequestError(500, "the request stream ended without a final output")
+        raise InternalError("the request stream ended without a final output")
 
     def _render_logprobs(self, kind: str, logprobs: list[TokenLogprob] | None, offset: int) -> tuple[dict | None, int]:
         """A choice's `logprobs` in `kind`'s shape (None when not asked), and the next text offset."""

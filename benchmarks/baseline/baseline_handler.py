@@ -115,8 +115,8 @@ class BaselineHandler:
     def _parse(self, item: dict, idx: int, context: Any):
         from orcaserve.handler.openai.body import decode_body
         from orcaserve.handler.openai.protocol import ProtocolError, parse_request, route
+        from orcaserve.scheduler.errors import InvalidRequest
         from orcaserve.scheduler.serving.prompt import encode_prompt
-        from orcaserve.scheduler.serving.request_stream import RequestError
 
         kind = route(context.get_request_header(idx, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
@@ -132,13 +132,15 @@ class BaselineHandler:
         try:
             ids = encode_prompt(self.tokenizer, req.prompt, self.model.config.vocab_size, self.max_model_len)
         except ValueError as e:
-            raise ProtocolError(str(e), RequestError.invalid(str(e)).param) from None
+            raise InvalidRequest.from_message(str(e)) from None
         # Like the engine: generation stops at the context limit.
         p.max_tokens = min(p.max_tokens, self.max_model_len - len(ids))
         return req, ids
 
     def handle(self, data: list, context: Any) -> list:
+        from orcaserve.handler.openai.errors import http_error
         from orcaserve.handler.openai.protocol import ProtocolError, error_body
+        from orcaserve.scheduler.errors import EngineError
 
         received = time.time()
         out: list = [None] * len(data)
@@ -149,6 +151,9 @@ class BaselineHandler:
                 jobs.append((i, req, ids))
             except ProtocolError as e:
                 out[i] = self._error(context, i, e.status, e.body())
+            except EngineError as e:  # the prompt, refused as the engine refuses it
+                answer = http_error(e)
+                out[i] = self._error(context, i, answer.status, answer.body)
             except Exception as e:  # one bad request must not fail its batch
                 log.exception("parsing request %d failed", i)
                 out[i] = self._error(

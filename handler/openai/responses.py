@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from orcaserve.handler.openai.protocol import COMPLETIONS, error_body
-from orcaserve.scheduler.serving.request_stream import RequestError
+from orcaserve.handler.openai.errors import http_error
+from orcaserve.handler.openai.protocol import COMPLETIONS
+from orcaserve.scheduler.errors import EngineError
 
 
 def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
@@ -104,10 +105,6 @@ def sse(obj: dict | str) -> str:
 SSE_DONE = sse("[DONE]")
 
 
-def engine_error_body(e: RequestError) -> dict:
-    """OpenAI's error object for an error the engine loop answered a request with."""
-    if e.status == 400:
-        return error_body(e.message, e.param)
-    if e.status == 408:
-        return error_body(e.message, e.param or "timeout", "timeout_error")
-    return error_body(e.message, None, "server_error")
+def engine_error_body(e: EngineError) -> dict:
+    """OpenAI's error object for an error the engine answered a request with (`errors.py`)."""
+    return http_error(e).body

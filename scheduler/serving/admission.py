@@ -11,9 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TimedOut
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
-from orcaserve.scheduler.serving.request_stream import RequestError, RequestStream
+from orcaserve.scheduler.serving.request_stream import RequestStream
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class Submission:
     deadline: float | None
     cache_salt: str | None = None
     ids: list[int] | None = None
-    error: RequestError | None = None
+    error: EngineError | None = None
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Admission:
     """A thread that turns submissions' prompts into token ids and hands them on, in arrival order.
 
     Tokenizing a prompt (or rendering a chat template) costs about 2.5 s per MiB of text on the
-    2-core machine. On the engine thread, 8 prompts of 1 MiB, each answered 400 in the end,
+    2-core machine. On the engine thread, 8 prompts of 1 MiB, each refused in the end,
     stopped every stream for 20 s (benchmarks/admission.py). Here it runs beside the engine with
     a tokenizer of its own (fast tokenizers are not thread-safe; they release the GIL while they
     encode), `nice` steps lower in CPU priority, so the cores go to the engine's threads first.
@@ -109,12 +110,12 @@ class Admission:
 
     def _prepare(self, item: Submission) -> None:
         if item.deadline is not None and time.time() >= item.deadline:
-            item.error = RequestError.timed_out(item.timeout or 0.0)
+            item.error = TimedOut(item.timeout or 0.0)
             return
         try:
             item.ids = encode_prompt(self._tokenizer, item.prompt, self._vocab_size, self._max_model_len)
         except ValueError as e:
-            item.error = RequestError.invalid(str(e))
+            item.error = InvalidRequest.from_message(str(e))
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the thread
             log.exception("request %s could not be prepared", item.stream.request_id)
-            item.error = RequestError(500, f"internal error while admitting the request: {type(e).__name__}: {e}")
+            item.error = InternalError(f"internal error while admitting the request: {type(e).__name__}: {e}")

@@ -12,15 +12,19 @@ from collections.abc import Callable
 
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, Overloaded, ShuttingDown, TimedOut
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
 from orcaserve.scheduler.serving.prompt import Prompt
-from orcaserve.scheduler.serving.request_stream import RequestError, RequestStream, deliver
+from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
 
 log = logging.getLogger(__name__)
 
 
 _STOP = object()
+# Retry-after hint (seconds) for requests refused because this engine stopped: a supervised
+# worker is replaced, or another serves the retry.
+_RESTART_S = 5
 
 
 class EngineLoop:
@@ -34,8 +38,9 @@ class EngineLoop:
     thread: admission failures fail that request, step failures the step's requests. Should the
     thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
 
-    `max_waiting` bounds the requests submitted but not running: beyond it `submit` raises a
-    503 `RequestError` at once instead of queueing without limit.
+    `max_waiting` bounds the requests submitted but not running: beyond it `submit` raises
+    `Overloaded` at once instead of queueing without limit. Requests fail with the errors of
+    `scheduler/errors.py`.
     """
 
     def __init__(
@@ -51,7 +56,7 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
-        self._outbox: list[tuple[RequestStream, RequestOutput | RequestError]] = []  # flushed once per round
+        self._outbox: list[tuple[RequestStream, RequestOutput | EngineError]] = []  # flushed once per round
         self._deadlines: dict[str, tuple[float, float]] = {}  # id -> (deadline, timeout)
         self._lock = threading.Lock()  # guards _closed and _in_flight against submitters
         self._closed = False
@@ -105,7 +110,8 @@ class EngineLoop:
         return self._engine
 
     def shutdown(self, timeout: float = 30.0) -> None:
-        """Stop the thread and wait for it; requests in flight or still queued end with a 503."""
+        """Stop the thread and wait for it; requests in flight or still queued end with
+        `ShuttingDown`."""
         self._inbox.put(_STOP)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
@@ -128,21 +134,21 @@ class EngineLoop:
         event_loop: asyncio.AbstractEventLoop | None = None,
         cache_salt: str | None = None,
     ) -> RequestStream:
-        """Queue a request; its outputs (or a RequestError) arrive on the returned stream, read
+        """Queue a request; its outputs (or an EngineError) arrive on the returned stream, read
         from a thread, or from `event_loop`'s coroutines when given. `cache_salt`: see
         `Engine.add_request` (prefix-cache isolation).
 
-        Raises RequestError(503) at once if the loop is shut down or the waiting queue is full.
+        Raises `ShuttingDown` at once if the loop is shut down, `Overloaded` if the waiting queue
+        is full.
         """
         stream = RequestStream(request_id, event_loop)
         deadline = time.time() + timeout if timeout is not None else None
         with self._lock:
             if self._closed or self._admission is None:
-                raise RequestError(503, "the engine is not running", retry_after=5)
+                raise ShuttingDown("the engine is not running", retry_after=_RESTART_S)
             waiting = self._in_flight - self._num_running
             if self.max_waiting is not None and waiting >= self.max_waiting:
-                raise RequestError(
-                    503,
+                raise Overloaded(
                     f"server overloaded: {waiting} requests are already waiting "
                     f"(max_waiting_requests={self.max_waiting}); retry later",
                     retry_after=1,
@@ -219,43 +225,43 @@ class EngineLoop:
             return
         rid = item.stream.request_id
         if rid in self._streams:
-            self._finish_stream(item.stream, RequestError(400, f"request id {rid!r} is already in flight"))
+            self._finish_stream(item.stream, InvalidRequest(f"request id {rid!r} is already in flight"))
             return
         if item.error is not None or item.ids is None:  # never tokenize here: admission did, or failed
-            self._finish_stream(item.stream, item.error or RequestError(500, "internal error: prompt not prepared"))
-            if item.error is not None and item.error.status == 408:  # its deadline passed in admission:
+            self._finish_stream(item.stream, item.error or InternalError("internal error: prompt not prepared"))
+            if isinstance(item.error, TimedOut):  # its deadline passed in admission:
                 self.engine.stats.num_aborted += 1  # an abort by deadline, counted as the engine's own
                 self._notify()
             return
         try:
             self.engine.add_request(rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt)
         except ValueError as e:
-            self._finish_stream(item.stream, RequestError.invalid(str(e)))
+            self._finish_stream(item.stream, InvalidRequest.from_message(str(e)))
             return
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the loop
             log.exception("request %s could not be admitted", rid)
             self._finish_stream(
-                item.stream, RequestError(500, f"internal error while admitting the request: {type(e).__name__}: {e}")
+                item.stream, InternalError(f"internal error while admitting the request: {type(e).__name__}: {e}")
             )
             return
         self._streams[rid] = item.stream
         if item.deadline is not None:
             self._deadlines[rid] = (item.deadline, item.timeout or 0.0)
 
-    def _finish_stream(self, stream: RequestStream, item: RequestOutput | RequestError) -> None:
+    def _finish_stream(self, stream: RequestStream, item: RequestOutput | EngineError) -> None:
         """Queue a stream's final item and release its place in the in-flight count."""
         self._outbox.append((stream, item))
         with self._lock:
             self._in_flight -= 1
 
-    def _deliver(self, rid: str, item: RequestOutput | RequestError) -> None:
+    def _deliver(self, rid: str, item: RequestOutput | EngineError) -> None:
         """Send `rid` its final item and forget it."""
         stream = self._streams.pop(rid, None)
         self._deadlines.pop(rid, None)
         if stream is not None:
             self._finish_stream(stream, item)
 
-    def _end_early(self, rid: str, reason: str, error: RequestError | None) -> None:
+    def _end_early(self, rid: str, reason: str, error: EngineError | None) -> None:
         """Abort `rid` in the engine (freeing its blocks) and answer it with its final output, or
         with `error` when given."""
         out = self.engine.abort(rid, reason)
@@ -263,10 +269,10 @@ class EngineLoop:
             return
         if error is None and out is not None and reason == "timeout" and out.completion_tokens == 0:
             timeout = self._deadlines[rid][1]
-            error = RequestError.timed_out(timeout)
+            error = TimedOut(timeout)
         if error is None and out is None:  # the engine no longer knows it: answer anyway
-            error = RequestError(500, f"internal error: request {rid} was lost by the engine")
-        self._deliver(rid, error if error is not None else out)  # type: ignore[arg-type]  # one is set
+            error = InternalError(f"internal error: request {rid} was lost by the engine")
+        self._deliver(rid, error if error is not None else out)
         self._notify()
 
     def _expire_deadlines(self) -> None:
@@ -281,17 +287,18 @@ class EngineLoop:
         except Exception as e:  # the scheduler itself failed: its state cannot be trusted
             log.exception("engine step failed outside the model; failing every request in flight")
             for rid in list(self._streams):
-                self._end_early(rid, "error", RequestError(500, f"internal error: {type(e).__name__}: {e}"))
+                self._end_early(rid, "error", InternalError(f"internal error: {type(e).__name__}: {e}"))
             return
-        # First tokens go out first: the event loop writes a step's frames one after another
-        # (about 0.1 ms each, on a core it shares with the engine), and a new request's first token
-        # came last in a step of 32 streams, 3.4 ms (median) after the step's outputs were handed
-        # over (docs/engine.md, "Twenty-first round"). Each stream still sees its outputs in order.
+        # First tokens go out first: the event loop writes a step's frames one after another (about
+        # 0.1 ms each, on a core it shares with the engine), and a new request's first token came
+        # last in a step of 32 streams, 3.4 ms (median) after the step's outputs were handed over
+        # (docs/performance-log.md, "2026-12-04: AMX prefill attention, one-pass element-wise ops,
+        # first tokens first (Sapphire Rapids)"). Each stream still sees its outputs in order.
         outputs.sort(key=lambda out: out.completion_tokens > len(out.new_token_ids))
         for out in outputs:
             rid = out.request_id
             if out.error is not None:
-                self._deliver(rid, RequestError(500, f"internal error: {out.error}"))
+                self._deliver(rid, InternalError(f"internal error: {out.error}"))
             elif out.finished:
                 self._deliver(rid, out)
             elif rid in self._streams:
@@ -313,22 +320,26 @@ class EngineLoop:
             self._closed = True  # no submission enters admission after this
         if self._admission is not None:
             self._admission.close()  # what it still holds lands in the inbox, answered below
-        if death is None:
-            message, status = "the engine is shutting down", 503
-        else:
-            message, status = f"the engine stopped after an internal error: {type(death).__name__}", 500
+
+        def error() -> EngineError:  # one per request: each reader raises its own
+            if death is None:
+                return ShuttingDown("the engine is shutting down", retry_after=_RESTART_S)
+            return InternalError(
+                f"the engine stopped after an internal error: {type(death).__name__}", retry_after=_RESTART_S
+            )
+
         for rid in list(self._streams):
             try:
                 if death is None and self._engine is not None:
                     self.engine.abort(rid)
             except Exception:
                 log.exception("abort of %s at shutdown failed", rid)
-            self._deliver(rid, RequestError(status, message, retry_after=5))
+            self._deliver(rid, error())
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 break
             if isinstance(item, Submission):
-                self._finish_stream(item.stream, RequestError(503, "the engine is shutting down", retry_after=5))
+                self._finish_stream(item.stream, ShuttingDown("the engine is shutting down", retry_after=_RESTART_S))
         self._flush()
