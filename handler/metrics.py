@@ -14,6 +14,7 @@ from typing import Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
+from orcaserve.handler.tenant_metrics import FAIRNESS_METRIC, TENANT_METRICS, TenantMetrics
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
 
@@ -61,9 +62,14 @@ class EngineMetrics:
     def __init__(self, metrics_cache: Any, model_name: str) -> None:
         self._dims = [model_name, "Model"]
         self._metrics = {}
-        for name, (unit, kind, _) in METRICS.items():
-            if metrics_cache is not None:
+        if metrics_cache is not None:
+            for name, (unit, kind, _) in METRICS.items():
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+            for name, (unit, kind, _) in TENANT_METRICS.items():
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Tenant"], kind)
+            name, unit, kind, _ = FAIRNESS_METRIC
+            self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+        self._tenants = TenantMetrics(self._emit)
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
         self._counted = {
@@ -83,11 +89,12 @@ class EngineMetrics:
         for name, (_, kind, _) in METRICS.items():
             if kind is not H:
                 self._emit(name, 0)
+        self._emit(FAIRNESS_METRIC[0], 1.0)
 
-    def _emit(self, name: str, value: float) -> None:
+    def _emit(self, name: str, value: float, tenant: str | None = None) -> None:
         metric = self._metrics.get(name)
         if metric is not None:
-            metric.add_or_update(value, self._dims)
+            metric.add_or_update(value, self._dims if tenant is None else [*self._dims, tenant])
 
     def on_step(self, engine: Engine) -> None:
         """Engine-loop callback (after each step and after aborts, on the loop thread): on a
@@ -135,6 +142,7 @@ class EngineMetrics:
         self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
         self._emit("orca_step_tokens", s.last_step_tokens)
         self._emit("orca_prefix_cache_free_blocks", s.kv_blocks_cached_free)
+        self._tenants.on_emission(engine.scheduler.shares)
 
     def _emit_deltas(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():
