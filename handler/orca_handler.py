@@ -43,7 +43,7 @@ from orcaserve.handler.openai.protocol import (
     route,
 )
 from orcaserve.handler.openai.responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
-from orcaserve.handler.openai.tenancy import derive_cache_salt
+from orcaserve.handler.openai.tenancy import derive_cache_salt, header_value
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
@@ -215,10 +215,13 @@ class OrcaHandler:
         check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
         req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit)
-        salt = derive_cache_salt(cfg.tenant_header, context.get_all_request_header(0) or {}, req.cache_salt)
+        headers = context.get_all_request_header(0) or {}
+        salt = derive_cache_salt(cfg.tenant_header, headers, req.cache_salt)  # refuses a missing tenant
+        # Whose share the request uses (fair policy, per-tenant metrics): the tenant as named.
+        tenant = header_value(headers, cfg.tenant_header) if cfg.tenant_header else None
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(
-            request_id, req.prompt, req.params, req.priority, req.timeout, asyncio.get_running_loop(), cache_salt=salt
+            request_id, req.prompt, req.params, req.priority, req.timeout, asyncio.get_running_loop(), salt, tenant
         )
         try:
             if req.stream:

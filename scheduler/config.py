@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from orcaserve.kernels import dispatch
+from orcaserve.scheduler.core.fair_share import check_weights
+from orcaserve.scheduler.core.scheduler import POLICIES
 
 _DTYPES = {
     "float32": torch.float32,
@@ -37,7 +39,12 @@ class EngineConfig:
     dtype: str | torch.dtype | None = None
     device: str | None = None
     attention_backend: str | None = None  # "cpu" | "torch" | "triton"
-    scheduling_policy: str = "fcfs"  # "fcfs" | "priority"
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority" | "fair" (per tenant, docs/engine.md)
+    # fair: a tenant's share is proportional to its weight (default 1); a prompt token computed
+    # costs prompt_token_weight, an output token output_token_weight (VTC's 1 and 2).
+    tenant_weights: dict[str, float] | None = None
+    prompt_token_weight: float = 1.0
+    output_token_weight: float = 2.0
     trace: bool = False  # record every step for the schedule picture
     enable_prefix_caching: bool = True  # reuse cached K/V blocks of shared prompt prefixes
 
@@ -56,8 +63,13 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'cpu', 'torch' or 'triton', got {self.attention_backend!r}")
         if not isinstance(self.enable_prefix_caching, bool):  # "false" from a config file is truthy
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {self.scheduling_policy!r}")
+        check_weights(self.tenant_weights)
+        for name in ("prompt_token_weight", "output_token_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         self.resolved_dtype()  # validates
 
     def resolved_device(self) -> torch.device:

@@ -13,6 +13,7 @@ import torch
 
 from orcaserve.kernels import get_backend
 from orcaserve.scheduler.config import EngineConfig
+from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.core.request import Request, RequestStatus
@@ -54,8 +55,9 @@ class Engine:
             for _ in range(layers)
         ]
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        shares = TenantShares(config.tenant_weights, config.prompt_token_weight, config.output_token_weight)
         self.scheduler = Scheduler(
-            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy, shares
         )
         self.runner = ModelRunner(
             model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device
@@ -110,6 +112,7 @@ class Engine:
         priority: int = 0,
         arrival_time: float | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> None:
         """Queue a request; raises ValueError (message starting with the field's name) for an
         empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
@@ -118,7 +121,8 @@ class Engine:
         (`admission.py`).
 
         `cache_salt`: requests share cached prefix blocks only with requests of the same salt
-        (None is a salt of its own); the serving layer derives it per tenant."""
+        (None is a salt of its own); the serving layer derives it per tenant. `tenant`: whom the
+        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant."""
         params = params or SamplingParams()
         ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
@@ -127,7 +131,10 @@ class Engine:
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
-        req = Request(request_id, ids, params, arrival_time or time.time(), priority, self.eos_token_ids, cache_salt)
+        if tenant is not None and not isinstance(tenant, str):
+            raise ValueError(f"tenant must be a string, got {type(tenant).__name__}")
+        arrival = arrival_time or time.time()
+        req = Request(request_id, ids, params, arrival, priority, self.eos_token_ids, cache_salt, tenant)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop)
         self.scheduler.add_request(req)  # raises on a duplicate id, before anything is recorded
         self._detok[request_id] = detok

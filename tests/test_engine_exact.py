@@ -16,8 +16,10 @@ def _workload(seed: int, n: int) -> list[tuple[list[int], int]]:
     return [([rng.randrange(3, TINY_VOCAB) for _ in range(length)], rng.randint(4, 24)) for length in lengths]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_staggered_chunked_preempted_requests_match_transformers(arch, engine_for):
+@pytest.mark.parametrize("arch, policy", [("llama", "fcfs"), ("qwen2", "fcfs"), ("llama", "fair"), ("qwen2", "fair")])
+def test_staggered_chunked_preempted_requests_match_transformers(arch, policy, engine_for):
+    """Under `fair` the requests belong to three tenants, one of weight 2: other batches, other
+    chunks, other victims, the same tokens."""
     model = tiny_model(arch)
     work = _workload(seed=1, n=24)
     expected = [hf_greedy(model, prompt, n) for prompt, n in work]
@@ -26,7 +28,13 @@ def test_staggered_chunked_preempted_requests_match_transformers(arch, engine_fo
     # blocks and preempt; a 64-token budget splits every long prompt into chunks.
     block_bytes = 2 * 2 * 16 * 2 * 16 * 4
     engine = engine_for(
-        model, max_num_seqs=8, max_num_batched_tokens=64, block_size=16, kv_cache_memory=48 * block_bytes
+        model,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        block_size=16,
+        kv_cache_memory=48 * block_bytes,
+        scheduling_policy=policy,
+        tenant_weights={"t0": 2},
     )
     params = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)  # noqa: E731
 
@@ -36,7 +44,7 @@ def test_staggered_chunked_preempted_requests_match_transformers(arch, engine_fo
         # Staggered arrivals: three new requests every other step.
         if step % 2 == 0:
             for i, (prompt, n) in pending[:3]:
-                engine.add_request(f"r{i}", prompt, params(n))
+                engine.add_request(f"r{i}", prompt, params(n), tenant=f"t{i % 3}")
             pending = pending[3:]
         sched_before = engine.stats.num_steps
         for out in engine.step():

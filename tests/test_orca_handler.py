@@ -94,17 +94,15 @@ class Backend:
         while chunk := self.reader.recv(65536):
             self.received.extend(chunk)
 
-    async def request(self, rid: str, body, path: str = "v1/completions") -> None:
+    async def request(self, rid: str, body, path: str = "v1/completions", headers: dict | None = None) -> None:
         value = body if isinstance(body, bytes) else body  # dict: as TorchServe decodes JSON bodies
         size = len(body) if isinstance(body, bytes) else len(json.dumps(body))
-        headers = [
-            {"name": b"url_path", "value": path.encode()},
-            {"name": b"content-length", "value": str(size).encode()},
-        ]
+        given = {"url_path": path, "content-length": str(size), **(headers or {})}
+        entries = [{"name": k.encode(), "value": v.encode()} for k, v in given.items()]
         batch = [
             {
                 "requestId": rid.encode(),
-                "headers": headers,
+                "headers": entries,
                 "parameters": [{"name": "body", "contentType": "application/json", "value": value}],
             }
         ]
@@ -358,3 +356,24 @@ def test_a_body_longer_than_a_frame_goes_out_in_frames(make_backend):
     assert [t for e in events if e["choices"][0]["logprobs"] for t in e["choices"][0]["logprobs"]["tokens"]] == choice[
         "logprobs"
     ]["tokens"]
+
+
+def test_the_tenant_header_names_whose_share_a_request_uses(make_backend):
+    """The engine serves each request for the tenant its header names (fair share, per-tenant
+    metrics), as named and matched case-insensitively like the cache salt."""
+    backend = make_backend(tenant_header="X-Tenant-Id")
+
+    async def run():
+        await asyncio.gather(
+            backend.request("a", {"prompt": [5, 6], "max_tokens": 3}, headers={"X-Tenant-Id": "acme"}),
+            backend.request("b", {"prompt": [7, 8], "max_tokens": 2}, headers={"x-tenant-id": "beta"}),
+            backend.request("none", {"prompt": [7, 8], "max_tokens": 2}),
+        )
+
+    asyncio.run(run())
+    frames = backend.frames()
+    assert frames["a"][0]["status"] == frames["b"][0]["status"] == 200
+    assert frames["none"][0]["status"] == 400  # no tenant, no service: not pooled into a shared one
+    tenants = backend.engine.scheduler.shares.tenants  # the loop thread is idle: every request answered
+    assert set(tenants) == {"acme", "beta"}
+    assert (tenants["acme"].output_tokens, tenants["beta"].output_tokens) == (3, 2)

@@ -32,6 +32,7 @@ class Submission:
     timeout: float | None
     deadline: float | None
     cache_salt: str | None = None
+    tenant: str | None = None
     ids: list[int] | None = None
     error: EngineError | None = None
 

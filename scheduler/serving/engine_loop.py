@@ -133,10 +133,11 @@ class EngineLoop:
         timeout: float | None = None,
         event_loop: asyncio.AbstractEventLoop | None = None,
         cache_salt: str | None = None,
+        tenant: str | None = None,
     ) -> RequestStream:
         """Queue a request; its outputs (or an EngineError) arrive on the returned stream, read
-        from a thread, or from `event_loop`'s coroutines when given. `cache_salt`: see
-        `Engine.add_request` (prefix-cache isolation).
+        from a thread, or from `event_loop`'s coroutines when given. `cache_salt` and `tenant`:
+        see `Engine.add_request` (prefix-cache isolation; fair share and per-tenant metrics).
 
         Raises `ShuttingDown` at once if the loop is shut down, `Overloaded` if the waiting queue
         is full.
@@ -154,7 +155,7 @@ class EngineLoop:
                     retry_after=1,
                 )
             self._in_flight += 1
-            self._enqueue(Submission(stream, prompt, params, priority, timeout, deadline, cache_salt))
+            self._enqueue(Submission(stream, prompt, params, priority, timeout, deadline, cache_salt, tenant))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -234,7 +235,9 @@ class EngineLoop:
                 self._notify()
             return
         try:
-            self.engine.add_request(rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt)
+            self.engine.add_request(
+                rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt, tenant=item.tenant
+            )
         except ValueError as e:
             self._finish_stream(item.stream, InvalidRequest.from_message(str(e)))
             return
