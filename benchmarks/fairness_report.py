@@ -1,0 +1,187 @@
+"""Figures, goals, table and plot of benchmarks/fairness.py (one phase's records at a time)."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+# VTC's default costs, as the archives use them: a prompt token 1, an output token 2.
+PROMPT_COST, OUTPUT_COST = 1.0, 2.0
+_SERIES = re.compile(r"^(orca_tenant_\w+)\{([^}]*)\}\s+([-\d.eE+]+)", re.MULTILINE)
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def _spread(r: dict, lo: float, hi: float) -> float:
+    """Output tokens of request `r` that arrived in [lo, hi), spread evenly from its first token
+    to its end (the rate of decode is steady; the first token at TTFT)."""
+    first, end = r["sent"] + r["ttft"], r["sent"] + r["e2e"]
+    n = r["output_tokens"]
+    if n <= 1 or end <= first:
+        return float(n) if lo <= end < hi else 0.0
+    inside = max(0.0, min(hi, end) - max(lo, first))
+    return (1 if lo <= first < hi else 0) + (n - 1) * inside / (end - first)
+
+
+def summarize(phase: dict, records: list[dict], start: float, seconds: float, bin_s: float) -> dict:
+    ok = [r for r in records if r["error"] is None and r["e2e"] is not None]
+    end = start + seconds
+    tenants = sorted(phase["clients"])
+    tokens = {t: sum(_spread(r, start, end) for r in ok if r["tenant"] == t) for t in tenants}
+    # Weighted service in the window: prompt tokens when the first token came, outputs as spread.
+    service = {
+        t: PROMPT_COST * sum(r["input_len"] for r in ok if r["tenant"] == t and start <= r["sent"] + r["ttft"] < end)
+        + OUTPUT_COST * tokens[t]
+        for t in tenants
+    }
+    bins = []
+    for i in range(int(seconds // bin_s)):
+        lo = start + i * bin_s
+        bins.append({t: round(sum(_spread(r, lo, lo + bin_s) for r in ok if r["tenant"] == t), 1) for t in tenants})
+    b = [r for r in ok if r["tenant"] == "B"]
+    total = sum(tokens.values())
+    return {
+        "name": phase["name"],
+        "model": phase["model"],
+        "clients": phase["clients"],
+        "requests": {t: sum(r["tenant"] == t for r in ok) for t in tenants},
+        "errors": sum(r["error"] is not None for r in records),
+        "B": {
+            "n": len(b),
+            "ttft_p50": _pct([r["ttft"] for r in b], 50),
+            "ttft_p99": _pct([r["ttft"] for r in b], 99),
+            "e2e_p50": _pct([r["e2e"] for r in b], 50),
+            "e2e_p99": _pct([r["e2e"] for r in b], 99),
+            "output_tokens_mean": statistics.mean(r["output_tokens"] for r in b) if b else None,
+        },
+        "throughput_tok_s": round(total / seconds, 1),
+        "tokens": {t: round(v, 1) for t, v in tokens.items()},
+        "service": {t: round(v, 1) for t, v in service.items()},
+        "share": {t: round(v / total, 4) if total else None for t, v in tokens.items()},
+        "bins": bins,
+        "records": records,
+    }
+
+
+def scrape(server) -> dict:
+    """The engine's per-tenant series from `:8082/metrics`: {(name, model, tenant): value}."""
+    try:
+        text = server.metrics()
+    except Exception as e:  # a figure of the report, never a reason to lose the run
+        return {"error": f"{type(e).__name__}: {e}"}
+    now: dict = {}
+    for name, labels, value in _SERIES.findall(text):
+        tags = dict(_LABEL.findall(labels))
+        now[(name, tags.get("ModelName"), tags.get("Tenant"))] = float(value)
+    return now
+
+
+def engine_view(samples: list[tuple[float, dict]], model: str) -> dict:
+    """From metrics scraped every few seconds (the first before the phase, the last after it):
+    the tokens each tenant's counters added over the phase and per interval, and the fairness
+    index as it went."""
+    samples = [(t, snap) for t, snap in samples if "error" not in snap]
+    if len(samples) < 2:
+        return {"error": "too few metrics samples"}
+
+    def delta(a: dict, b: dict, name: str) -> dict:
+        return {k[2]: v - a.get(k, 0.0) for k, v in b.items() if k[0] == name and k[1] == model and v - a.get(k, 0.0)}
+
+    gen = "orca_tenant_generation_tokens_total"
+    return {
+        "prompt_tokens": delta(samples[0][1], samples[-1][1], "orca_tenant_prompt_tokens_total"),
+        "generation_tokens": delta(samples[0][1], samples[-1][1], gen),
+        "generation_bins": [
+            {"t": round(b[0] - samples[0][0], 1), **delta(a[1], b[1], gen)} for a, b in zip(samples, samples[1:])
+        ],
+        "fairness_index": [snap.get(("orca_tenant_fairness_index", model, None)) for _, snap in samples[1:]],
+    }
+
+
+def goals(phases: list[dict]) -> dict:
+    """The issue's goal lines, from the phases' figures (None where a phase is missing)."""
+    by = {p["name"]: p for p in phases}
+    alone, fcfs, fair, weighted = (by.get(n) for n in ("B alone", "fcfs", "fair", "fair 2:1"))
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    out = {}
+    if alone and fair:
+        r = ratio(fair["B"]["e2e_p50"], alone["B"]["e2e_p50"])
+        out["B p50 e2e under fair / alone (<= 1.5)"] = {"value": r, "met": r is not None and r <= 1.5}
+        r = ratio(fair["B"]["ttft_p99"], alone["B"]["ttft_p99"])
+        out["B p99 TTFT under fair / alone (<= 2)"] = {"value": r, "met": r is not None and r <= 2.0}
+    if weighted:
+        r = ratio(weighted["service"].get("A"), weighted["service"].get("B"))
+        out["A:B weighted service under weights 2:1 (2 +- 5 %)"] = {
+            "value": r,
+            "met": r is not None and abs(r / 2 - 1) <= 0.05,
+        }
+    if fair and fcfs:
+        r = ratio(fair["throughput_tok_s"], fcfs["throughput_tok_s"])
+        out["output tok/s fair / fcfs (>= 0.95)"] = {"value": r, "met": r is not None and r >= 0.95}
+    return out
+
+
+def _s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def markdown(report: dict) -> str:
+    lines = [
+        "| phase | clients | B requests | B p50 TTFT (s) | B p99 TTFT (s) | B p50 e2e (s) | B p99 e2e (s) "
+        "| output tok/s | B's token share |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for p in report["phases"]:
+        clients = ", ".join(f"{t} {n}" for t, n in p["clients"].items())
+        b = p["B"]
+        share = p["share"].get("B")
+        lines.append(
+            f"| {p['name']} | {clients} | {b['n']} | {_s(b['ttft_p50'])} | {_s(b['ttft_p99'])} | {_s(b['e2e_p50'])} "
+            f"| {_s(b['e2e_p99'])} | {p['throughput_tok_s']:.1f} | {'-' if share is None else f'{share:.3f}'} |"
+        )
+    lines.append("")
+    for goal, v in report["goals"].items():
+        lines.append(f"- {goal}: {v['value']} ({'met' if v['met'] else 'not met'})")
+    return "\n".join(lines)
+
+
+def plot(phases: list[dict], path: str, bin_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (share, rate, latency) = plt.subplots(1, 3, figsize=(16, 4.2))
+    for i, p in enumerate(phases):
+        xs = [(k + 0.5) * bin_s for k in range(len(p["bins"]))]
+        style = {"color": f"C{i}", "label": p["name"]}
+        rate.plot(xs, [sum(b.values()) / bin_s for b in p["bins"]], marker=".", **style)
+        if "A" in p["clients"]:
+            share.plot(xs, [b.get("B", 0) / (sum(b.values()) or 1) for b in p["bins"]], marker="o", **style)
+    share.axhline(1 / 3, color="grey", linestyle=":", label="1/3 (weights 2:1)")
+    share.set(xlabel="seconds into the phase", ylabel="B's share of output tokens", title="Token share over time")
+    share.set_ylim(0, 0.6)
+    share.legend()
+    rate.set(xlabel="seconds into the phase", ylabel="output tokens/s, all tenants", title="Throughput over time")
+    rate.legend()
+    names = [p["name"] for p in phases]
+    width = 0.2
+    for j, (key, label) in enumerate(
+        [("ttft_p50", "TTFT p50"), ("ttft_p99", "TTFT p99"), ("e2e_p50", "e2e p50"), ("e2e_p99", "e2e p99")]
+    ):
+        xs = [i + (j - 1.5) * width for i in range(len(names))]
+        latency.bar(xs, [p["B"][key] or 0 for p in phases], width, label=label)
+    latency.set_xticks(range(len(names)), names)
+    latency.set(ylabel="seconds", title="Tenant B's latency (B floods too in 'fair 2:1')")
+    latency.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
