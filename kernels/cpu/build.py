@@ -34,6 +34,7 @@ upgraded torch or another CPU never loads a stale library.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import platform
@@ -175,7 +176,9 @@ def ninja_file(lib: Path, variants: tuple[str, ...]) -> str:
         "  depfile = $out.d",
         "  deps = gcc",
         "rule link",
-        f"  command = {cxx} $in -shared -fopenmp $ldflags -o $out",
+        # Linked under a temporary name and renamed: a library that exists is a whole one, for a
+        # process that loads without building while another builds.
+        f"  command = {cxx} $in -shared -fopenmp $ldflags -o $out.tmp && mv -f $out.tmp $out",
     ]
     objects = []
     for v in variants:
@@ -196,6 +199,14 @@ def ninja_file(lib: Path, variants: tuple[str, ...]) -> str:
 
 def _compile(lib: Path, variants: tuple[str, ...], verbose: bool) -> None:
     lib.parent.mkdir(parents=True, exist_ok=True)
+    # One builder per directory: TorchServe workers started together may all find it missing.
+    with open(lib.parent / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not lib.exists():  # built by another process while this one waited
+            _build(lib, variants, verbose)
+
+
+def _build(lib: Path, variants: tuple[str, ...], verbose: bool) -> None:
     (lib.parent / "build.ninja").write_text(ninja_file(lib, variants))
     jobs = str(max(1, os.cpu_count() or 1))
     cmd = [_ninja(), "-C", str(lib.parent), "-j", jobs, *(["-v"] if verbose else [])]
