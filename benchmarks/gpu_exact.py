@@ -212,6 +212,18 @@ def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:
         return out
 
     be.attend = attend
+    graphs = engine.runner.graphs if engine.runner.use_graphs else None
+    if graphs is not None:  # a replayed step calls no attend: count its graph's split count
+        orig_replay = graphs.replay
+
+        def replay(shape, _orig=orig_replay, _seen=splits_seen, _g=graphs):
+            out = _orig(shape)
+            if out is not None:
+                s = _g.key_for(shape).num_splits
+                _seen[s] = _seen.get(s, 0) + 1
+            return out
+
+        graphs.replay = replay
     outs = engine.generate(
         [p for p, _ in work], [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     )
@@ -224,6 +236,7 @@ def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:
         engine_backend=type(be).__name__,
         steps=engine.stats.num_steps,
         steps_by_num_splits={str(k): v for k, v in sorted(splits_seen.items())},
+        cuda_graph_replays=graphs.replays if graphs is not None else None,
         prompt_lens=[len(p) for p, _ in work],
         hf_s=t_hf,
         total_s=time.perf_counter() - t0,

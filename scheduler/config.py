@@ -47,6 +47,9 @@ class EngineConfig:
     output_token_weight: float = 2.0
     trace: bool = False  # record every step for the schedule picture
     enable_prefix_caching: bool = True  # reuse cached K/V blocks of shared prompt prefixes
+    # Replay each step from a CUDA graph captured for its padded size (cuda_graphs.py). None: on
+    # where it can run (CUDA with the triton backend), off elsewhere; False turns it off for A/B.
+    cuda_graphs: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -63,6 +66,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'cpu', 'torch' or 'triton', got {self.attention_backend!r}")
         if not isinstance(self.enable_prefix_caching, bool):  # "false" from a config file is truthy
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be true, false or null, got {self.cuda_graphs!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {self.scheduling_policy!r}")
         check_weights(self.tenant_weights)
@@ -90,3 +95,10 @@ class EngineConfig:
         if self.attention_backend is not None:
             return self.attention_backend
         return "triton" if self.resolved_device().type == "cuda" else "cpu"
+
+    def resolved_cuda_graphs(self) -> bool:
+        """Whether steps replay CUDA graphs: only on CUDA with the triton backend (the graphs hold
+        its kernels; the others sync on the host), and never where the user said False. True
+        elsewhere is not an error: a config written for a GPU still loads on a CPU."""
+        runs_there = self.resolved_device().type == "cuda" and self.resolved_backend() == "triton"
+        return runs_there and self.cuda_graphs is not False

@@ -60,7 +60,15 @@ class Engine:
             self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy, shares
         )
         self.runner = ModelRunner(
-            model, self.kv_caches, config.block_size, get_backend(config.resolved_backend()), self.device
+            model,
+            self.kv_caches,
+            config.block_size,
+            get_backend(config.resolved_backend()),
+            self.device,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            max_model_len=max_model_len,
+            cuda_graphs=config.resolved_cuda_graphs(),
         )
         self.runner.warm_up(config.max_num_batched_tokens, config.max_num_seqs)
         self.sampler = Sampler()

@@ -12,8 +12,10 @@ from transformers.masking_utils import AttentionMaskInterface
 from orcaserve.kernels import AttentionBackend
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.model.cuda_graphs import CudaGraphRunner
 from orcaserve.scheduler.model.decoder import Decoder
 from orcaserve.scheduler.model.decoder import supports as decoder_supports
+from orcaserve.scheduler.model.step_buffers import StepBuffers
 
 ATTN_NAME = "orcaserve_paged"
 # A transformers causal LM (`PreTrainedModel`: `.config`, `.model.layers`, `.lm_head`); Any because
@@ -55,6 +57,9 @@ class ModelRunner:
     the MLP run once over all requests' tokens (ORCA's selective batching); only attention looks
     at request boundaries, through the paged cache. Logits are computed only where a request
     samples: the last scheduled token of a request that has caught up with its sequence.
+
+    A step's inputs are built in `StepBuffers` (numpy on the host, one copy to the device); on
+    CUDA the lean decoder's steps replay CUDA graphs (`CudaGraphRunner`) where one fits.
     """
 
     def __init__(
@@ -64,6 +69,11 @@ class ModelRunner:
         block_size: int,
         backend: AttentionBackend,
         device: torch.device,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        cuda_graphs: bool = False,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
@@ -73,57 +83,57 @@ class ModelRunner:
         model.set_attn_implementation(ATTN_NAME)
         # Llama-family models run through the lean forward; others through transformers'.
         self.decoder = Decoder(model) if decoder_supports(model) else None
+        max_blocks = -(-max_model_len // block_size) + 1
+        self.buffers = StepBuffers(max_num_batched_tokens, max_num_seqs, max_blocks, block_size, device)
+        self.graphs = (
+            CudaGraphRunner(
+                self.decoder, backend, self.buffers, kv_caches, max_num_seqs, max_num_batched_tokens, max_model_len
+            )
+            if self.decoder is not None
+            else None
+        )
+        # Replay captured graphs (CUDA, triton backend, lean decoder only: the config decides).
+        self.use_graphs = cuda_graphs and self.graphs is not None and device.type == "cuda"
+        # Test-only: run every step padded to its graph's sizes, eagerly, on any device; the CPU
+        # tests' proof that padding leaves every request's tokens unchanged.
+        self.pad_steps = False
 
     def warm_up(self, max_tokens: int, max_samples: int) -> None:
-        """Compile the GEMM kernels of every step size up front (`Decoder.warm_up`)."""
+        """Compile the GEMM kernels of every step size up front (`Decoder.warm_up`); capture the
+        CUDA graphs."""
         if self.decoder is not None:
             self.decoder.warm_up(max_tokens, max_samples)
+        if self.use_graphs and self.graphs is not None:
+            self.graphs.capture_all()
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
         """Forward the step; returns logits `[S, V]` of the S requests in `sched.sampling`: fp32, or
-        the model's dtype from the lean decoder (the sampler widens them where it needs to)."""
-        bs = self.block_size
-        tokens: list[int] = []
-        positions: list[int] = []
-        cu = [0]
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        sample_rows: list[int] = []
-        sampling = {r.request_id for r in sched.sampling}  # the scheduler decides; rows follow its order
-        for rid, n in sched.num_scheduled_tokens.items():
-            req = sched.requests[rid]
-            start = req.num_computed_tokens
-            tokens.extend(req.all_token_ids[start : start + n])
-            positions.extend(range(start, start + n))
-            cu.append(cu[-1] + n)
-            seq_lens.append(start + n)
-            tables.append(kv.blocks_of(rid))
-            if rid in sampling:
-                sample_rows.append(cu[-1] - 1)
-
-        dev = self.device
-        width = max(len(t) for t in tables)
-        table = torch.tensor([blocks + [0] * (width - len(blocks)) for blocks in tables], dtype=torch.int32)
-        cu_t = torch.tensor(cu, dtype=torch.int32)
-        pos_t = torch.tensor(positions, dtype=torch.long)  # [T]
-        req_of_token = torch.repeat_interleave(torch.arange(len(seq_lens)), cu_t.diff().long())
-        slots = table[req_of_token, pos_t // bs].long() * bs + pos_t % bs  # [T]
-
-        table, cu_t, seq_t = table.to(dev), cu_t.to(dev), torch.tensor(seq_lens, dtype=torch.int32, device=dev)
-        max_q = max(b - a for a, b in zip(cu, cu[1:]))
-        plan = self.backend.plan(cu_t, seq_t, table, bs, max_q, max(seq_lens))
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=dev)
+        the model's dtype from the lean decoder (the sampler widens them where it needs to). From
+        a CUDA graph they are a view of its output buffer, valid until the next step runs."""
+        shape = self.buffers.prepare(sched, kv)
+        if self.graphs is not None:
+            if self.use_graphs:
+                logits = self.graphs.replay(shape)
+                if logits is not None:
+                    return logits
+            if self.pad_steps:
+                return self.graphs.run_eager(shape)
+        self.buffers.upload(shape)
+        t = self.buffers.tensors(shape.num_tokens, shape.num_seqs, shape.num_samples, shape.width)
+        plan = self.backend.plan(
+            t.cu_seqlens_q, t.seq_lens, t.block_tables, self.block_size, shape.max_seqlen_q, shape.max_seqlen_k
+        )
         if self.decoder is not None:
             return self.decoder.forward(
-                torch.tensor(tokens, device=dev), pos_t.to(dev), rows, self.backend, plan, slots.to(dev), self.kv_caches
+                t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches
             )
-        ctx = StepContext(self.backend, plan, slots.to(dev), self.kv_caches)
+        ctx = StepContext(self.backend, plan, t.slot_mapping, self.kv_caches)
         out = self.model(
-            input_ids=torch.tensor([tokens], device=dev),
-            position_ids=pos_t.to(dev)[None],
+            input_ids=t.input_ids[None],
+            position_ids=t.positions[None],
             use_cache=False,
-            logits_to_keep=rows,
+            logits_to_keep=t.sample_rows,
             orca_step=ctx,
         )
         return out.logits[0].float()  # [S, V]

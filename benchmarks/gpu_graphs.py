@@ -1,0 +1,266 @@
+"""CUDA graphs on vs off (issue 43): step times by kind, decode steps up to batch 256, end to end.
+
+    python benchmarks/gpu_graphs.py --json graphs.json        # CUDA: SmolLM2-135M's shape, bf16
+    python benchmarks/gpu_graphs.py --smoke --json g.json     # CPU plumbing: tiny model, no graphs
+
+benchmarks/gpu_check.sh runs it as its step `engine_graphs`. The same random-init model of
+SmolLM2-135M's config as gpu_engine.py throughput (bf16, Triton backend), one engine with
+`cuda_graphs=True` and one with False, same KV cache size (kv_cache_memory 16 GiB), built one after
+the other, and for each:
+decode      B requests of `--context` random tokens prefilled, then `--steps` decode-only
+            `Engine.step()`s timed one by one (scheduler, model, sampler: each step ends with
+            the sampled ids' copy back, so its wall time is the GPU's too): median and p90 ms at
+            B = 1, 16, 64, 256 (the issue's goal: <= 2 ms at 256); the share of steps replayed from
+            a graph; and over 10 of the steps at the largest B the kernel time torch.profiler saw
+            divided by their wall time (`kernel_time_fraction`: how busy the GPU was).
+end_to_end  `--num-prompts` prompts of the offline workload (U[16, 256] prompt tokens, U[8, 128]
+            new tokens, EOS ignored), all submitted at once (256 running, 4096 tokens a step):
+            useful tok/s, start-up seconds (graph capture included), and every step's wall time
+            by kind (decode-only, or with prompt tokens) from the engine's step trace.
+exact       A tiny fp32 Llama (gpu_exact.py's shapes) greedy on 16 prompts of 1-600 tokens with
+            graphs on and off: token-exact expected; a mismatch fails the step.
+--smoke on the CPU: no graphs can be captured there, so "on" runs every step padded to its graph's
+sizes, eagerly (`ModelRunner.pad_steps`), which exercises the same inputs a graph would read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import statistics
+import sys
+import time
+from collections import deque
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gpu_common import ByteTokenizer, Results, device_name, free_cuda  # noqa: E402
+
+KV_BYTES = 16 << 30
+
+
+def build(model, on: bool, args, dev, **engine_args):
+    import torch
+
+    from orcaserve.scheduler import Engine
+
+    t = time.perf_counter()
+    engine = Engine.from_model(
+        copy.deepcopy(model),
+        ByteTokenizer(),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory=KV_BYTES if dev.type == "cuda" else 1 << 28,
+        cuda_graphs=on,
+        enable_prefix_caching=False,  # random prompts share nothing
+        **engine_args,
+    )
+    if dev.type != "cuda":
+        engine.runner.pad_steps = on  # the padded inputs a graph would read, run eagerly
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    graphs = engine.runner.graphs
+    info = {
+        "startup_s": time.perf_counter() - t,
+        "graphs_captured": len(graphs.graphs) if graphs else 0,
+        "capture_s": graphs.capture_seconds if graphs else 0.0,
+        "use_graphs": engine.runner.use_graphs,
+        "padded_eager": engine.runner.pad_steps,  # the CPU smoke's stand-in for graphs
+    }
+    return engine, info
+
+
+def replays(engine) -> int:
+    return engine.runner.graphs.replays if engine.runner.graphs else 0
+
+
+def kernel_fraction(step, n: int) -> dict:
+    """Kernel time torch.profiler records over `n` calls of `step`, over their wall time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            for _ in range(n):
+                step()
+            wall = time.perf_counter() - t
+        cuda = torch.autograd.DeviceType.CUDA
+        us = sum(
+            getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+            for e in prof.key_averages()
+            if e.device_type == cuda
+        )
+        return {"kernel_time_fraction": us * 1e-6 / wall, "wall_s": wall, "steps": n}
+    except Exception as e:  # a profiler API of another version: report, go on
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def decode_steps(engine, batch: int, args, profile_steps: int) -> dict:
+    from orcaserve.scheduler import SamplingParams
+
+    rng = random.Random(batch)
+    params = SamplingParams(temperature=0, max_tokens=args.steps + profile_steps + 8, ignore_eos=True)
+    ids = [f"d{batch}-{i}" for i in range(batch)]
+    vocab = engine.vocab_size
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(3, vocab) for _ in range(args.context)], params)
+    while any(r.num_computed_tokens < r.num_tokens - 1 for r in engine.scheduler.requests.values()):
+        engine.step()  # prefill, not timed
+    for _ in range(3):
+        engine.step()
+    before, times = replays(engine), []
+    for _ in range(args.steps):
+        t = time.perf_counter()
+        engine.step()
+        times.append((time.perf_counter() - t) * 1e3)
+    times.sort()
+    row = {
+        "batch": batch,
+        "context": args.context,
+        "median_ms": statistics.median(times),
+        "p90_ms": times[int(0.9 * (len(times) - 1))],
+        "replayed_fraction": (replays(engine) - before) / args.steps,
+    }
+    if profile_steps:
+        row["profile"] = kernel_fraction(engine.step, profile_steps)
+    for rid in ids:
+        engine.abort(rid)
+    return row
+
+
+def end_to_end(engine, work) -> dict:
+    from orcaserve.scheduler import SamplingParams
+
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+    engine.trace = deque(maxlen=100_000)  # every step's start and end, and what it ran
+    before, steps0 = replays(engine), engine.stats.num_steps
+    t = time.perf_counter()
+    outs = engine.generate([p for p, _ in work], params)
+    wall = time.perf_counter() - t
+    assert [o.completion_tokens for o in outs] == [n for _, n in work]
+    kinds: dict[str, list[float]] = {"decode_only": [], "with_prompt": []}
+    for s in engine.trace:
+        decode = all(prefill == 0 for prefill, _ in s.requests.values())
+        kinds["decode_only" if decode else "with_prompt"].append((s.end - s.start) * 1e3)
+    steps = engine.stats.num_steps - steps0
+    return {
+        "useful_tok_s": sum(n for _, n in work) / wall,
+        "wall_s": wall,
+        "steps": steps,
+        "replayed_fraction": (replays(engine) - before) / max(1, steps),
+        "step_ms_by_kind": {
+            k: {"steps": len(v), "median_ms": statistics.median(v) if v else None, "total_s": sum(v) / 1e3}
+            for k, v in kinds.items()
+        },
+    }
+
+
+def exact(dev, args) -> dict:
+    import torch
+    from gpu_exact import tiny_model
+
+    from orcaserve.scheduler import SamplingParams
+
+    model = tiny_model("llama", args.smoke).to(device=dev, dtype=torch.float32)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, model.config.vocab_size) for _ in range(n)] for n in (1, 2, 15, 16, 17, 33, 100, 255)]
+    prompts += [[rng.randrange(3, model.config.vocab_size) for _ in range(rng.randint(1, 600))] for _ in range(8)]
+    if args.smoke:
+        prompts = prompts[:4]
+    params = [SamplingParams(temperature=0, max_tokens=8 + i % 24, ignore_eos=True) for i in range(len(prompts))]
+    got = {}
+    for on in (True, False):
+        a = argparse.Namespace(max_num_seqs=8, max_num_batched_tokens=512)
+        engine, _ = build(model, on, a, dev, dtype="float32")
+        got[on] = [o.output_token_ids for o in engine.generate(prompts, params)]
+        del engine
+        free_cuda()
+    same = sum(x == y for x, y in zip(got[True], got[False]))
+    return {"requests": len(prompts), "identical_sequences": same, "pass": same == len(prompts)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--batches", default="1,16,64,256")
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=30)
+    from serve_workload import add_offline_args, offline_workload_of
+
+    add_offline_args(ap)
+    ap.set_defaults(num_prompts=256, max_num_seqs=256, max_num_batched_tokens=4096)
+    args = ap.parse_args()
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.smoke:
+        if args.json:
+            Results(args.json, step="graphs", skipped="no CUDA device").save()
+        print("gpu_graphs.py: no CUDA device (use --smoke for the CPU plumbing run)")
+        return 0
+    if args.smoke:
+        args.batches, args.context, args.steps, args.num_prompts = "1,3", 24, 4, 6
+        args.max_num_seqs, args.max_num_batched_tokens, args.min_prompt, args.max_prompt = 4, 64, 4, 24
+        args.min_out, args.max_out = 2, 5
+        torch.set_num_threads(1)
+    dev = torch.device("cuda" if cuda else "cpu")
+    from gpu_throughput import SMOKE_SHAPE, SMOLLM2, smollm2_shaped
+
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = smollm2_shaped(dev, dtype, args.smoke)
+    work = offline_workload_of(args, model.config.vocab_size)
+    res = Results(
+        args.json,
+        step="graphs",
+        device=str(dev),
+        device_name=device_name(dev) if cuda else "cpu",
+        model="random-init, SmolLM2-135M config" if not args.smoke else "smoke shape",
+        model_config=SMOKE_SHAPE if args.smoke else SMOLLM2,
+        dtype=str(dtype).removeprefix("torch."),
+        max_out=args.max_out,
+        engine={"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens},
+        workload={
+            k: getattr(args, k) for k in ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out", "max_out")
+        },
+        on={},
+        off={},
+    )
+    batches = [int(b) for b in args.batches.split(",")]
+    for on in (True, False):
+        side = res.data["on" if on else "off"]
+        print(f"graphs {'on' if on else 'off'}: building ...", flush=True)
+        engine, info = build(model, on, args, dev, dtype=str(dtype).removeprefix("torch."))
+        side.update(info, decode=[])
+        res.save()
+        for b in batches:
+            side["decode"].append(decode_steps(engine, b, args, 10 if b == batches[-1] and cuda else 0))
+            print(f"  decode B={b}: {side['decode'][-1]['median_ms']:.2f} ms", flush=True)
+            res.save()
+        side["end_to_end"] = end_to_end(engine, work)
+        print(f"  end to end: {side['end_to_end']['useful_tok_s']:.0f} useful tok/s", flush=True)
+        side["lazy_graphs"] = len(engine.runner.graphs.graphs) - info["graphs_captured"] if engine.runner.graphs else 0
+        res.save()
+        del engine
+        free_cuda()
+    on_e2e, off_e2e = res.data["on"]["end_to_end"], res.data["off"]["end_to_end"]
+    res.data["speedup_end_to_end"] = on_e2e["useful_tok_s"] / off_e2e["useful_tok_s"]
+    res.data["speedup_decode"] = {
+        str(a["batch"]): b["median_ms"] / a["median_ms"]
+        for a, b in zip(res.data["on"]["decode"], res.data["off"]["decode"])
+    }
+    res.data["exact_fp32"] = exact(dev, args)
+    res.save()
+    print(
+        f"end to end {res.data['speedup_end_to_end']:.2f}x, decode {res.data['speedup_decode']}, "
+        f"exact {res.data['exact_fp32']}",
+        flush=True,
+    )
+    return 0 if res.data["exact_fp32"]["pass"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
