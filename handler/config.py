@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from orcaserve.scheduler.config import EngineConfig
+from orcaserve.scheduler.model.hub import parse_hub_id
 
 ENGINE_ARGS = tuple(f.name for f in dataclasses.fields(EngineConfig))
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
@@ -28,14 +29,18 @@ def parse_bytes(value: Any, name: str = "kv_cache_memory") -> int | None:
 
 
 def resolve_model_path(path: Any, model_dir: str | None) -> str:
-    """`default` (the bundled SmolLM2 GGUF), an absolute path, or one relative to the archive."""
+    """`default` (the bundled SmolLM2 GGUF), an absolute path, one relative to the archive (weights
+    bundled into it), or a Hugging Face hub id, left for the loader to find in the serving
+    machine's cache (scheduler/model/hub.py)."""
     path = str(path or "default")
     if path == "default":
         from orcaserve.scheduler.model.loader import default_model_path
 
         return default_model_path()
     if not os.path.isabs(path) and model_dir:
-        return os.path.join(model_dir, path)
+        inside = os.path.join(model_dir, path)
+        if os.path.exists(inside) or parse_hub_id(path) is None:
+            return inside
     return path
 
 
@@ -61,7 +66,9 @@ class HandlerConfig:
     """Parsed `handler:` section. Engine arguments are exactly `EngineConfig`'s fields.
 
     model_path: "default" (the bundled SmolLM2-135M-Instruct GGUF), an absolute path to an HF
-    directory or .gguf file, or a path relative to the extracted archive (for --extra-files).
+    directory or .gguf file, a path relative to the extracted archive (weights bundled into it),
+    or a Hugging Face hub id (`org/name[@revision][/file.gguf]`) found in the serving machine's
+    local Hugging Face cache.
     default_timeout: per-request deadline in seconds when the request has no `timeout`; None = none.
     default_max_tokens: max_tokens when the request has none; None = OpenAI's (16 for
     completions, up to the context length for chat), capped by `max_tokens_limit`.

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from orcaserve.scheduler.model.hub import resolve_model
+
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -24,9 +26,11 @@ def default_model_path() -> str:
 
 
 def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device):
-    """`path`: an HF model directory, or a `.gguf` file (dequantized to `dtype`)."""
+    """`path`: an HF model directory, a `.gguf` file (dequantized to `dtype`), or a hub id found
+    offline in the local Hugging Face cache (hub.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    path = resolve_model(path)
     kwargs: dict = {}
     if path.endswith(".gguf"):
         if not os.path.isfile(path):
