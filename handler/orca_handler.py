@@ -31,22 +31,35 @@ from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.faults import FaultInjector
 from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
+from orcaserve.handler.openai.choices import by_choice, usage
 from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.handler.openai.protocol import (
     CHAT,
     COMPLETIONS,
+    IGNORED_HEADER,
+    MODELS,
     ParsedRequest,
     ProtocolError,
     error_body,
     parse_request,
     route,
 )
-from orcaserve.handler.openai.responses import SSE_DONE, engine_error_body, final_response, sse, stream_chunk
+from orcaserve.handler.openai.responses import (
+    SSE_DONE,
+    choice,
+    engine_error_body,
+    model_list,
+    response_of,
+    sse,
+    stream_chunk,
+    usage_of,
+)
 from orcaserve.handler.openai.tenancy import derive_cache_salt, header_value
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
+from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import EngineError, InternalError, ShuttingDown
 from orcaserve.scheduler.model.logprobs import TokenLogprob
@@ -75,6 +88,7 @@ class OrcaHandler:
         self._link: SupervisorLink | None = None
         self._exiting = threading.Event()
         self._logprobs: LogprobsRenderer | None = None
+        self._created = int(time.time())  # the model's `created` in `GET /v1/models`
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -131,6 +145,7 @@ class OrcaHandler:
         self.config, self.model_name = config, model_name
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.engine_loop = make_loop(self.metrics.on_step)
+        self.metrics.on_start(self.engine_loop.engine)
         self._logprobs = LogprobsRenderer(copy.deepcopy(self.engine_loop.engine.tokenizer))
         self.initialized = True
 
@@ -207,6 +222,9 @@ class OrcaHandler:
         if not self.initialized or self.engine_loop is None or not self.engine_loop.alive:
             raise ShuttingDown("the engine is not running", retry_after=5)
         kind = route(context.get_request_header(0, "url_path"))
+        if kind == MODELS:  # whatever the method and body: the list is all there is to say
+            context.set_response_content_type(0, "application/json")
+            return json.dumps(model_list(self.model_name, self.engine_loop.engine.max_model_len, self._created))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
@@ -215,6 +233,8 @@ class OrcaHandler:
         check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
         req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit)
+        if req.ignored:
+            context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
         headers = context.get_all_request_header(0) or {}
         salt = derive_cache_salt(cfg.tenant_header, headers, req.cache_salt)  # refuses a missing tenant
         # Whose share the request uses (fair policy, per-tenant metrics): the tenant as named.
@@ -226,30 +246,35 @@ class OrcaHandler:
         try:
             if req.stream:
                 return await self._relay(stream, req, reply, request_id, metrics)
-            final = None
+            finals: dict[int, RequestOutput] = {}
             async for out in stream:
-                final = out
-            if final is None:
+                if out.finished:
+                    finals[out.index] = out
+            if len(finals) != req.params.n:
                 raise InternalError("the request ended without output")
-            metrics.on_finish(final)
+            choices = []
+            for i, final in sorted(finals.items()):
+                metrics.on_finish(final)
+                echo = self._echo(req)
+                logprobs = self._render_logprobs(kind, final.logprobs, len(echo))[0]
+                choices.append(choice(kind, i, echo + final.text, final.finish_reason, logprobs))
             context.set_response_content_type(0, "application/json")
             return json.dumps(
-                final_response(
-                    kind,
-                    request_id,
-                    self.model_name,
-                    final.text,
-                    final.finish_reason,
-                    final.prompt_tokens,
-                    final.completion_tokens,
-                    cached_tokens=final.num_cached_tokens,
-                    logprobs=self._render_logprobs(kind, final.logprobs, 0)[0],
-                )
+                response_of(kind, request_id, self.model_name, choices, usage_of(*usage(finals.values())))
             )
         finally:
             self._faults.disarm(request_id)
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
                 self.engine_loop.abort(request_id)
+
+    def _echo(self, req: ParsedRequest) -> str:
+        """The prompt's text when the request asked for it back (`echo`), else ''."""
+        if not req.echo:
+            return ""
+        if isinstance(req.prompt, str):
+            return req.prompt
+        assert self._logprobs is not None and isinstance(req.prompt, list)
+        return self._logprobs.decode(req.prompt)
 
     async def _relay(
         self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str, metrics: EngineMetrics
@@ -260,38 +285,40 @@ class OrcaHandler:
         produced a token: a validation error or a deadline before it are still real 4xx answers."""
         created, model, kind = int(time.time()), self.model_name, req.kind
         started = False
-        offset = 0  # where the next token's text starts, for completions' `text_offset`
+        offsets: dict[int, int] = {}  # per choice: where its next token's text starts (`text_offset`)
+        finals: list[RequestOutput] = []
         try:
             async for outputs in stream.chunks():  # what has piled up goes out as one frame
                 pieces = []
                 if not started:
                     reply.context.set_response_content_type(0, "text/event-stream")
-                    if kind == CHAT:
-                        pieces.append(sse(stream_chunk(kind, request_id, model, created, text="", role=True)))
+                    for i in range(req.params.n):  # every choice opens: chat's role, the echoed prompt
+                        echo = self._echo(req)
+                        offsets[i] = len(echo)
+                        if kind == CHAT:
+                            pieces.append(sse(stream_chunk(kind, request_id, model, created, "", role=True, index=i)))
+                        elif echo:
+                            pieces.append(sse(stream_chunk(kind, request_id, model, created, echo, index=i)))
                 started = True
-                text = "".join(out.new_text for out in outputs)
-                new_logprobs = [lp for out in outputs for lp in out.new_logprobs or ()]
-                if text or new_logprobs:  # a token's logprob goes out even while its text is held back
-                    logprobs, offset = self._render_logprobs(kind, new_logprobs or None, offset)
-                    pieces.append(sse(stream_chunk(kind, request_id, model, created, text=text, logprobs=logprobs)))
-                last = outputs[-1]
-                if last.finished:
-                    metrics.on_finish(last)
-                    pieces.append(
-                        sse(
-                            stream_chunk(
-                                kind,
-                                request_id,
-                                model,
-                                created,
-                                text=None if kind == CHAT else "",
-                                finish_reason=last.finish_reason,
-                            )
+                for index, group in by_choice(outputs):
+                    text = "".join(out.new_text for out in group)
+                    new_logprobs = [lp for out in group for lp in out.new_logprobs or ()]
+                    if text or new_logprobs:  # a token's logprob goes out even while its text is held back
+                        logprobs, offsets[index] = self._render_logprobs(kind, new_logprobs or None, offsets[index])
+                        chunk = stream_chunk(kind, request_id, model, created, text, logprobs=logprobs, index=index)
+                        pieces.append(sse(chunk))
+                    last = group[-1]
+                    if last.finished:
+                        metrics.on_finish(last)
+                        finals.append(last)
+                        text_end = None if kind == CHAT else ""
+                        chunk = stream_chunk(
+                            kind, request_id, model, created, text_end, last.finish_reason, index=index
                         )
-                    )
+                        pieces.append(sse(chunk))
+                if len(finals) == req.params.n:
                     if req.include_usage:
-                        usage = (last.prompt_tokens, last.completion_tokens, last.num_cached_tokens)
-                        pieces.append(sse(stream_chunk(kind, request_id, model, created, usage=usage)))
+                        pieces.append(sse(stream_chunk(kind, request_id, model, created, usage=usage(finals))))
                     pieces.append(SSE_DONE)
                     return "".join(pieces)
                 if pieces:

@@ -13,6 +13,7 @@ import torch
 
 from orcaserve.kernels import get_backend
 from orcaserve.scheduler.config import EngineConfig
+from orcaserve.scheduler.core.choices import Choices
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.outputs import RequestOutput
@@ -74,6 +75,7 @@ class Engine:
         self.sampler = Sampler()
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.choices = Choices()  # requests with n > 1
         self._ids = itertools.count()
         self.stats = EngineStats(num_blocks=num_blocks)
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
@@ -142,21 +144,47 @@ class Engine:
         if tenant is not None and not isinstance(tenant, str):
             raise ValueError(f"tenant must be a string, got {type(tenant).__name__}")
         arrival = arrival_time or time.time()
-        req = Request(request_id, ids, params, arrival, priority, self.eos_token_ids, cache_salt, tenant)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop)
-        self.scheduler.add_request(req)  # raises on a duplicate id, before anything is recorded
-        self._detok[request_id] = detok
+
+        def make(rid: str, p: SamplingParams) -> Request:
+            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant)
+
+        if request_id in self.choices or request_id in self.scheduler.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if params.n == 1:
+            now = reqs = [make(request_id, params)]
+        else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
+            now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
+        for req in now:
+            self.scheduler.add_request(req)
+        for req in reqs:
+            self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
-        """Stop a request and free its blocks; returns its final output (None if unknown).
-        `reason` becomes its finish reason ("abort", or "timeout" for a deadline)."""
-        req = self.scheduler.requests.get(request_id)
-        if req is None:
-            return None
-        self.scheduler.finish_request(req, reason)
-        self.stats.num_aborted += 1
-        self.stats.record_occupancy(self.scheduler, self.kv)
-        return self._finish_output(req, [])
+        """Stop a request and free its blocks; returns its final output (None if unknown; with
+        n > 1 the last choice's, see `abort_all`). `reason` becomes its finish reason ("abort", or
+        "timeout" for a deadline)."""
+        outs = self.abort_all(request_id, reason)
+        return outs[-1] if outs else None
+
+    def abort_all(self, request_id: str, reason: str = "abort") -> list[RequestOutput]:
+        """Stop every unfinished choice of a request; their final outputs, by index."""
+        group = self.choices.members(request_id)
+        single = self.scheduler.requests.get(request_id)
+        reqs = group if group is not None else [single] if single is not None else []
+        held = {id(r) for r in self.choices.take_held(request_id)}
+        outs = []
+        for req in reqs:
+            if req.status == RequestStatus.FINISHED:
+                continue
+            if id(req) in held:  # never scheduled: nothing to free
+                req.status, req.finish_reason = RequestStatus.FINISHED, reason
+            else:
+                self.scheduler.finish_request(req, reason)
+            self.stats.num_aborted += 1
+            outs.append(self._finish_output(req, []))
+        if outs:
+            self.stats.record_occupancy(self.scheduler, self.kv)
+        return outs
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -184,6 +212,8 @@ class Engine:
             except Exception as e:
                 log.exception("post-processing failed; failing request %s", req.request_id)
                 outputs.append(self._fail(req, e))
+        for req in self.choices.release():  # further choices, once the first holds the prompt
+            self.scheduler.add_request(req, front=True)
         self.stats.record_step(sched, self.scheduler, self.kv)
         if self.trace is not None:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
@@ -239,10 +269,12 @@ class Engine:
         if req.status != RequestStatus.FINISHED:
             self.scheduler.finish_request(req, "error")
         self._detok.pop(req.request_id, None)
+        self.choices.finished(req)
         self.stats.num_failed += 1
         self.stats.record_occupancy(self.scheduler, self.kv)
         return RequestOutput(
-            request_id=req.request_id,
+            request_id=req.group_id,
+            index=req.index,
             new_token_ids=[],
             output_token_ids=list(req.output_token_ids),
             new_text="",
@@ -262,7 +294,8 @@ class Engine:
     ) -> RequestOutput:
         detok = self._detok[req.request_id]
         return RequestOutput(
-            request_id=req.request_id,
+            request_id=req.group_id,
+            index=req.index,
             new_token_ids=new_ids,
             output_token_ids=list(req.output_token_ids) if finished else [],
             new_text=detok.release(finished),
@@ -285,6 +318,7 @@ class Engine:
             req.times.finished = time.time()
         out = self._output(req, new_ids, new_logprobs, finished=True)
         del self._detok[req.request_id]
+        self.choices.finished(req)
         self.stats.record_finish(req)
         return out
 
@@ -294,7 +328,8 @@ class Engine:
         prompts: Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run all prompts to completion; final outputs in the order of the prompts."""
+        """Run all prompts to completion; final outputs in the order of the prompts (a prompt with
+        `n` choices gives n outputs, by index)."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
@@ -307,9 +342,9 @@ class Engine:
             for rid in ids:
                 self.abort(rid)
             raise
-        final: dict[str, RequestOutput] = {}
-        while len(final) < len(ids):
+        final: dict[tuple[str, int], RequestOutput] = {}
+        while len(final) < sum(p.n for p in params):
             for out in self.step():
                 if out.finished:
-                    final[out.request_id] = out
-        return [final[rid] for rid in ids]
+                    final[out.request_id, out.index] = out
+        return [final[rid, i] for rid, p in zip(ids, params) for i in range(p.n)]

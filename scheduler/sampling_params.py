@@ -16,6 +16,9 @@ MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS_TOKENS = 1024
 MAX_LOGIT_BIAS = 100.0
 
+# Most sequences one request may ask for (`n`): each is a request of its own in the batch.
+MAX_N = 16
+
 
 @dataclass
 class SamplingParams:
@@ -44,6 +47,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # Sequences sampled from the prompt (1 to MAX_N), each with its own random stream (seed + i).
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -78,6 +83,7 @@ class SamplingParams:
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS + 1)
         self.logit_bias = _check_logit_bias(self.logit_bias)
+        _check_int("n", self.n, low=1, high=MAX_N + 1)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
 

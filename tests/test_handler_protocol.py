@@ -24,6 +24,7 @@ def parse(body, kind=P.COMPLETIONS, **kw):
 def test_route():
     assert P.route(None) == P.route("") == P.route("/v1/completions") == P.COMPLETIONS
     assert P.route("v1/chat/completions") == P.CHAT
+    assert P.route("v1/models") == P.route("/models/") == P.MODELS
     with pytest.raises(P.ProtocolError) as e:
         P.route("v1/embeddings")
     assert e.value.status == 404
@@ -41,6 +42,31 @@ def test_decode_body_rejects(raw):
     with pytest.raises(P.ProtocolError) as e:
         B.decode_body(raw)
     assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
+
+
+def test_openai_fields_not_acted_on_are_ignored_and_named(caplog):
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    r = parse({**chat, "store": True, "metadata": {"a": "b"}, "user": 5, "service_tier": "auto"}, P.CHAT)
+    assert r.ignored == ("store", "metadata", "user", "service_tier")
+    assert parse({"prompt": "x", "user": "u", "n": 3, "best_of": 3, "echo": True}).ignored == ("user",)
+    with caplog.at_level("WARNING"):  # logged once per process and field
+        parse({**chat, "prompt_cache_key": "k"}, P.CHAT)
+        parse({**chat, "prompt_cache_key": "k"}, P.CHAT)
+    assert sum("prompt_cache_key" in m for m in caplog.messages) == 1
+    for field in ("tools", "tool_choice", "parallel_tool_calls", "audio"):
+        with pytest.raises(P.ProtocolError) as e:
+            parse({**chat, field: {"x": 1}}, P.CHAT)
+        assert e.value.param == field and "not supported" in e.value.message
+    with pytest.raises(P.ProtocolError) as e:  # chat's ignored fields are not the completions API's
+        parse({"prompt": "x", "store": True})
+    assert e.value.param == "store"
+
+
+def test_n_and_echo():
+    r = parse({"prompt": "x", "n": 16, "echo": True, "seed": 3})
+    assert r.params.n == 16 and r.echo and r.params.seed == 3
+    assert parse({"messages": [{"role": "user", "content": "x"}], "n": 2}, P.CHAT).params.n == 2
+    assert parse({"prompt": "x"}).params.n == 1 and not parse({"prompt": "x"}).echo
 
 
 def test_completion_defaults_and_extensions():
@@ -118,12 +144,17 @@ def test_nulls_mean_default():
         ({"prompt": "x", "priority": 1.5}, "priority"),
         ({"prompt": "x", "timeout": 0}, "timeout"),
         ({"prompt": "x", "timeout": "5"}, "timeout"),
-        ({"prompt": "x", "n": 2}, "n"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "n": 17}, "n"),
+        ({"prompt": "x", "n": 0}, "n"),
+        ({"prompt": "x", "n": True}, "n"),
+        ({"prompt": "x", "echo": 1}, "echo"),
+        ({"prompt": "x", "suffix": "y"}, "suffix"),
+        ({"prompt": "x", "max_token": 5}, "max_token"),
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": "x", "logprobs": -1}, "logprobs"),
         ({"prompt": "x", "logprobs": True}, "logprobs"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "n": 2, "best_of": 3}, "best_of"),
         ({"prompt": "x", "logit_bias": [1, 5]}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"a": 5}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"-1": 5}}, "logit_bias"),
@@ -133,7 +164,6 @@ def test_nulls_mean_default():
         ({"prompt": "x", "logit_bias": {"1": "5"}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"1": True}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
-        ({"prompt": "x", "user": 5}, "user"),
         ({"prompt": "x", "stop_token_ids": 5}, "stop_token_ids"),
         ({"prompt": "x", "stop_token_ids": [-1]}, "stop_token_ids"),
     ],

@@ -30,6 +30,10 @@ class LogprobsRenderer:
             text = self._texts[token_id] = self._tokenizer.decode([token_id])
         return text
 
+    def decode(self, token_ids: list[int]) -> str:
+        """Token ids' text (an echoed prompt given as ids)."""
+        return self._tokenizer.decode(token_ids)
+
     def completion(self, logprobs: Sequence[TokenLogprob], offset: int = 0) -> tuple[dict, int]:
         """The completions API's `logprobs`, and where the next token's text starts.
 

@@ -7,19 +7,24 @@ shapes are in `responses.py`.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, SamplingParams
+from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 from orcaserve.scheduler.serving.prompt import ChatPrompt
+
+log = logging.getLogger(__name__)
 
 COMPLETIONS = "completions"
 CHAT = "chat"
+MODELS = "models"
 
 # Fields a client may send; anything else is an error naming the field (typos must not pass
-# silently: `max_token` would otherwise quietly generate 16 tokens).
+# silently: `max_token` would otherwise quietly generate 16 tokens). Fields of OpenAI's API that
+# orcaserve does not act on are accepted and ignored (`_IGNORED`); docs/serving.md, "Fields".
 _COMMON = {
     "model",
     "max_tokens",
@@ -31,7 +36,6 @@ _COMMON = {
     "frequency_penalty",
     "stream",
     "stream_options",
-    "user",
     "n",
     "logit_bias",
     # extensions
@@ -46,6 +50,33 @@ _COMMON = {
 }
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 _CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+# OpenAI's fields that change nothing about the tokens a request gets back here: accepted, ignored,
+# logged once per process and named in the IGNORED_HEADER of the answer (as vLLM does).
+_IGNORED_COMMON = {"user"}
+_IGNORED = {
+    COMPLETIONS: _IGNORED_COMMON,
+    CHAT: _IGNORED_COMMON
+    | {
+        "store",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
+        "reasoning_effort",
+        "verbosity",
+        "prediction",
+        "modalities",
+        "web_search_options",
+    },
+}
+# OpenAI's fields whose request cannot be served as asked: ignoring them would answer something
+# else than what the client asked for (tools: see structured outputs; audio output; suffix).
+_REFUSED = {
+    COMPLETIONS: {"suffix"},
+    CHAT: {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio"},
+}
+IGNORED_HEADER = "X-Orcaserve-Ignored-Fields"
+_logged_ignored: set[str] = set()
 _ROLES = {"system", "user", "assistant", "developer"}
 # Reason phrases for the statuses the handlers answer with.
 HTTP_PHRASES = {
@@ -93,17 +124,24 @@ class ParsedRequest:
     timeout: float | None = None
     model: str | None = None
     cache_salt: str | None = None  # as the client sent it; the engine's salt is derived from it
+    echo: bool = False  # completions: the prompt's text (and log-probabilities) before the answer
+    ignored: tuple[str, ...] = ()  # OpenAI fields the request sent that orcaserve does not act on
 
 
 def route(url_path: str | None) -> str:
     """Which API a URL suffix (TorchServe's `url_path` header) selects."""
     path = (url_path or "").strip("/")
+    if path in ("v1/models", "models"):
+        return MODELS
     if path in ("", "v1/completions", "completions"):
         return COMPLETIONS
     if path in ("v1/chat/completions", "chat/completions"):
         return CHAT
     raise ProtocolError(
-        f"unknown path {url_path!r}; use v1/completions or v1/chat/completions", None, 404, "not_found_error"
+        f"unknown path {url_path!r}; use v1/completions, v1/chat/completions or v1/models",
+        None,
+        404,
+        "not_found_error",
     )
 
 
@@ -161,9 +199,6 @@ def _parse_messages(messages: Any) -> list[dict]:
 def _completion_prompt(body: dict) -> str | list[int]:
     if "prompt" not in body:
         raise ProtocolError("prompt is required", "prompt")
-    for name, ok in (("echo", (None, False)), ("best_of", (None, 1)), ("suffix", (None,))):
-        if body.get(name) not in ok:
-            raise ProtocolError(f"{name} is not supported", name)
     return _parse_prompt(body["prompt"])
 
 
@@ -217,14 +252,20 @@ def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -
     return value
 
 
-def _sampling_params(body: dict, max_tokens: int, logprobs: int | None) -> SamplingParams:
+def _sampling_params(body: dict, max_tokens: int, logprobs: int | None, n: int = 1) -> SamplingParams:
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
             raise ProtocolError("stop must be a non-empty string or a list of up to 4 of them", "stop")
     _expect(body, "stop_token_ids", lambda v: isinstance(v, list), "a list of integers")
-    values = {"max_tokens": max_tokens, "stop": stop or [], "logprobs": logprobs, "logit_bias": _logit_bias(body)}
+    values = {
+        "max_tokens": max_tokens,
+        "stop": stop or [],
+        "logprobs": logprobs,
+        "logit_bias": _logit_bias(body),
+        "n": n,
+    }
     for name in (
         "temperature",
         "top_p",
@@ -257,15 +298,15 @@ def parse_request(
 
     `max_tokens_limit` caps what a request may ask for (400 above it) and the default; a
     request's `timeout` is capped by `default_timeout`."""
-    allowed = _COMPLETION_FIELDS if kind == COMPLETIONS else _CHAT_FIELDS
-    for key in body:
-        if key not in allowed:
-            raise ProtocolError(f"unknown field {key!r}", key)
+    ignored = _check_fields(body, kind)
     prompt = _completion_prompt(body) if kind == COMPLETIONS else _chat_prompt(body)
-    if body.get("n") not in (None, 1):
-        raise ProtocolError("only n=1 is supported", "n")
+    n = _expect(body, "n", lambda v: _is_int(v) and 1 <= v <= MAX_N, f"an integer from 1 to {MAX_N}") or 1
+    # best_of: the best n of best_of by the answers' log-probability; only best_of == n (no choice
+    # to make) is served.
+    if body.get("best_of") not in (None, n):
+        raise ProtocolError("best_of is supported only equal to n", "best_of")
+    echo = _expect(body, "echo", lambda v: isinstance(v, bool), "a boolean") or False
     _expect(body, "model", lambda v: isinstance(v, str), "a string")
-    _expect(body, "user", lambda v: isinstance(v, str), "a string")
     stream = _expect(body, "stream", lambda v: isinstance(v, bool), "a boolean") or False
     opts = (
         _expect(
@@ -286,7 +327,42 @@ def parse_request(
     if timeout is None or (default_timeout is not None and timeout > default_timeout):
         timeout = default_timeout  # the server's deadline is also the longest a client may ask for
     max_tokens = _max_tokens(body, kind, default_max_tokens, max_tokens_limit)
-    params = _sampling_params(body, max_tokens, _logprobs(body, kind))
+    logprobs = _logprobs(body, kind)
+    if echo and logprobs is not None:
+        raise ProtocolError("echo with logprobs is not supported yet", "echo")
+    params = _sampling_params(body, max_tokens, logprobs, n)
     return ParsedRequest(
-        kind, prompt, params, stream, bool(opts.get("include_usage")), priority, timeout, body.get("model"), cache_salt
+        kind,
+        prompt,
+        params,
+        stream,
+        bool(opts.get("include_usage")),
+        priority,
+        timeout,
+        body.get("model"),
+        cache_salt,
+        echo,
+        ignored,
     )
+
+
+def _check_fields(body: dict, kind: str) -> tuple[str, ...]:
+    """Refuse unknown and unservable fields; returns the OpenAI fields to ignore, each logged the
+    first time this process sees it."""
+    allowed, ignore, refuse = (
+        (_COMPLETION_FIELDS if kind == COMPLETIONS else _CHAT_FIELDS),
+        _IGNORED[kind],
+        _REFUSED[kind],
+    )
+    ignored = []
+    for key in body:
+        if key in refuse and body[key] is not None:
+            raise ProtocolError(f"{key} is not supported", key)
+        if key in ignore:
+            ignored.append(key)
+            if key not in _logged_ignored:
+                _logged_ignored.add(key)
+                log.warning("orcaserve ignores the OpenAI field %r (logged once per process)", key)
+        elif key not in allowed and key not in refuse:
+            raise ProtocolError(f"unknown field {key!r}", key)
+    return tuple(ignored)

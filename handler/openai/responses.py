@@ -11,7 +11,7 @@ from orcaserve.handler.openai.protocol import COMPLETIONS
 from orcaserve.scheduler.errors import EngineError
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
     """OpenAI's usage object; `prompt_tokens_details.cached_tokens` (prompt tokens served from the
     prefix cache) when the server reports it (the request-level baseline has no cache)."""
     usage: dict = {
@@ -28,6 +28,27 @@ def response_id(kind: str, request_id: str) -> str:
     return ("cmpl-" if kind == COMPLETIONS else "chatcmpl-") + request_id
 
 
+# The engine's finish reasons that are not OpenAI's, and the one a client is told instead: a
+# deadline or an abort cut the answer short, as `max_tokens` does (docs/serving.md, "Fields").
+# "error" never reaches a choice: the request is answered with an error object instead.
+_FINISH_REASONS = {"timeout": "length", "abort": "length"}
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    """The engine's finish reason as one of OpenAI's (`stop`, `length`, `tool_calls`,
+    `content_filter`)."""
+    return _FINISH_REASONS.get(reason, reason) if reason is not None else None
+
+
+def choice(kind: str, index: int, text: str, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    """One choice of a non-streamed answer (`logprobs` already in its API's shape)."""
+    reason = openai_finish_reason(finish_reason)
+    if kind == COMPLETIONS:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+    message = {"role": "assistant", "content": text}
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": reason}
+
+
 def final_response(
     kind: str,
     request_id: str,
@@ -40,28 +61,32 @@ def final_response(
     cached_tokens: int | None = None,
     logprobs: dict | None = None,
 ) -> dict:
-    """The non-streamed `text_completion` or `chat.completion` object (`logprobs`: the choice's,
-    already in its API's shape)."""
-    created = created or int(time.time())
-    if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-        obj = "text_completion"
-    else:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
-        }
-        obj = "chat.completion"
+    """The non-streamed `text_completion` or `chat.completion` object of one choice."""
+    choices = [choice(kind, 0, text, finish_reason, logprobs)]
+    return response_of(
+        kind, request_id, model, choices, usage_of(prompt_tokens, completion_tokens, cached_tokens), created
+    )
+
+
+def response_of(
+    kind: str, request_id: str, model: str, choices: list[dict], usage: dict, created: int | None = None
+) -> dict:
+    """The non-streamed answer with its `choices` (from `choice`) and `usage` (from `usage_of`)."""
     return {
         "id": response_id(kind, request_id),
-        "object": obj,
-        "created": created,
+        "object": "text_completion" if kind == COMPLETIONS else "chat.completion",
+        "created": created or int(time.time()),
         "model": model,
-        "choices": [choice],
-        "usage": _usage(prompt_tokens, completion_tokens, cached_tokens),
+        "choices": choices,
+        "usage": usage,
     }
+
+
+def model_list(model: str, max_model_len: int, created: int) -> dict:
+    """`GET /v1/models`: OpenAI's list of the one model this worker serves (vLLM's `max_model_len`
+    added)."""
+    card = {"id": model, "object": "model", "created": created, "owned_by": "orcaserve", "root": model}
+    return {"object": "list", "data": [{**card, "parent": None, "max_model_len": max_model_len}]}
 
 
 def stream_chunk(
@@ -74,25 +99,27 @@ def stream_chunk(
     role: bool = False,
     usage: tuple[int, int] | tuple[int, int, int] | None = None,
     logprobs: dict | None = None,
+    index: int = 0,
 ) -> dict:
-    """One OpenAI streaming chunk; `usage` set gives the trailing usage-only chunk (no choices):
+    """One OpenAI streaming chunk of choice `index`; `usage` set gives the trailing usage-only chunk (no choices):
     (prompt, completion) tokens, or (prompt, completion, cached prompt) tokens."""
     obj = "text_completion" if kind == COMPLETIONS else "chat.completion.chunk"
     chunk: dict = {"id": response_id(kind, request_id), "object": obj, "created": created, "model": model}
     if usage is not None:
         chunk["choices"] = []
-        chunk["usage"] = _usage(*usage)
+        chunk["usage"] = usage_of(*usage)
         return chunk
+    reason = openai_finish_reason(finish_reason)
     if kind == COMPLETIONS:
-        choice = {"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+        one = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}
     else:
         delta: dict = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    chunk["choices"] = [choice]
+        one = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    chunk["choices"] = [one]
     return chunk
 
 

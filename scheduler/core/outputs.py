@@ -48,3 +48,4 @@ class RequestOutput:
     error: str | None = field(default=None)  # why the engine failed the request (finish_reason "error")
     new_logprobs: list[TokenLogprob] | None = None  # one per new token
     logprobs: list[TokenLogprob] | None = None  # one per output token, on the final output only
+    index: int = 0  # which of the request's `n` choices this output is about

@@ -44,6 +44,10 @@ class Request:
         tenant: str | None = None,
     ) -> None:
         self.request_id = request_id
+        # A choice of a request with n > 1 (choices.py): its outputs carry the parent's id and its
+        # index; a request of its own is its own group, index 0.
+        self.group_id = request_id
+        self.index = 0
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         # One per output token when the request asked for them (params.logprobs), else None.

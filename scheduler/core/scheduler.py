@@ -103,12 +103,13 @@ class Scheduler:
         with the largest counter."""
         return (self._projected(req.tenant) if self.fair else 0.0, *self._key(req))
 
-    def add_request(self, req: Request) -> None:
+    def add_request(self, req: Request, front: bool = False) -> None:
+        """Queue `req`; `front`: ahead of later arrivals (a request's further choices, choices.py)."""
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req
         self.shares.arrived(req)
-        self.waiting.push(req)
+        self.waiting.push(req, front=front)
 
     def finish_request(self, req: Request, reason: str) -> None:
         """Remove a request for good and return its blocks."""

@@ -38,9 +38,9 @@ class EngineLoop:
     thread: admission failures fail that request, step failures the step's requests. Should the
     thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
 
-    `max_waiting` bounds the requests submitted but not running: beyond it `submit` raises
-    `Overloaded` at once instead of queueing without limit. Requests fail with the errors of
-    `scheduler/errors.py`.
+    `max_waiting` bounds the sequences submitted but not running (a request with `n` choices is n
+    of them): beyond it `submit` raises `Overloaded` at once instead of queueing without limit.
+    Requests fail with the errors of `scheduler/errors.py`.
     """
 
     def __init__(
@@ -60,8 +60,9 @@ class EngineLoop:
         self._deadlines: dict[str, tuple[float, float]] = {}  # id -> (deadline, timeout)
         self._lock = threading.Lock()  # guards _closed and _in_flight against submitters
         self._closed = False
-        self._in_flight = 0  # submitted, final item not yet delivered
+        self._in_flight = 0  # sequences submitted, final item not yet delivered
         self._num_running = 0  # published by the loop thread after each step
+        self._unfinished: dict[str, int] = {}  # request id -> its choices not yet finished
         self._build: Callable[[], Engine] | None = None
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -142,19 +143,19 @@ class EngineLoop:
         Raises `ShuttingDown` at once if the loop is shut down, `Overloaded` if the waiting queue
         is full.
         """
-        stream = RequestStream(request_id, event_loop)
+        stream = RequestStream(request_id, event_loop, params.n)
         deadline = time.time() + timeout if timeout is not None else None
         with self._lock:
             if self._closed or self._admission is None:
                 raise ShuttingDown("the engine is not running", retry_after=_RESTART_S)
             waiting = self._in_flight - self._num_running
-            if self.max_waiting is not None and waiting >= self.max_waiting:
+            if self.max_waiting is not None and waiting + params.n > self.max_waiting:
                 raise Overloaded(
-                    f"server overloaded: {waiting} requests are already waiting "
+                    f"server overloaded: {waiting} sequences are already waiting "
                     f"(max_waiting_requests={self.max_waiting}); retry later",
                     retry_after=1,
                 )
-            self._in_flight += 1
+            self._in_flight += params.n
             self._enqueue(Submission(stream, prompt, params, priority, timeout, deadline, cache_salt, tenant))
         return stream
 
@@ -248,6 +249,7 @@ class EngineLoop:
             )
             return
         self._streams[rid] = item.stream
+        self._unfinished[rid] = item.params.n
         if item.deadline is not None:
             self._deadlines[rid] = (item.deadline, item.timeout or 0.0)
 
@@ -255,27 +257,43 @@ class EngineLoop:
         """Queue a stream's final item and release its place in the in-flight count."""
         self._outbox.append((stream, item))
         with self._lock:
-            self._in_flight -= 1
+            self._in_flight -= stream.n
 
     def _deliver(self, rid: str, item: RequestOutput | EngineError) -> None:
         """Send `rid` its final item and forget it."""
         stream = self._streams.pop(rid, None)
         self._deadlines.pop(rid, None)
+        self._unfinished.pop(rid, None)
         if stream is not None:
             self._finish_stream(stream, item)
 
+    def _choice_done(self, rid: str, out: RequestOutput) -> None:
+        """A choice's final output: the request's final item once every choice has finished."""
+        left = self._unfinished.get(rid, 1) - 1
+        if left > 0:
+            self._unfinished[rid] = left
+            self._outbox.append((self._streams[rid], out))
+        else:
+            self._deliver(rid, out)
+
     def _end_early(self, rid: str, reason: str, error: EngineError | None) -> None:
-        """Abort `rid` in the engine (freeing its blocks) and answer it with its final output, or
-        with `error` when given."""
-        out = self.engine.abort(rid, reason)
-        if rid not in self._streams:
+        """Abort `rid` (every choice) in the engine, freeing its blocks, and answer it with the
+        final outputs of its unfinished choices, or with `error` when given."""
+        outs = self.engine.abort_all(rid, reason)
+        stream = self._streams.get(rid)
+        if stream is None:
             return
-        if error is None and out is not None and reason == "timeout" and out.completion_tokens == 0:
+        untouched = self._unfinished.get(rid) == stream.n and all(o.completion_tokens == 0 for o in outs)
+        if error is None and outs and reason == "timeout" and untouched:
             timeout = self._deadlines[rid][1]
             error = TimedOut(timeout)
-        if error is None and out is None:  # the engine no longer knows it: answer anyway
+        if error is None and not outs:  # the engine no longer knows it: answer anyway
             error = InternalError(f"internal error: request {rid} was lost by the engine")
-        self._deliver(rid, error if error is not None else out)
+        if error is not None:
+            self._deliver(rid, error)
+        else:
+            for out in outs:
+                self._choice_done(rid, out)
         self._notify()
 
     def _expire_deadlines(self) -> None:
@@ -300,10 +318,10 @@ class EngineLoop:
         outputs.sort(key=lambda out: out.completion_tokens > len(out.new_token_ids))
         for out in outputs:
             rid = out.request_id
-            if out.error is not None:
-                self._deliver(rid, InternalError(f"internal error: {out.error}"))
-            elif out.finished:
-                self._deliver(rid, out)
+            if out.error is not None:  # one choice failed: the request fails, its other choices end
+                self._end_early(rid, "error", InternalError(f"internal error: {out.error}"))
+            elif out.finished and rid in self._streams:
+                self._choice_done(rid, out)
             elif rid in self._streams:
                 self._outbox.append((self._streams[rid], out))
         self._num_running = self.engine.scheduler.num_running

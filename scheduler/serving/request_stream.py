@@ -15,11 +15,13 @@ class RequestStream:
     """Outputs of one request, written by the engine thread, read from a thread or asyncio.
 
     Iterate it (`for out in stream` or `async for out in stream`) to get `RequestOutput`s until
-    the final one; a failure is raised as `EngineError`.
+    the final one of each of its `n` choices; a failure is raised as `EngineError`.
     """
 
-    def __init__(self, request_id: str, event_loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, request_id: str, event_loop: asyncio.AbstractEventLoop | None = None, n: int = 1) -> None:
         self.request_id = request_id
+        self.n = n
+        self._unfinished = n  # choices whose final output has not been read
         self._event_loop = event_loop
         self._sync: queue.Queue = queue.Queue()
         self._async: asyncio.Queue | None = asyncio.Queue() if event_loop is not None else None
@@ -29,9 +31,13 @@ class RequestStream:
         """Called by the engine thread only."""
         deliver([(self, item)])
 
-    @staticmethod
-    def _done(item: RequestOutput | EngineError) -> bool:
-        return isinstance(item, EngineError) or item.finished
+    def _done(self, item: RequestOutput | EngineError) -> bool:
+        """Whether `item`, just read, ends the stream (an error, or the last choice's final output)."""
+        if isinstance(item, EngineError):
+            return True
+        if item.finished:
+            self._unfinished -= 1
+        return self._unfinished == 0
 
     def __iter__(self) -> Iterator[RequestOutput]:
         while not self.finished:
@@ -52,9 +58,9 @@ class RequestStream:
         assert self._async is not None, "submit with event_loop= to read the stream from asyncio"
         while not self.finished:
             items = [await self._async.get()]
-            while not self._done(items[-1]) and not self._async.empty():
+            while not (done := self._done(items[-1])) and not self._async.empty():
                 items.append(self._async.get_nowait())
-            self.finished = self._done(items[-1])
+            self.finished = done
             error = items.pop() if isinstance(items[-1], EngineError) else None
             if items:
                 yield items  # only RequestOutputs are left
