@@ -46,6 +46,21 @@ METRICS: dict[str, tuple[str, MetricTypes, str]] = {
     "orca_prefix_cache_free_blocks": ("count", G, "free KV blocks still holding a reusable prefix"),
 }
 
+# The KV cache's shape for the Gateway API Inference Extension's endpoint picker, in the form of
+# vLLM's `vllm:cache_config_info` that it reads (value 1, the numbers in labels): docs/deploy.md,
+# "The fleet". Its waiting, running and KV-utilization gauges are the orca_num_requests_* and
+# orca_kv_cache_usage_ratio series above (GATEWAY_METRICS).
+CACHE_INFO_METRIC = ("orca_cache_config_info", "count", G, "1; the KV cache's block_size and num_gpu_blocks as labels")
+CACHE_INFO_DIMENSIONS = ["block_size", "num_gpu_blocks"]
+# The endpoint picker's metric flag -> the series to name in it (TorchServe's backend metric names
+# are [A-Za-z0-9_] only, so the picker's default vllm:* names cannot be produced).
+GATEWAY_METRICS = {
+    "total-queued-requests-metric": "orca_num_requests_waiting",
+    "total-running-requests-metric": "orca_num_requests_running",
+    "kv-cache-usage-percentage-metric": "orca_kv_cache_usage_ratio",
+    "cache-info-metric": CACHE_INFO_METRIC[0],
+}
+
 DIMENSIONS = ["ModelName", "Level"]
 # Gauges are re-emitted at most this often while nothing changes, to keep the log volume sane.
 _GAUGE_PERIOD_S = 1.0
@@ -69,6 +84,9 @@ class EngineMetrics:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Tenant"], kind)
             name, unit, kind, _ = FAIRNESS_METRIC
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+            name, unit, kind, _ = CACHE_INFO_METRIC
+            dims = [*DIMENSIONS, *CACHE_INFO_DIMENSIONS]
+            self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, dims, kind)
         self._tenants = TenantMetrics(self._emit)
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
@@ -92,9 +110,16 @@ class EngineMetrics:
         self._emit(FAIRNESS_METRIC[0], 1.0)
 
     def _emit(self, name: str, value: float, tenant: str | None = None) -> None:
+        self._emit_with(name, value, [] if tenant is None else [tenant])
+
+    def _emit_with(self, name: str, value: float, extra_dims: list[str]) -> None:
         metric = self._metrics.get(name)
         if metric is not None:
-            metric.add_or_update(value, self._dims if tenant is None else [*self._dims, tenant])
+            metric.add_or_update(value, [*self._dims, *extra_dims])
+
+    def on_start(self, engine: Engine) -> None:
+        """Once the engine is built: the KV cache's shape (fixed for the engine's life)."""
+        self._emit_with(CACHE_INFO_METRIC[0], 1, [str(engine.config.block_size), str(engine.stats.num_blocks)])
 
     def on_step(self, engine: Engine) -> None:
         """Engine-loop callback (after each step and after aborts, on the loop thread): on a
