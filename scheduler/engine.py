@@ -20,6 +20,7 @@ from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
@@ -73,6 +74,7 @@ class Engine:
         )
         self.runner.warm_up(config.max_num_batched_tokens, config.max_num_seqs)
         self.sampler = Sampler()
+        self.grammars = Grammars(tokenizer, self.vocab_size)  # structured outputs, compiled once each
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.choices = Choices()  # requests with n > 1
@@ -137,6 +139,8 @@ class Engine:
         ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise ValueError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
+        if params.structured_outputs is not None:  # a cache hit when admission compiled it
+            self.grammars.compile(params.structured_outputs)  # raises GrammarError (a ValueError)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         if cache_salt is not None and not isinstance(cache_salt, str):
@@ -232,6 +236,9 @@ class Engine:
             if self.fault_hook is not None:
                 self.fault_hook(sched)
             logits = self.runner.execute(sched, self.kv)
+            for req in sched.sampling:  # a constrained request's matcher starts at its first token
+                if req.grammar is None and req.params.structured_outputs is not None:
+                    req.grammar = self.grammars.state(req.params.structured_outputs, req.stop_token_ids)
             tokens = self.sampler(logits, sched.sampling)
             return list(zip(sched.sampling, tokens, token_logprobs(logits, sched.sampling, tokens))), []
         except Exception as e:
@@ -249,12 +256,14 @@ class Engine:
             return sampled, failed
 
     def _postprocess(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
+        if req.grammar is not None:
+            req.grammar.accept(token)  # raises if the token left the grammar: this request fails alone
         req.append_token(token, logprob)
         if req.times.first_token is None:
             req.times.first_token = now
         hit_stop = self._detok[req.request_id].update(req.output_token_ids)
         reason = None
-        if hit_stop or token in req.stop_token_ids:
+        if hit_stop or token in req.stop_token_ids or (req.grammar is not None and req.grammar.terminated):
             reason = "stop"
         elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
             reason = "length"

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orcaserve.scheduler.structured_outputs import StructuredOutputs
+
 # Most alternatives a request may ask for with each token (vLLM's default `max_logprobs`; OpenAI's
 # chat allows 20 too).
 MAX_LOGPROBS = 20
@@ -30,7 +32,9 @@ class SamplingParams:
     MAX_LOGPROBS) reports each sampled token's log-probability with that many most likely
     alternatives; None reports nothing. `logit_bias` maps token ids to a value in [-100, 100]
     added to that token's logit before penalties and sampling (not to the reported
-    log-probabilities, which stay the model's).
+    log-probabilities, which stay the model's). `structured_outputs` constrains the output to a
+    JSON schema, any JSON object, a regex or a choice of strings (model/grammar.py); a dict is
+    taken as StructuredOutputs' arguments.
     """
 
     max_tokens: int = 16
@@ -49,6 +53,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     # Sequences sampled from the prompt (1 to MAX_N), each with its own random stream (seed + i).
     n: int = 1
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -86,6 +91,10 @@ class SamplingParams:
         _check_int("n", self.n, low=1, high=MAX_N + 1)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputs(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            raise ValueError(f"structured_outputs must be a StructuredOutputs, got {self.structured_outputs!r}")
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,7 @@ from orcaserve.scheduler.core.outputs import RequestTimes
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from orcaserve.scheduler.model.grammar import GrammarState
     from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 _arrival_counter = itertools.count()
@@ -72,6 +73,8 @@ class Request:
         self.tenant = tenant
         self.prompt_charged = 0
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+        # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
+        self.grammar: GrammarState | None = None
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TimedOut
+from orcaserve.scheduler.model.grammar import GrammarError, Grammars
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
 from orcaserve.scheduler.serving.request_stream import RequestStream
@@ -50,6 +51,7 @@ class Admission:
     stopped every stream for 20 s (benchmarks/admission.py). Here it runs beside the engine with
     a tokenizer of its own (fast tokenizers are not thread-safe; they release the GIL while they
     encode), `nice` steps lower in CPU priority, so the cores go to the engine's threads first.
+    Structured outputs' grammars compile here too, into the engine's cache (model/grammar.py).
 
     Aborts pass through the same queue, so one never overtakes the request it is for. After
     `close`, submissions are handed on unprepared: the owner refuses them.
@@ -62,12 +64,14 @@ class Admission:
         max_model_len: int,
         forward: Callable[[Submission | Abort], None],
         nice: int = 10,
+        grammars: Grammars | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._vocab_size = vocab_size
         self._max_model_len = max_model_len
         self._forward = forward
         self._nice = nice
+        self._grammars = grammars  # the engine's: what compiles here, its thread finds cached
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="orcaserve-admission", daemon=True)
@@ -115,6 +119,10 @@ class Admission:
             return
         try:
             item.ids = encode_prompt(self._tokenizer, item.prompt, self._vocab_size, self._max_model_len)
+            if item.params.structured_outputs is not None and self._grammars is not None:
+                self._grammars.compile(item.params.structured_outputs)  # 5-50 ms a new schema
+        except GrammarError as e:
+            item.error = InvalidRequest(str(e), e.param)
         except ValueError as e:
             item.error = InvalidRequest.from_message(str(e))
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the thread

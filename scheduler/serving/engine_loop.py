@@ -77,7 +77,7 @@ class EngineLoop:
 
     def _new_admission(self, engine: Engine) -> Admission:
         tokenizer = copy.deepcopy(engine.tokenizer)  # its own: fast tokenizers are not thread-safe
-        return Admission(tokenizer, engine.vocab_size, engine.max_model_len, self._inbox.put)
+        return Admission(tokenizer, engine.vocab_size, engine.max_model_len, self._inbox.put, grammars=engine.grammars)
 
     @classmethod
     def launch(
