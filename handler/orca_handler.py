@@ -257,6 +257,9 @@ class OrcaHandler:
                 metrics.on_finish(final)
                 echo = self._echo(req)
                 logprobs = self._render_logprobs(kind, final.logprobs, len(echo))[0]
+                prompt_logprobs = self._echo_logprobs(final)
+                if logprobs is not None and prompt_logprobs is not None:  # the prompt's, then the answer's
+                    logprobs = {key: prompt_logprobs[key] + value for key, value in logprobs.items()}
                 choices.append(choice(kind, i, echo + final.text, final.finish_reason, logprobs))
             context.set_response_content_type(0, "application/json")
             return json.dumps(
@@ -275,6 +278,12 @@ class OrcaHandler:
             return req.prompt
         assert self._logprobs is not None and isinstance(req.prompt, list)
         return self._logprobs.decode(req.prompt)
+
+    def _echo_logprobs(self, out: RequestOutput) -> dict | None:
+        """The completions `logprobs` of the echoed prompt, when the request asked for them."""
+        if out.prompt_logprobs is None or out.prompt_token_ids is None or self._logprobs is None:
+            return None
+        return self._logprobs.echo(out.prompt_token_ids, out.prompt_logprobs)[0]
 
     async def _relay(
         self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str, metrics: EngineMetrics
@@ -298,7 +307,9 @@ class OrcaHandler:
                         if kind == CHAT:
                             pieces.append(sse(stream_chunk(kind, request_id, model, created, "", role=True, index=i)))
                         elif echo:
-                            pieces.append(sse(stream_chunk(kind, request_id, model, created, echo, index=i)))
+                            logprobs = self._echo_logprobs(outputs[0])  # every choice's first output has them
+                            chunk = stream_chunk(kind, request_id, model, created, echo, logprobs=logprobs, index=i)
+                            pieces.append(sse(chunk))
                 started = True
                 for index, group in by_choice(outputs):
                     text = "".join(out.new_text for out in group)

@@ -24,6 +24,7 @@ from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
+from orcaserve.scheduler.model.prompt_logprobs import prompt_logprobs
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
@@ -158,6 +159,10 @@ class Engine:
             now = reqs = [make(request_id, params)]
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
+        if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices
+            plp = prompt_logprobs(self.runner, ids, params.prompt_logprobs)
+            for req in reqs:
+                req.prompt_logprobs = plp
         for req in now:
             self.scheduler.add_request(req)
         for req in reqs:
@@ -304,7 +309,6 @@ class Engine:
         detok = self._detok[req.request_id]
         return RequestOutput(
             request_id=req.group_id,
-            index=req.index,
             new_token_ids=new_ids,
             output_token_ids=list(req.output_token_ids) if finished else [],
             new_text=detok.release(finished),
@@ -318,7 +322,16 @@ class Engine:
             num_cached_tokens=req.num_cached_tokens,
             new_logprobs=(new_logprobs or []) if req.logprobs is not None else None,
             logprobs=list(req.logprobs) if finished and req.logprobs is not None else None,
+            index=req.index,
+            **self._prompt_logprobs(req, len(new_ids), finished),
         )
+
+    @staticmethod
+    def _prompt_logprobs(req: Request, num_new: int, finished: bool) -> dict:
+        """The prompt's log-probabilities, on a choice's first output and on its final one."""
+        if req.prompt_logprobs is None or not (finished or len(req.output_token_ids) <= num_new):
+            return {}
+        return {"prompt_token_ids": req.prompt_token_ids, "prompt_logprobs": req.prompt_logprobs}
 
     def _finish_output(
         self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None

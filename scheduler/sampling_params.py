@@ -53,6 +53,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     # Sequences sampled from the prompt (1 to MAX_N), each with its own random stream (seed + i).
     n: int = 1
+    # The prompt's log-probabilities with this many alternatives each (0 to MAX_LOGPROBS; `echo`).
+    prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
@@ -89,6 +91,8 @@ class SamplingParams:
             _check_int("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS + 1)
         self.logit_bias = _check_logit_bias(self.logit_bias)
         _check_int("n", self.n, low=1, high=MAX_N + 1)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS + 1)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
         if isinstance(self.structured_outputs, dict):

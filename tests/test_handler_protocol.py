@@ -47,7 +47,7 @@ def test_decode_body_rejects(raw):
 def test_openai_fields_not_acted_on_are_ignored_and_named(caplog):
     chat = {"messages": [{"role": "user", "content": "x"}]}
     r = parse({**chat, "store": True, "metadata": {"a": "b"}, "user": 5, "service_tier": "auto"}, P.CHAT)
-    assert r.ignored == ("store", "metadata", "user", "service_tier")
+    assert r.ignored == ("metadata", "service_tier", "store", "user")  # sorted
     assert parse({"prompt": "x", "user": "u", "n": 3, "best_of": 3, "echo": True}).ignored == ("user",)
     with caplog.at_level("WARNING"):  # logged once per process and field
         parse({**chat, "prompt_cache_key": "k"}, P.CHAT)

@@ -61,6 +61,17 @@ class LogprobsRenderer:
         }
         return body, offset
 
+    def echo(self, prompt_ids: Sequence[int], logprobs: Sequence[TokenLogprob | None]) -> tuple[dict, int]:
+        """The completions API's `logprobs` of an echoed prompt, as vLLM gives them: the first
+        token's log-probability and alternatives are null; offsets count from the prompt's start."""
+        first = self.text(prompt_ids[0])
+        body, offset = self.completion([lp for lp in logprobs if lp is not None], len(first))
+        body["tokens"].insert(0, first)
+        body["token_logprobs"].insert(0, None)
+        body["top_logprobs"].insert(0, None)
+        body["text_offset"].insert(0, 0)
+        return body, offset
+
     def chat(self, logprobs: Sequence[TokenLogprob]) -> dict:
         """The chat API's `logprobs`: `{"content": [{token, logprob, bytes, top_logprobs}]}`."""
         return {

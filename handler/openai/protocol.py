@@ -252,7 +252,9 @@ def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -
     return value
 
 
-def _sampling_params(body: dict, max_tokens: int, logprobs: int | None, n: int = 1) -> SamplingParams:
+def _sampling_params(
+    body: dict, max_tokens: int, logprobs: int | None, n: int = 1, prompt_logprobs: int | None = None
+) -> SamplingParams:
     stop = body.get("stop")
     if stop is not None:
         stop = [stop] if isinstance(stop, str) else stop
@@ -265,6 +267,7 @@ def _sampling_params(body: dict, max_tokens: int, logprobs: int | None, n: int =
         "logprobs": logprobs,
         "logit_bias": _logit_bias(body),
         "n": n,
+        "prompt_logprobs": prompt_logprobs,  # echo with logprobs: the prompt's too
     }
     for name in (
         "temperature",
@@ -328,9 +331,7 @@ def parse_request(
         timeout = default_timeout  # the server's deadline is also the longest a client may ask for
     max_tokens = _max_tokens(body, kind, default_max_tokens, max_tokens_limit)
     logprobs = _logprobs(body, kind)
-    if echo and logprobs is not None:
-        raise ProtocolError("echo with logprobs is not supported yet", "echo")
-    params = _sampling_params(body, max_tokens, logprobs, n)
+    params = _sampling_params(body, max_tokens, logprobs, n, logprobs if echo else None)
     return ParsedRequest(
         kind,
         prompt,
@@ -365,4 +366,4 @@ def _check_fields(body: dict, kind: str) -> tuple[str, ...]:
                 log.warning("orcaserve ignores the OpenAI field %r (logged once per process)", key)
         elif key not in allowed and key not in refuse:
             raise ProtocolError(f"unknown field {key!r}", key)
-    return tuple(ignored)
+    return tuple(sorted(ignored))

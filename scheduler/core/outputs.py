@@ -49,3 +49,7 @@ class RequestOutput:
     new_logprobs: list[TokenLogprob] | None = None  # one per new token
     logprobs: list[TokenLogprob] | None = None  # one per output token, on the final output only
     index: int = 0  # which of the request's `n` choices this output is about
+    # The prompt's tokens and their log-probabilities (None first), when the request asked for them
+    # (`SamplingParams.prompt_logprobs`): on a choice's first output and on its final one.
+    prompt_token_ids: list[int] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None

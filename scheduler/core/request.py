@@ -49,6 +49,8 @@ class Request:
         # index; a request of its own is its own group, index 0.
         self.group_id = request_id
         self.index = 0
+        # The prompt's log-probabilities (params.prompt_logprobs; the engine computes them once).
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []
         # One per output token when the request asked for them (params.logprobs), else None.
