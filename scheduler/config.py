@@ -50,6 +50,9 @@ class EngineConfig:
     # Replay each step from a CUDA graph captured for its padded size (cuda_graphs.py). None: on
     # where it can run (CUDA with the triton backend), off elsewhere; False turns it off for A/B.
     cuda_graphs: bool | None = None
+    # Serve an architecture that has no token-exact test (scheduler/model/families.py), at the
+    # user's own risk; by default such a model is refused at load.
+    allow_unverified_architecture: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -66,6 +69,10 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be 'cpu', 'torch' or 'triton', got {self.attention_backend!r}")
         if not isinstance(self.enable_prefix_caching, bool):  # "false" from a config file is truthy
             raise ValueError(f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}")
+        if not isinstance(self.allow_unverified_architecture, bool):
+            raise ValueError(
+                f"allow_unverified_architecture must be true or false, got {self.allow_unverified_architecture!r}"
+            )
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be true, false or null, got {self.cuda_graphs!r}")
         if self.scheduling_policy not in POLICIES:

@@ -20,6 +20,7 @@ from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.model.families import attention_window, check_architecture
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
@@ -99,6 +100,7 @@ class Engine:
         dtype), sizing the KV cache from `kv_cache_memory`. The engine takes over the model: its
         attention is routed through the paged cache from now on."""
         config = config or EngineConfig(**engine_args)
+        check_architecture(model, config.allow_unverified_architecture)
         device, dtype = config.resolved_device(), config.resolved_dtype()
         model.to(device=device, dtype=dtype).eval()
         layers, n_kv, head_dim = model_dims(model.config)
@@ -111,9 +113,21 @@ class Engine:
             raise ValueError(f"kv_cache_memory={budget} bytes holds no block of {block_bytes} bytes")
         capacity = num_blocks * config.block_size
         model_limit = getattr(model.config, "max_position_embeddings", None) or capacity
-        max_model_len = config.max_model_len or min(model_limit, capacity)
+        window = attention_window(model.config)  # exact only while a sequence fits the window
+        max_model_len = config.max_model_len or min(model_limit, capacity, window or capacity)
         if max_model_len > capacity:
             raise ValueError(f"max_model_len={max_model_len} exceeds the KV cache capacity of {capacity} tokens")
+        if window is not None and max_model_len > window:
+            raise ValueError(
+                f"max_model_len={max_model_len} exceeds the model's sliding attention window of {window} tokens, "
+                "which orcaserve's paged attention does not apply"
+            )
+        if window is not None and window < model_limit:
+            log.warning(
+                "max_model_len capped at the sliding attention window (%d tokens; the model takes %d)",
+                window,
+                model_limit,
+            )
         return cls(model, tokenizer, config, num_blocks, max_model_len)
 
     # ---- requests ----------------------------------------------------------------------------

@@ -38,9 +38,13 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int, max_model_len
             text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # a template may refuse e.g. a role order
             raise ValueError(f"messages could not be rendered by the chat template: {e}") from None
-        ids = _tokenize(tokenizer, text, "messages")
+        # The template writes the BOS token itself (as text), so none is added.
+        ids = _tokenize(tokenizer, text, "messages", special=False)
     elif isinstance(prompt, str):
-        ids = _tokenize(tokenizer, prompt, "prompt") if prompt else []
+        # As transformers' tokenizer(prompt) and vLLM do: the tokenizer's special tokens (a BOS)
+        # are added. Gemma without its BOS answers fluent nonsense (docs/serving.md
+        # "Supported architectures").
+        ids = _tokenize(tokenizer, prompt, "prompt", special=True) if prompt else []
     elif isinstance(prompt, (list, tuple)):
         ids = list(prompt)
     else:
@@ -56,8 +60,8 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int, max_model_len
     return ids
 
 
-def _tokenize(tokenizer: Any, text: str, field: str) -> list[int]:
+def _tokenize(tokenizer: Any, text: str, field: str, special: bool) -> list[int]:
     try:
-        return tokenizer.encode(text, add_special_tokens=False)
+        return tokenizer.encode(text, add_special_tokens=special)
     except Exception as e:  # e.g. a string that is not valid Unicode
         raise ValueError(f"{field} could not be tokenized: {type(e).__name__}: {e}") from None

@@ -1,0 +1,75 @@
+"""The architectures orcaserve serves, each proven token-exact against transformers, and the check
+at load that refuses the others (docs/serving.md "Supported architectures").
+
+A model outside these lists may well run through the transformers fallback and answer fluent,
+wrong text: a real Gemma 3 did, until its prompts got their BOS token back. So what has no
+token-exact test (tests/test_families.py) is refused when the model loads, never mid-request;
+`allow_unverified_architecture` lets a user try one at their own risk, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from orcaserve.scheduler.model.decoder import SUPPORTED as LEAN
+
+log = logging.getLogger(__name__)
+
+# Served by transformers' own forward, attention routed through the paged cache (model_runner.py);
+# each has a tiny random-weight model in tests/tiny_models.py and passes tests/test_families.py.
+FALLBACK = (
+    "Gemma3ForCausalLM",
+    "GemmaForCausalLM",
+    "Glm4ForCausalLM",
+    "GraniteForCausalLM",
+    "Olmo2ForCausalLM",
+    "Olmo3ForCausalLM",
+    "Phi3ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "SmolLM3ForCausalLM",
+    "Starcoder2ForCausalLM",
+)
+PROVEN = LEAN + FALLBACK
+
+
+class UnsupportedArchitecture(ValueError):
+    """The model cannot be served exactly; raised at load."""
+
+
+def check_architecture(model: Any, allow_unverified: bool = False) -> None:
+    """Refuse, at load, a model whose answers orcaserve has not proven exact, or whose attention
+    needs something the paged attention does not compute (a tiny random model cannot show those:
+    its logits are too small for a soft cap to change a greedy token)."""
+    name = type(model).__name__
+    cfg = model.config
+    if getattr(cfg, "attn_logit_softcapping", None) is not None:
+        # Gemma 2: tanh-capped attention scores; the paged kernels compute plain softmax(QK^T).
+        raise UnsupportedArchitecture(
+            f"{name} caps attention scores (attn_logit_softcapping={cfg.attn_logit_softcapping}), "
+            "which orcaserve's paged attention does not compute"
+        )
+    if name in PROVEN:
+        return
+    message = (
+        f"architecture {name} has not been proven token-exact in orcaserve; supported: {', '.join(sorted(PROVEN))}"
+    )
+    if not allow_unverified:
+        raise UnsupportedArchitecture(message + " (allow_unverified_architecture: true serves it at your own risk)")
+    log.warning("%s; serving it anyway because allow_unverified_architecture is set", message)
+
+
+def attention_window(cfg: Any) -> int | None:
+    """The sliding window of a model whose layers (some or all) attend only to the last
+    `sliding_window` positions, else None. The paged attention attends to the whole sequence,
+    which is the same computation only while a sequence fits the window, so the engine caps
+    max_model_len at it. `layer_types` says which layers slide (Gemma 3, Qwen2's
+    use_sliding_window); configs without it slide everywhere when a window is set (Mistral)."""
+    window = getattr(cfg, "sliding_window", None)
+    if not window:
+        return None
+    layer_types = getattr(cfg, "layer_types", None)
+    if layer_types is not None and "sliding_attention" not in layer_types:
+        return None
+    return int(window)
