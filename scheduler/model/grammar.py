@@ -140,7 +140,22 @@ class GrammarState:
         return bool(self._matcher.is_terminated())
 
 
-def apply_grammars(logits: torch.Tensor, states: Sequence[GrammarState | None]) -> None:
+class MaskBuffer:
+    """The host bitmask the sampler fills each step ([rows, ceil(V / 32)] int32), allocated once
+    and grown as needed: a fresh one a step is an op the engine thread waits for. Rows without a
+    grammar keep stale bits; only the rows named are ever applied."""
+
+    def __init__(self) -> None:
+        self._mask: torch.Tensor | None = None
+
+    def get(self, rows: int, vocab: int) -> torch.Tensor:
+        words = (vocab + 31) // 32
+        if self._mask is None or self._mask.shape[0] < rows or self._mask.shape[1] != words:
+            self._mask = _xgr().allocate_token_bitmask(max(rows, 32), vocab)
+        return self._mask[:rows]
+
+
+def apply_grammars(logits: torch.Tensor, states: Sequence[GrammarState | None], buffer: MaskBuffer) -> None:
     """Set to -inf, in place, the logits of tokens each constrained row's grammar forbids; rows
     whose state is None are not touched. logits: [S, V]; states: one per row.
 
@@ -149,12 +164,11 @@ def apply_grammars(logits: torch.Tensor, states: Sequence[GrammarState | None]) 
     rows = [i for i, s in enumerate(states) if s is not None]
     if not rows:
         return
-    xgr = _xgr()
-    bitmask = xgr.allocate_token_bitmask(len(states), logits.shape[1])  # [S, ceil(V / 32)] int32, all allowed
+    bitmask = buffer.get(len(states), logits.shape[1])  # [S, ceil(V / 32)] int32
     for i in rows:
         states[i].fill(bitmask, i)  # type: ignore[union-attr]  # rows holds the rows with a state
     if logits.device.type == "cpu":
-        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)  # C++, ~40 us for 16 rows of 49152
+        _xgr().apply_token_bitmask_inplace(logits, bitmask, indices=rows)  # C++, ~40 us for 16 rows of 49152
         return
     dev = logits.device
     bits = bitmask[rows].pin_memory().to(dev, non_blocking=True)  # [R, W]

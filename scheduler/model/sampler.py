@@ -9,7 +9,7 @@ import torch
 
 from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.request import Request
-from orcaserve.scheduler.model.grammar import apply_grammars
+from orcaserve.scheduler.model.grammar import MaskBuffer, apply_grammars
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -99,6 +99,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self.argmax_ops = argmax_ops()
+        self.masks = MaskBuffer()  # structured outputs' token masks (model/grammar.py)
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         # logits [S, V], fp32 or the model's dtype: an all-greedy batch without penalties takes
@@ -106,19 +107,17 @@ class Sampler:
         if not reqs:
             return []
         biased = any(r.params.logit_bias for r in reqs)
+        penalized = any(
+            r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty for r in reqs
+        )
         constrained = any(r.grammar is not None for r in reqs)
-        if (
-            biased
-            or constrained
-            or any(
-                r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty
-                for r in reqs
-            )
-        ):
+        if biased or penalized or (constrained and any(r.params.logprobs is not None for r in reqs)):
             # a copy: the engine reports log-probabilities from the model's own logits
             logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
-            if constrained:  # first: a forbidden token stays -inf whatever bias or penalty follows
-                apply_grammars(logits, [r.grammar for r in reqs])
+        if constrained:  # first: a forbidden token stays -inf whatever bias or penalty follows.
+            # In place when no copy was made: nothing reads the logits after the sampler then.
+            apply_grammars(logits, [r.grammar for r in reqs], self.masks)
+        if biased or penalized:
             if biased:  # before the penalties, as vLLM orders them
                 _apply_logit_bias(logits, reqs)
             _apply_penalties(logits, reqs)
