@@ -22,7 +22,7 @@ import pytest
 import yaml
 from hub_cache import add_model_dir
 from tiny_models import hf_greedy, tiny_model
-from torchserve_harness import TorchServe
+from torchserve_harness import TorchServe, registered
 
 from orcaserve.handler.archive import build
 from orcaserve.handler.metrics import CACHE_INFO_METRIC, GATEWAY_METRICS
@@ -67,16 +67,9 @@ def ts(tmp_path_factory, tiny):
     store = root / "elsewhere" / "store"
     store.parent.mkdir()
     shutil.move(str(built), str(store))  # another absolute path: what copying to a host does
-    server = TorchServe(root / "work", store, env={"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}).start()
-    try:
-        for name in ("hubtiny", "travel", "loaded"):
-            server.register(f"{name}.mar")
+    server = TorchServe(root / "work", store, env={"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"})
+    with registered(server, ["hubtiny.mar", "travel.mar", "loaded.mar"]):
         yield server
-    except Exception:
-        print(server.logs())
-        raise
-    finally:
-        server.stop()
 
 
 def _completions(ts, model: str, prompt, max_tokens: int, headers=None) -> dict:

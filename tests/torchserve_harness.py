@@ -247,11 +247,20 @@ def serving(
 
     store = root / "model-store"
     build("default", model, str(store), fmt="default", overrides=overrides)
-    server = TorchServe(root / "work", store, extra_config=extra_config).start()
+    with registered(TorchServe(root / "work", store, extra_config=extra_config), [f"{model}.mar"]) as server:
+        yield server
+
+
+@contextmanager
+def registered(server: TorchServe, archives: list[str]) -> Iterator[TorchServe]:
+    """`server` started with `archives` registered, stopped after; its log is printed if start-up
+    or a test fails."""
+    server.start()
     try:
-        started = time.time()
-        server.register(f"{model}.mar")
-        print(f"registration took {time.time() - started:.1f} s")
+        for archive in archives:
+            started = time.time()
+            server.register(archive)
+            print(f"registration of {archive} took {time.time() - started:.1f} s")
         yield server
     except Exception:
         print(server.logs())
