@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from tiny_models import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family, tiny_model
+from tiny_models import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family
 
 from orcaserve.scheduler import SamplingParams
-from orcaserve.scheduler.model.families import FALLBACK, LEAN, PROVEN, UnsupportedArchitecture
+from orcaserve.scheduler.model.families import LEAN, PROVEN, UnsupportedArchitecture
 from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
 
 # Lengths across block (16) and chunk (64-token budget) boundaries, served together.
@@ -28,27 +28,16 @@ def _serve(engine, work):
 
 def test_every_served_family_has_a_test():
     """The lists in families.py are what this file proves: nothing is added without a model here."""
-    assert set(FALLBACK) <= set(FAMILY_CONFIGS)
-    assert set(LEAN) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}  # tiny_model's
+    assert set(PROVEN) <= set(FAMILY_CONFIGS)
 
 
-@pytest.mark.parametrize("name", FALLBACK)
-def test_fallback_family_matches_transformers(name, engine_for):
+@pytest.mark.parametrize("name", PROVEN)
+def test_family_matches_transformers(name, engine_for):
     model = tiny_family(name)
     work = _workload()
     expected = [hf_greedy(model, prompt, n) for prompt, n in work]
     engine = engine_for(model, max_num_seqs=4, max_num_batched_tokens=64, block_size=16)
-    assert engine.runner.decoder is None, "served through transformers' forward"
-    assert _serve(engine, work) == expected
-
-
-def test_mistral_matches_transformers(engine_for):
-    """Llama and Qwen2 are proven in test_engine_exact.py; the lean decoder's third family here."""
-    model = tiny_model("mistral")
-    work = _workload(seed=1)
-    expected = [hf_greedy(model, prompt, n) for prompt, n in work]
-    engine = engine_for(model, max_num_seqs=4, max_num_batched_tokens=64, block_size=16)
-    assert engine.runner.decoder is not None
+    assert (engine.runner.decoder is not None) == (name in LEAN), "lean decoder or transformers' forward"
     assert _serve(engine, work) == expected
 
 

@@ -59,11 +59,17 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int, **
     return out[0, len(prompt) :].tolist()
 
 
-# Families served through transformers' forward (scheduler/model/families.py FALLBACK): a config
+# The families served (scheduler/model/families.py PROVEN) and two refused: a config
 # class and what a 2-layer GQA model of each needs beyond `tiny_model`'s common settings. Gemma
 # needs head_dim (its default is 256); Granite's multipliers are set away from 1 so a forward
 # that dropped one would show.
 FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    # The lean decoder's (scheduler/model/decoder.py):
+    "LlamaForCausalLM": ("LlamaConfig", {}),
+    "MistralForCausalLM": ("MistralConfig", {}),
+    "Qwen2ForCausalLM": ("Qwen2Config", {}),
+    "Qwen3ForCausalLM": ("Qwen3Config", {"head_dim": 16}),
+    # transformers' forward:
     "Gemma3ForCausalLM": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16}),
     "GemmaForCausalLM": ("GemmaConfig", {"head_dim": 16}),
     "Glm4ForCausalLM": ("Glm4Config", {}),
@@ -74,7 +80,6 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "Olmo2ForCausalLM": ("Olmo2Config", {}),
     "Olmo3ForCausalLM": ("Olmo3Config", {}),
     "Phi3ForCausalLM": ("Phi3Config", {}),
-    "Qwen3ForCausalLM": ("Qwen3Config", {"head_dim": 16}),
     "Qwen3MoeForCausalLM": (
         "Qwen3MoeConfig",
         {"head_dim": 16, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},

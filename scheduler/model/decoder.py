@@ -1,4 +1,4 @@
-"""A lean forward for Llama-family decoders (Llama, Mistral, Qwen2) over a transformers model's weights.
+"""A lean forward for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3) over a transformers model's weights.
 
 The transformers forward costs, per layer and step, about 45 small ops and seven GEMMs whose
 weights oneDNN re-lays out on every call. This forward computes the same thing with the weights
@@ -25,7 +25,7 @@ from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear, fuse_linears
 from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.scheduler.model.loader import model_dims
 
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 
 def supports(model: Any) -> bool:
@@ -72,6 +72,8 @@ class _Layer:
     o: Linear
     gate_up: Linear
     down: Linear
+    q_norm: torch.Tensor | None = None  # [D]: Qwen3's RMSNorm of each head's q and k before rotary
+    k_norm: torch.Tensor | None = None
 
 
 class Decoder:
@@ -140,6 +142,8 @@ class Decoder:
                     o=fuse_linears(attn.o_proj, pack=pack, plain_from=narrow),
                     gate_up=fuse_linears(mlp.gate_proj, mlp.up_proj, pack=pack),
                     down=fuse_linears(mlp.down_proj, pack=pack, plain_from=narrow),
+                    q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
+                    k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
                 )
             )
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the layers' GEMMs,
@@ -203,6 +207,8 @@ class Decoder:
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
+            if layer.q_norm is not None and layer.k_norm is not None:
+                self._qk_norm(qkv, layer.q_norm, layer.k_norm)
             if rope_op is not None:
                 q = rope_op(qkv, cos, sin, k_cache, v_cache, slot_mapping, h, hk)
             else:
@@ -236,6 +242,15 @@ class Decoder:
         if self.fused:
             return self.add_rms_norm_op(x, delta, weight, self.eps)
         return add_rms_norm(x, delta, weight, self.eps)
+
+    def _qk_norm(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
+        """Qwen3: RMSNorm over each head of q and of k, in place in the fused projection's output
+        (the rotary step, fused or not, reads them from there)."""
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = qkv[:, : h * d].view(-1, h, d)  # [T, H, D]
+        k = qkv[:, h * d : (h + hk) * d].view(-1, hk, d)  # [T, H_kv, D]
+        q.copy_(rms_norm(q, q_norm, self.eps))
+        k.copy_(rms_norm(k, k_norm, self.eps))
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
         if self.triton_ops:

@@ -26,7 +26,6 @@ FALLBACK = (
     "Olmo2ForCausalLM",
     "Olmo3ForCausalLM",
     "Phi3ForCausalLM",
-    "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "SmolLM3ForCausalLM",
     "Starcoder2ForCausalLM",
