@@ -8,8 +8,8 @@ Per head layout HxH_kvxD (`--shapes`; the first gets the full grid, the others t
 
 * decode: batch 1-256 x context 1k-32k (quick: 1/8/64/256 x 1k/4k/32k). Every split count in
   {1, 2, 4, ..., 64} (up to context/256) is timed next to the one `choose_num_splits` picks, so
-  each shape gives the heuristic's time, the measured best and the ratio (data to tune
-  SPLIT_MIN_CONTEXT / SPLIT_TARGET_WAVES / the programs >= SMs rule). Bandwidth counts the
+  each shape gives the heuristic's time, the measured best and the ratio (the table that
+  `launch_config`'s decode rule was fitted to; tests/test_triton_split_heuristic.py replays it). Bandwidth counts the
   minimum bytes a step must move (each request's K and V once per KV head, plus q and out),
   as a share of the datasheet HBM peak (PEAK_GBPS by device name, or --peak-gbps) and of the
   device-to-device copy bandwidth measured at the start (a realistic ceiling).

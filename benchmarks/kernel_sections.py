@@ -86,7 +86,9 @@ class Layout:
         """The split count the engine would choose for this step."""
         group = self.h // self.h_kv
         sms = num_sms(self.device)
-        return choose_num_splits(q.shape[0], len(ctx), self.h_kv, group, max(q_lens), max(ctx), sms, self.dtype)
+        return choose_num_splits(
+            q.shape[0], len(ctx), self.h_kv, group, max(q_lens), max(ctx), sms, self.dtype, head_dim=q.shape[2]
+        )
 
 
 def grid(quick: bool, smoke: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:

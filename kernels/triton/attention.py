@@ -12,25 +12,9 @@ position. Requests with zero new tokens own one program that exits at once. Head
 not a power of two (80, 96) are padded to the next one with masks; TILE_N does not depend on the
 cache block size, so any power-of-two block_size works (one table lookup per key).
 
-Tile configurations (`select_config`):
-    decode  (max_seqlen_q * G <= 16): BLOCK_M = max(16, next_pow2(G)), TILE_N = 64, 4 warps
-    prefill (otherwise):              BLOCK_M = max(64, next_pow2(G)), TILE_N = 64, 8 warps
-    fp32 (the CPU path's dtype; exact "ieee" dots run on FMA units, so smaller tiles):
-                                      BLOCK_M = 16 / 32 (decode / prefill), TILE_N = 32, 8 warps
-BLOCK_M >= 16 and TILE_N >= 16 keep every tl.dot legal on sm_80 / sm_90.
-
-Split-K heuristic (`choose_num_splits`): the unified grid has P = (T // BLOCK_Q + B) * H_kv
-programs, each walking its whole context serially. When P is small the GPU is mostly idle and
-a long context makes each program slow, so the keys are split (flash-decoding, `split_k`):
-    if max_seqlen_k < SPLIT_MIN_CONTEXT (2048) or P >= num_SMs:      num_splits = 1 (unified)
-    else: num_splits = min(ceil(SPLIT_TARGET_WAVES (4) * num_SMs / P),
-                           max_seqlen_k // SPLIT_MIN_KEYS (512), SPLIT_MAX (64))
-i.e. aim at ~4 programs per SM (enough loads in flight to approach HBM bandwidth) while every
-split still covers >= 512 keys, so the partial write and the reduce (an extra
-splits * T * H * D * 4 bytes each way) stay small next to the K/V read. In practice this selects
-split-K for decode-heavy steps with few requests (B * H_kv < num_SMs) and long contexts; a step
-with a sizeable prefill chunk already has enough programs. num_SMs is read from the CUDA device
-(132 assumed without one). The thresholds are first guesses, not yet tuned on a GPU.
+Tile configurations (`select_config`) and the split-K count (`choose_num_splits`) are host-side
+decisions in `launch_config`: when a step has few programs (B * H_kv small next to the SM count)
+and long contexts, the keys are split (flash-decoding, `split_k`) so the GPU is not mostly idle.
 
 Host syncs: none when the caller passes max_seqlen_q / max_seqlen_k (the backend does);
 otherwise they are read from the tensors once.
@@ -38,23 +22,16 @@ otherwise they are read from the tensors once.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from orcaserve.kernels.triton.common import attend_q_tile, locate_q_tile
+from orcaserve.kernels.triton.launch_config import SPLIT_MAX, choose_num_splits, num_sms, select_config
 from orcaserve.kernels.triton.split_k import launch_split_k
 from orcaserve.kernels.triton.store_kv import store_kv
 
-__all__ = ["store_kv", "unified_attention", "choose_num_splits", "select_config"]
-
-SPLIT_MIN_CONTEXT = 2048
-SPLIT_MIN_KEYS = 512
-SPLIT_TARGET_WAVES = 4
-SPLIT_MAX = 64
-DEFAULT_NUM_SMS = 132  # H100 / H200 SXM
+__all__ = ["store_kv", "unified_attention", "choose_num_splits", "select_config", "num_sms", "SPLIT_MAX"]
 
 
 @triton.jit
@@ -128,54 +105,6 @@ def _unified_attention_kernel(
         out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & (d < HEAD_DIM)[None, :],
     )
-
-
-def select_config(max_seqlen_q: int, num_queries_per_kv: int, dtype=torch.float16) -> dict:
-    """Tile sizes and launch options; see the module docstring."""
-    g_pad = triton.next_power_of_2(num_queries_per_kv)
-    decode = max_seqlen_q * num_queries_per_kv <= 16
-    if dtype == torch.float32:
-        # fp32 "ieee" dots run on FMA units and hold whole tiles in registers: small tiles.
-        return dict(block_m=max(16 if decode else 32, g_pad), tile_n=32, num_warps=8, num_stages=1)
-    if decode:
-        return dict(block_m=max(16, g_pad), tile_n=64, num_warps=4, num_stages=2)
-    return dict(block_m=max(64, g_pad), tile_n=64, num_warps=8, num_stages=2)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return DEFAULT_NUM_SMS
-
-
-def choose_num_splits(
-    num_tokens: int,
-    num_seqs: int,
-    num_kv_heads: int,
-    num_queries_per_kv: int,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    sms: int = DEFAULT_NUM_SMS,
-    dtype: torch.dtype = torch.float16,
-) -> int:
-    """Number of key splits for a step (1 = unified kernel); see the module docstring."""
-    if max_seqlen_k < SPLIT_MIN_CONTEXT:
-        return 1
-    block_q = select_config(max_seqlen_q, num_queries_per_kv, dtype)["block_m"] // num_queries_per_kv
-    programs = (num_tokens // block_q + num_seqs) * num_kv_heads
-    if programs >= sms:
-        return 1
-    splits = min(
-        triton.cdiv(SPLIT_TARGET_WAVES * sms, programs),
-        max_seqlen_k // SPLIT_MIN_KEYS,
-        SPLIT_MAX,
-    )
-    return max(1, splits)
 
 
 def launch_unified(
@@ -270,7 +199,9 @@ def unified_attention(
     if num_splits is None:
         if max_seqlen_k is None:
             max_seqlen_k = int(seq_lens.max())
-        num_splits = choose_num_splits(t, b, n_kv, g, max_seqlen_q, max_seqlen_k, num_sms(q.device), q.dtype)
+        num_splits = choose_num_splits(
+            t, b, n_kv, g, max_seqlen_q, max_seqlen_k, num_sms(q.device), q.dtype, head_dim=d
+        )
     cfg = select_config(max_seqlen_q, g, q.dtype)
     if num_splits > 1:
         launch_split_k(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, o, num_splits, **cfg)

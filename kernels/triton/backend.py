@@ -54,6 +54,7 @@ class TritonBackend(AttentionBackend):
                 plan.max_seqlen_k,
                 num_sms(q.device),
                 q.dtype,
+                head_dim=q.shape[2],
             )
         return unified_attention(
             q,

@@ -5,7 +5,7 @@ walking a long context alone, which leaves most SMs idle. Here program (tile, kv
 attends to one contiguous range of key tiles and writes an unnormalised fp32 partial result with
 its row max and row sum; `_reduce_splits_kernel` merges the partials per (token, head) with the
 usual log-sum-exp rescaling. The kernel is exact for any step (prefill rows included), so the
-choice between the paths (see `choose_num_splits` in attention.py) is purely about speed.
+choice between the paths (see `choose_num_splits` in launch_config.py) is purely about speed.
 """
 
 from __future__ import annotations

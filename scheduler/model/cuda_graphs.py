@@ -124,7 +124,15 @@ class CudaGraphRunner:
         g = self.decoder.num_heads // n_kv
         max_q = 1 if key.decode else key.num_tokens
         n = choose_num_splits(
-            key.num_tokens, key.num_seqs, n_kv, g, max_q, max_seqlen_k, num_sms(k_cache.device), k_cache.dtype
+            key.num_tokens,
+            key.num_seqs,
+            n_kv,
+            g,
+            max_q,
+            max_seqlen_k,
+            num_sms(k_cache.device),
+            k_cache.dtype,
+            head_dim=k_cache.shape[3],
         )
         n = 1 << (min(n, SPLIT_MAX).bit_length() - 1)  # a power of two: few graphs
         return GraphKey(key.num_tokens, key.num_seqs, key.decode, n)
