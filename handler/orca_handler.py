@@ -56,6 +56,7 @@ from orcaserve.handler.openai.responses import (
     usage_of,
 )
 from orcaserve.handler.openai.tenancy import derive_cache_salt, header_value
+from orcaserve.handler.openai.tools import shape_choice, stream_tail
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
@@ -260,7 +261,9 @@ class OrcaHandler:
                 prompt_logprobs = self._echo_logprobs(final)
                 if logprobs is not None and prompt_logprobs is not None:  # the prompt's, then the answer's
                     logprobs = {key: prompt_logprobs[key] + value for key, value in logprobs.items()}
-                choices.append(choice(kind, i, echo + final.text, final.finish_reason, logprobs))
+                choices.append(
+                    shape_choice(choice(kind, i, echo + final.text, final.finish_reason, logprobs), req.tool_spec)
+                )
             context.set_response_content_type(0, "application/json")
             return json.dumps(
                 response_of(kind, request_id, self.model_name, choices, usage_of(*usage(finals.values())))
@@ -296,6 +299,7 @@ class OrcaHandler:
         started = False
         offsets: dict[int, int] = {}  # per choice: where its next token's text starts (`text_offset`)
         finals: list[RequestOutput] = []
+        held: dict[int, str] = {}  # per choice: text held back to be parsed into tool calls (tools.py)
         try:
             async for outputs in stream.chunks():  # what has piled up goes out as one frame
                 pieces = []
@@ -314,6 +318,9 @@ class OrcaHandler:
                 for index, group in by_choice(outputs):
                     text = "".join(out.new_text for out in group)
                     new_logprobs = [lp for out in group for lp in out.new_logprobs or ()]
+                    if req.tool_spec is not None and req.tool_spec.parses:  # parsed into tool calls at the end
+                        held[index] = held.get(index, "") + text
+                        text, new_logprobs = "", []
                     if text or new_logprobs:  # a token's logprob goes out even while its text is held back
                         logprobs, offsets[index] = self._render_logprobs(kind, new_logprobs or None, offsets[index])
                         chunk = stream_chunk(kind, request_id, model, created, text, logprobs=logprobs, index=index)
@@ -326,7 +333,8 @@ class OrcaHandler:
                         chunk = stream_chunk(
                             kind, request_id, model, created, text_end, last.finish_reason, index=index
                         )
-                        pieces.append(sse(chunk))
+                        tail = [chunk] if index not in held else stream_tail(req.tool_spec, held.pop(index), chunk)
+                        pieces += [sse(c) for c in tail]
                 if len(finals) == req.params.n:
                     if req.include_usage:
                         pieces.append(sse(stream_chunk(kind, request_id, model, created, usage=usage(finals))))

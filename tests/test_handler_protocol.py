@@ -53,7 +53,7 @@ def test_openai_fields_not_acted_on_are_ignored_and_named(caplog):
         parse({**chat, "prompt_cache_key": "k"}, P.CHAT)
         parse({**chat, "prompt_cache_key": "k"}, P.CHAT)
     assert sum("prompt_cache_key" in m for m in caplog.messages) == 1
-    for field in ("tools", "tool_choice", "parallel_tool_calls", "audio"):
+    for field in ("functions", "function_call", "audio"):  # tools: test_tools_protocol.py
         with pytest.raises(P.ProtocolError) as e:
             parse({**chat, field: {"x": 1}}, P.CHAT)
         assert e.value.param == field and "not supported" in e.value.message
@@ -203,7 +203,7 @@ def test_chat_parsing():
         ({"messages": [{"role": "user", "content": "x"}], "prompt": "x"}, "prompt"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
         (
-            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}},
             "response_format",
         ),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}, "max_completion_tokens"),

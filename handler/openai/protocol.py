@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orcaserve.handler.openai import structured, tools
 from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 from orcaserve.scheduler.serving.prompt import ChatPrompt
 
@@ -47,9 +48,11 @@ _COMMON = {
     "priority",
     "timeout",
     "cache_salt",  # vLLM's name: subdivides prefix-cache sharing (handler/openai/tenancy.py)
-}
+} | structured.VLLM_FIELDS
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"}
+_CHAT_FIELDS = (
+    _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"} | tools.FIELDS
+)
 # OpenAI's fields that change nothing about the tokens a request gets back here: accepted, ignored,
 # logged once per process and named in the IGNORED_HEADER of the answer (as vLLM does).
 _IGNORED_COMMON = {"user"}
@@ -73,11 +76,11 @@ _IGNORED = {
 # else than what the client asked for (tools: see structured outputs; audio output; suffix).
 _REFUSED = {
     COMPLETIONS: {"suffix"},
-    CHAT: {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio"},
+    CHAT: {"functions", "function_call", "audio"},
 }
 IGNORED_HEADER = "X-Orcaserve-Ignored-Fields"
 _logged_ignored: set[str] = set()
-_ROLES = {"system", "user", "assistant", "developer"}
+_ROLES = {"system", "user", "assistant", "developer", "tool"}
 # Reason phrases for the statuses the handlers answer with.
 HTTP_PHRASES = {
     200: "OK",
@@ -126,6 +129,7 @@ class ParsedRequest:
     cache_salt: str | None = None  # as the client sent it; the engine's salt is derived from it
     echo: bool = False  # completions: the prompt's text (and log-probabilities) before the answer
     ignored: tuple[str, ...] = ()  # OpenAI fields the request sent that orcaserve does not act on
+    tool_spec: tools.ToolSpec | None = None  # chat: the tools and how the answer calls them (tools.py)
 
 
 def route(url_path: str | None) -> str:
@@ -182,6 +186,9 @@ def _parse_messages(messages: Any) -> list[dict]:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
             raise ProtocolError(f"messages[{i}] must be an object with role in {sorted(_ROLES)}", "messages")
+        if m["role"] == "tool" or m.get("tool_calls"):  # tool results and calls (tools.py)
+            out.append(tools.tool_message(i, m))
+            continue
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is supported
             if not all(
@@ -230,12 +237,10 @@ def _logit_bias(body: dict) -> dict[int, Any]:
     return {int(key): value for key, value in bias.items()}
 
 
-def _chat_prompt(body: dict) -> ChatPrompt:
+def _chat_prompt(body: dict, tool_spec: tools.ToolSpec | None) -> ChatPrompt:
     messages = _parse_messages(body.get("messages"))
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise ProtocolError("only response_format {'type': 'text'} is supported", "response_format")
-    return ChatPrompt(messages)  # rendered at admission, off the threads other requests wait for
+    # rendered at admission, off the threads other requests wait for
+    return ChatPrompt(messages, tool_spec.tools if tool_spec is not None else None)
 
 
 def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -> int:
@@ -302,7 +307,11 @@ def parse_request(
     `max_tokens_limit` caps what a request may ask for (400 above it) and the default; a
     request's `timeout` is capped by `default_timeout`."""
     ignored = _check_fields(body, kind)
-    prompt = _completion_prompt(body) if kind == COMPLETIONS else _chat_prompt(body)
+    try:  # structured outputs and tool calls (structured.py, tools.py)
+        constraint, tool_spec = tools.request_constraints(body)
+        prompt = _completion_prompt(body) if kind == COMPLETIONS else _chat_prompt(body, tool_spec)
+    except structured.FieldError as e:
+        raise ProtocolError(str(e), e.param) from None
     n = _expect(body, "n", lambda v: _is_int(v) and 1 <= v <= MAX_N, f"an integer from 1 to {MAX_N}") or 1
     # best_of: the best n of best_of by the answers' log-probability; only best_of == n (no choice
     # to make) is served.
@@ -332,6 +341,7 @@ def parse_request(
     max_tokens = _max_tokens(body, kind, default_max_tokens, max_tokens_limit)
     logprobs = _logprobs(body, kind)
     params = _sampling_params(body, max_tokens, logprobs, n, logprobs if echo else None)
+    params.structured_outputs = constraint
     return ParsedRequest(
         kind,
         prompt,
@@ -344,6 +354,7 @@ def parse_request(
         cache_salt,
         echo,
         ignored,
+        tool_spec,
     )
 
 

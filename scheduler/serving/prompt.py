@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orcaserve.scheduler.serving.tool_template import tool_template
+
 
 @dataclass(frozen=True)
 class ChatPrompt:
@@ -13,7 +15,8 @@ class ChatPrompt:
     when the request is admitted, not when it is parsed: rendering a large conversation takes
     as long as tokenizing it, and neither may run on a thread other requests wait for."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
+    tools: list[dict] | None = None  # OpenAI function tools, rendered by the template (tool_template.py)
 
 
 Prompt = str | Sequence[int] | ChatPrompt
@@ -35,7 +38,10 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int, max_model_len
                 f"max_model_len is {max_model_len}"
             )
         try:
-            text = tokenizer.apply_chat_template(prompt.messages, tokenize=False, add_generation_prompt=True)
+            template = tool_template(tokenizer, prompt.messages, prompt.tools)
+            text = tokenizer.apply_chat_template(
+                prompt.messages, tools=prompt.tools, chat_template=template, tokenize=False, add_generation_prompt=True
+            )
         except Exception as e:  # a template may refuse e.g. a role order
             raise ValueError(f"messages could not be rendered by the chat template: {e}") from None
         # The template writes the BOS token itself (as text), so none is added.
