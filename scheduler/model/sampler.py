@@ -98,8 +98,17 @@ class Sampler:
     """
 
     def __init__(self) -> None:
-        self.argmax_ops = argmax_ops()
+        # Looked up at the first CPU batch: an engine on a GPU never loads the C++ CPU library for
+        # it (docs/performance-log.md, "2026-12-04: start-up and the op registrations").
+        self.argmax_ops: dict[torch.dtype, Any] | None = None
         self.masks = MaskBuffer()  # structured outputs' token masks (model/grammar.py)
+
+    def _argmax(self, x: torch.Tensor) -> torch.Tensor:  # [S, V] -> [S]
+        if x.device.type != "cpu":
+            return x.argmax(-1)
+        if self.argmax_ops is None:
+            self.argmax_ops = argmax_ops()
+        return argmax_rows(x, self.argmax_ops)
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         # logits [S, V], fp32 or the model's dtype: an all-greedy batch without penalties takes
@@ -121,7 +130,7 @@ class Sampler:
             if biased:  # before the penalties, as vLLM orders them
                 _apply_logit_bias(logits, reqs)
             _apply_penalties(logits, reqs)
-        greedy = argmax_rows(logits, self.argmax_ops)
+        greedy = self._argmax(logits)
         if all(r.params.greedy for r in reqs):
             return greedy.tolist()
         logits = logits.float()
@@ -142,6 +151,6 @@ class Sampler:
                 if req.generator is not None:  # a CPU generator: its numbers, drawn here, as on a CPU
                     row = torch.empty(probs.shape[1], dtype=probs.dtype, pin_memory=True)
                     noise[i].copy_(row.exponential_(generator=req.generator), non_blocking=True)
-        sampled = argmax_rows(probs / noise, self.argmax_ops)
+        sampled = self._argmax(probs / noise)
         is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, dev)
         return torch.where(is_greedy, greedy, sampled).tolist()
