@@ -20,7 +20,7 @@ from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
-from orcaserve.scheduler.model.families import attention_window, check_architecture
+from orcaserve.scheduler.model.families import check_architecture, length_cap
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
@@ -113,7 +113,7 @@ class Engine:
             raise ValueError(f"kv_cache_memory={budget} bytes holds no block of {block_bytes} bytes")
         capacity = num_blocks * config.block_size
         model_limit = getattr(model.config, "max_position_embeddings", None) or capacity
-        window = attention_window(model.config)  # exact only while a sequence fits the window
+        window = length_cap(model)  # the lean decoder is exact only while a sequence fits the window
         max_model_len = config.max_model_len or min(model_limit, capacity, window or capacity)
         if max_model_len > capacity:
             raise ValueError(f"max_model_len={max_model_len} exceeds the KV cache capacity of {capacity} tokens")

@@ -63,11 +63,35 @@ def test_soft_capped_attention_is_refused_even_when_allowed(engine_for):
         engine_for(tiny_family("Gemma2ForCausalLM"), allow_unverified_architecture=True)
 
 
-def test_sliding_window_caps_the_sequence_length(engine_for):
-    """Gemma 3's local layers see the last `sliding_window` positions; the paged attention sees
-    all of them, the same while a sequence fits the window. Served exactly up to there; a longer
-    max_model_len is refused at load, a longer prompt per request."""
-    model = tiny_family("Gemma3ForCausalLM", sliding_window=48)
+def test_sliding_window_applied_through_transformers_forward(engine_for):
+    """Gemma 3's local layers see the last `sliding_window` positions: the attention hook gets
+    the window and attends through a windowed plan once a step reaches past it. Prompts and
+    answers far longer than the window, chunked and decoding: each token's log-probability is
+    transformers' own over the same sequence (a tiny random model's greedy tokens soon repeat one
+    token whatever the window, so tokens alone would not show a window ignored; with the window
+    ignored these differ by up to 0.28)."""
+    import torch
+
+    model = tiny_family("Gemma3ForCausalLM", sliding_window=24)
+    engine = engine_for(model, max_num_seqs=4, max_num_batched_tokens=64, block_size=16)
+    assert engine.max_model_len == 1024, "no cap: the window is applied"
+    work = _workload(seed=2)
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=0)] * len(work)
+    for (prompt, _), out in zip(work, engine.generate([p for p, _ in work], params)):
+        seq = torch.tensor([prompt + out.output_token_ids])
+        with torch.inference_mode():
+            ref = torch.log_softmax(model(seq).logits[0].float(), dim=-1)  # [L, V]
+        rows = torch.arange(len(prompt) - 1, seq.shape[1] - 1)
+        want = ref[rows, seq[0, rows + 1]]
+        got = torch.tensor([lp.logprob for lp in out.logprobs])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_sliding_window_caps_the_lean_decoder(engine_for):
+    """The lean decoder attends to whole sequences, the same computation only while a sequence
+    fits the window: a windowed Mistral is served exactly up to there; a longer max_model_len is
+    refused at load, a longer prompt per request."""
+    model = tiny_family("MistralForCausalLM", sliding_window=48)
     engine = engine_for(model, max_num_seqs=4, max_num_batched_tokens=64, block_size=16)
     assert engine.max_model_len == 48
     work = [(prompt[:40], 8) for prompt, _ in _workload(seed=2)]

@@ -93,7 +93,13 @@ class _Group:
 
 
 def _decode_group(
-    members: list[int], cu: list[int], seq_lens: torch.Tensor, block_tables: torch.Tensor, nb: int, block_size: int
+    members: list[int],
+    cu: list[int],
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    nb: int,
+    block_size: int,
+    window: int | None = None,
 ) -> _Group:
     """Decodes batched into one SDPA call, all padded to the group's longest context (nb blocks)."""
     device = block_tables.device
@@ -101,29 +107,37 @@ def _decode_group(
     blocks = block_tables[idx, :nb].long()  # [Bd, NB]
     pos = torch.arange(nb * block_size, device=device)
     ctx = seq_lens[idx].long()
-    mask = (pos[None, :] < ctx[:, None])[:, None, None, :]  # [Bd, 1, 1, NB*bs]
+    valid = pos[None, :] < ctx[:, None]  # [Bd, NB*bs]
+    # The query sits at ctx - 1; a sliding window keeps keys at positions > ctx - 1 - window.
+    mask = (valid if window is None else valid & (pos[None, :] >= ctx[:, None] - window))[:, None, None, :]
     return _Group(
         token_index=torch.tensor([cu[i] for i in members], device=device),
         block_index=blocks.reshape(-1),
         mask=mask,
-        key_valid=mask[:, 0, 0, :],
+        key_valid=valid,
         num_seqs=len(members),
         num_queries=1,
         num_blocks=nb,
     )
 
 
-def _prefill_group(first: int, n: int, ctx: int, table: torch.Tensor, block_size: int) -> _Group:
-    """One request's `n` new tokens (rows `first` ..) over its `ctx` keys, causal."""
+def _prefill_group(
+    first: int, n: int, ctx: int, table: torch.Tensor, block_size: int, window: int | None = None
+) -> _Group:
+    """One request's `n` new tokens (rows `first` ..) over its `ctx` keys, causal; with a sliding
+    `window`, each query sees only the last `window` positions up to its own (transformers' rule)."""
     device = table.device
     nb = (ctx + block_size - 1) // block_size
-    if ctx == n and nb * block_size == ctx:
-        mask = None  # no history, no padding: plain causal attention
+    if ctx == n and nb * block_size == ctx and (window is None or ctx <= window):
+        mask = None  # no history, no padding, nothing outside the window: plain causal attention
     else:
         # Query j sits at absolute position ctx - n + j and sees keys 0 ..= that position.
         q_pos = torch.arange(ctx - n, ctx, device=device)
         k_pos = torch.arange(nb * block_size, device=device)
-        mask = (k_pos[None, :] <= q_pos[:, None])[None, None]  # [1, 1, n, NB*bs]
+        seen = k_pos[None, :] <= q_pos[:, None]  # [n, NB*bs]
+        if window is not None:
+            seen &= k_pos[None, :] > q_pos[:, None] - window
+        mask = seen[None, None]  # [1, 1, n, NB*bs]
     return _Group(
         token_index=torch.arange(first, first + n, device=device),
         block_index=table[:nb].long(),
@@ -150,6 +164,7 @@ class TorchAttentionPlan:
         seq_lens: torch.Tensor,  # [B] int32, cached + new tokens per request
         block_tables: torch.Tensor,  # [B, max_blocks] int32
         block_size: int,
+        window: int | None = None,  # attend only to the last `window` positions (sliding window)
     ) -> None:
         cu = cu_seqlens_q.tolist()
         lens = seq_lens.tolist()
@@ -157,11 +172,13 @@ class TorchAttentionPlan:
         decodes = [i for i, n in enumerate(q_lens) if n == 1]
         blocks_of = [(n + block_size - 1) // block_size for n in lens]
         self.groups: list[_Group] = [
-            _decode_group(members, cu, seq_lens, block_tables, blocks_of[members[-1]], block_size)
+            _decode_group(members, cu, seq_lens, block_tables, blocks_of[members[-1]], block_size, window)
             for members in decode_groups(decodes, blocks_of)
         ]
         self.groups += [
-            _prefill_group(cu[i], n, lens[i], block_tables[i], block_size) for i, n in enumerate(q_lens) if n > 1
+            _prefill_group(cu[i], n, lens[i], block_tables[i], block_size, window)
+            for i, n in enumerate(q_lens)
+            if n > 1
         ]
 
     def attend(

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from orcaserve.scheduler.model.decoder import SUPPORTED as LEAN
+from orcaserve.scheduler.model.decoder import supports as lean_supports
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +60,19 @@ def check_architecture(model: Any, allow_unverified: bool = False) -> None:
     log.warning("%s; serving it anyway because allow_unverified_architecture is set", message)
 
 
+def length_cap(model: Any) -> int | None:
+    """The max_model_len a model is held to because its path cannot apply its sliding window:
+    the lean decoder attends to whole sequences, the same computation only while a sequence fits
+    the window (Mistral v0.1, Qwen2 with use_sliding_window). transformers' forward passes each
+    layer's window to the attention hook, which applies it (model_runner.py): no cap there."""
+    return attention_window(model.config) if lean_supports(model) else None
+
+
 def attention_window(cfg: Any) -> int | None:
     """The sliding window of a model whose layers (some or all) attend only to the last
-    `sliding_window` positions, else None. The paged attention attends to the whole sequence,
-    which is the same computation only while a sequence fits the window, so the engine caps
-    max_model_len at it. `layer_types` says which layers slide (Gemma 3, Qwen2's
-    use_sliding_window); configs without it slide everywhere when a window is set (Mistral)."""
+    `sliding_window` positions, else None. `layer_types` says which layers slide (Gemma 3,
+    Qwen2's use_sliding_window); configs without it slide everywhere when a window is set
+    (Mistral)."""
     window = getattr(cfg, "sliding_window", None)
     if not window:
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -10,6 +10,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from orcaserve.kernels import AttentionBackend
+from orcaserve.kernels.pytorch.attention import TorchAttentionPlan
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
 from orcaserve.scheduler.model.cuda_graphs import CudaGraphRunner
@@ -24,6 +25,17 @@ CausalLM = Any
 
 
 @dataclass
+class StepLayout:
+    """Where a step's queries sit: what an attention plan is built from."""
+
+    cu_seqlens_q: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_tables: torch.Tensor  # [B, max_blocks] int32
+    block_size: int
+    max_seqlen_k: int
+
+
+@dataclass
 class StepContext:
     """Attention metadata of one step, built once and read by every layer."""
 
@@ -31,6 +43,21 @@ class StepContext:
     plan: Any
     slot_mapping: torch.Tensor  # [T] int64
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer [num_blocks, bs, H_kv, D]
+    layout: StepLayout
+    windowed: dict[int, TorchAttentionPlan] = field(default_factory=dict)  # sliding window -> plan
+
+    def attend(self, q: torch.Tensor, k_cache, v_cache, scale: float | None, window: int | None) -> torch.Tensor:
+        """The backend's attention, or for a sliding-window layer (Gemma 3's local layers) whose
+        step reaches past its window, the PyTorch plan with the window in its masks: the C++ and
+        Triton kernels attend to whole sequences (docs/serving.md "Supported architectures")."""
+        if window is None or self.layout.max_seqlen_k <= window:
+            return self.backend.attend(self.plan, q, k_cache, v_cache, scale)
+        plan = self.windowed.get(window)
+        if plan is None:
+            lay = self.layout
+            plan = TorchAttentionPlan(lay.cu_seqlens_q, lay.seq_lens, lay.block_tables, lay.block_size, window)
+            self.windowed[window] = plan
+        return plan.attend(q, k_cache, v_cache, scale if scale is not None else q.shape[-1] ** -0.5)
 
 
 def _paged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -41,7 +68,7 @@ def _paged_attention(module, query, key, value, attention_mask, scaling=None, dr
     k = key[0].transpose(0, 1)  # [T, H_kv, D]
     v = value[0].transpose(0, 1)
     ctx.backend.store_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
-    out = ctx.backend.attend(ctx.plan, q, k_cache, v_cache, scaling)  # [T, H, D]
+    out = ctx.attend(q, k_cache, v_cache, scaling, kwargs.get("sliding_window"))  # [T, H, D]
     return out.unsqueeze(0), None
 
 
@@ -128,7 +155,8 @@ class ModelRunner:
             return self.decoder.forward(
                 t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches
             )
-        ctx = StepContext(self.backend, plan, t.slot_mapping, self.kv_caches)
+        layout = StepLayout(t.cu_seqlens_q, t.seq_lens, t.block_tables, self.block_size, shape.max_seqlen_k)
+        ctx = StepContext(self.backend, plan, t.slot_mapping, self.kv_caches, layout)
         out = self.model(
             input_ids=t.input_ids[None],
             position_ids=t.positions[None],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from orcaserve.scheduler.model.logprobs import TokenLogprob, top_k
-from orcaserve.scheduler.model.model_runner import ModelRunner, StepContext
+from orcaserve.scheduler.model.model_runner import ModelRunner, StepContext, StepLayout
 
 _ROWS = 256  # prompt tokens per chunk: [256, V] fp32 logits are 50 MB for a 49,152-token vocabulary
 
@@ -38,7 +38,8 @@ def prompt_logprobs(runner: ModelRunner, token_ids: list[int], k: int) -> list[T
         seq_lens = torch.tensor([end], dtype=torch.int32, device=device)
         plan = runner.backend.plan(cu, seq_lens, table, bs, end - start, end)
         rows = torch.arange(end - start, device=device)  # [R] every token's logits
-        logits = _forward(runner, ids[start:end], positions, rows, plan, scratch)  # [R, V]
+        layout = StepLayout(cu, seq_lens, table, bs, end)
+        logits = _forward(runner, ids[start:end], positions, rows, plan, scratch, layout)  # [R, V]
         lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
         targets = ids[start + 1 : end + 1]  # [R] the token each row predicts
         chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
@@ -52,11 +53,11 @@ def prompt_logprobs(runner: ModelRunner, token_ids: list[int], k: int) -> list[T
     return out
 
 
-def _forward(runner: ModelRunner, ids, positions, rows, plan, caches) -> torch.Tensor:
+def _forward(runner: ModelRunner, ids, positions, rows, plan, caches, layout: StepLayout) -> torch.Tensor:
     """The runner's forward (model_runner.py, `execute`) over one chunk, into `caches`."""
     if runner.decoder is not None:
         return runner.decoder.forward(ids, positions, rows, runner.backend, plan, positions, caches)
-    ctx = StepContext(runner.backend, plan, positions, caches)
+    ctx = StepContext(runner.backend, plan, positions, caches, layout)
     out = runner.model(
         input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=rows, orca_step=ctx
     )
