@@ -44,8 +44,8 @@ clean:
 
 # ---- serving (docs/serving.md) --------------------------------------------------------------
 STORE := model-store
-# `make archive MODEL=<hf dir | .gguf | default> NAME=<name> [FORMAT=default|tgz|no-archive]
-#  [ARCHIVE_ARGS="--set kv_cache_memory=512MiB --force"]`
+# `make archive MODEL=<hf dir | .gguf | hub id (org/name[@rev]) | default> NAME=<name> [FORMAT=default|tgz|no-archive]
+#  [ARCHIVE_ARGS="--set kv_cache_memory=512MiB --force --bundle"]` (--bundle: weights inside, docs/deploy.md)
 MODEL ?= default
 NAME ?= smollm2
 FORMAT ?= default

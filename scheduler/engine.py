@@ -89,7 +89,8 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str, **engine_args) -> Engine:
-        """Load `path` (HF directory or .gguf file) and build an engine for it."""
+        """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
+        model/hub.py) and build an engine for it."""
         config = EngineConfig(**engine_args)
         model, tokenizer = load_model_and_tokenizer(path, config.resolved_dtype(), config.resolved_device())
         return cls.from_model(model, tokenizer, config)
