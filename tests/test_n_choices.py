@@ -8,6 +8,8 @@ import pytest
 from tiny_models import hf_greedy, tiny_model
 
 from orcaserve.scheduler import SamplingParams
+from orcaserve.scheduler.errors import InternalError, Overloaded
+from orcaserve.scheduler.serving.engine_loop import EngineLoop
 
 PROMPT = list(range(11, 11 + 37))  # 2 full blocks of 16 and a partial one
 
@@ -58,3 +60,29 @@ def test_abort_ends_every_choice_and_frees_blocks(engine_for):
     assert len(engine.abort_all("h")) == 2 and engine.abort_all("h") == []
     with pytest.raises(ValueError, match="n must be"):
         SamplingParams(n=17)
+
+
+def test_the_loop_counts_choices_and_fails_the_request_with_one_choice(engine_for):
+    engine = engine_for(tiny_model("llama"), max_num_seqs=4)
+    loop = EngineLoop(engine, max_waiting=4).start()
+    try:
+        with pytest.raises(Overloaded):  # five sequences can never wait under a limit of four
+            loop.submit("big", PROMPT, SamplingParams(max_tokens=2, n=5))
+        outs = list(loop.submit("g", PROMPT, SamplingParams(temperature=0, max_tokens=3, n=3, ignore_eos=True)))
+        finals = sorted((o for o in outs if o.finished), key=lambda o: o.index)
+        assert [o.index for o in finals] == [0, 1, 2] and outs[-1].finished
+        assert len({tuple(o.output_token_ids) for o in finals}) == 1 and loop.num_in_flight == 0
+
+        def fail_choice_one(sched):  # one choice's model run fails: the request fails, the others end
+            if "f#1" in sched.num_scheduled_tokens:
+                raise RuntimeError("boom")
+
+        engine.fault_hook = fail_choice_one
+        with pytest.raises(InternalError, match="boom"):
+            list(loop.submit("f", PROMPT, SamplingParams(max_tokens=20, n=3, ignore_eos=True)))
+        engine.fault_hook = None
+        assert list(loop.submit("after", [5, 6], SamplingParams(max_tokens=2)))[-1].finished  # the engine goes on
+        assert loop.num_in_flight == 0
+    finally:
+        loop.shutdown()
+    assert engine.kv.pool.num_free == engine.stats.num_blocks and not engine.choices._groups
