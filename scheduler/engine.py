@@ -17,6 +17,7 @@ from orcaserve.scheduler.core.choices import Choices
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
@@ -25,7 +26,7 @@ from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
-from orcaserve.scheduler.model.prompt_logprobs import prompt_logprobs
+from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
@@ -80,6 +81,7 @@ class Engine:
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.choices = Choices()  # requests with n > 1
+        self.prompt_jobs = PromptJobs()  # requests held while their prompt's log-probabilities compute
         self._ids = itertools.count()
         self.stats = EngineStats(num_blocks=num_blocks)
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
@@ -168,20 +170,22 @@ class Engine:
         def make(rid: str, p: SamplingParams) -> Request:
             return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant)
 
-        if request_id in self.choices or request_id in self.scheduler.requests:
+        if request_id in self.choices or request_id in self.scheduler.requests or request_id in self.prompt_jobs:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.n == 1:
             now = reqs = [make(request_id, params)]
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
-        if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices
-            plp = prompt_logprobs(self.runner, ids, params.prompt_logprobs)
-            for req in reqs:
-                req.prompt_logprobs = plp
-        for req in now:
-            self.scheduler.add_request(req)
         for req in reqs:
             self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+        if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices,
+            # a chunk per step (`step`); a chunk of max_num_batched_tokens rows costs about one full
+            # step (the forward of as many tokens, plus every row's logits), so no step takes double.
+            job = PromptLogprobs(self.runner, ids, params.prompt_logprobs, self.config.max_num_batched_tokens)
+            self.prompt_jobs.hold(request_id, job, reqs, now)
+            return
+        for req in now:
+            self.scheduler.add_request(req)
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
         """Stop a request and free its blocks; returns its final output (None if unknown; with
@@ -194,8 +198,9 @@ class Engine:
         """Stop every unfinished choice of a request; their final outputs, by index."""
         group = self.choices.members(request_id)
         single = self.scheduler.requests.get(request_id)
-        reqs = group if group is not None else [single] if single is not None else []
-        held = {id(r) for r in self.choices.take_held(request_id)}
+        waiting_job = self.prompt_jobs.drop(request_id)  # its job is dropped with it
+        reqs = group if group is not None else [single] if single is not None else waiting_job
+        held = {id(r) for r in self.choices.take_held(request_id) + waiting_job}
         outs = []
         for req in reqs:
             if req.status == RequestStatus.FINISHED:
@@ -207,11 +212,14 @@ class Engine:
             self.stats.num_aborted += 1
             outs.append(self._finish_output(req, []))
         if outs:
-            self.stats.record_occupancy(self.scheduler, self.kv)
+            self._record_occupancy()
         return outs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or len(self.prompt_jobs) > 0
+
+    def _record_occupancy(self) -> None:
+        self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -220,14 +228,18 @@ class Engine:
         A request whose model run or sampling fails gets a final output with
         `finish_reason="error"` and `error` set, and gives its blocks back; the batch is re-run
         without it (see `_run`), so its batch-mates go on. A failure while post-processing one
-        request fails that request alone.
+        request fails that request alone. Before the batch, one chunk of the oldest prompt
+        log-probabilities job (`_advance_prompt_job`).
         """
         started = time.time()
+        outputs = self._advance_prompt_job()
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            return []
+            if self.prompt_jobs or outputs:
+                self._record_occupancy()
+            return outputs
         sampled, failed = self._run(sched)
-        outputs = [self._fail(req, error) for req, error in failed]
+        outputs += [self._fail(req, error) for req, error in failed]
         self.scheduler.update_after_step(sched)
         now = time.time()
         for req, token, logprob in sampled:
@@ -238,10 +250,27 @@ class Engine:
                 outputs.append(self._fail(req, e))
         for req in self.choices.release():  # further choices, once the first holds the prompt
             self.scheduler.add_request(req, front=True)
-        self.stats.record_step(sched, self.scheduler, self.kv)
+        self.stats.record_step(sched, self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
         if self.trace is not None:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
         return outputs
+
+    def _advance_prompt_job(self) -> list[RequestOutput]:
+        """One chunk of the oldest prompt log-probabilities job (core/prompt_jobs.py): once it is
+        done its requests are scheduled; if it raised, its request fails alone (every choice)."""
+        ended = self.prompt_jobs.advance()
+        if ended is None:
+            return []
+        request_id, held, error = ended
+        if error is None:
+            for req in held.to_schedule:
+                self.scheduler.add_request(req)
+            return []
+        log.error("prompt log-probabilities of %s failed: %s: %s", request_id, type(error).__name__, error)
+        self.choices.take_held(request_id)
+        for req in held.receivers:  # never scheduled: nothing to free
+            req.status, req.finish_reason = RequestStatus.FINISHED, "error"
+        return [self._fail(req, error) for req in held.receivers]
 
     def _run(self, sched: SchedulerOutput) -> tuple[list[_Sample], list[tuple[Request, Exception]]]:
         """Model and sampler over `sched`: (request, token, logprob) samples, and (request, error)
@@ -300,7 +329,7 @@ class Engine:
         self._detok.pop(req.request_id, None)
         self.choices.finished(req)
         self.stats.num_failed += 1
-        self.stats.record_occupancy(self.scheduler, self.kv)
+        self._record_occupancy()
         return RequestOutput(
             request_id=req.group_id,
             index=req.index,

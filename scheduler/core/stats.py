@@ -29,15 +29,16 @@ class EngineStats:
     prefix_cache_hits: int = 0
     kv_blocks_cached_free: int = 0
 
-    def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager) -> None:
+    def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager, held: int = 0) -> None:
         self.num_steps += 1
         self.last_step_tokens = sched.total_tokens
-        self.record_occupancy(scheduler, kv)
+        self.record_occupancy(scheduler, kv, held)
 
-    def record_occupancy(self, scheduler: Scheduler, kv: KVCacheManager) -> None:
-        """Gauges of who holds what; after steps and after aborts, which free blocks in between."""
+    def record_occupancy(self, scheduler: Scheduler, kv: KVCacheManager, held: int = 0) -> None:
+        """Gauges of who holds what; after steps and after aborts, which free blocks in between.
+        `held`: requests waiting outside the scheduler (core/prompt_jobs.py), counted as waiting."""
         self.num_running = scheduler.num_running
-        self.num_waiting = scheduler.num_waiting
+        self.num_waiting = scheduler.num_waiting + held
         self.kv_blocks_used = kv.pool.num_used
         self.num_preemptions = scheduler.num_preemptions
         self.prefix_cache_queries = scheduler.prefix_cache_queries
