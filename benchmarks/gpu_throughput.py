@@ -1,4 +1,6 @@
-"""gpu_engine.py throughput: a random model of SmolLM2-135M's shape on the offline workload."""
+"""gpu_engine.py throughput: a random model of SmolLM2-135M's shape (or, `--shape llama8b`, of
+Llama-3.1-8B's layers with SmolLM2's vocabulary, as the H200 follow-up of 2026-12-04) on the
+offline workload."""
 
 from __future__ import annotations
 
@@ -25,6 +27,19 @@ SMOLLM2 = dict(
     pad_token_id=2,
     initializer_range=0.02,
 )
+# Llama-3.1-8B's layers (hidden 4096, 32 layers, 32 / 8 heads x 128, MLP 14336) with SmolLM2's
+# vocabulary and tied embeddings: 7.2 B parameters, 14.4 GB in bf16 (the issue's 8B shape).
+LLAMA8B = dict(
+    SMOLLM2,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rope_theta=500000.0,
+)
+SHAPES = {"smollm2": SMOLLM2, "llama8b": LLAMA8B}
 SMOKE_SHAPE = dict(
     SMOLLM2,
     vocab_size=512,
@@ -37,13 +52,13 @@ SMOKE_SHAPE = dict(
 )
 
 
-def smollm2_shaped(dev, dtype, smoke: bool):
+def smollm2_shaped(dev, dtype, smoke: bool, shape: str = "smollm2"):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    with torch.device(dev):
-        model = LlamaForCausalLM(LlamaConfig(**(SMOKE_SHAPE if smoke else SMOLLM2))).to(dtype).eval()
+    with torch.device(dev):  # the 8B shape: 29 GB in fp32 before the cast, on a 141 GB H200
+        model = LlamaForCausalLM(LlamaConfig(**(SMOKE_SHAPE if smoke else SHAPES[shape]))).to(dtype).eval()
     model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
     return model
 
@@ -78,7 +93,7 @@ def run_throughput(args, dev) -> int:
     offline.Engine = TritonEngine
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    model = smollm2_shaped(dev, dtype, args.smoke)
+    model = smollm2_shaped(dev, dtype, args.smoke, args.shape)
     tok = ByteTokenizer()
     work = offline_workload_of(args, model.config.vocab_size)
     warm = work[: args.warmup_prompts]
@@ -87,8 +102,8 @@ def run_throughput(args, dev) -> int:
         step="throughput",
         device=str(dev),
         device_name=device_name(dev),
-        model="random-init, SmolLM2-135M config" if not args.smoke else "smoke shape",
-        model_config={k: v for k, v in (SMOKE_SHAPE if args.smoke else SMOLLM2).items()},
+        model="smoke shape" if args.smoke else f"random-init, {args.shape} shape",
+        model_config={k: v for k, v in (SMOKE_SHAPE if args.smoke else SHAPES[args.shape]).items()},
         workload={
             k: getattr(args, k)
             for k in ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out", "max_out", "dtype")
@@ -137,7 +152,9 @@ def run_throughput(args, dev) -> int:
                 res.save()
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
+                t0 = time.time()  # epoch seconds: gpu_check.sh reads SM busy (dmon) over this window
                 r = fn(target, tok, work, ns)
+                r["window"] = [t0, time.time()]
                 r["useful_tok_s"] = r["useful_tokens"] / r["wall_s"]
                 if dev.type == "cuda":
                     r["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated(dev) / (1 << 30)

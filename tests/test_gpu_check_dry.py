@@ -40,7 +40,15 @@ def test_gpu_check_dry_run(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     steps = {name: step["status"] for name, step in summary["steps"].items()}
-    expected = {"tests", "engine_exact", "kernels", "engine_throughput", "engine_generate_batch", "engine_real"}
+    expected = {
+        "tests",
+        "engine_exact",
+        "kernels",
+        "engine_throughput",
+        "engine_generate_batch",
+        "startup",
+        "engine_real",
+    }
     assert set(steps) == expected, steps
     logs = "".join((out / f).read_text(errors="replace")[-2000:] for f in ("engine.log", "kernels.log", "tests.log"))
     assert all(status == "pass" for status in steps.values()), f"{steps}\n{logs}"
