@@ -3,13 +3,15 @@ forward of the prompt, on every choice's first and final output, and the engine'
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import time
 
 import pytest
 import torch
 from tiny_models import hf_greedy, tiny_model
 
-from orcaserve.scheduler import SamplingParams
+from orcaserve.scheduler import Engine, EngineLoop, SamplingParams, TimedOut
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 
 PROMPT = [7, 300, 21, 5, 99, 42, 17, 256, 3, 8, 77, 12, 500, 6, 40, 41, 2, 9, 31]
@@ -121,3 +123,30 @@ def test_a_failing_job_fails_its_request_alone(engine_for, monkeypatch):
         hf_greedy(model, [5, 6, 7], 3)
     ]
     assert "bad" not in engine.choices and engine.kv.pool.num_used == 0
+
+
+def test_the_loop_ends_held_requests_by_deadline_and_abort(tokenizer, monkeypatch):
+    """Through EngineLoop: a request held by a job that never ends is answered TimedOut at its
+    deadline, another is aborted (a client leaving), and a plain request is served meanwhile."""
+    model = tiny_model("llama")
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_batched_tokens=64, dtype="float32")
+
+    def endless(self):
+        time.sleep(0.01)
+        return False
+
+    monkeypatch.setattr(PromptLogprobs, "advance", endless)
+    loop = EngineLoop(engine).start()
+    try:
+        echo = SamplingParams(max_tokens=3, prompt_logprobs=1)
+        late = loop.submit("late", PROMPT, echo, timeout=0.5)
+        left = loop.submit("left", PROMPT, dataclasses.replace(echo, n=2))
+        plain = loop.submit("plain", [5, 6, 7], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        assert [t for o in plain for t in o.new_token_ids] == hf_greedy(model, [5, 6, 7], 5)
+        loop.abort("left")
+        assert [(o.index, o.finish_reason) for o in left] == [(0, "abort"), (1, "abort")]
+        with pytest.raises(TimedOut):
+            list(late)
+    finally:
+        loop.shutdown()
+    assert not engine.has_unfinished() and len(engine.prompt_jobs) == 0 and engine.kv.pool.num_used == 0
