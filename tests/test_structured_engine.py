@@ -206,3 +206,26 @@ def test_an_invalid_constraint_is_refused_naming_the_problem(engine_for, spec, w
 def test_malformed_specs_are_value_errors(kwargs):
     with pytest.raises(ValueError):
         StructuredOutputs(**kwargs)
+
+
+def test_log_probabilities_stay_the_models_beside_an_unconstrained_row(engine_for):
+    """A constrained row's reported log-probabilities are the model's own (not renormalized over
+    what the grammar allows), and an unconstrained row beside it reports the same as alone."""
+    import torch
+
+    model = tiny_model("qwen2")
+    spec = StructuredOutputs(choice=["yes", "no way"])
+    constrained = SamplingParams(temperature=0, max_tokens=8, logprobs=0, structured_outputs=spec)
+    plain = SamplingParams(temperature=0, max_tokens=8, logprobs=2, ignore_eos=True)
+    out, beside = engine_for(model).generate([PROMPT, PROMPT], [constrained, plain])
+    alone = engine_for(model).generate([PROMPT], plain)[0]
+    assert out.text in spec.choice and out.finish_reason == "stop"
+    ids = PROMPT + out.output_token_ids
+    with torch.inference_mode():
+        raw = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)  # [T, V]
+    for k, lp in enumerate(out.logprobs):
+        assert lp.logprob == pytest.approx(raw[len(PROMPT) - 1 + k, lp.token_id].item(), abs=1e-4)
+    assert beside.output_token_ids == alone.output_token_ids
+    for got, want in zip(beside.logprobs, alone.logprobs):  # the batch may differ in the last bits
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-5)
+        assert [t for t, _ in got.top] == [t for t, _ in want.top]
