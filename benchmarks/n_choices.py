@@ -13,8 +13,8 @@ Printed per run: wall time, prompt tokens computed (the prompt's tokens minus ca
 over the choices), time to every choice's first token.
 
 Then the prompt's log-probabilities (`prompt_logprobs`, scheduler/model/prompt_logprobs.py): the
-time of that forward, which holds the engine thread, beside the prefill of the same prompt in the
-engine (a request of one token).
+time of that forward in one call, beside the prefill of the same prompt in the engine (a request of
+one token). The engine spreads it over its steps; what that costs other streams: echo_stall.py.
 """
 
 from __future__ import annotations
