@@ -1,0 +1,180 @@
+"""GGUF block-quantized weights (Q8_0, Q4_0, Q4_1) served quantized: the codes, their exact
+dequantization, llama.cpp's reference quantizers, and `QuantLinear`, the lean decoder's linear
+layer over a weight that stays in its block format (docs/kernels.md, "Quantized GEMM on the CPU").
+
+Formats as GGUF / llama.cpp define them: blocks of GROUP = 32 consecutive input-dim (K) elements
+of one output row, each with a scale `d` (fp16 in the file) and for q4_1 a min `m`:
+- q8_0: codes int8 in [-128, 127], w = d * q
+- q4_0: codes in [-8, 7] (the file stores the nibble q + 8), w = d * q
+- q4_1: codes in [0, 15], w = d * q + m
+The dequantized weight is gguf-py's: fp32(d) * fp32(q), then + fp32(m), two roundings (never a
+fused multiply-add). The C++ GEMM (`kernels/cpu/csrc/gemm/gemm_quant.cpp`) widens codes to
+exactly these fp32 weights and sums like the project's fp32 GEMM, so its results are bit for bit
+that GEMM's on `dequantize(codes)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from orcaserve.kernels import dispatch
+
+FORMATS = ("q8_0", "q4_0", "q4_1")
+GROUP = 32
+_RANGE = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15)}
+BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}
+
+
+@dataclass(frozen=True)
+class BlockCodes:
+    """One [N, K] weight in a block format, unpacked."""
+
+    fmt: str
+    q: torch.Tensor  # int8 [N, K], codes in the format's range
+    scale: torch.Tensor  # fp32 [N, K // 32] (values representable in fp16: they come from fp16)
+    offset: torch.Tensor | None  # fp32 [N, K // 32] for q4_1, else None
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"unknown block format {self.fmt!r}: expected one of {', '.join(FORMATS)}")
+        n, k = self.q.shape
+        if self.q.dtype != torch.int8 or k % GROUP:
+            raise ValueError(f"codes must be int8 [N, K] with K a multiple of {GROUP}, got {self.q.dtype} {n}x{k}")
+        if self.scale.shape != (n, k // GROUP) or self.scale.dtype != torch.float32:
+            raise ValueError(
+                f"scale must be fp32 [{n}, {k // GROUP}], got {self.scale.dtype} {tuple(self.scale.shape)}"
+            )
+        if (self.offset is not None) != (self.fmt == "q4_1"):
+            raise ValueError(f"{self.fmt}: an offset (min) is given for q4_1 only, and q4_1 needs one")
+        if self.offset is not None and (self.offset.shape != self.scale.shape or self.offset.dtype != torch.float32):
+            raise ValueError("offset must be fp32 and shaped as scale")
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.q.shape[0], self.q.shape[1])
+
+
+def dequantize(codes: BlockCodes) -> torch.Tensor:
+    """fp32 [N, K]: d * q (+ m), in gguf-py's arithmetic, bit for bit."""
+    n, k = codes.shape
+    w = codes.scale.unsqueeze(-1) * codes.q.view(n, k // GROUP, GROUP).float()
+    if codes.offset is not None:
+        w = w + codes.offset.unsqueeze(-1)  # a separate add: torch never fuses it into an FMA
+    return w.reshape(n, k)
+
+
+def _fp16(x: torch.Tensor) -> torch.Tensor:
+    """A scale as the file stores it: rounded to fp16 (to nearest even, as GGML_FP32_TO_FP16)."""
+    return x.half().float()
+
+
+def _inverse(d: torch.Tensor) -> torch.Tensor:
+    """1 / d in fp32, 0 where d is 0 (llama.cpp's `id = d ? 1.0f/d : 0.0f`)."""
+    return torch.where(d == 0, torch.zeros_like(d), 1.0 / torch.where(d == 0, torch.ones_like(d), d))
+
+
+def _roundf(x: torch.Tensor) -> torch.Tensor:
+    """C's roundf (halves away from zero), exactly: torch.round rounds halves to even, and
+    floor(|x| + 0.5) can round up in the add."""
+    t = torch.trunc(x)
+    return torch.where((x - t).abs() >= 0.5, t + torch.sign(x), t)
+
+
+def quantize(w: torch.Tensor, fmt: str) -> BlockCodes:
+    """[N, K] fp32/bf16 (K a multiple of 32) -> codes, as llama.cpp's reference quantizers
+    (quantize_row_q8_0_ref, q4_0_ref, q4_1_ref) compute them in fp32: the scale from the unrounded
+    block statistics, codes from its unrounded inverse, the scale (and min) then rounded to fp16."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown block format {fmt!r}")
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"K = {k} is not a multiple of {GROUP}")
+    x = w.float().reshape(n, k // GROUP, GROUP)
+    offset = None
+    if fmt == "q8_0":
+        d = x.abs().amax(-1, keepdim=True) / 127
+        q = _roundf(x * _inverse(d))
+    elif fmt == "q4_0":  # the signed value of largest magnitude (its first occurrence) maps to -8
+        peak = x.gather(-1, x.abs().argmax(-1, keepdim=True))
+        d = peak / -8
+        q = torch.trunc(x * _inverse(d) + 8.5).clamp(max=15) - 8  # (int8_t)(x0 + 8.5f), MIN(15, .)
+    else:
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        d = (hi - lo) / 15
+        q = torch.trunc((x - lo) * _inverse(d) + 0.5).clamp(max=15)
+        offset = _fp16(lo).reshape(n, k // GROUP)
+    return BlockCodes(fmt, q.to(torch.int8).reshape(n, k), _fp16(d).reshape(n, k // GROUP), offset)
+
+
+def concat(parts: Sequence[BlockCodes]) -> BlockCodes:
+    """The weights stacked along N (fused q/k/v, gate/up); one format and K required."""
+    fmts = {p.fmt for p in parts}
+    if len(fmts) != 1:
+        raise ValueError(f"concat of mixed formats {sorted(fmts)}")
+    offsets = [p.offset for p in parts]
+    return BlockCodes(
+        parts[0].fmt,
+        torch.cat([p.q for p in parts]),
+        torch.cat([p.scale for p in parts]),
+        None if offsets[0] is None else torch.cat([o for o in offsets if o is not None]),
+    )
+
+
+def take_rows(codes: BlockCodes, index: torch.Tensor) -> BlockCodes:
+    """Output rows `index` of the weight (a permutation or selection, e.g. q/k rotary layouts)."""
+    off = codes.offset
+    return BlockCodes(codes.fmt, codes.q[index], codes.scale[index], None if off is None else off[index])
+
+
+def takes(kernel: str, codes: BlockCodes) -> bool:
+    """Whether `kernel` (a cell of the dispatch table's `linear_quant` rows) can run `codes` here."""
+    if kernel.startswith("orcaserve.linear_quant."):
+        return codes.q.device.type == "cpu" and dispatch.available(kernel)
+    return kernel == "torch"
+
+
+class QuantLinear:
+    """y = x W^T + b with W kept in its block format: a drop-in for `kernels/linear.py`'s Linear.
+
+    `kernel` (the dispatch table's `linear_quant` choice for the format by default, or a cell to
+    force) is one of:
+    - `orcaserve.linear_quant.<variant>`: the C++ GEMM over the codes packed once in panels
+      (`kernels/cpu/csrc/gemm/gemm_quant.cpp`). For fp32 x bit for bit the project's fp32 GEMM
+      (`Linear(dequantize(codes), bias, pack=True)`, same variant) on this CPU; for bf16 x that
+      result on x.float(), rounded once to bf16.
+    - `torch`: the PyTorch twin, where the C++ ops are not built: it keeps an fp32 copy of
+      `dequantize(codes)` (4 bytes a weight: a fallback for correctness, not for memory) and runs
+      F.linear in fp32. Its sums run in MKL's/oneDNN's order, not the C++ GEMM's: it matches the
+      fp32 reference to fp32 rounding (rtol 1e-5, atol 1e-5 * sqrt(K) * max|x| * max|w|), not bitwise.
+    """
+
+    def __init__(self, codes: BlockCodes, bias: torch.Tensor | None, kernel: str | None = None) -> None:
+        self.fmt = codes.fmt
+        self.out_features, self.in_features = codes.shape
+        self.bias = bias
+        if kernel is not None and takes(kernel, codes):
+            self.kernel = kernel
+        else:
+            self.kernel = dispatch.resolve("linear_quant", codes.fmt, lambda k: takes(k, codes))
+        self._op: Any = None
+        self._bias32 = None if bias is None else bias.float()
+        if self.kernel.startswith("orcaserve."):
+            pack_name = self.kernel.replace(".linear_quant", ".pack_quant_weight", 1)
+            self.weight = dispatch.orcaserve_op(pack_name)(codes.q, codes.scale, codes.offset, BITS[codes.fmt])
+            self._op = dispatch.orcaserve_op(self.kernel)
+        else:
+            self.weight = dequantize(codes)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] fp32 or bf16 -> [T, N] in x's dtype
+        if self._op is not None:
+            return self._op(x, self.weight, self._bias32, self.out_features, BITS[self.fmt], self.fmt == "q4_1")
+        return F.linear(x.float(), self.weight, self._bias32).to(x.dtype)
+
+    def nbytes(self) -> int:
+        """Bytes the weight holds in the kernel's layout (codes, scales and mins; the twin's fp32 copy)."""
+        return int(self.weight.numel() * self.weight.element_size())

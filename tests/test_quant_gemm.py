@@ -1,0 +1,139 @@
+"""GGUF block formats served quantized (kernels/quant.py): dequantization bit for bit gguf-py's,
+quantization as llama.cpp's reference quantizers, and the C++ GEMM over packed codes bit for bit
+the project's fp32 GEMM on the dequantized weight (docs/kernels.md, "Quantized GEMM on the CPU")."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from cpu_variants import params
+
+from orcaserve.kernels import dispatch
+from orcaserve.kernels.quant import (
+    FORMATS,
+    GROUP,
+    BlockCodes,
+    QuantLinear,
+    concat,
+    dequantize,
+    quantize,
+    take_rows,
+)
+
+gguf = pytest.importorskip("gguf")
+QGEMM = params("linear_quant")
+_QTYPE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
+
+
+def random_codes(fmt: str, n: int, k: int, seed: int = 0) -> BlockCodes:
+    """Codes over the format's whole range, fp16-representable scales (and mins) of both signs."""
+    g = torch.Generator().manual_seed(seed)
+    lo, hi = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15)}[fmt]
+    q = torch.randint(lo, hi + 1, (n, k), generator=g, dtype=torch.int8)
+    scale = (torch.randn(n, k // GROUP, generator=g) * 0.01).half().float()
+    offset = (torch.randn(n, k // GROUP, generator=g) * 0.05).half().float() if fmt == "q4_1" else None
+    return BlockCodes(fmt, q, scale, offset)
+
+
+def gguf_bytes(codes: BlockCodes) -> np.ndarray:
+    """The codes as a GGUF file stores them: per block d (fp16), m (q4_1), then the codes: int8, or
+    nibbles q + 8 (q4_0) / q (q4_1), element j in the low half of byte j, element j + 16 in the high."""
+    n, k = codes.shape
+    nb = k // GROUP
+    head = [codes.scale.half().numpy().view(np.uint8).reshape(n, nb, 2)]
+    if codes.offset is not None:
+        head.append(codes.offset.half().numpy().view(np.uint8).reshape(n, nb, 2))
+    q = codes.q.numpy().reshape(n, nb, GROUP)
+    if codes.fmt == "q8_0":
+        body = q.view(np.uint8)
+    else:
+        u = (q + (8 if codes.fmt == "q4_0" else 0)).astype(np.uint8)
+        body = u[..., :16] | (u[..., 16:] << np.uint8(4))
+    return np.concatenate([*head, body], axis=-1).reshape(n, -1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_dequantize_is_gguf_py_bit_for_bit(fmt):
+    codes = random_codes(fmt, 40, 256)
+    want = gguf.quants.dequantize(gguf_bytes(codes), getattr(gguf.GGMLQuantizationType, _QTYPE[fmt]))
+    got = dequantize(codes)
+    assert got.dtype == torch.float32 and got.shape == (40, 256)
+    assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_quantize_is_llama_cpp_reference(fmt):
+    """Bytes equal to gguf-py's port of quantize_row_*_ref (its Q8_0 says bit-exact with ggml), on
+    weights with ties, zero blocks and outliers; the roundtrip error within half a step (plus the
+    scale's fp16 rounding)."""
+    torch.manual_seed(1)
+    w = torch.randn(24, 512) * 0.02
+    w[0, :32] = 0  # a zero block: d = 0, codes 0 (q4_0: the nibble 8)
+    w[1, :32] = torch.arange(32) / 31 * 0.1  # evenly spaced: rounding ties
+    w[2, 5] = 3.0  # an outlier
+    codes = quantize(w, fmt)
+    want = gguf.quants.quantize(w.numpy(), getattr(gguf.GGMLQuantizationType, _QTYPE[fmt]))
+    assert np.array_equal(gguf_bytes(codes), want)
+    lo, hi = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15)}[fmt]
+    assert int(codes.q.min()) >= lo and int(codes.q.max()) <= hi
+    err = (dequantize(codes) - w).abs().view(24, -1, GROUP).amax(-1)
+    step = codes.scale.abs() * (1 + 2**-10)
+    bound = step * (0.5 if fmt != "q4_0" else 1.0) + w.abs().view(24, -1, GROUP).amax(-1) * 2**-10
+    assert bool((err <= bound + 1e-7).all())
+
+
+def test_quantize_hand_case():
+    """One block by hand, llama.cpp's arithmetic: q8_0 d = 127 / 127 = 1, codes round(x) with
+    halves away from zero; q4_0 d = max / -8 on the signed peak; q4_1 d = (max - min) / 15."""
+    x = torch.tensor([[127.0, -2.5, 2.5, 0.5, -0.5, 1.49] + [0.0] * 26])
+    c8 = quantize(x, "q8_0")
+    assert c8.scale.item() == 1.0 and c8.q[0, :6].tolist() == [127, -3, 3, 1, -1, 1]
+    y = torch.tensor([[-16.0, 8.0, 2.0, -3.0, 15.0] + [0.0] * 27])  # d = -16 / -8 = 2, id = 0.5
+    c4 = quantize(y, "q4_0")  # trunc(x * 0.5 + 8.5) - 8, at most 7
+    assert c4.scale.item() == 2.0 and c4.q[0, :5].tolist() == [-8, 4, 1, -1, 7]
+    z = torch.tensor([[0.0, 15.0, 7.5, 7.4] + [1.0] * 28])  # d = 1, m = 0
+    c1 = quantize(z, "q4_1")
+    assert c1.scale.item() == 1.0 and c1.offset is not None and c1.offset.item() == 0.0
+    assert c1.q[0, :5].tolist() == [0, 15, 8, 7, 1]
+
+
+def test_concat_and_take_rows():
+    a, b = random_codes("q4_1", 8, 64, 1), random_codes("q4_1", 5, 64, 2)
+    both = concat([a, b])
+    assert torch.equal(dequantize(both), torch.cat([dequantize(a), dequantize(b)]))
+    idx = torch.tensor([12, 0, 3, 3])
+    assert torch.equal(dequantize(take_rows(both, idx)), dequantize(both)[idx])
+    with pytest.raises(ValueError):
+        concat([a, random_codes("q4_0", 8, 64)])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_torch_twin_within_its_tolerance(fmt, dtype):
+    """The fallback: F.linear in fp32 on the dequantized weight, within fp32 rounding of an fp64 sum."""
+    codes, k = random_codes(fmt, 37, 128, 3), 128
+    bias = torch.randn(37)
+    lin = QuantLinear(codes, bias, kernel="torch")
+    assert lin.kernel == "torch" and lin.nbytes() == 37 * k * 4
+    x = torch.randn(5, k).to(dtype)
+    got = lin(x)
+    assert got.dtype == dtype
+    want = x.double() @ dequantize(codes).double().t() + bias.double()
+    w = dequantize(codes)
+    atol = 1e-5 * math.sqrt(k) * float(x.float().abs().max()) * float(w.abs().max())
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(got, want.to(dtype), atol=atol, rtol=1e-2)
+    else:
+        torch.testing.assert_close(got.double(), want, atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_default_kernel_is_the_dispatch_tables(fmt):
+    codes = random_codes(fmt, 24, 64)
+    row = dispatch.choice("linear_quant", fmt)
+    assert row is not None
+    want = row.runs if dispatch.available(row.runs) else "torch"
+    assert QuantLinear(codes, None).kernel == want
