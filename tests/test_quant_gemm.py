@@ -12,6 +12,7 @@ import torch
 from cpu_variants import params
 
 from orcaserve.kernels import dispatch
+from orcaserve.kernels.linear import Linear
 from orcaserve.kernels.quant import (
     FORMATS,
     GROUP,
@@ -25,6 +26,7 @@ from orcaserve.kernels.quant import (
 
 gguf = pytest.importorskip("gguf")
 QGEMM = params("linear_quant")
+ROWS = [*range(1, 41), 97, 256, 512]  # decode batches, and prefill chunks
 _QTYPE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
 
 
@@ -137,3 +139,44 @@ def test_default_kernel_is_the_dispatch_tables(fmt):
     assert row is not None
     want = row.runs if dispatch.available(row.runs) else "torch"
     assert QuantLinear(codes, None).kernel == want
+
+
+@pytest.mark.parametrize("variant", QGEMM)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gemm_is_the_fp32_gemm_on_dequantized_weights_bit_for_bit(variant, fmt):
+    """QuantLinear on the C++ op against the project's fp32 GEMM (same variant) on dequantize(codes):
+    equal bits at every row count (row tiles of each height), an odd N (the last panel partial), K
+    over several widening chunks, with and without bias; bf16 x: that fp32 result on x.float(),
+    rounded once to bf16."""
+    n, k = 77, 320
+    codes = random_codes(fmt, n, k, 5)
+    for bias in (torch.randn(n), None):
+        lin = QuantLinear(codes, bias, kernel=f"orcaserve.linear_quant.{variant}")
+        ref = Linear(dequantize(codes), bias, pack=True, kernel=f"orcaserve.linear_packed.{variant}")
+        assert lin.kernel.endswith(variant) and ref.kernel.endswith(variant)
+        for rows in ROWS if bias is not None else (1, 5, 33):
+            x = torch.randn(rows, k)
+            want = ref(x)
+            assert torch.equal(lin(x), want), (rows, "fp32")
+            xb = x.bfloat16()
+            got = lin(xb)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, ref(xb.float()).bfloat16()), (rows, "bf16")
+        torch.testing.assert_close(
+            lin(x), x @ dequantize(codes).t() + (0 if bias is None else bias), atol=1e-3, rtol=1e-4
+        )
+
+
+@pytest.mark.parametrize("variant", QGEMM)
+def test_packed_size_and_checks(variant):
+    """Packed as GGUF's own bits per weight (fp16 scales: 8.5, 4.5, 5; the last panel padded), and
+    codes out of range or scales that are not fp16 values refused at packing."""
+    cols = 24 if variant == "avx2" else 48
+    for fmt, bits in (("q8_0", 8.5), ("q4_0", 4.5), ("q4_1", 5.0)):
+        lin = QuantLinear(random_codes(fmt, 2 * cols, 64), None, kernel=f"orcaserve.linear_quant.{variant}")
+        assert lin.nbytes() * 8 == 2 * cols * 64 * bits
+    pack = getattr(torch.ops.orcaserve.pack_quant_weight, variant)
+    c = random_codes("q4_0", 8, 64)
+    with pytest.raises(RuntimeError, match="range"):
+        pack(c.q + 8, c.scale, None, 4)
+    with pytest.raises(RuntimeError, match="fp16"):
+        pack(c.q, c.scale + 1e-6, None, 4)

@@ -7,7 +7,8 @@
 // -DORCA_BUILT_<VARIANT> for each variant it built (only those the building CPU can execute).
 //
 // Families per variant (as build.py's VARIANTS): attention and the fused ops everywhere, the fp32
-// GEMM from avx2 on, the vdpbf16ps GEMM on avx512_bf16 and amx.
+// GEMM and the quantized one (GGUF codes widened to fp32) from avx2 on, the vdpbf16ps GEMM on
+// avx512_bf16 and amx.
 #include <torch/library.h>
 
 #include <string>
@@ -49,6 +50,8 @@ constexpr Schema kCommon[] = {
 constexpr Schema kGemmFp32[] = {
     {"pack_linear_weight", "(Tensor weight) -> Tensor"},
     {"linear_packed", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
+    {"pack_quant_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits) -> Tensor"},
+    {"linear_quant", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset) -> Tensor"},
 };
 constexpr Schema kGemmBf16[] = {
     {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},
@@ -70,7 +73,9 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("argmax_rows." #isa, &orcaserve::isa::argmax_rows)
 #define ORCA_IMPL_GEMM_FP32(m, isa)                                           \
   m.impl("pack_linear_weight." #isa, &orcaserve::isa::pack_linear_weight);    \
-  m.impl("linear_packed." #isa, &orcaserve::isa::linear_packed)
+  m.impl("linear_packed." #isa, &orcaserve::isa::linear_packed);             \
+  m.impl("pack_quant_weight." #isa, &orcaserve::isa::pack_quant_weight);     \
+  m.impl("linear_quant." #isa, &orcaserve::isa::linear_quant)
 #define ORCA_IMPL_GEMM_BF16(m, isa)                                           \
   m.impl("pack_linear_weight_bf16." #isa, &orcaserve::isa::pack_linear_weight_bf16); \
   m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16)

@@ -1,0 +1,287 @@
+// GEMM over GGUF block-quantized weights (Q8_0, Q4_0, Q4_1; kernels/quant.py) on AVX2 and AVX-512
+// CPUs: y = x W^T (+ b) with W kept as 8- or 4-bit codes, 4-5x fewer bytes than fp32 to stream per
+// decode step (docs/kernels.md, "Quantized GEMM on the CPU").
+//
+// Layout: panels of kCols output columns as the fp32 GEMM's (24 on AVX2, 48 on AVX-512), each one
+// sequential stream of its K / 32 blocks, [P, K / 32, block bytes]. A block holds, for its kCols
+// columns: the scales d (fp16, as the file has them: exact), the mins m (q4_1), then the codes,
+// k-major: 32 rows of kCols int8 (q8_0), or 16 rows of kCols bytes, k = 2i in the low nibble and
+// 2i + 1 in the high (q4_0 stores q + 8, q4_1 q). Per weight that is GGUF's own size: 8.5 bits for
+// q8_0, 4.5 for q4_0, 5 for q4_1.
+//
+// Arithmetic: each thread widens a chunk of its panel's blocks to fp32 weights in a buffer that
+// stays in L1, d * q then + m as two roundings (the build passes -ffp-contract=off, so the mul
+// and add are never fused): exactly gguf-py's dequantized values. The chunk then runs the fp32
+// GEMM's micro-kernel (gemm_fp32.cpp: a row's x[k] broadcast against the panel's row k, FMA into
+// 3 vectors per row, k ascending from the bias), its sums carried in an fp32 buffer from chunk to
+// chunk. An fp32 value stored and reloaded is unchanged, so every output element is the same FMA
+// chain, in the same order, as linear_packed's on dequantize(codes): bit for bit its result, for
+// any row count or thread split (tests/test_quant_gemm.py). bf16 x is widened first, the sum
+// rounded once to bf16.
+#include <ATen/ATen.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "gemm/panels.h"
+#include "ops.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+namespace orcaserve::ORCA_ISA {
+namespace {
+
+#if defined(__AVX512F__)
+using vfloat = __m512;
+using vint = __m512i;
+constexpr int kLanes = 16;
+constexpr int kRows = 8;
+// Codes per chunk: the widened chunk, 128 x 48 x 4 bytes = 24 KB, stays in L1.
+constexpr int64_t kChunk = 128;
+inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vfloat vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
+inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
+inline vfloat vhalf(const at::Half* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline vint vload_s8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vint vload_u8(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vint vlow4(vint v) { return _mm512_and_si512(v, _mm512_set1_epi32(0xF)); }
+inline vint vhigh4(vint v) { return _mm512_srli_epi32(v, 4); }
+inline vint vminus8(vint v) { return _mm512_sub_epi32(v, _mm512_set1_epi32(8)); }
+inline vfloat vcvt(vint v) { return _mm512_cvtepi32_ps(v); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm512_mul_ps(a, b); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm512_add_ps(a, b); }
+#else
+using vfloat = __m256;
+using vint = __m256i;
+constexpr int kLanes = 8;
+constexpr int kRows = 4;
+constexpr int64_t kChunk = 256;  // 256 x 24 x 4 bytes = 24 KB
+inline vfloat vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vfloat vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
+inline vfloat vhalf(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline vint vload_s8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline vint vload_u8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline vint vlow4(vint v) { return _mm256_and_si256(v, _mm256_set1_epi32(0xF)); }
+inline vint vhigh4(vint v) { return _mm256_srli_epi32(v, 4); }
+inline vint vminus8(vint v) { return _mm256_sub_epi32(v, _mm256_set1_epi32(8)); }
+inline vfloat vcvt(vint v) { return _mm256_cvtepi32_ps(v); }
+inline vfloat vmul(vfloat a, vfloat b) { return _mm256_mul_ps(a, b); }
+inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
+#endif
+constexpr int kCols = 3 * kLanes;
+constexpr int64_t kGroup = 32;
+
+// The format of a packed weight: code width, and whether blocks carry mins (q4_1).
+struct Format {
+  int bits;
+  bool offset;
+  int64_t scale_bytes() const { return (offset ? 2 : 1) * kCols * static_cast<int64_t>(sizeof(at::Half)); }
+  int64_t block_bytes() const { return scale_bytes() + kGroup * kCols * bits / 8; }
+};
+
+// One block of a panel -> fp32 weights out[32][kCols]: d * q (+ m), as gguf-py computes them.
+template <int Bits, bool Offset>
+inline void widen_block(const uint8_t* block, float* out) {
+  const at::Half* d = reinterpret_cast<const at::Half*>(block);
+  const uint8_t* codes = block + (Offset ? 2 : 1) * kCols * sizeof(at::Half);
+  for (int g = 0; g < 3; ++g) {
+    const vfloat dg = vhalf(d + g * kLanes);
+    const vfloat mg = Offset ? vhalf(d + kCols + g * kLanes) : dg;
+    auto value = [&](vint q) {
+      const vfloat w = vmul(dg, vcvt(q));
+      return Offset ? vadd(w, mg) : w;
+    };
+    float* o = out + g * kLanes;
+    const uint8_t* c = codes + g * kLanes;
+    if constexpr (Bits == 8) {
+      for (int k = 0; k < kGroup; ++k) vstore(o + k * kCols, value(vload_s8(c + k * kCols)));
+    } else {
+      for (int i = 0; i < kGroup / 2; ++i) {
+        const vint u = vload_u8(c + i * kCols);
+        const vint lo = vlow4(u), hi = vhigh4(u);
+        vstore(o + 2 * i * kCols, value(Offset ? lo : vminus8(lo)));
+        vstore(o + (2 * i + 1) * kCols, value(Offset ? hi : vminus8(hi)));
+      }
+    }
+  }
+}
+
+// acc[r, :] += sum over k < kc of a[r * lda + k] * b[k, :] for R rows, one FMA per k in order, as
+// gemm_fp32.cpp's tile, with the sums read from and written back to acc [R, kCols] (exact in fp32).
+template <int R>
+inline void tile(const float* a, int64_t lda, const float* b, int64_t kc, float* acc) {
+#define ORCA_ACC(r)                                                                          \
+  vfloat c##r##0, c##r##1, c##r##2;                                                          \
+  if constexpr (R > r) {                                                                     \
+    c##r##0 = vload(acc + r * kCols), c##r##1 = vload(acc + r * kCols + kLanes);            \
+    c##r##2 = vload(acc + r * kCols + 2 * kLanes);                                           \
+  }
+  ORCA_ACC(0) ORCA_ACC(1) ORCA_ACC(2) ORCA_ACC(3) ORCA_ACC(4) ORCA_ACC(5) ORCA_ACC(6) ORCA_ACC(7)
+#define ORCA_FMA(r)                                \
+  if constexpr (R > r) {                           \
+    const vfloat x = vbroadcast(a + r * lda + k);  \
+    c##r##0 = vfma(x, b0, c##r##0);                \
+    c##r##1 = vfma(x, b1, c##r##1);                \
+    c##r##2 = vfma(x, b2, c##r##2);                \
+  }
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    const float* bk = b + k * kCols;
+    const vfloat b0 = vload(bk), b1 = vload(bk + kLanes), b2 = vload(bk + 2 * kLanes);
+    ORCA_FMA(0) ORCA_FMA(1) ORCA_FMA(2) ORCA_FMA(3) ORCA_FMA(4) ORCA_FMA(5) ORCA_FMA(6) ORCA_FMA(7)
+  }
+#define ORCA_STORE(r)                                \
+  if constexpr (R > r) {                             \
+    vstore(acc + r * kCols, c##r##0);                \
+    vstore(acc + r * kCols + kLanes, c##r##1);       \
+    vstore(acc + r * kCols + 2 * kLanes, c##r##2);   \
+  }
+  ORCA_STORE(0) ORCA_STORE(1) ORCA_STORE(2) ORCA_STORE(3) ORCA_STORE(4) ORCA_STORE(5) ORCA_STORE(6) ORCA_STORE(7)
+#undef ORCA_ACC
+#undef ORCA_FMA
+#undef ORCA_STORE
+}
+
+inline void store_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
+inline void store_row(const float* src, at::BFloat16* dst, int n) {
+  for (int j = 0; j < n; ++j) dst[j] = static_cast<at::BFloat16>(src[j]);  // to nearest even
+}
+
+// The threads' loop: fp32 activations a [M, K], packed panels, output c [M, N] (type Out).
+template <int Bits, bool Offset, typename Out>
+void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, int64_t M, int64_t K, int64_t N,
+                int64_t P) {
+  constexpr Format fmt{Bits, Offset};
+  const int64_t nb = K / kGroup, chunk = std::min<int64_t>(K, kChunk);
+  const RowTiles<kRows> tiles(M);
+  for_each_panel(P, false, [&](int64_t p, int64_t) {
+    thread_local std::vector<float> wide, acc;  // per thread: one widened chunk, the panel's sums
+    wide.resize(chunk * kCols);
+    acc.resize(M * kCols);
+    const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = acc.data() + m * kCols;
+      std::fill(row, row + kCols, 0.0f);
+      if (bp != nullptr) std::copy(bp + p * kCols, bp + p * kCols + ncols, row);
+    }
+    const uint8_t* panel = packed + p * nb * fmt.block_bytes();
+    for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+      const int64_t kc = std::min(chunk, K - k0);
+      for (int64_t b = 0; b < kc / kGroup; ++b)
+        widen_block<Bits, Offset>(panel + (k0 / kGroup + b) * fmt.block_bytes(), wide.data() + b * kGroup * kCols);
+      tiles.each([&](int64_t, int64_t m, auto rows) {
+        tile<decltype(rows)::value>(a + m * K + k0, K, wide.data(), kc, acc.data() + m * kCols);
+      });
+    }
+    for (int64_t m = 0; m < M; ++m) store_row(acc.data() + m * kCols, c + m * N + p * kCols, ncols);
+  });
+}
+
+template <int Bits, bool Offset>
+void run_format(const float* a, const at::Tensor& packed, const float* bp, at::Tensor& y, int64_t M, int64_t K,
+                int64_t N) {
+  const uint8_t* w = packed.data_ptr<uint8_t>();
+  if (y.scalar_type() == at::kFloat)
+    run_panels<Bits, Offset>(a, w, bp, y.data_ptr<float>(), M, K, N, packed.size(0));
+  else
+    run_panels<Bits, Offset>(a, w, bp, y.data_ptr<at::BFloat16>(), M, K, N, packed.size(0));
+}
+
+}  // namespace
+
+at::Tensor pack_quant_weight(const at::Tensor& q, const at::Tensor& scale, const std::optional<at::Tensor>& offset,
+                             int64_t bits) {
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar && q.size(1) % kGroup == 0,
+              "pack_quant_weight: codes must be an int8 [out, in] CPU tensor, in a multiple of 32");
+  TORCH_CHECK(bits == 8 || bits == 4, "pack_quant_weight: bits must be 8 or 4");
+  const int64_t N = q.size(0), K = q.size(1), nb = K / kGroup, P = (N + kCols - 1) / kCols;
+  const bool has_offset = offset.has_value();
+  TORCH_CHECK(!has_offset || bits == 4, "pack_quant_weight: mins (q4_1) need 4-bit codes");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 2 && scale.size(0) == N && scale.size(1) == nb,
+              "pack_quant_weight: scale must be fp32 [out, in / 32]");
+  TORCH_CHECK(!has_offset || (offset->scalar_type() == at::kFloat && offset->sizes() == scale.sizes()),
+              "pack_quant_weight: offset must be fp32 shaped as scale");
+  const Format fmt{static_cast<int>(bits), has_offset};
+  // Codes must lie in the format's range, and scales (mins) be fp16 values: they are stored so.
+  const int lo = bits == 8 ? -128 : (has_offset ? 0 : -8), shift = bits == 8 ? 0 : (has_offset ? 0 : 8);
+  const at::Tensor qc = q.contiguous(), sc = scale.contiguous();
+  const at::Tensor oc = has_offset ? offset->contiguous() : at::Tensor();
+  at::Tensor packed = at::zeros({P, nb, fmt.block_bytes()}, q.options().dtype(at::kByte));
+  const int8_t* qs = qc.data_ptr<int8_t>();
+  const float* ss = sc.data_ptr<float>();
+  const float* os = has_offset ? oc.data_ptr<float>() : nullptr;
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  std::atomic<bool> bad_code{false}, bad_scale{false};
+  at::parallel_for(0, P * nb, 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t p = i / nb, b = i % nb;
+      uint8_t* block = dst + i * fmt.block_bytes();
+      at::Half* heads = reinterpret_cast<at::Half*>(block);
+      uint8_t* codes = block + fmt.scale_bytes();
+      for (int64_t j = 0; j < kCols && p * kCols + j < N; ++j) {
+        const int64_t n = p * kCols + j;
+        const float s = ss[n * nb + b];
+        heads[j] = static_cast<at::Half>(s);
+        if (static_cast<float>(heads[j]) != s && !(s != s)) bad_scale = true;
+        if (has_offset) {
+          heads[kCols + j] = static_cast<at::Half>(os[n * nb + b]);
+          if (static_cast<float>(heads[kCols + j]) != os[n * nb + b]) bad_scale = true;
+        }
+        for (int64_t k = 0; k < kGroup; ++k) {
+          const int v = qs[n * K + b * kGroup + k];
+          if (v < lo || v > lo + (1 << bits) - 1) bad_code = true;
+          const uint8_t u = static_cast<uint8_t>(v + shift);
+          if (bits == 8)
+            codes[k * kCols + j] = u;
+          else
+            codes[(k / 2) * kCols + j] |= static_cast<uint8_t>((u & 0xF) << (4 * (k % 2)));
+        }
+      }
+    }
+  });
+  TORCH_CHECK(!bad_code, "pack_quant_weight: codes outside the format's range");
+  TORCH_CHECK(!bad_scale, "pack_quant_weight: scales and mins must be fp16 values (GGUF stores them so)");
+  return packed;
+}
+
+at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                        int64_t out_features, int64_t bits, bool has_offset) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "linear_quant: x must be an fp32 or bf16 [rows, in] CPU tensor");
+  TORCH_CHECK((bits == 8 && !has_offset) || bits == 4, "linear_quant: q8_0 (8 bits), q4_0 or q4_1 (4 bits)");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  const Format fmt{static_cast<int>(bits), has_offset};
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
+                  packed.size(0) == (N + kCols - 1) / kCols && packed.size(1) * kGroup == K &&
+                  packed.size(2) == fmt.block_bytes(),
+              "linear_quant: packed must come from pack_quant_weight of an [out_features, in] weight in this format");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N),
+              "linear_quant: bias must be fp32 [out_features]");
+  at::Tensor xc = x.scalar_type() == at::kFloat ? x.contiguous() : x.to(at::kFloat).contiguous();
+  const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor y = at::empty({M, N}, x.options());
+  if (M == 0) return y;
+  const float* a = xc.data_ptr<float>();
+  const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
+  if (bits == 8)
+    run_format<8, false>(a, packed, bp, y, M, K, N);
+  else if (has_offset)
+    run_format<4, true>(a, packed, bp, y, M, K, N);
+  else
+    run_format<4, false>(a, packed, bp, y, M, K, N);
+  return y;
+}
+
+}  // namespace orcaserve::ORCA_ISA
+
+#else
+#error "gemm_quant.cpp needs AVX2 and FMA: kernels/cpu/build.py builds it for the avx2 variants and up only"
+#endif
