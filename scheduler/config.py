@@ -20,6 +20,8 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 
+QUANTIZATIONS = (None, "gguf", "int8", "int4")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -53,6 +55,10 @@ class EngineConfig:
     # Serve an architecture that has no token-exact test (scheduler/model/families.py), at the
     # user's own risk; by default such a model is refused at load.
     allow_unverified_architecture: bool = False
+    # Linear weights kept in low-bit blocks (docs/serving.md "Quantized weights"): None dequantizes
+    # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1 blocks; "int8" (q8_0) and
+    # "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -82,6 +88,8 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         self.resolved_dtype()  # validates
 
     def resolved_device(self) -> torch.device:

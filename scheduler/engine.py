@@ -21,12 +21,13 @@ from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
-from orcaserve.scheduler.model.families import check_architecture, length_cap
+from orcaserve.scheduler.model.families import check_architecture, check_quantization, length_cap
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
+from orcaserve.scheduler.model.quantized import quantize_model
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
@@ -94,7 +95,9 @@ class Engine:
         """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
         model/hub.py) and build an engine for it."""
         config = EngineConfig(**engine_args)
-        model, tokenizer = load_model_and_tokenizer(path, config.resolved_dtype(), config.resolved_device())
+        # Quantized: loaded in fp32, the exact values the blocks are matched to or quantized from.
+        load_dtype = torch.float32 if config.quantization else config.resolved_dtype()
+        model, tokenizer = load_model_and_tokenizer(path, load_dtype, config.resolved_device())
         return cls.from_model(model, tokenizer, config)
 
     @classmethod
@@ -104,7 +107,10 @@ class Engine:
         attention is routed through the paged cache from now on."""
         config = config or EngineConfig(**engine_args)
         check_architecture(model, config.allow_unverified_architecture)
+        check_quantization(model, config.quantization)
         device, dtype = config.resolved_device(), config.resolved_dtype()
+        if config.quantization:  # before the cast to dtype: codes from the fp32 weights
+            quantize_model(model, config.quantization, dtype)
         model.to(device=device, dtype=dtype).eval()
         layers, n_kv, head_dim = model_dims(model.config)
         budget = config.kv_cache_memory

@@ -21,9 +21,11 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import AttentionBackend, dispatch
-from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear, fuse_linears
+from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear
 from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
+from orcaserve.kernels.quant import QuantLinear
 from orcaserve.scheduler.model.loader import model_dims
+from orcaserve.scheduler.model.quantized import fused_linear, head_linear
 
 SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -68,10 +70,10 @@ def triton_fused_ops(wanted: bool | None, cuda: bool) -> ModuleType | None:
 class _Layer:
     in_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
-    gate_up: Linear
-    down: Linear
+    qkv: Linear | QuantLinear  # QuantLinear where the weights have block codes (quantized.py)
+    o: Linear | QuantLinear
+    gate_up: Linear | QuantLinear
+    down: Linear | QuantLinear
     q_norm: torch.Tensor | None = None  # [D]: Qwen3's RMSNorm of each head's q and k before rotary
     k_norm: torch.Tensor | None = None
 
@@ -128,8 +130,7 @@ class Decoder:
         # PyTorch twin in kernels/pytorch/fused.py) instead of separate PyTorch ops; where set they
         # take precedence. triton_fused=False keeps the PyTorch ops (A/B).
         self.triton_ops = triton_fused_ops(triton_fused, self.embed.device.type == "cuda")
-        # The lm_head is packed apart from the embedding even when tied: both are read.
-        self.lm_head = Linear(model.lm_head.weight, getattr(model.lm_head, "bias", None), pack)
+        self.lm_head = head_linear(model, pack, dtype)
         narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
         self.layers: list[_Layer] = []
         for layer in inner.layers:
@@ -138,17 +139,17 @@ class Decoder:
                 _Layer(
                     in_norm=layer.input_layernorm.weight,
                     post_norm=layer.post_attention_layernorm.weight,
-                    qkv=fuse_linears(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack),
-                    o=fuse_linears(attn.o_proj, pack=pack, plain_from=narrow),
-                    gate_up=fuse_linears(mlp.gate_proj, mlp.up_proj, pack=pack),
-                    down=fuse_linears(mlp.down_proj, pack=pack, plain_from=narrow),
+                    qkv=fused_linear(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack, dtype=dtype),
+                    o=fused_linear(attn.o_proj, pack=pack, dtype=dtype, plain_from=narrow),
+                    gate_up=fused_linear(mlp.gate_proj, mlp.up_proj, pack=pack, dtype=dtype),
+                    down=fused_linear(mlp.down_proj, pack=pack, dtype=dtype, plain_from=narrow),
                     q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
                     k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
                 )
             )
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the layers' GEMMs,
         # which compiles a kernel per new count; 0: none.
-        onednn = bool(self.layers) and self.layers[0].qkv.onednn
+        onednn = bool(self.layers) and getattr(self.layers[0].qkv, "onednn", False)
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
 
     @torch.inference_mode()

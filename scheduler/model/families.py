@@ -60,6 +60,16 @@ def check_architecture(model: Any, allow_unverified: bool = False) -> None:
     log.warning("%s; serving it anyway because allow_unverified_architecture is set", message)
 
 
+def check_quantization(model: Any, quantization: str | None) -> None:
+    """Refuse, at load, quantized weights for a model served through transformers' forward: only
+    the lean decoder runs the packed low-bit GEMMs (docs/serving.md "Quantized weights")."""
+    if quantization is not None and not lean_supports(model):
+        raise UnsupportedArchitecture(
+            f"quantization={quantization!r} is served by the lean decoder only ({', '.join(LEAN)}); "
+            f"{type(model).__name__} runs through transformers' forward: set quantization to null"
+        )
+
+
 def length_cap(model: Any) -> int | None:
     """The max_model_len a model is held to because its path cannot apply its sliding window:
     the lean decoder attends to whole sequences, the same computation only while a sequence fits

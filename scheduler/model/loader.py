@@ -42,6 +42,8 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     model.to(device).eval()
+    if "gguf_file" in kwargs:  # where quantization "gguf" reads the blocks back (quantized.py)
+        model.orcaserve_gguf_path = os.path.join(path, kwargs["gguf_file"])
     return model, tokenizer
 
 

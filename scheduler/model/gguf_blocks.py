@@ -1,0 +1,149 @@
+"""A GGUF file's Q8_0/Q4_0/Q4_1 blocks, parsed into BlockCodes and matched to a loaded model's
+linear layers by content (docs/serving.md "Quantized weights").
+
+transformers loads a GGUF by dequantizing it (gguf-py's arithmetic, fp32) and renames and, for
+Llama-family files, permutes the rows of q and k back from llama.cpp's rotary layout. Rather than
+re-deriving its name map and permutations per architecture, each weight is found by what it holds:
+every dequantized row of every block tensor is hashed, a module's rows are looked up among a tensor
+with the same multiset of row hashes, and the row order that falls out is the permutation. A match
+is kept only if dequantizing the permuted codes gives the module's weight back bit for bit; anything
+else stays dense, with the reason in the log.
+
+Block layouts (GGUF spec, ggml-common.h), 32 weights of one row per block, little-endian:
+- Q8_0, 34 bytes: fp16 d, 32 int8 q;                       w = d * q
+- Q4_0, 18 bytes: fp16 d, 16 bytes of nibbles;             w = d * (u - 8)
+- Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles;     w = d * u + m
+where byte j's low nibble is element j and its high nibble element j + 16.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from orcaserve.kernels.quant import BlockCodes, dequantize, take_rows
+
+log = logging.getLogger(__name__)
+
+FORMATS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}  # GGML type name -> BlockCodes.fmt
+_CHUNK_ROWS = 4096  # rows hashed at once: bounds the int64 temporary (32 MB per 1024 columns)
+
+
+def parse_blocks(raw: np.ndarray, fmt: str, k: int) -> BlockCodes:
+    """BlockCodes of a [N, K] weight from its raw blocks (uint8 [N, K / 32 * block bytes])."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, k // 32, -1)  # [N, K / 32, block bytes]
+
+    def fp16(at: int) -> torch.Tensor:  # [N, K / 32] fp32 of the fp16 at byte `at` of each block
+        return torch.from_numpy(
+            np.ascontiguousarray(blocks[:, :, at : at + 2]).view(np.float16)[..., 0].astype(np.float32)
+        )
+
+    if fmt == "q8_0":
+        q = blocks[:, :, 2:].view(np.int8).reshape(n, k)
+        return BlockCodes(fmt, torch.from_numpy(q.copy()), fp16(0), None)
+    start = 2 if fmt == "q4_0" else 4
+    nib = blocks[:, :, start : start + 16]
+    u = np.concatenate([nib & 0x0F, nib >> 4], axis=-1).astype(np.int8).reshape(n, k)  # element j, j + 16
+    if fmt == "q4_0":
+        return BlockCodes(fmt, torch.from_numpy(u - 8), fp16(0), None)
+    return BlockCodes(fmt, torch.from_numpy(u), fp16(0), fp16(2))
+
+
+def row_hashes(w: torch.Tensor) -> torch.Tensor:
+    """[N, K] fp32 -> [N] int64: a hash of each row's bits (a wrapping dot product with fixed odd
+    multipliers); equal rows hash equal, a collision is caught by the bitwise check after."""
+    n, k = w.shape
+    gen = torch.Generator().manual_seed(47)
+    mult = torch.randint(-(1 << 62), 1 << 62, (k,), generator=gen, dtype=torch.int64) | 1
+    out = torch.empty(n, dtype=torch.int64)
+    for i in range(0, n, _CHUNK_ROWS):
+        bits = w[i : i + _CHUNK_ROWS].contiguous().view(torch.int32).to(torch.int64)
+        out[i : i + _CHUNK_ROWS] = (bits * mult).sum(1)
+    return out
+
+
+@dataclass
+class _Candidate:
+    name: str
+    codes: BlockCodes
+    rows: dict[int, list[int]]  # row hash -> rows of the tensor with it
+
+
+def _signature(hashes: torch.Tensor) -> tuple[int, ...]:
+    return tuple(sorted(hashes.tolist()))
+
+
+def _permutation(hashes: torch.Tensor, rows: dict[int, list[int]]) -> torch.Tensor | None:
+    """index[i] = the tensor row whose hash equals row i's; None if a row has no partner."""
+    taken = {h: list(r) for h, r in rows.items()}
+    index = []
+    for h in hashes.tolist():
+        free = taken.get(h)
+        if not free:
+            return None
+        index.append(free.pop(0))
+    return torch.tensor(index, dtype=torch.int64)
+
+
+def match_gguf_blocks(path: str, named: list[tuple[str, Any]]) -> dict[str, BlockCodes | None]:
+    """For each (name, module) the codes that reproduce its fp32 weight bit for bit, with rows in
+    the module's order, or None; the log names tensors of other types and modules left dense."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    by_sig: dict[tuple[tuple[int, int], tuple[int, ...]], list[_Candidate]] = {}
+    other: list[str] = []
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        if len(t.shape) != 2:
+            continue
+        k, n = (int(x) for x in t.shape)  # GGUF lists dimensions innermost first
+        if kind not in FORMATS or k % 32:
+            if kind not in ("F32", "F16", "BF16"):
+                other.append(f"{t.name} ({kind})")
+            continue
+        codes = parse_blocks(np.asarray(t.data), FORMATS[kind], k)
+        hashes = row_hashes(dequantize(codes))
+        rows: dict[int, list[int]] = {}
+        for r, h in enumerate(hashes.tolist()):
+            rows.setdefault(h, []).append(r)
+        by_sig.setdefault(((n, k), _signature(hashes)), []).append(_Candidate(t.name, codes, rows))
+    if other:
+        log.warning("GGUF tensors of types without a packed GEMM, served dense: %s", ", ".join(other))
+    found: dict[str, BlockCodes | None] = {}
+    for name, module in named:
+        w = module.weight.detach()
+        found[name] = None
+        if w.dtype != torch.float32 or w.dim() != 2:
+            log.warning("%s: weight is %s, not the fp32 the file dequantizes to: served dense", name, w.dtype)
+            continue
+        hashes = row_hashes(w)
+        for cand in by_sig.get((tuple(w.shape), _signature(hashes)), []):
+            index = _permutation(hashes, cand.rows)
+            if index is None:
+                continue
+            same = index.equal(torch.arange(len(index)))
+            codes = cand.codes if same else take_rows(cand.codes, index)
+            if torch.equal(dequantize(codes).view(torch.int32), w.view(torch.int32)):
+                found[name] = codes
+                break
+        if found[name] is None:
+            log.warning("%s: no Q8_0/Q4_0/Q4_1 tensor of the file reproduces it bit for bit: served dense", name)
+    return found
+
+
+def matched_permutation(path: str, tensor: str, module: Any) -> torch.Tensor | None:
+    """The row order of GGUF `tensor` that gives `module`'s weight (tests: q/k come permuted)."""
+    from gguf import GGUFReader
+
+    t = next(t for t in GGUFReader(path).tensors if t.name == tensor)
+    codes = parse_blocks(np.asarray(t.data), FORMATS[t.tensor_type.name], int(t.shape[0]))
+    rows: dict[int, list[int]] = {}
+    for r, h in enumerate(row_hashes(dequantize(codes)).tolist()):
+        rows.setdefault(h, []).append(r)
+    return _permutation(row_hashes(module.weight.detach()), rows)

@@ -1,0 +1,151 @@
+"""Quantized linear weights for the lean decoder (docs/serving.md "Quantized weights").
+
+At load, each projection of a Llama-family model (q/k/v/o, gate/up/down, lm_head) gets the block
+codes (`orcaserve.kernels.quant.BlockCodes`) it is served from, attached to its `nn.Linear` as
+`orcaserve_codes`, and its fp32 weight is freed; the decoder then builds `QuantLinear`s over them
+(`fused_linear`). Codes come from:
+- "gguf": the file's own Q8_0/Q4_0/Q4_1 blocks (gguf_blocks.py), matched to the modules by content;
+- "int8"/"int4": quantizing the loaded weights (q8_0; q4_1 for the layers and q8_0 for the lm_head).
+A module without codes keeps its weight in the model's dtype, as without quantization.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from orcaserve.kernels.linear import Linear, fuse_linears
+from orcaserve.kernels.quant import BlockCodes, QuantLinear, concat, dequantize, quantize
+
+log = logging.getLogger(__name__)
+
+CODES = "orcaserve_codes"  # the nn.Linear attribute that holds a module's BlockCodes
+GGUF_PATH = "orcaserve_gguf_path"  # the model attribute the loader sets to the .gguf it read
+# Bytes per 32-weight block as a GGUF file stores them: fp16 scale (+ fp16 min) + the codes.
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+# int4's block format: q4_1 (scale and min per block) kept 1.5-2x more of fp32's top-1 agreement
+# than q4_0 on SmolLM2 for 11 % more bytes (benchmarks/results/quant_quality.json). Its lm_head
+# (often tied to the embedding, and the layer whose error reaches the logits unmixed) stays q8_0,
+# as llama.cpp's Q4 files keep their output tensor at 6-8 bits.
+MODE_FORMATS = {"int8": ("q8_0", "q8_0"), "int4": ("q4_1", "q8_0")}  # (layers, lm_head)
+_PROJECTIONS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
+
+
+def linears(model: Any) -> Iterator[tuple[str, Any]]:
+    """(name, module) of every projection the lean decoder runs, the lm_head last."""
+    for i, layer in enumerate(model.model.layers):
+        for proj in _PROJECTIONS:
+            module = layer.get_submodule(proj)
+            yield f"model.layers.{i}.{proj}", module
+    yield "lm_head", model.lm_head
+
+
+def attach(module: torch.nn.Module, codes: BlockCodes) -> None:
+    """Serve `module` from `codes`: its dense weight is dropped (the codes reproduce it)."""
+    setattr(module, CODES, codes)
+    module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+
+def codes_bytes(codes: BlockCodes) -> int:
+    """The bytes `codes` take in their GGUF block format (the packed GEMM's may add padding)."""
+    n, k = codes.q.shape
+    return n * (k // 32) * BLOCK_BYTES[codes.fmt]
+
+
+def quantize_model(model: Any, mode: str, dtype: torch.dtype) -> None:
+    """Attach codes for `mode` ("gguf", "int8", "int4") to `model`'s projections, free the dense
+    copies, and log what is quantized how and the linear weights' bytes before and after (dense
+    bytes counted in `dtype`, what the model would hold without quantization). The model's
+    weights should be fp32 here: "gguf" matches them bit for bit to the file's blocks."""
+    named: list[tuple[str, Any]] = [
+        (name, module) for name, module in linears(model) if getattr(module, CODES, None) is None
+    ]
+    dense_bytes = {name: module.weight.numel() * torch.finfo(dtype).bits // 8 for name, module in named}
+    if mode == "gguf":
+        from orcaserve.scheduler.model.gguf_blocks import match_gguf_blocks
+
+        path = getattr(model, GGUF_PATH, None)
+        if path is None:
+            raise ValueError("quantization 'gguf' needs a model loaded from a .gguf file")
+        found = match_gguf_blocks(path, named)
+    elif mode in MODE_FORMATS:
+        layer_fmt, head_fmt = MODE_FORMATS[mode]
+        found = {}
+        for name, module in named:
+            w = module.weight.detach()
+            found[name] = quantize(w, head_fmt if name == "lm_head" else layer_fmt) if w.shape[1] % 32 == 0 else None
+    else:
+        raise ValueError(f"unknown quantization {mode!r}")
+    before = after = 0
+    kinds: dict[str, int] = {}
+    dense: list[str] = []
+    for name, module in named:
+        codes = found.get(name)
+        before += dense_bytes[name]
+        if codes is None:
+            after += dense_bytes[name]
+            dense.append(name)
+            continue
+        attach(module, codes)
+        after += codes_bytes(codes)
+        kinds[codes.fmt] = kinds.get(codes.fmt, 0) + 1
+    what = ", ".join(f"{n} as {fmt}" for fmt, n in sorted(kinds.items())) or "none"
+    log.warning(
+        "quantization=%s: %d linear weights served quantized (%s), %d dense in %s%s; linear weight bytes "
+        "%.1f MB in %s -> %.1f MB",
+        mode,
+        sum(kinds.values()),
+        what,
+        len(dense),
+        str(dtype).removeprefix("torch."),
+        f" ({', '.join(dense[:8])}{', ...' if len(dense) > 8 else ''})" if dense else "",
+        before / 1e6,
+        str(dtype).removeprefix("torch."),
+        after / 1e6,
+    )
+
+
+def head_linear(model: Any, pack: bool, dtype: torch.dtype) -> Linear | QuantLinear:
+    """The lm_head's GEMM: from its codes where it has them, else packed apart from the embedding
+    even when tied (both are read: the embedding by row, the head as a GEMM)."""
+    head = model.lm_head
+    if hasattr(head, CODES):
+        return fused_linear(head, pack=pack, dtype=dtype)
+    return Linear(head.weight, getattr(head, "bias", None), pack)
+
+
+def fused_linear(*modules: Any, pack: bool, dtype: torch.dtype, plain_from: int | None = None) -> Linear | QuantLinear:
+    """The decoder's GEMM over the concatenated outputs of `modules`: a QuantLinear when every one
+    has codes of one format, else `fuse_linears` over dense weights (codes that cannot join their
+    group are dequantized back, exactly the loaded weights, in `dtype`)."""
+    codes: list[BlockCodes | None] = [getattr(m, CODES, None) for m in modules]
+    for m in modules:
+        if hasattr(m, CODES):
+            delattr(m, CODES)
+    present = [c for c in codes if c is not None]
+    if present and len(present) == len(codes) and len({c.fmt for c in present}) == 1:
+        biases = [m.bias for m in modules]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat(
+                [b if b is not None else torch.zeros(c.q.shape[0], dtype=dtype) for b, c in zip(biases, present)]
+            )
+        for m in modules:
+            m.bias = None
+        return QuantLinear(concat(present) if len(present) > 1 else present[0], bias)
+    for m, c in zip(modules, codes):
+        if c is not None:
+            log.warning("a fused group mixes formats or dense weights: its %s codes are served dense", c.fmt)
+            m.weight = torch.nn.Parameter(dequantize(c).to(dtype), requires_grad=False)
+    return fuse_linears(*modules, pack=pack, plain_from=plain_from)
