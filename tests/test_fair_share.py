@@ -14,9 +14,9 @@ from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
-def make(policy="fair", num_blocks=64, block_size=16, max_num_seqs=4, budget=64, weights=None, caching=False):
+def make(policy="fair", num_blocks=64, block_size=16, max_num_seqs=4, budget=64, weights=None, caching=False, **kw):
     kv = KVCacheManager(num_blocks, block_size, caching)
-    return Scheduler(kv, max_num_seqs, budget, policy, TenantShares(weights))
+    return Scheduler(kv, max_num_seqs, budget, policy, TenantShares(weights), **kw)
 
 
 def req(rid: str, tenant: str | None, prompt_len: int = 8, max_tokens: int = 8, priority: int = 0, first=0):
@@ -175,6 +175,7 @@ def test_no_idle_capacity_while_anyone_waits():
             if len(r.output_token_ids) >= r.params.max_tokens:
                 s.finish_request(r, "length")
     assert checked > 1000 and 0 < blocked < checked / 4, (checked, blocked)
+    assert s.num_suspensions > 0  # seats were handed over meanwhile
 
 
 @pytest.mark.parametrize("policy", ["fair", "fcfs"])

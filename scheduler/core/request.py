@@ -19,7 +19,7 @@ _arrival_counter = itertools.count()
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    WAITING = "waiting"  # queued, preempted and waiting to be recomputed, or suspended (KV kept)
     RUNNING = "running"
     FINISHED = "finished"
 
@@ -74,6 +74,10 @@ class Request:
         # charged to it already or came from the cache at first admission (never charged again).
         self.tenant = tenant
         self.prompt_charged = 0
+        # Seat handover (fair, docs/engine.md "Seat handover"): waiting with its blocks and computed
+        # tokens kept, to resume where it stopped; and the step that last admitted it.
+        self.suspended = False
+        self.admitted_step = -1
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
         self.grammar: GrammarState | None = None

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 from orcaserve.scheduler.core.fair_share import TenantShares
+from orcaserve.scheduler.core.fair_step import fill_fair, release_suspended
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
@@ -58,7 +58,10 @@ class Scheduler:
 
     Under `fair`, the tenants' virtual token counters (`fair_share.py`) order everything after the
     decodes, tenant by tenant, and the first victim is the newest request of the tenant furthest
-    above its share; within a tenant, priority then arrival.
+    above its share; within a tenant, priority then arrival. When every seat is taken and the
+    tenant next in line waits, a seat is handed over: a running request of the tenant furthest
+    above its share is suspended, keeping its blocks, and resumes later where it stopped
+    (`fair_step.py`; docs/engine.md, "Seat handover").
     """
 
     def __init__(
@@ -68,6 +71,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         policy: str = "fcfs",
         shares: TenantShares | None = None,
+        max_suspended: int | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {policy!r}")
@@ -81,6 +85,12 @@ class Scheduler:
         self.waiting: WaitingQueue | TenantQueues = TenantQueues() if self.fair else WaitingQueue(self.by_priority)
         self.running: dict[str, Request] = {}  # in admission order; O(1) removal
         self.num_preemptions = 0
+        # Fair: requests that handed their seat over and keep their blocks, oldest first; at most
+        # `max_suspended` (blocks held idle), and the first to give their blocks back.
+        self.suspended: dict[str, Request] = {}
+        self.max_suspended = max(1, max_num_seqs // 4) if max_suspended is None else max_suspended
+        self.num_suspensions = 0
+        self._step = 0  # steps scheduled: a request admitted in this one is never suspended in it
         # Prefix cache, in prompt tokens at first admission (readmissions after preemption would
         # count a request's own blocks as hits): tokens looked up, tokens found.
         self.prefix_cache_queries = 0
@@ -119,6 +129,9 @@ class Scheduler:
         elif req.status == RequestStatus.WAITING:
             self.waiting.remove(req)
             self.shares.left(req, was_running=False)
+            if req.suspended:
+                del self.suspended[req.request_id]
+                req.suspended = False
         self.kv.free(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
@@ -148,6 +161,7 @@ class Scheduler:
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        self._step += 1
         self._budget = self.max_num_batched_tokens
         self._pending.clear()
         self._charges.clear()
@@ -158,7 +172,7 @@ class Scheduler:
         for req in decodes:
             self._continue(out, req)
         if self.fair:
-            self._fill_fair(out, catching_up)
+            fill_fair(self, out, catching_up)
         else:
             for req in catching_up:
                 self._continue(out, req)
@@ -200,6 +214,8 @@ class Scheduler:
             return  # out of budget, or preempted earlier in this step
         n = min(req.num_tokens - req.num_computed_tokens, self._budget)
         while not self.kv.allocate_slots(req, n):
+            if self.suspended and release_suspended(self, out):
+                continue  # suspended requests give their blocks back before anyone running
             victim = max(self.running.values(), key=self._victim_key)
             self._take_back(out, victim)
             self._preempt(victim)
@@ -210,18 +226,24 @@ class Scheduler:
 
     def _start(self, out: SchedulerOutput, req: Request) -> bool:
         """Admit the waiting `req` (the head of its queue), or return False, taking nothing, when
-        the KV pool is short. A waiting request holds no blocks (new, or preempted): it starts, or
-        restarts, after the longest cached prefix of its tokens."""
-        hits = self.kv.find_cached_prefix(req)
-        num_cached = len(hits) * self.kv.block_size
+        the KV pool is short even after suspended requests gave their blocks back. A new or
+        preempted request holds no blocks: it starts, or restarts, after the longest cached prefix
+        of its tokens. A suspended one resumes with its blocks, where it stopped."""
+        hits = [] if req.suspended else self.kv.find_cached_prefix(req)
+        num_cached = req.num_computed_tokens if req.suspended else len(hits) * self.kv.block_size
         n = min(req.num_tokens - num_cached, self._budget)
-        if not self.kv.allocate_slots(req, n, hits):
-            return False
+        while not self.kv.allocate_slots(req, n, hits):
+            if not (self.suspended and release_suspended(self, out, keep=req)):
+                return False
         if isinstance(self.waiting, TenantQueues):
             self.waiting.pop_tenant(req.tenant)
         else:
             self.waiting.pop()
+        if req.suspended:
+            del self.suspended[req.request_id]
+            req.suspended = False
         req.num_computed_tokens = num_cached
+        req.admitted_step = self._step
         req.status = RequestStatus.RUNNING
         if req.times.first_scheduled is None:
             req.times.first_scheduled = time.time()
@@ -234,39 +256,6 @@ class Scheduler:
         self.shares.admitted(req)
         self._give(out, req, n)
         return True
-
-    def _fill_fair(self, out: SchedulerOutput, catching_up: list[Request]) -> None:
-        """The fair policy after the decodes: the budget goes tenant by tenant, smallest counter
-        (with this step's charges so far) first, each tenant's running requests before its
-        waiting ones; equal counters go to the earlier request. Admission stops, as under FCFS,
-        once the head of the chosen tenant does not fit in the KV pool or anything was preempted."""
-        queue = self.waiting
-        assert isinstance(queue, TenantQueues)
-        running: dict[str | None, deque[Request]] = {}
-        for req in catching_up:
-            running.setdefault(req.tenant, deque()).append(req)
-
-        def next_of(tenant: str | None) -> Request:
-            head = running[tenant][0] if tenant in running else queue.peek_tenant(tenant)
-            assert head is not None
-            return head
-
-        admitting = True
-        while self._budget > 0:
-            admitting = admitting and not out.preempted and len(self.running) < self.max_num_seqs
-            candidates = list(running)
-            if admitting:
-                candidates += [t for t in queue.tenants() if t not in running]
-            if not candidates:
-                return
-            tenant = min(candidates, key=lambda t: (self._projected(t), next_of(t).arrival_seq))
-            if tenant in running:
-                req = running[tenant].popleft()
-                if not running[tenant]:
-                    del running[tenant]
-                self._continue(out, req)
-            elif not self._start(out, next_of(tenant)):
-                admitting = False
 
     def update_after_step(self, out: SchedulerOutput) -> None:
         """Advance every scheduled request by the tokens it computed this step, charge them to
