@@ -12,7 +12,8 @@ Kernels (each on the same random weight, x fp32 except where said):
 - t_int4: `torch.ops.aten._weight_int4pack_mm_for_cpu`, group 32, bf16 x.
 Each kernel cycles over enough copies of its weight to read at least 48 MB per round (3x this
 Zen 2's L3), so the weight comes from DRAM as in a decode step over 16 layers. Prints ms per call
-(median of `--rounds` rounds of `--calls` calls, kernels alternated round by round) and the weight
+(median of `--rounds` rounds of `--calls` calls, fewer from 64 rows on; kernels alternated round by
+round) and the weight
 bytes read per second (GB/s). docs/performance-log.md, "2026-12-05: GGUF codes served quantized".
 """
 
@@ -84,14 +85,15 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], kernels: list[str], 
         for kern in kernels:  # warm-up: first calls, page faults
             for fn, _, dt, _ in built[kern]:
                 fn(xs[dt])
+        n_calls = max(1, calls * 32 // max(m, 32))  # prefill sizes: fewer calls, each is long
         for _ in range(rounds):
             for kern in kernels:
                 copies = built[kern]
                 t = time.perf_counter()
-                for i in range(calls):
+                for i in range(n_calls):
                     fn, _, dt, _ = copies[i % len(copies)]
                     fn(xs[dt])
-                times[kern].append((time.perf_counter() - t) / calls * 1e3)
+                times[kern].append((time.perf_counter() - t) / n_calls * 1e3)
         cells = []
         for kern in kernels:
             ms = statistics.median(times[kern])
@@ -106,7 +108,10 @@ def main() -> None:
     ap.add_argument("--kernels", default=",".join(KERNELS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ok, why = build.load(build=False)
     print(f"threads {torch.get_num_threads()}, library: {why}")
     rows = [int(r) for r in args.rows.split(",")]

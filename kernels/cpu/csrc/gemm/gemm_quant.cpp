@@ -87,67 +87,57 @@ struct Format {
   int64_t block_bytes() const { return scale_bytes() + kGroup * kCols * bits / 8; }
 };
 
-// One block of a panel -> fp32 weights out[32][kCols]: d * q (+ m), as gguf-py computes them.
-template <int Bits, bool Offset>
-inline void widen_block(const uint8_t* block, float* out) {
-  const at::Half* d = reinterpret_cast<const at::Half*>(block);
-  const uint8_t* codes = block + (Offset ? 2 : 1) * kCols * sizeof(at::Half);
-  for (int g = 0; g < 3; ++g) {
-    const vfloat dg = vhalf(d + g * kLanes);
-    const vfloat mg = Offset ? vhalf(d + kCols + g * kLanes) : dg;
-    auto value = [&](vint q) {
-      const vfloat w = vmul(dg, vcvt(q));
-      return Offset ? vadd(w, mg) : w;
-    };
-    float* o = out + g * kLanes;
-    const uint8_t* c = codes + g * kLanes;
-    if constexpr (Bits == 8) {
-      for (int k = 0; k < kGroup; ++k) vstore(o + k * kCols, value(vload_s8(c + k * kCols)));
-    } else {
-      for (int i = 0; i < kGroup / 2; ++i) {
-        const vint u = vload_u8(c + i * kCols);
-        const vint lo = vlow4(u), hi = vhigh4(u);
-        vstore(o + 2 * i * kCols, value(Offset ? lo : vminus8(lo)));
-        vstore(o + (2 * i + 1) * kCols, value(Offset ? hi : vminus8(hi)));
-      }
+// The weights of one block's kLanes columns g, one k at a time: d * q (+ m), as gguf-py computes
+// them (two roundings: the build's -ffp-contract=off keeps the mul and add apart).
+template <bool Offset>
+struct Dequant {
+  vfloat d, m;
+  Dequant(const at::Half* heads, int g) : d(vhalf(heads + g * kLanes)), m(Offset ? vhalf(heads + kCols + g * kLanes) : d) {}
+  vfloat operator()(vint q) const {
+    const vfloat w = vmul(d, vcvt(q));
+    return Offset ? vadd(w, m) : w;
+  }
+};
+
+// for_k(k, w0, w1, w2) for the 32 k of one block in order, wg the fp32 weights of its columns
+// g * kLanes.. (q4_0's nibbles are q + 8).
+template <int Bits, bool Offset, typename F>
+inline void each_k(const uint8_t* block, int64_t k0, F&& for_k) {
+  const at::Half* heads = reinterpret_cast<const at::Half*>(block);
+  const uint8_t* c = block + (Offset ? 2 : 1) * kCols * sizeof(at::Half);
+  const Dequant<Offset> v0(heads, 0), v1(heads, 1), v2(heads, 2);
+  if constexpr (Bits == 8) {
+    for (int k = 0; k < kGroup; ++k, c += kCols)
+      for_k(k0 + k, v0(vload_s8(c)), v1(vload_s8(c + kLanes)), v2(vload_s8(c + 2 * kLanes)));
+  } else {
+    auto code = [](vint u) { return Offset ? u : vminus8(u); };
+    for (int k = 0; k < kGroup; k += 2, c += kCols) {
+      const vint u0 = vload_u8(c), u1 = vload_u8(c + kLanes), u2 = vload_u8(c + 2 * kLanes);
+      for_k(k0 + k, v0(code(vlow4(u0))), v1(code(vlow4(u1))), v2(code(vlow4(u2))));
+      for_k(k0 + k + 1, v0(code(vhigh4(u0))), v1(code(vhigh4(u1))), v2(code(vhigh4(u2))));
     }
   }
 }
 
-// acc[r, :] += sum over k < kc of a[r * lda + k] * b[k, :] for R rows, one FMA per k in order, as
-// gemm_fp32.cpp's tile, with the sums read from and written back to acc [R, kCols] (exact in fp32).
-template <int R>
-inline void tile(const float* a, int64_t lda, const float* b, int64_t kc, float* acc) {
-#define ORCA_ACC(r)                                                                          \
-  vfloat c##r##0, c##r##1, c##r##2;                                                          \
-  if constexpr (R > r) {                                                                     \
-    c##r##0 = vload(acc + r * kCols), c##r##1 = vload(acc + r * kCols + kLanes);            \
-    c##r##2 = vload(acc + r * kCols + 2 * kLanes);                                           \
-  }
-  ORCA_ACC(0) ORCA_ACC(1) ORCA_ACC(2) ORCA_ACC(3) ORCA_ACC(4) ORCA_ACC(5) ORCA_ACC(6) ORCA_ACC(7)
-#define ORCA_FMA(r)                                \
-  if constexpr (R > r) {                           \
-    const vfloat x = vbroadcast(a + r * lda + k);  \
-    c##r##0 = vfma(x, b0, c##r##0);                \
-    c##r##1 = vfma(x, b1, c##r##1);                \
-    c##r##2 = vfma(x, b2, c##r##2);                \
-  }
-#pragma GCC unroll 2
-  for (int64_t k = 0; k < kc; ++k) {
-    const float* bk = b + k * kCols;
-    const vfloat b0 = vload(bk), b1 = vload(bk + kLanes), b2 = vload(bk + 2 * kLanes);
-    ORCA_FMA(0) ORCA_FMA(1) ORCA_FMA(2) ORCA_FMA(3) ORCA_FMA(4) ORCA_FMA(5) ORCA_FMA(6) ORCA_FMA(7)
-  }
-#define ORCA_STORE(r)                                \
-  if constexpr (R > r) {                             \
-    vstore(acc + r * kCols, c##r##0);                \
-    vstore(acc + r * kCols + kLanes, c##r##1);       \
-    vstore(acc + r * kCols + 2 * kLanes, c##r##2);   \
-  }
-  ORCA_STORE(0) ORCA_STORE(1) ORCA_STORE(2) ORCA_STORE(3) ORCA_STORE(4) ORCA_STORE(5) ORCA_STORE(6) ORCA_STORE(7)
-#undef ORCA_ACC
-#undef ORCA_FMA
-#undef ORCA_STORE
+// acc[r, :] += sum over k of a[r * lda + k] * w[k, :] for R rows: one FMA per k, k ascending as
+// each_weight(for_k) hands the weights over, exactly gemm_fp32.cpp's tile, with the sums read from
+// and written back to acc [R, kCols] (an fp32 value stored and reloaded is unchanged).
+template <int R, typename Weights>
+inline void tile(const float* a, int64_t lda, float* acc, Weights&& each_weight) {
+  vfloat c[R][3];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 3; ++j) c[r][j] = vload(acc + r * kCols + j * kLanes);
+  each_weight([&](int64_t k, vfloat b0, vfloat b1, vfloat b2) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vfloat x = vbroadcast(a + r * lda + k);
+      c[r][0] = vfma(x, b0, c[r][0]);
+      c[r][1] = vfma(x, b1, c[r][1]);
+      c[r][2] = vfma(x, b2, c[r][2]);
+    }
+  });
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 3; ++j) vstore(acc + r * kCols + j * kLanes, c[r][j]);
 }
 
 inline void store_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
@@ -173,13 +163,30 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
       if (bp != nullptr) std::copy(bp + p * kCols, bp + p * kCols + ncols, row);
     }
     const uint8_t* panel = packed + p * nb * fmt.block_bytes();
-    for (int64_t k0 = 0; k0 < K; k0 += chunk) {
-      const int64_t kc = std::min(chunk, K - k0);
-      for (int64_t b = 0; b < kc / kGroup; ++b)
-        widen_block<Bits, Offset>(panel + (k0 / kGroup + b) * fmt.block_bytes(), wide.data() + b * kGroup * kCols);
-      tiles.each([&](int64_t, int64_t m, auto rows) {
-        tile<decltype(rows)::value>(a + m * K + k0, K, wide.data(), kc, acc.data() + m * kCols);
+    if (tiles.count() == 1) {  // one row tile: widen in registers, nothing stored in between
+      tiles.each([&](int64_t, int64_t, auto rows) {
+        tile<decltype(rows)::value>(a, K, acc.data(), [&](auto&& for_k) {
+          for (int64_t b = 0; b < nb; ++b) each_k<Bits, Offset>(panel + b * fmt.block_bytes(), b * kGroup, for_k);
+        });
       });
+    } else {  // a chunk widened into L1 once, for every row tile
+      for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+        const int64_t kc = std::min(chunk, K - k0);
+        float* w = wide.data();
+        for (int64_t b = 0; b < kc / kGroup; ++b)
+          each_k<Bits, Offset>(panel + (k0 / kGroup + b) * fmt.block_bytes(), b * kGroup,
+                               [&](int64_t k, vfloat b0, vfloat b1, vfloat b2) {
+                                 vstore(w + k * kCols, b0), vstore(w + k * kCols + kLanes, b1);
+                                 vstore(w + k * kCols + 2 * kLanes, b2);
+                               });
+        tiles.each([&](int64_t, int64_t m, auto rows) {
+          tile<decltype(rows)::value>(a + m * K + k0, K, acc.data() + m * kCols, [&](auto&& for_k) {
+#pragma GCC unroll 2
+            for (int64_t k = 0; k < kc; ++k)
+              for_k(k, vload(w + k * kCols), vload(w + k * kCols + kLanes), vload(w + k * kCols + 2 * kLanes));
+          });
+        });
+      }
     }
     for (int64_t m = 0; m < M; ++m) store_row(acc.data() + m * kCols, c + m * N + p * kCols, ncols);
   });
