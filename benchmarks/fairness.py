@@ -1,15 +1,18 @@
 """Fair share between tenants over a real TorchServe (issue 45): does a flood from one tenant
 delay another tenant's requests, under `fcfs` and under `fair`?
 
-    python benchmarks/fairness.py                     # about 7 min on 2 CPU cores
+    python benchmarks/fairness.py                     # about 8 min on 2 CPU cores
+    python benchmarks/fairness.py --flood-clients 96 --out benchmarks/results/fairness-96.json \\
+        --plot /tmp/fairness-96.png                   # the issue's shape: 96 flooding clients
     python benchmarks/fairness.py --phase-seconds 15 --flood-clients 6 --max-num-seqs 4 \\
         --out /tmp/fair.json --plot /tmp/fair.png     # smoke
 
 One TorchServe (free loopback ports, token auth, Prometheus metrics) with three archives of the
 default model (SmolLM2-135M) that differ only in policy: `fcfs`, `fair`, `fair` with tenant
 weights A:B = 2:1; `tenant_header` X-Tenant-Id, `max_num_seqs` lowered to match the scaled-down
-client counts. Phases, each `--phase-seconds` long, every client closed-loop (a new streamed
-request as soon as its last one ends):
+client counts; `max_waiting_requests` and TorchServe's job queue raised to the most clients a phase
+has, so that no request is refused (503) for lack of room. Phases, each `--phase-seconds` long,
+every client closed-loop (a new streamed request as soon as its last one ends):
   1. B alone: one client of tenant B on the `fair` archive (one tenant: the same order as fcfs);
   2. fcfs: tenant A floods with `--flood-clients` clients (more than `max_num_seqs`), B as above;
   3. fair: the same on the `fair` archive;
@@ -17,7 +20,9 @@ request as soon as its last one ends):
      both are backlogged and the token share should be 2:1.
 Reported per phase: B's p50/p99 TTFT and end-to-end latency, output tokens/s in all, each
 tenant's token share over time (a request's tokens spread evenly over its decode time), and the
-engine's own per-tenant counters scraped from `:8082/metrics`. JSON (`--out`) and PNG (`--plot`).
+engine's own per-tenant counters scraped from `:8082/metrics`; then, the server stopped, the bound
+on B's latency ratios: a decode step of 1 row against `max_num_seqs` rows in this process
+(fairness_step_bound.py; `--no-step-bound` skips it). JSON (`--out`) and PNG (`--plot`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the TorchServe harness the end-to-end tests use
 
 from fairness_report import engine_view, goals, markdown, plot, scrape, summarize  # noqa: E402
+from fairness_step_bound import step_bound  # noqa: E402
 from serve_client import send  # noqa: E402
 from serve_report import machine  # noqa: E402
 from serve_workload import make_workload  # noqa: E402
@@ -70,6 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=None, help="TorchServe's scratch directory (default: a temporary one)")
     p.add_argument("--out", default=str(REPO / "benchmarks/results/fairness.json"))
     p.add_argument("--plot", default=str(REPO / "docs/fairness.png"))
+    p.add_argument("--no-step-bound", action="store_true", help="skip the decode-step measurement after the phases")
     p.add_argument("--replot", metavar="JSON", help="draw --plot and print the table from a saved report; no run")
     return p
 
@@ -86,10 +93,14 @@ def start_server(args, work: Path) -> TorchServe:
 
     store = work / "model-store"
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.set)}
+    # Room for every client's request at once (the 2:1 phase has the most), in the worker and in
+    # TorchServe's job queue (100 by default), so that a flood is queued, never refused.
+    clients = max(sum(p["clients"].values()) for p in phases(args))
+    limits = {"max_waiting_requests": max(64, clients)}
     for name, policy in ARCHIVES.items():
-        overrides = {"max_num_seqs": args.max_num_seqs, "tenant_header": HEADER, **policy, **extra}
+        overrides = {"max_num_seqs": args.max_num_seqs, "tenant_header": HEADER, **limits, **policy, **extra}
         build("default", f"orca-{name}", str(store), fmt="no-archive", overrides=overrides, force=True)
-    server = TorchServe(work / "ts", store).start()
+    server = TorchServe(work / "ts", store, extra_config={"job_queue_size": str(max(100, 2 * clients))}).start()
     try:
         for name in ARCHIVES:
             started = time.time()
@@ -129,7 +140,7 @@ def run_phase(server: TorchServe, phase: dict, args, seed: int) -> tuple[list[di
             if time.time() >= deadline:
                 return
             r = send(url, headers, spec, tenant, None, 600.0)
-            row = {"tenant": tenant, "client": k, "sent": r.sent, "ttft": r.ttft, "e2e": r.e2e}
+            row = {"tenant": tenant, "client": k, "sent": r.sent, "ttft": r.ttft, "e2e": r.e2e, "tpot": r.tpot}
             row.update(output_tokens=r.output_tokens, input_len=r.input_len, error=r.error)
             with lock:
                 records.append(row)
@@ -202,9 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         ).stdout.strip(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "plot", "workdir", "replot")},
         "phases": results,
+        "step_bound": None,
     }
-    report["goals"] = goals(results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")  # kept if what follows fails
+    if not args.no_step_bound:
+        print("== decode step, 1 row against max_num_seqs rows (the server stopped)", flush=True)
+        report["step_bound"] = step_bound(args.max_num_seqs)
+        print(json.dumps(report["step_bound"]), flush=True)
+    report["goals"] = goals(results, report["step_bound"])
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     plot(results, args.plot, args.bin_seconds)
     print(markdown(report))

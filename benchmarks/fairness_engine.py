@@ -79,6 +79,8 @@ class Run:
             "output_tok_s": round(self.tokens / self.clock, 1),
             "engine_seconds": round(self.clock, 1),
             "steps": self.engine.stats.num_steps,
+            "suspensions": self.engine.scheduler.num_suspensions,
+            "preemptions": self.engine.scheduler.num_preemptions,
         }
 
 

@@ -58,6 +58,7 @@ def summarize(phase: dict, records: list[dict], start: float, seconds: float, bi
             "ttft_p99": _pct([r["ttft"] for r in b], 99),
             "e2e_p50": _pct([r["e2e"] for r in b], 50),
             "e2e_p99": _pct([r["e2e"] for r in b], 99),
+            "tpot_p50": _pct([r["tpot"] for r in b if r.get("tpot") is not None], 50),
             "output_tokens_mean": statistics.mean(r["output_tokens"] for r in b) if b else None,
         },
         "throughput_tok_s": round(total / seconds, 1),
@@ -104,8 +105,9 @@ def engine_view(samples: list[tuple[float, dict]], model: str) -> dict:
     }
 
 
-def goals(phases: list[dict]) -> dict:
-    """The issue's goal lines, from the phases' figures (None where a phase is missing)."""
+def goals(phases: list[dict], bound: dict | None = None) -> dict:
+    """The issue's goal lines, from the phases' figures (None where a phase is missing); with the
+    decode-step `bound` (fairness_step_bound.py), what bounds the e2e ratio beside them."""
     by = {p["name"]: p for p in phases}
     alone, fcfs, fair, weighted = (by.get(n) for n in ("B alone", "fcfs", "fair", "fair 2:1"))
 
@@ -118,6 +120,13 @@ def goals(phases: list[dict]) -> dict:
         out["B p50 e2e under fair / alone (<= 1.5)"] = {"value": r, "met": r is not None and r <= 1.5}
         r = ratio(fair["B"]["ttft_p99"], alone["B"]["ttft_p99"])
         out["B p99 TTFT under fair / alone (<= 2)"] = {"value": r, "met": r is not None and r <= 2.0}
+        r = ratio(fair["B"].get("tpot_p50"), alone["B"].get("tpot_p50"))
+        out["B p50 time per output token under fair / alone (no goal: the step's cost)"] = {"value": r, "met": None}
+    if bound:
+        out[
+            f"decode step, {bound['max_num_seqs']} rows / 1 row ({bound['step_ms_full']} / {bound['step_ms_1_row']} ms;"
+            " no goal: the floor of B's e2e ratio)"
+        ] = {"value": bound["ratio"], "met": None}
     if weighted:
         r = ratio(weighted["service"].get("A"), weighted["service"].get("B"))
         out["A:B weighted service under weights 2:1 (2 +- 5 %)"] = {
@@ -150,7 +159,8 @@ def markdown(report: dict) -> str:
         )
     lines.append("")
     for goal, v in report["goals"].items():
-        lines.append(f"- {goal}: {v['value']} ({'met' if v['met'] else 'not met'})")
+        verdict = "" if v["met"] is None else f" ({'met' if v['met'] else 'not met'})"
+        lines.append(f"- {goal}: {v['value']}{verdict}")
     return "\n".join(lines)
 
 
