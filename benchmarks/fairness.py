@@ -106,7 +106,7 @@ def start_server(args, work: Path) -> TorchServe:
             started = time.time()
             server.register(f"orca-{name}")
             print(f"registered orca-{name} in {time.time() - started:.0f} s", flush=True)
-    except Exception:
+    except BaseException:  # Ctrl-C too: the server's processes would outlive the script
         server.stop()
         raise
     return server
