@@ -17,7 +17,9 @@
 // chunk. An fp32 value stored and reloaded is unchanged, so every output element is the same FMA
 // chain, in the same order, as linear_packed's on dequantize(codes): bit for bit its result, for
 // any row count or thread split (tests/test_quant_gemm.py). bf16 x is widened first, the sum
-// rounded once to bf16.
+// rounded once to bf16. Up to kFusedRows rows (2 on AVX2, 4 on AVX-512) the widening pass would
+// dominate: there each code is widened in a register and fed straight to the FMAs, in the same
+// order, nothing stored.
 #include <ATen/ATen.h>
 #include <ATen/cpu/vec/vec.h>
 
@@ -25,6 +27,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "gemm/panels.h"
@@ -78,6 +81,10 @@ inline vfloat vadd(vfloat a, vfloat b) { return _mm256_add_ps(a, b); }
 #endif
 constexpr int kCols = 3 * kLanes;
 constexpr int64_t kGroup = 32;
+// Up to this many rows the codes are widened in registers straight into the FMAs, rows * 3 sums
+// beside them; from 3 rows on AVX2 GCC kept several sums on the stack, and a chunk widened once
+// into L1 for all rows is the better trade.
+constexpr int64_t kFusedRows = kRows / 2;
 
 // The format of a packed weight: code width, and whether blocks carry mins (q4_1).
 struct Format {
@@ -87,34 +94,33 @@ struct Format {
   int64_t block_bytes() const { return scale_bytes() + kGroup * kCols * bits / 8; }
 };
 
-// The weights of one block's kLanes columns g, one k at a time: d * q (+ m), as gguf-py computes
-// them (two roundings: the build's -ffp-contract=off keeps the mul and add apart).
-template <bool Offset>
-struct Dequant {
-  vfloat d, m;
-  Dequant(const at::Half* heads, int g) : d(vhalf(heads + g * kLanes)), m(Offset ? vhalf(heads + kCols + g * kLanes) : d) {}
-  vfloat operator()(vint q) const {
-    const vfloat w = vmul(d, vcvt(q));
-    return Offset ? vadd(w, m) : w;
-  }
-};
-
-// for_k(k, w0, w1, w2) for the 32 k of one block in order, wg the fp32 weights of its columns
-// g * kLanes.. (q4_0's nibbles are q + 8).
+// for_k(k, weights) for the 32 k of one block in order, weights(j) the fp32 weights of the block's
+// columns j * kLanes.. at k: d * q (+ m), as gguf-py computes them (two roundings: the build's
+// -ffp-contract=off keeps the mul and add apart). Computed on demand, a column group at a time,
+// from codes and scales read from L1, so that a 4-row tile's 12 sums stay in registers.
 template <int Bits, bool Offset, typename F>
 inline void each_k(const uint8_t* block, int64_t k0, F&& for_k) {
   const at::Half* heads = reinterpret_cast<const at::Half*>(block);
   const uint8_t* c = block + (Offset ? 2 : 1) * kCols * sizeof(at::Half);
-  const Dequant<Offset> v0(heads, 0), v1(heads, 1), v2(heads, 2);
+  alignas(64) float dm[2][kCols];  // the block's scales (and mins) in fp32, exact
+  for (int j = 0; j < 3; ++j) {
+    vstore(dm[0] + j * kLanes, vhalf(heads + j * kLanes));
+    if constexpr (Offset) vstore(dm[1] + j * kLanes, vhalf(heads + kCols + j * kLanes));
+  }
+  auto value = [&](int j, vint q) {
+    const vfloat w = vmul(vload(dm[0] + j * kLanes), vcvt(q));
+    if constexpr (Offset) return vadd(w, vload(dm[1] + j * kLanes));
+    return w;
+  };
   if constexpr (Bits == 8) {
-    for (int k = 0; k < kGroup; ++k, c += kCols)
-      for_k(k0 + k, v0(vload_s8(c)), v1(vload_s8(c + kLanes)), v2(vload_s8(c + 2 * kLanes)));
-  } else {
+    for (int k = 0; k < kGroup; ++k)
+      for_k(k0 + k, [&](int j) { return value(j, vload_s8(c + k * kCols + j * kLanes)); });
+  } else {  // k = 2i in the low nibbles of row i, 2i + 1 in the high; q4_0 stores q + 8
     auto code = [](vint u) { return Offset ? u : vminus8(u); };
-    for (int k = 0; k < kGroup; k += 2, c += kCols) {
-      const vint u0 = vload_u8(c), u1 = vload_u8(c + kLanes), u2 = vload_u8(c + 2 * kLanes);
-      for_k(k0 + k, v0(code(vlow4(u0))), v1(code(vlow4(u1))), v2(code(vlow4(u2))));
-      for_k(k0 + k + 1, v0(code(vhigh4(u0))), v1(code(vhigh4(u1))), v2(code(vhigh4(u2))));
+    for (int k = 0; k < kGroup; k += 2) {
+      const uint8_t* row = c + k / 2 * kCols;
+      for_k(k0 + k, [&](int j) { return value(j, code(vlow4(vload_u8(row + j * kLanes)))); });
+      for_k(k0 + k + 1, [&](int j) { return value(j, code(vhigh4(vload_u8(row + j * kLanes)))); });
     }
   }
 }
@@ -122,22 +128,58 @@ inline void each_k(const uint8_t* block, int64_t k0, F&& for_k) {
 // acc[r, :] += sum over k of a[r * lda + k] * w[k, :] for R rows: one FMA per k, k ascending as
 // each_weight(for_k) hands the weights over, exactly gemm_fp32.cpp's tile, with the sums read from
 // and written back to acc [R, kCols] (an fp32 value stored and reloaded is unchanged).
+// A chunk of weights widened into a buffer, [k][kCols].
+struct Widened {
+  const float* w;
+  int64_t k;
+};
+
 template <int R, typename Weights>
-inline void tile(const float* a, int64_t lda, float* acc, Weights&& each_weight) {
-  vfloat c[R][3];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 3; ++j) c[r][j] = vload(acc + r * kCols + j * kLanes);
-  each_weight([&](int64_t k, vfloat b0, vfloat b1, vfloat b2) {
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const vfloat x = vbroadcast(a + r * lda + k);
-      c[r][0] = vfma(x, b0, c[r][0]);
-      c[r][1] = vfma(x, b1, c[r][1]);
-      c[r][2] = vfma(x, b2, c[r][2]);
+__attribute__((noinline)) void tile(const float* a, int64_t lda, float* acc, Weights&& each_weight) {
+  // Named registers, as gemm_fp32.cpp's: with an array GCC kept an accumulator on the stack across
+  // the loop at 4 rows. Rows past R are never used; the compiler drops them.
+#define ORCA_Q_ROW(r, op) op(r, 0) op(r, 1) op(r, 2)
+#define ORCA_Q_ROWS(op) ORCA_Q_ROW(0, op) ORCA_Q_ROW(1, op) ORCA_Q_ROW(2, op) ORCA_Q_ROW(3, op) \
+  ORCA_Q_ROW(4, op) ORCA_Q_ROW(5, op) ORCA_Q_ROW(6, op) ORCA_Q_ROW(7, op)
+#define ORCA_Q_LOAD(r, j) vfloat c##r##j = R > r ? vload(acc + r * kCols + j * kLanes) : vfloat{};
+#define ORCA_Q_FMA(r)                         \
+  if constexpr (R > r) {                      \
+    const vfloat x = vbroadcast(a + r * lda + k); \
+    c##r##0 = vfma(x, b0, c##r##0);           \
+    c##r##1 = vfma(x, b1, c##r##1);           \
+    c##r##2 = vfma(x, b2, c##r##2);           \
+  }
+#define ORCA_Q_FMA1(r, j) \
+  if constexpr (R > r) c##r##j = vfma(vbroadcast(a + r * lda + k), b, c##r##j);
+#define ORCA_Q_COL(j)                                                                                 \
+  {                                                                                                  \
+    const vfloat b = weights(j);                                                                     \
+    ORCA_Q_FMA1(0, j) ORCA_Q_FMA1(1, j) ORCA_Q_FMA1(2, j) ORCA_Q_FMA1(3, j) ORCA_Q_FMA1(4, j) \
+    ORCA_Q_FMA1(5, j) ORCA_Q_FMA1(6, j) ORCA_Q_FMA1(7, j)                                         \
+  }
+#define ORCA_Q_FMAS ORCA_Q_FMA(0) ORCA_Q_FMA(1) ORCA_Q_FMA(2) ORCA_Q_FMA(3) ORCA_Q_FMA(4) ORCA_Q_FMA(5) \
+  ORCA_Q_FMA(6) ORCA_Q_FMA(7)
+#define ORCA_Q_STORE(r, j) if constexpr (R > r) vstore(acc + r * kCols + j * kLanes, c##r##j);
+  ORCA_Q_ROWS(ORCA_Q_LOAD)
+  if constexpr (std::is_same_v<std::decay_t<Weights>, Widened>) {  // a plain loop: no spill at 4 rows
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < each_weight.k; ++k) {
+      const float* bk = each_weight.w + k * kCols;
+      const vfloat b0 = vload(bk), b1 = vload(bk + kLanes), b2 = vload(bk + 2 * kLanes);
+      ORCA_Q_FMAS
     }
-  });
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 3; ++j) vstore(acc + r * kCols + j * kLanes, c[r][j]);
+  } else {  // a column group at a time: its weights live in one register
+    each_weight([&](int64_t k, auto&& weights) { ORCA_Q_COL(0) ORCA_Q_COL(1) ORCA_Q_COL(2) });
+  }
+  ORCA_Q_ROWS(ORCA_Q_STORE)
+#undef ORCA_Q_ROW
+#undef ORCA_Q_ROWS
+#undef ORCA_Q_LOAD
+#undef ORCA_Q_FMA
+#undef ORCA_Q_FMAS
+#undef ORCA_Q_FMA1
+#undef ORCA_Q_COL
+#undef ORCA_Q_STORE
 }
 
 inline void store_row(const float* src, float* dst, int n) { std::copy(src, src + n, dst); }
@@ -163,7 +205,7 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
       if (bp != nullptr) std::copy(bp + p * kCols, bp + p * kCols + ncols, row);
     }
     const uint8_t* panel = packed + p * nb * fmt.block_bytes();
-    if (tiles.count() == 1) {  // one row tile: widen in registers, nothing stored in between
+    if (M <= kFusedRows) {  // one short row tile: widen in registers, nothing stored in between
       tiles.each([&](int64_t, int64_t, auto rows) {
         tile<decltype(rows)::value>(a, K, acc.data(), [&](auto&& for_k) {
           for (int64_t b = 0; b < nb; ++b) each_k<Bits, Offset>(panel + b * fmt.block_bytes(), b * kGroup, for_k);
@@ -175,16 +217,11 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
         float* w = wide.data();
         for (int64_t b = 0; b < kc / kGroup; ++b)
           each_k<Bits, Offset>(panel + (k0 / kGroup + b) * fmt.block_bytes(), b * kGroup,
-                               [&](int64_t k, vfloat b0, vfloat b1, vfloat b2) {
-                                 vstore(w + k * kCols, b0), vstore(w + k * kCols + kLanes, b1);
-                                 vstore(w + k * kCols + 2 * kLanes, b2);
+                               [&](int64_t k, auto&& weights) {
+                                 for (int j = 0; j < 3; ++j) vstore(w + k * kCols + j * kLanes, weights(j));
                                });
         tiles.each([&](int64_t, int64_t m, auto rows) {
-          tile<decltype(rows)::value>(a + m * K + k0, K, acc.data() + m * kCols, [&](auto&& for_k) {
-#pragma GCC unroll 2
-            for (int64_t k = 0; k < kc; ++k)
-              for_k(k, vload(w + k * kCols), vload(w + k * kCols + kLanes), vload(w + k * kCols + 2 * kLanes));
-          });
+          tile<decltype(rows)::value>(a + m * K + k0, K, acc.data() + m * kCols, Widened{w, kc});
         });
       }
     }
