@@ -12,8 +12,8 @@ Kernels (each on the same random weight, x fp32 except where said):
 - t_int4: `torch.ops.aten._weight_int4pack_mm_for_cpu`, group 32, bf16 x.
 Each kernel cycles over enough copies of its weight to read at least 48 MB per round (3x this
 Zen 2's L3), so the weight comes from DRAM as in a decode step over 16 layers. Prints ms per call
-(median of `--rounds` rounds of `--calls` calls, fewer from 64 rows on; kernels alternated round by
-round) and the weight
+(median, or with `--stat min` the fastest, of `--rounds` rounds of `--calls` calls, fewer from 64
+rows on; kernels alternated round by round) and the weight
 bytes read per second (GB/s). docs/performance-log.md, "2026-12-05: GGUF codes served quantized".
 """
 
@@ -67,7 +67,9 @@ def make(kernel: str, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.T
     return fn, size, torch.bfloat16, kernel
 
 
-def bench_shape(name: str, n: int, k: int, rows: list[int], kernels: list[str], rounds: int, calls: int) -> None:
+def bench_shape(
+    name: str, n: int, k: int, rows: list[int], kernels: list[str], rounds: int, calls: int, stat: str
+) -> None:
     torch.manual_seed(0)
     w = torch.randn(n, k) * 0.02
     built = {}
@@ -96,7 +98,7 @@ def bench_shape(name: str, n: int, k: int, rows: list[int], kernels: list[str], 
                 times[kern].append((time.perf_counter() - t) / n_calls * 1e3)
         cells = []
         for kern in kernels:
-            ms = statistics.median(times[kern])
+            ms = statistics.median(times[kern]) if stat == "median" else min(times[kern])
             cells.append(f"{ms:.3f} ({built[kern][0][1] / ms / 1e6:.1f})")
         print(f"| {m} | " + " | ".join(cells) + " |", flush=True)
 
@@ -109,6 +111,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--stat", choices=("median", "min"), default="median", help="min: on a loaded machine")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,7 +120,7 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
-        bench_shape(name, n, k, rows, args.kernels.split(","), args.rounds, args.calls)
+        bench_shape(name, n, k, rows, args.kernels.split(","), args.rounds, args.calls, args.stat)
 
 
 if __name__ == "__main__":
