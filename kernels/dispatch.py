@@ -30,9 +30,10 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   AVX-512 BF16 and no AMX (Zen 4) the vdpbf16ps GEMM; with AMX oneDNN's tiles.
 - linear_quant, per GGUF block format (q8_0, q4_0, q4_1; `kernels/quant.py`): the project's GEMM
   over packed codes (gemm_quant.cpp), bit for bit its fp32 GEMM on the dequantized weight. torch's
-  `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` won only at 1-4 rows and lost 2x from 16
-  on (Zen 2), take bf16 activations and are not bitwise: no cell names them
-  (docs/performance-log.md, "2026-12-05: GGUF codes served quantized").
+  `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` beat bf16 only up to 4-8 rows, 2x slower
+  at 32 (Zen 2), and lost to this kernel at 1-2 rows; they take bf16 activations, other formats
+  than GGUF's, and are not bitwise: no cell names them (docs/performance-log.md, "2026-12-05: GGUF
+  codes served quantized").
 """
 
 from __future__ import annotations
