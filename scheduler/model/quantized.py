@@ -26,10 +26,10 @@ CODES = "orcaserve_codes"  # the nn.Linear attribute that holds a module's Block
 GGUF_PATH = "orcaserve_gguf_path"  # the model attribute the loader sets to the .gguf it read
 # Bytes per 32-weight block as a GGUF file stores them: fp16 scale (+ fp16 min) + the codes.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-# int4's block format: q4_1 (scale and min per block) kept 1.5-2x more of fp32's top-1 agreement
-# than q4_0 on SmolLM2 for 11 % more bytes (benchmarks/results/quant_quality.json). Its lm_head
-# (often tied to the embedding, and the layer whose error reaches the logits unmixed) stays q8_0,
-# as llama.cpp's Q4 files keep their output tensor at 6-8 bits.
+# int4's block format: q4_1 (a scale and a min per block, 20 bytes a block against q4_0's 18), by
+# the quality table of docs/serving.md "Quantized weights" (benchmarks/quant_quality.py). Its
+# lm_head (often tied to the embedding, and the layer whose error reaches the logits unmixed)
+# stays q8_0, as llama.cpp's Q4 files keep their output tensor at 6-8 bits.
 MODE_FORMATS = {"int8": ("q8_0", "q8_0"), "int4": ("q4_1", "q8_0")}  # (layers, lm_head)
 _PROJECTIONS = (
     "self_attn.q_proj",
