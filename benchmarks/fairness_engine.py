@@ -4,7 +4,9 @@ and each is timed by its own steps only, so a neighbour's load falls on all thre
 
     python benchmarks/fairness_engine.py [--seconds 240] [--threads 1] [--json out.json]
 
-Tenant A keeps `--flood-clients` requests in flight (a new one the moment one finishes), B one;
+Tenant A keeps `--flood-clients` requests in flight (a new one the moment one finishes), B one,
+its next added `--b-think-steps` steps after its last ends (1: as over HTTP, where A's clients
+have refilled the freed seat by the time B's next request arrives; 0: at once, into that seat);
 prompts U[32, 128] random tokens, outputs U[32, 128] (ignore_eos, greedy), `max_num_seqs` 16.
 B's TTFT and end-to-end latency are engine seconds from its `add_request` to its first token and
 to its end (no HTTP, no tokenizer). One torch thread by default: with two, a process beside them
@@ -27,7 +29,7 @@ from orcaserve.scheduler.model.loader import default_model_path
 class Run:
     """One engine with its closed-loop clients and its own clock (the sum of its steps)."""
 
-    def __init__(self, policy: str, flood: int, max_num_seqs: int, seed: int) -> None:
+    def __init__(self, policy: str, flood: int, max_num_seqs: int, seed: int, think: int = 1) -> None:
         self.engine = Engine.from_pretrained(
             default_model_path(), max_num_seqs=max_num_seqs, scheduling_policy=policy, kv_cache_memory=256 << 20
         )
@@ -36,6 +38,8 @@ class Run:
         self.tokens = self.count = 0
         self.open: dict[str, list] = {}  # id -> [tenant, added at, first token at]
         self.b: list[tuple[float, float]] = []  # B's (TTFT, e2e)
+        self.think = think
+        self.b_due: int | None = None  # steps until B's next request is added (then 0)
         for _ in range(flood):
             self.add("A")
         self.add("B")
@@ -50,6 +54,11 @@ class Run:
 
     def steps(self, n: int) -> None:
         for _ in range(n):
+            if self.b_due is not None:
+                self.b_due -= 1
+                if self.b_due <= 0:
+                    self.b_due = None
+                    self.add("B")
             start = time.perf_counter()
             outputs = self.engine.step()
             self.clock += time.perf_counter() - start
@@ -61,7 +70,10 @@ class Run:
                     tenant, added, first = self.open.pop(out.request_id)
                     if tenant == "B":
                         self.b.append((first - added, self.clock - added))
-                    self.add(tenant)
+                    if tenant == "B" and self.think:
+                        self.b_due = self.think + 1  # counted down before each step: none in between
+                    else:
+                        self.add(tenant)
 
     def summary(self, name: str) -> dict:
         def pct(xs: list[float], q: float) -> float | None:
@@ -89,14 +101,15 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=240.0, help="wall time for all three together")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--flood-clients", type=int, default=24)
+    p.add_argument("--b-think-steps", type=int, default=1)
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--json", default=None)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     runs = {
-        "B alone": Run("fair", 0, args.max_num_seqs, 0),
-        "fcfs": Run("fcfs", args.flood_clients, args.max_num_seqs, 0),
-        "fair": Run("fair", args.flood_clients, args.max_num_seqs, 0),
+        "B alone": Run("fair", 0, args.max_num_seqs, 0, args.b_think_steps),
+        "fcfs": Run("fcfs", args.flood_clients, args.max_num_seqs, 0, args.b_think_steps),
+        "fair": Run("fair", args.flood_clients, args.max_num_seqs, 0, args.b_think_steps),
     }
     deadline = time.time() + args.seconds
     while time.time() < deadline:
