@@ -41,6 +41,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
+        quantization=args.quantization,
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -131,7 +132,12 @@ def step_time(model, tokenizer, args) -> dict:
     prompts = [[rng.randrange(100, 49000) for _ in range(c)] for _ in range(b)]
 
     engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_seqs=b, max_num_batched_tokens=max(512, c), dtype=args.dtype
+        copy.deepcopy(model),
+        tokenizer,
+        max_num_seqs=b,
+        max_num_batched_tokens=max(512, c),
+        dtype=args.dtype,
+        quantization=args.quantization,
     )
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
@@ -173,6 +179,7 @@ def main() -> None:
         default=None,
         help="fp32 | bf16 | fp16 for every system (default: fp32 load, the engine's own default dtype)",
     )
+    ap.add_argument("--quantization", default=None, help="orcaserve: gguf | int8 | int4 (the model loads in fp32)")
     ap.add_argument("--batch", type=int, default=32, help="padded generate batch size")
     ap.add_argument("--systems", default="orcaserve,generate,generate_batch,step")
     ap.add_argument("--step-batch", type=int, default=32)
@@ -182,6 +189,7 @@ def main() -> None:
     args = ap.parse_args()
 
     load_dtype = EngineConfig(dtype=args.dtype, device="cpu").resolved_dtype() if args.dtype else torch.float32
+    load_dtype = torch.float32 if args.quantization else load_dtype  # codes from the exact weights
     model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), load_dtype, torch.device("cpu"))
     model.generation_config.eos_token_id = None  # ignore EOS everywhere: fixed output lengths
     work = offline_workload_of(args, model.config.vocab_size)
