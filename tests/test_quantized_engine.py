@@ -91,6 +91,8 @@ def test_option_is_validated_and_refused_where_it_cannot_run(engine_for):
         engine_for(tiny_family("Phi3ForCausalLM"), quantization="int8")
     with pytest.raises(ValueError, match=r"\.gguf"):
         engine_for(tiny_model("llama"), quantization="gguf")
+    with pytest.raises(ValueError, match="low-bit GEMMs only"):  # not a dequantized copy on a GPU
+        engine_for(tiny_model("llama"), quantization="int8", device="cuda")
 
 
 @pytest.fixture(scope="module")
