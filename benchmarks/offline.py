@@ -41,7 +41,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
-        quantization=args.quantization,
+        quantization=getattr(args, "quantization", None),  # callers (gpu_engine.py, gemm_ab.py) pass their own args
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -137,7 +137,7 @@ def step_time(model, tokenizer, args) -> dict:
         max_num_seqs=b,
         max_num_batched_tokens=max(512, c),
         dtype=args.dtype,
-        quantization=args.quantization,
+        quantization=getattr(args, "quantization", None),  # callers (gpu_engine.py, gemm_ab.py) pass their own args
     )
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
