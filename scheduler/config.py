@@ -8,6 +8,7 @@ import torch
 
 from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.fair_share import check_weights
+from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.scheduler import POLICIES
 
 _DTYPES = {
@@ -47,6 +48,10 @@ class EngineConfig:
     tenant_weights: dict[str, float] | None = None
     prompt_token_weight: float = 1.0
     output_token_weight: float = 2.0
+    # fair: while a tenant below its share runs in a step, the tenants above theirs compute at most
+    # this many prompt tokens in it (docs/engine.md, "Prompt cap beside a below-share tenant");
+    # None: no cap.
+    fair_prefill_cap: int | None = DEFAULT_PREFILL_CAP
     trace: bool = False  # record every step for the schedule picture
     enable_prefix_caching: bool = True  # reuse cached K/V blocks of shared prompt prefixes
     # Replay each step from a CUDA graph captured for its padded size (cuda_graphs.py). None: on
@@ -88,6 +93,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        cap = self.fair_prefill_cap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"fair_prefill_cap must be a positive integer (tokens) or null for no cap, got {cap!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         self.resolved_dtype()  # validates

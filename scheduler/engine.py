@@ -63,7 +63,12 @@ class Engine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         shares = TenantShares(config.tenant_weights, config.prompt_token_weight, config.output_token_weight)
         self.scheduler = Scheduler(
-            self.kv, config.max_num_seqs, config.max_num_batched_tokens, config.scheduling_policy, shares
+            self.kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.scheduling_policy,
+            shares,
+            prefill_cap=config.fair_prefill_cap,
         )
         self.runner = ModelRunner(
             model,

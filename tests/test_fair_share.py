@@ -142,8 +142,9 @@ def test_preemption_takes_the_tenant_furthest_above_its_share(policy, victim):
 
 def test_no_idle_capacity_while_anyone_waits():
     """Each step that leaves requests waiting used its whole token budget, filled every sequence
-    slot, preempted, or found that the KV pool could not hold the request next in line (the
-    head-of-line rule FCFS has too)."""
+    slot, preempted, found that the KV pool could not hold the request next in line (the
+    head-of-line rule FCFS has too), or capped the prompts of tenants above their share beside
+    one below it (`fair_prefill_cap`, deliberately; tests/test_fair_prefill_cap.py)."""
     s = make(num_blocks=48, block_size=8, max_num_seqs=6, budget=48)
     refused: list[Request] = []
     allocate = s.kv.allocate_slots
@@ -163,10 +164,12 @@ def test_no_idle_capacity_while_anyone_waits():
             s.add_request(req(f"r{n}", rng.choice(tenants), rng.randint(1, 90), rng.randint(1, 30)))
             n += 1
         refused.clear()
+        capped = s.num_capped_steps
         out = s.schedule()
         if s.num_waiting:
             checked += 1
             full = out.total_tokens == s.max_num_batched_tokens or len(s.running) == s.max_num_seqs
+            full |= s.num_capped_steps > capped
             assert full or out.preempted or refused, f"step {i}: idle capacity while requests wait"
             blocked += not (full or out.preempted)
         s.update_after_step(out)

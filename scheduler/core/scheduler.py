@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from orcaserve.scheduler.core.fair_share import TenantShares
-from orcaserve.scheduler.core.fair_step import fill_fair, release_suspended
+from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP, fill_fair, release_suspended
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
@@ -61,7 +61,8 @@ class Scheduler:
     above its share; within a tenant, priority then arrival. When every seat is taken and the
     tenant next in line waits, a seat is handed over: a running request of the tenant furthest
     above its share is suspended, keeping its blocks, and resumes later where it stopped
-    (`fair_step.py`; docs/engine.md, "Seat handover").
+    (`fair_step.py`; docs/engine.md, "Seat handover"). While a tenant below its share runs in a
+    step, the prompt tokens of tenants above theirs are capped at `prefill_cap` (None: never).
     """
 
     def __init__(
@@ -72,6 +73,7 @@ class Scheduler:
         policy: str = "fcfs",
         shares: TenantShares | None = None,
         max_suspended: int | None = None,
+        prefill_cap: int | None = DEFAULT_PREFILL_CAP,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {policy!r}")
@@ -90,6 +92,8 @@ class Scheduler:
         self.suspended: dict[str, Request] = {}
         self.max_suspended = max(1, max_num_seqs // 4) if max_suspended is None else max_suspended
         self.num_suspensions = 0
+        self.prefill_cap = prefill_cap  # fair: see fair_step.cap_sets
+        self.num_capped_steps = 0  # steps in which the cap held prompt tokens back
         self._step = 0  # steps scheduled: a request admitted in this one is never suspended in it
         # Prefix cache, in prompt tokens at first admission (readmissions after preemption would
         # count a request's own blocks as hits): tokens looked up, tokens found.
@@ -208,11 +212,15 @@ class Scheduler:
         if charge:
             self._pending[req.tenant] -= charge
 
-    def _continue(self, out: SchedulerOutput, req: Request) -> None:
-        """Give a running request its next tokens, preempting while the KV pool is short."""
+    def _room(self, limit: int | None) -> int:
+        return self._budget if limit is None else min(self._budget, limit)
+
+    def _continue(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> None:
+        """Give a running request its next tokens (at most `limit`), preempting while the KV pool
+        is short."""
         if self._budget <= 0 or req.status != RequestStatus.RUNNING:
             return  # out of budget, or preempted earlier in this step
-        n = min(req.num_tokens - req.num_computed_tokens, self._budget)
+        n = min(req.num_tokens - req.num_computed_tokens, self._room(limit))
         while not self.kv.allocate_slots(req, n):
             if self.suspended and release_suspended(self, out):
                 continue  # suspended requests give their blocks back before anyone running
@@ -224,14 +232,15 @@ class Scheduler:
                 return
         self._give(out, req, n)
 
-    def _start(self, out: SchedulerOutput, req: Request) -> bool:
-        """Admit the waiting `req` (the head of its queue), or return False, taking nothing, when
-        the KV pool is short even after suspended requests gave their blocks back. A new or
-        preempted request holds no blocks: it starts, or restarts, after the longest cached prefix
-        of its tokens. A suspended one resumes with its blocks, where it stopped."""
+    def _start(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
+        """Admit the waiting `req` (the head of its queue) with at most `limit` tokens, or return
+        False, taking nothing, when the KV pool is short even after suspended requests gave their
+        blocks back. A new or preempted request holds no blocks: it starts, or restarts, after the
+        longest cached prefix of its tokens. A suspended one resumes with its blocks, where it
+        stopped."""
         hits = [] if req.suspended else self.kv.find_cached_prefix(req)
         num_cached = req.num_computed_tokens if req.suspended else len(hits) * self.kv.block_size
-        n = min(req.num_tokens - num_cached, self._budget)
+        n = min(req.num_tokens - num_cached, self._room(limit))
         while not self.kv.allocate_slots(req, n, hits):
             if not (self.suspended and release_suspended(self, out, keep=req)):
                 return False
