@@ -55,8 +55,14 @@ def test_both_systems_get_the_same_engine_limits(tmp_path):
         "--seed": "3",
         "--json": str(tmp_path / "o.json"),
     }
-    args.vocab, args.num_requests, args.concurrency, args.warmup, args.systems = 49152, 9, 4, 1, ["orcaserve"]
-    args.warmup_load = 0
+    args.token_ids, args.num_requests, args.concurrency, args.warmup, args.systems = (
+        (100, 49152),
+        9,
+        4,
+        1,
+        ["orcaserve"],
+    )
+    args.warmup_load, args.models = 0, ["smollm2"]
     settings = run.settings_of(args)
     assert settings["engine"] == parts.ENGINE_LIMITS and settings["vllm_env"] is None
 
@@ -70,8 +76,12 @@ def test_earlier_results_only_under_the_same_settings(tmp_path):
     settings = {"engine": {"a": 1}, "offline": {"b": 2}, "http": {"c": 3}}
     old = [_entry("vllm", "bf16", "http"), _entry("orcaserve", "bf16", "http"), _entry("vllm", "fp32", "http")]
     out.write_text(json.dumps({"settings": settings, "results": old}))
-    args = argparse.Namespace(out=str(out), systems=["orcaserve", "vllm"], dtypes=["fp32"], workloads=["http"])
+    args = argparse.Namespace(
+        out=str(out), models=["smollm2"], systems=["orcaserve", "vllm"], dtypes=["fp32"], workloads=["http"]
+    )
     assert run.earlier_results(args, settings) == old[:2]  # the cells this run redoes are dropped
+    args.models = ["1b"]
+    assert run.earlier_results(args, settings) == old  # another size: every earlier cell kept
     assert run.earlier_results(args, dict(settings, http={"c": 4})) == []
     args.out = str(tmp_path / "missing.json")
     assert run.earlier_results(args, settings) == []
@@ -79,6 +89,9 @@ def test_earlier_results_only_under_the_same_settings(tmp_path):
 
 def test_systems_must_have_run_the_same_requests():
     run.check_same_workloads([_entry("vllm", "bf16", "http"), _entry("orcaserve", "bf16", "http")])
+    run.check_same_workloads(
+        [_entry("vllm", "bf16", "http", "a"), dict(_entry("orcaserve", "bf16", "http", "b"), model="1b")]
+    )
     with pytest.raises(SystemExit, match="different workloads"):
         run.check_same_workloads([_entry("vllm", "bf16", "http", "a"), _entry("orcaserve", "bf16", "http", "b")])
 
@@ -107,7 +120,9 @@ def test_table_names_the_peer_of_each_cell():
         dict(_entry("orcaserve", "gguf", "http"), output_tok_s=300.0),
         dict(_entry("llamacpp", "gguf", "http"), output_tok_s=100.0),
     ]
-    assert report.ratios(rows) == {"http/bf16": 2.0, "http/gguf": 3.0}
+    rows.append(dict(_entry("orcaserve", "gguf", "http"), output_tok_s=90.0, model="1b"))
+    rows.append(dict(_entry("llamacpp", "gguf", "http"), output_tok_s=30.0, model="1b"))
+    assert report.ratios(rows) == {"smollm2/http/bf16": 2.0, "smollm2/http/gguf": 3.0, "1b/http/gguf": 3.0}
     text = report.markdown(
         {
             "results": rows,
@@ -123,5 +138,6 @@ def test_table_names_the_peer_of_each_cell():
             "command": "c",
         }
     )
-    assert "| http | gguf | 300.0 | llama.cpp | 100.0 | 3.00x |" in text
-    assert "| http | bf16 | 200.0 | vLLM | 100.0 | 2.00x |" in text
+    assert "| smollm2 | http | gguf | 300.0 | llama.cpp | 100.0 | 3.00x |" in text
+    assert "| smollm2 | http | bf16 | 200.0 | vLLM | 100.0 | 2.00x |" in text
+    assert "| 1b | http | gguf | 90.0 | llama.cpp | 30.0 | 3.00x |" in text

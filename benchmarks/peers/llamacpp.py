@@ -50,14 +50,12 @@ def server_command(gguf: str, port: int, threads: int) -> list[str]:
     ]
 
 
-def llamacpp_http(args, dtype: str, work: Path) -> dict:
+def llamacpp_http(args, model, dtype: str, work: Path) -> dict:
     """Only the `gguf` cell: llama.cpp serves the file's own quantized weights."""
     if dtype != "gguf":
         raise ValueError("llama.cpp runs the gguf cell only (the file's own weights)")
     from torchserve_harness import free_ports
 
-    from orcaserve.scheduler import default_model_path
-
     [port] = free_ports(1)
-    cmd = server_command(default_model_path(), port, len(os.sched_getaffinity(0)))
-    return serve_and_load(args, "llamacpp-gguf", cmd, llamacpp_env(), port, "/health", "smollm2", work)
+    cmd = server_command(model.gguf_path(), port, len(os.sched_getaffinity(0)))
+    return serve_and_load(args, f"llamacpp-{model.name}-gguf", cmd, llamacpp_env(), port, "/health", model.name, work)

@@ -1,6 +1,6 @@
-"""The four parts of the peer run (each system offline and over HTTP) and the process handling
-they share. Each part takes the run's arguments, a dtype and a scratch folder, and returns its
-figures as a dict. run.py puts benchmarks/ and tests/ on sys.path for the imports inside them."""
+"""The parts of the peer run (each system offline and over HTTP) and the process handling they
+share. Each part takes the run's arguments, the model (models.py), a dtype and a scratch folder,
+and returns its figures as a dict. run.py puts benchmarks/ and tests/ on sys.path for the imports inside them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 VENV = HERE / ".venv-vllm"
 VPY = VENV / "bin" / "python"
-MODEL_DIR = HERE / "model" / "SmolLM2-135M-Instruct"
 # "gguf": the GGUF file's own quantized weights (orcaserve: `quantization: gguf`, activations in
 # fp32; llama.cpp: the file as it is). vLLM has no such cell.
 TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32"}
@@ -57,12 +56,13 @@ def vllm_env() -> dict:
     return env
 
 
-def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,)) -> None:
-    """Run to completion in its own process group (killed whole on timeout); output to `logfile`."""
+def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,), cwd: Path = REPO) -> None:
+    """Run to completion in its own process group (killed whole on timeout); output to `logfile`.
+    vLLM runs with `cwd` outside the repository (`peer_cwd`)."""
     shown = ["--key=$KEY" if a.startswith("--key=") and a != "--key=none" else a for a in cmd]
     log("$ " + shlex.join(shown) + f"   (log: {logfile})")
     with open(logfile, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             rc = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -71,6 +71,13 @@ def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,)) -
             stop_group(proc)
     if rc not in ok:
         raise RuntimeError(f"{Path(cmd[1]).name} exited {rc}: {logfile.read_text(errors='replace')[-1500:]}")
+
+
+def peer_cwd(work: Path) -> Path:
+    """Where a peer runs: not the repository root, whose `kernels/` folder would shadow the PyPI
+    `kernels` package that transformers imports in vLLM's model-inspection subprocess (started
+    with `python -m`, so its working directory is first on sys.path)."""
+    return work
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -92,14 +99,16 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
 
 
 # ---- the four parts --------------------------------------------------------------------------
-def orcaserve_offline(args, dtype: str, work: Path) -> dict:
-    out = work / f"orcaserve-offline-{dtype}.json"
+def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
+    out = work / f"orcaserve-offline-{model.name}-{dtype}.json"
     run_logged(
         [
             sys.executable,
             "benchmarks/offline.py",
             "--systems",
             "orcaserve",
+            "--model",
+            model.orcaserve_model(dtype),
             *offline_flags(args, dtype, out),
         ],
         out.with_suffix(".log"),
@@ -117,18 +126,19 @@ def orcaserve_offline(args, dtype: str, work: Path) -> dict:
     }
 
 
-def vllm_offline(args, dtype: str, work: Path) -> dict:
-    out = work / f"vllm-offline-{dtype}.json"
+def vllm_offline(args, model, dtype: str, work: Path) -> dict:
+    out = work / f"vllm-offline-{model.name}-{dtype}.json"
     run_logged(
         [
             str(VPY),
             str(HERE / "vllm_offline.py"),
             "--model",
-            str(MODEL_DIR),
+            str(model.hf_dir),
             *offline_flags(args, dtype, out),
         ],
         out.with_suffix(".log"),
         env=vllm_env(),
+        cwd=peer_cwd(work),
     )
     r = json.loads(out.read_text())
     return {
@@ -162,7 +172,7 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
         "--output-len",
         "8:128",
         "--token-range",
-        f"100:{args.vocab}",
+        f"{args.token_ids[0]}:{args.token_ids[1]}",
         "--seed",
         str(args.seed),
         "--warmup",
@@ -197,36 +207,40 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
     }
 
 
-def orcaserve_http(args, dtype: str, work: Path) -> dict:
+def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
     from torchserve_harness import TorchServe
 
-    store = work / f"model-store-{dtype}"
+    store = work / f"model-store-{model.name}-{dtype}"
     sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
     sets += ["quantization=gguf"] if dtype == "gguf" else []
     cmd = [
         sys.executable,
         "-m",
         "orcaserve.handler.archive",
+        "--model",
+        model.orcaserve_model(dtype),
         "--name",
-        "smollm2",
+        model.name,
         "--export-path",
         str(store),
         "--format",
         "no-archive",
         "--force",
     ]
-    run_logged(cmd + [a for kv in sets for a in ("--set", kv)], work / f"archive-{dtype}.log")
+    run_logged(cmd + [a for kv in sets for a in ("--set", kv)], work / f"archive-{model.name}-{dtype}.log")
     t = time.perf_counter()
     with TorchServe(
-        work / f"torchserve-{dtype}", store, extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}
+        work / f"torchserve-{model.name}-{dtype}",
+        store,
+        extra_config={"job_queue_size": "1000", "default_response_timeout": "900"},
     ) as ts:
-        ts.register("smollm2")
+        ts.register(model.name)
         startup = time.perf_counter() - t
-        log(f"TorchServe up, smollm2 ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
+        log(f"TorchServe up, {model.name} ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
         r = load_http(
             args,
-            f"orcaserve-{dtype}",
-            ts.url("/predictions/smollm2/1.0/v1/completions"),
+            f"orcaserve-{model.name}-{dtype}",
+            ts.url(f"/predictions/{model.name}/1.0/v1/completions"),
             ts.keys.get("inference"),
             work,
         )
@@ -243,7 +257,9 @@ def serve_and_load(
     log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
     t = time.perf_counter()
     with open(logfile, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=peer_cwd(work), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         while True:  # start-up compiles (vLLM) or loads: minutes on a busy machine
             if proc.poll() is not None:
@@ -267,7 +283,7 @@ def serve_and_load(
     return r
 
 
-def vllm_http(args, dtype: str, work: Path) -> dict:
+def vllm_http(args, model, dtype: str, work: Path) -> dict:
     from torchserve_harness import free_ports
 
     [port] = free_ports(1)
@@ -276,9 +292,9 @@ def vllm_http(args, dtype: str, work: Path) -> dict:
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(MODEL_DIR),
+        str(model.hf_dir),
         "--served-model-name",
-        "smollm2",
+        model.name,
         "--host",
         "127.0.0.1",
         "--port",
@@ -289,13 +305,13 @@ def vllm_http(args, dtype: str, work: Path) -> dict:
         "--seed",
         str(args.seed),
     ]
-    return serve_and_load(args, f"vllm-{dtype}", cmd, vllm_env(), port, "/v1/models", "smollm2", work)
+    return serve_and_load(args, f"vllm-{model.name}-{dtype}", cmd, vllm_env(), port, "/v1/models", model.name, work)
 
 
-def llamacpp_http(args, dtype: str, work: Path) -> dict:
+def llamacpp_http(args, model, dtype: str, work: Path) -> dict:
     from llamacpp import llamacpp_http as part  # llamacpp.py imports this module's helpers
 
-    return part(args, dtype, work)
+    return part(args, model, dtype, work)
 
 
 PARTS = {

