@@ -10,6 +10,7 @@ each size, and how the ones that are not shipped get made (once, cached).
   to bf16, then `llama-quantize --token-embedding-type q8_0 ... Q4_1`, the default model's own
   recipe (Q4_1 layers, Q8_0 tied embedding, f32 norms). EOS is ignored and prompts are random
   ids, so random weights do not change the work.
+- `1b-q4_0`: the same checkpoint with Q4_0 layers (the gguf cells only).
 
 Every size runs the same requests: token ids are drawn from [100, 49152) (SmolLM2's vocabulary,
 a subset of the 1B's).
@@ -37,6 +38,7 @@ class PeerModel:
     hf_dir: Path  # vLLM's checkpoint
     gguf: Path | None  # orcaserve's `gguf` cell and llama.cpp; None: the default model's file
     orcaserve_reads_gguf: bool  # orcaserve's fp32/bf16 cells read the GGUF (dequantized) too
+    quant: str = "Q4_1"  # llama-quantize's type for the layers (a GGUF this run makes)
 
     def gguf_path(self) -> str:
         if self.gguf is not None:
@@ -65,12 +67,23 @@ MODELS = {
         CACHE / "random-1b.Q4_1.gguf",
         orcaserve_reads_gguf=False,
     ),
+    # The same checkpoint with Q4_0 layers: llama.cpp's fast batched CPU matmul (llamafile's
+    # sgemm, vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp) takes Q8_0, Q4_0 and Q5_0,
+    # not Q4_1, so Q4_1 files leave it on its generic path. Run with `--dtypes gguf`.
+    "1b-q4_0": PeerModel(
+        "1b-q4_0",
+        "Llama-3.2-1B shape, random weights, Q4_0 layers",
+        CACHE / "random-1b",
+        CACHE / "random-1b.Q4_0.gguf",
+        orcaserve_reads_gguf=False,
+        quant="Q4_0",
+    ),
 }
 
 
 def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path) -> None:
     """Make what the cells to run will read, where it is missing."""
-    if model.name == "smollm2":
+    if model.gguf is None:  # SmolLM2: the shipped GGUF
         if "vllm" in systems:
             run_logged(
                 [sys.executable, str(HERE / "convert_model.py"), "--out", str(model.hf_dir)], work / "convert.log"
@@ -86,7 +99,8 @@ def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path)
 
 
 def make_gguf(model: PeerModel, work: Path) -> None:
-    """llama.cpp's converter to a bf16 GGUF, then its quantizer to the default model's recipe."""
+    """llama.cpp's converter to a bf16 GGUF, then its quantizer to the default model's recipe
+    (layers in `model.quant`)."""
     assert model.gguf is not None
     if not (CONVERTER / "convert_hf_to_gguf.py").exists() or not QUANTIZE.exists():
         raise SystemExit("peers: llama.cpp's converter is missing: run benchmarks/peers/setup_llamacpp.sh")
@@ -105,7 +119,7 @@ def make_gguf(model: PeerModel, work: Path) -> None:
 
     tmp = model.gguf.with_suffix(".tmp")
     run_logged(
-        [str(QUANTIZE), "--token-embedding-type", "q8_0", str(bf16), str(tmp), "Q4_1"],
+        [str(QUANTIZE), "--token-embedding-type", "q8_0", str(bf16), str(tmp), model.quant],
         work / f"gguf-quantize-{model.name}.log",
         env=llamacpp_env(),
     )

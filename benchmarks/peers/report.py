@@ -156,6 +156,11 @@ def markdown(report: dict) -> str:
 
 
 def _bars(ax, results: list[dict], rat: dict, m: str, w: str, colors: dict, width: float) -> None:
+    if not any(find(results, system, d, w, m) for system in SYSTEMS for d in DTYPES):
+        ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", va="center", color="dimgray")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
     for system in SYSTEMS:
         xs, ys = [], []
         for i, d in enumerate(DTYPES):
