@@ -1,8 +1,7 @@
-"""The engine: step = schedule -> run the model -> sample -> postprocess."""
+"""The engine: step = schedule -> run the model -> sample -> postprocess (core/postprocess.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -17,6 +16,7 @@ from orcaserve.scheduler.core.choices import Choices
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.postprocess import Postprocessor
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
@@ -85,11 +85,12 @@ class Engine:
         self.sampler = Sampler()
         self.grammars = Grammars(tokenizer, self.vocab_size)  # structured outputs, compiled once each
         self.eos_token_ids = eos_token_ids(model, tokenizer)
-        self._detok: dict[str, IncrementalDetokenizer] = {}
         self.choices = Choices()  # requests with n > 1
         self.prompt_jobs = PromptJobs()  # requests held while their prompt's log-probabilities compute
         self._ids = itertools.count()
         self.stats = EngineStats(num_blocks=num_blocks)
+        # Each request's outputs: tokens appended and detokenized, stops and limits checked.
+        self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         # Test hook: called with each step's batch before the model runs; raising fails that step.
@@ -190,7 +191,7 @@ class Engine:
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
         for req in reqs:
-            self._detok[req.request_id] = IncrementalDetokenizer(self.tokenizer, params.stop)
+            self.postprocessor.add(req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop))
         if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices,
             # a chunk per step (`step`); a chunk of max_num_batched_tokens rows costs about one full
             # step (the forward of as many tokens, plus every row's logits), so no step takes double.
@@ -223,7 +224,7 @@ class Engine:
             else:
                 self.scheduler.finish_request(req, reason)
             self.stats.num_aborted += 1
-            outs.append(self._finish_output(req, []))
+            outs.append(self.postprocessor.finish(req, []))
         if outs:
             self._record_occupancy()
         return outs
@@ -257,7 +258,7 @@ class Engine:
         now = time.time()
         for req, token, logprob in sampled:
             try:
-                outputs.append(self._postprocess(req, token, logprob, now))
+                outputs.append(self.postprocessor.token(req, token, logprob, now))
             except Exception as e:
                 log.exception("post-processing failed; failing request %s", req.request_id)
                 outputs.append(self._fail(req, e))
@@ -317,88 +318,10 @@ class Engine:
                 failed += bad
             return sampled, failed
 
-    def _postprocess(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
-        if req.grammar is not None:
-            req.grammar.accept(token)  # raises if the token left the grammar: this request fails alone
-        req.append_token(token, logprob)
-        if req.times.first_token is None:
-            req.times.first_token = now
-        hit_stop = self._detok[req.request_id].update(req.output_token_ids)
-        reason = None
-        if hit_stop or token in req.stop_token_ids or (req.grammar is not None and req.grammar.terminated):
-            reason = "stop"
-        elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
-            reason = "length"
-        if reason is None:
-            return self._output(req, [token], [logprob] if logprob else None)
-        self.scheduler.finish_request(req, reason)
-        req.times.finished = now
-        return self._finish_output(req, [token], [logprob] if logprob else None)
-
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
-        """Finish `req` as failed; its output carries the error instead of text."""
-        if req.status != RequestStatus.FINISHED:
-            self.scheduler.finish_request(req, "error")
-        self._detok.pop(req.request_id, None)
-        self.choices.finished(req)
-        self.stats.num_failed += 1
+        """Finish `req` as failed (`Postprocessor.fail`) and record the occupancy its freed blocks changed."""
+        out = self.postprocessor.fail(req, error)
         self._record_occupancy()
-        return RequestOutput(
-            request_id=req.group_id,
-            index=req.index,
-            new_token_ids=[],
-            output_token_ids=list(req.output_token_ids),
-            new_text="",
-            text="",
-            finished=True,
-            finish_reason="error",
-            prompt_tokens=req.num_prompt_tokens,
-            completion_tokens=len(req.output_token_ids),
-            times=dataclasses.replace(req.times),
-            num_preemptions=req.num_preemptions,
-            num_cached_tokens=req.num_cached_tokens,
-            error=f"{type(error).__name__}: {error}",
-        )
-
-    def _output(
-        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None, finished: bool = False
-    ) -> RequestOutput:
-        detok = self._detok[req.request_id]
-        return RequestOutput(
-            request_id=req.group_id,
-            new_token_ids=new_ids,
-            output_token_ids=list(req.output_token_ids) if finished else [],
-            new_text=detok.release(finished),
-            text=detok.text if finished else "",
-            finished=finished,
-            finish_reason=req.finish_reason if finished else None,
-            prompt_tokens=req.num_prompt_tokens,
-            completion_tokens=len(req.output_token_ids),
-            times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
-            num_preemptions=req.num_preemptions,
-            num_cached_tokens=req.num_cached_tokens,
-            new_logprobs=(new_logprobs or []) if req.logprobs is not None else None,
-            logprobs=list(req.logprobs) if finished and req.logprobs is not None else None,
-            index=req.index,
-            **self._prompt_logprobs(req, len(new_ids), finished),
-        )
-
-    @staticmethod
-    def _prompt_logprobs(req: Request, num_new: int, finished: bool) -> dict:
-        """The prompt's log-probabilities, on a choice's first output and on its final one."""
-        if req.prompt_logprobs is None or not (finished or len(req.output_token_ids) <= num_new):
-            return {}
-        return {"prompt_token_ids": req.prompt_token_ids, "prompt_logprobs": req.prompt_logprobs}
-
-    def _finish_output(
-        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None
-    ) -> RequestOutput:
-        if req.times.finished is None:
-            req.times.finished = time.time()
-        out = self._output(req, new_ids, new_logprobs, finished=True)
-        del self._detok[req.request_id]
-        self.choices.finished(req)
-        self.stats.record_finish(req)
         return out
 
     # ---- offline use -------------------------------------------------------------------------

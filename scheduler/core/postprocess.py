@@ -1,0 +1,124 @@
+"""The step's last part, postprocess: a request's new token, failure or abort made into its
+`RequestOutput`.
+
+A step is schedule -> run -> sample -> postprocess (engine.py). This part is apart because it is
+about one request's answer, not the batch: it appends the token, detokenizes incrementally
+(serving/detokenizer.py, one detokenizer per unfinished request, held here), checks stop strings,
+stop tokens, the grammar's end and the length limits, finishes the request when one is met, and
+attaches log-probabilities. Like the engine, it is used by the engine thread alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+from orcaserve.scheduler.core.choices import Choices
+from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.request import Request, RequestStatus
+from orcaserve.scheduler.core.scheduler import Scheduler
+from orcaserve.scheduler.core.stats import EngineStats
+
+if TYPE_CHECKING:
+    from orcaserve.scheduler.model.logprobs import TokenLogprob
+    from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
+
+
+class Postprocessor:
+    """The outputs of the engine's requests (`Engine.postprocessor`); a request's detokenizer is
+    given with `add` when it is queued and dropped when it finishes."""
+
+    def __init__(self, scheduler: Scheduler, choices: Choices, stats: EngineStats, max_model_len: int) -> None:
+        self.scheduler = scheduler
+        self.choices = choices
+        self.stats = stats
+        self.max_model_len = max_model_len
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+
+    def add(self, request_id: str, detok: IncrementalDetokenizer) -> None:
+        self._detok[request_id] = detok
+
+    def token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
+        """`req` sampled `token` in the step that ended at `now`; a stop or a limit finishes it."""
+        if req.grammar is not None:
+            req.grammar.accept(token)  # raises if the token left the grammar: this request fails alone
+        req.append_token(token, logprob)
+        if req.times.first_token is None:
+            req.times.first_token = now
+        hit_stop = self._detok[req.request_id].update(req.output_token_ids)
+        reason = None
+        if hit_stop or token in req.stop_token_ids or (req.grammar is not None and req.grammar.terminated):
+            reason = "stop"
+        elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is None:
+            return self._output(req, [token], [logprob] if logprob else None)
+        self.scheduler.finish_request(req, reason)
+        req.times.finished = now
+        return self.finish(req, [token], [logprob] if logprob else None)
+
+    def fail(self, req: Request, error: Exception) -> RequestOutput:
+        """Finish `req` as failed; its output carries the error instead of text. The engine
+        records the occupancy after it (`Engine._fail`)."""
+        if req.status != RequestStatus.FINISHED:
+            self.scheduler.finish_request(req, "error")
+        self._detok.pop(req.request_id, None)
+        self.choices.finished(req)
+        self.stats.num_failed += 1
+        return RequestOutput(
+            request_id=req.group_id,
+            index=req.index,
+            new_token_ids=[],
+            output_token_ids=list(req.output_token_ids),
+            new_text="",
+            text="",
+            finished=True,
+            finish_reason="error",
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=len(req.output_token_ids),
+            times=dataclasses.replace(req.times),
+            num_preemptions=req.num_preemptions,
+            num_cached_tokens=req.num_cached_tokens,
+            error=f"{type(error).__name__}: {error}",
+        )
+
+    def finish(self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
+        """The final output of `req`, already finished (by a stop or limit, or an abort)."""
+        if req.times.finished is None:
+            req.times.finished = time.time()
+        out = self._output(req, new_ids, new_logprobs, finished=True)
+        del self._detok[req.request_id]
+        self.choices.finished(req)
+        self.stats.record_finish(req)
+        return out
+
+    def _output(
+        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None, finished: bool = False
+    ) -> RequestOutput:
+        detok = self._detok[req.request_id]
+        return RequestOutput(
+            request_id=req.group_id,
+            new_token_ids=new_ids,
+            output_token_ids=list(req.output_token_ids) if finished else [],
+            new_text=detok.release(finished),
+            text=detok.text if finished else "",
+            finished=finished,
+            finish_reason=req.finish_reason if finished else None,
+            prompt_tokens=req.num_prompt_tokens,
+            completion_tokens=len(req.output_token_ids),
+            times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
+            num_preemptions=req.num_preemptions,
+            num_cached_tokens=req.num_cached_tokens,
+            new_logprobs=(new_logprobs or []) if req.logprobs is not None else None,
+            logprobs=list(req.logprobs) if finished and req.logprobs is not None else None,
+            index=req.index,
+            **_prompt_logprobs(req, len(new_ids), finished),
+        )
+
+
+def _prompt_logprobs(req: Request, num_new: int, finished: bool) -> dict:
+    """The prompt's log-probabilities, on a choice's first output and on its final one."""
+    if req.prompt_logprobs is None or not (finished or len(req.output_token_ids) <= num_new):
+        return {}
+    return {"prompt_token_ids": req.prompt_token_ids, "prompt_logprobs": req.prompt_logprobs}
