@@ -94,7 +94,7 @@ def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path)
             [sys.executable, str(REPO / "benchmarks" / "random_checkpoint.py"), "--out", str(model.hf_dir)],
             work / f"checkpoint-{model.name}.log",
         )
-    if "gguf" in dtypes and model.gguf is not None and not model.gguf.exists():
+    if "gguf" in dtypes and not model.gguf.exists():
         make_gguf(model, work)
 
 

@@ -58,7 +58,10 @@ def vllm_env() -> dict:
 
 def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,), cwd: Path = REPO) -> None:
     """Run to completion in its own process group (killed whole on timeout); output to `logfile`.
-    vLLM runs with `cwd` outside the repository (`peer_cwd`)."""
+    The peers run in the scratch folder, never the repository root (`cwd`): there the repo's
+    `kernels/` folder would shadow the PyPI `kernels` package that transformers imports in vLLM's
+    model-inspection subprocess (started with `python -m`, so its working directory is first on
+    sys.path)."""
     shown = ["--key=$KEY" if a.startswith("--key=") and a != "--key=none" else a for a in cmd]
     log("$ " + shlex.join(shown) + f"   (log: {logfile})")
     with open(logfile, "wb") as out:
@@ -71,13 +74,6 @@ def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,), c
             stop_group(proc)
     if rc not in ok:
         raise RuntimeError(f"{Path(cmd[1]).name} exited {rc}: {logfile.read_text(errors='replace')[-1500:]}")
-
-
-def peer_cwd(work: Path) -> Path:
-    """Where a peer runs: not the repository root, whose `kernels/` folder would shadow the PyPI
-    `kernels` package that transformers imports in vLLM's model-inspection subprocess (started
-    with `python -m`, so its working directory is first on sys.path)."""
-    return work
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
@@ -98,7 +94,7 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
     proc.poll()
 
 
-# ---- the four parts --------------------------------------------------------------------------
+# ---- the parts -----------------------------------------------------------------------------
 def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"orcaserve-offline-{model.name}-{dtype}.json"
     run_logged(
@@ -138,7 +134,7 @@ def vllm_offline(args, model, dtype: str, work: Path) -> dict:
         ],
         out.with_suffix(".log"),
         env=vllm_env(),
-        cwd=peer_cwd(work),
+        cwd=work,  # not the repository root (run_logged)
     )
     r = json.loads(out.read_text())
     return {
@@ -257,9 +253,8 @@ def serve_and_load(
     log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
     t = time.perf_counter()
     with open(logfile, "wb") as out:
-        proc = subprocess.Popen(
-            cmd, cwd=peer_cwd(work), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # In the scratch folder, not the repository root (run_logged says why).
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         while True:  # start-up compiles (vLLM) or loads: minutes on a busy machine
             if proc.poll() is not None:

@@ -167,7 +167,7 @@ def earlier_results(args: argparse.Namespace, settings: dict) -> list[dict]:
         r
         for r in old.get("results", [])
         if not (
-            r.get("model", "smollm2") in args.models
+            rep.model_of(r) in args.models
             and r["system"] in args.systems
             and r["dtype"] in args.dtypes
             and r["workload"] in args.workloads
@@ -211,7 +211,7 @@ def check_same_workloads(results: list[dict]) -> None:
     cells: dict[tuple[str, str, str], set[str]] = {}
     for r in results:
         if r.get("workload_sha256"):
-            cells.setdefault((r.get("model", "smollm2"), r["workload"], r["dtype"]), set()).add(r["workload_sha256"])
+            cells.setdefault((rep.model_of(r), r["workload"], r["dtype"]), set()).add(r["workload_sha256"])
     for (m, w, d), shas in cells.items():
         if len(shas) > 1:
             raise SystemExit(f"peers: {m} {w}/{d}: the systems ran different workloads ({shas})")
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": settings,
         "results": sorted(
             results,
-            key=lambda r: (r.get("model", "smollm2"), r["workload"], r["dtype"], r["system"], r.get("repeat", 0)),
+            key=lambda r: (rep.model_of(r), r["workload"], r["dtype"], r["system"], r.get("repeat", 0)),
         ),
         "png": args.png,
         "elapsed_s": time.perf_counter() - t_all,

@@ -56,15 +56,15 @@ def cap_sets(s: Scheduler, catching_up: dict[str | None, deque[Request]]) -> tup
     active = [t for t in s.shares.live.values() if t.active]
     if len(active) < 2:
         return set(), set()
-    seats = s.max_num_seqs / sum(t.weight for t in active)  # per unit of weight (`seat_share`)
+    weight = sum(t.weight for t in active)
     above = {
         t.name
         for t in active
-        if t.running > 1 and t.running - len(catching_up.get(t.name, ())) > max(t.weight * seats, 1)
+        if t.running > 1 and t.running - len(catching_up.get(t.name, ())) > max(seat_share(s, t, weight), 1)
     }
     if not above:
         return set(), set()
-    light = {t.name for t in active if t.running < t.weight * seats / 2}
+    light = {t.name for t in active if t.running < seat_share(s, t, weight) / 2}
     floor = min(s._projected(t.name) for t in active if t.name not in light)  # `above` is not light
     below = {name for name in light if s._projected(name) <= floor}
     return (below, above) if below else (set(), set())
