@@ -21,13 +21,12 @@ from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
-from orcaserve.scheduler.model.families import check_architecture, check_quantization, length_cap
+from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
-from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer, model_dims
+from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
-from orcaserve.scheduler.model.quantized import quantize_model
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
@@ -35,7 +34,6 @@ from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
 
-_CPU_KV_BYTES = 1 << 30
 _Sample = tuple[Request, int, TokenLogprob | None]  # a request, its new token, and its logprob if asked
 TRACE_STEPS = 100_000
 
@@ -50,16 +48,7 @@ class Engine:
         self.dtype = config.resolved_dtype()
         self.max_model_len = max_model_len
         self.vocab_size = model.config.vocab_size
-        layers, n_kv, head_dim = model_dims(model.config)
-        shape = (num_blocks, config.block_size, n_kv, head_dim)
-        # Zero-filled so never-written slots are finite: masking them out is then enough.
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(layers)
-        ]
+        self.kv_caches = allocate_kv_caches(model, config, num_blocks)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         shares = TenantShares(config.tenant_weights, config.prompt_token_weight, config.output_token_weight)
         self.scheduler = Scheduler(
@@ -112,40 +101,8 @@ class Engine:
         dtype), sizing the KV cache from `kv_cache_memory`. The engine takes over the model: its
         attention is routed through the paged cache from now on."""
         config = config or EngineConfig(**engine_args)
-        check_architecture(model, config.allow_unverified_architecture)
-        check_quantization(model, config.quantization)
-        device, dtype = config.resolved_device(), config.resolved_dtype()
-        if config.quantization and device.type != "cpu":  # the twin would keep an fp32 copy there
-            raise ValueError(f"quantization={config.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
-        if config.quantization:  # before the cast to dtype: codes from the fp32 weights
-            quantize_model(model, config.quantization, dtype)
-        model.to(device=device, dtype=dtype).eval()
-        layers, n_kv, head_dim = model_dims(model.config)
-        budget = config.kv_cache_memory
-        if budget is None:
-            budget = int(torch.cuda.mem_get_info(device)[0] * 0.8) if device.type == "cuda" else _CPU_KV_BYTES
-        block_bytes = 2 * layers * config.block_size * n_kv * head_dim * torch.finfo(dtype).bits // 8
-        num_blocks = budget // block_bytes
-        if num_blocks < 1:
-            raise ValueError(f"kv_cache_memory={budget} bytes holds no block of {block_bytes} bytes")
-        capacity = num_blocks * config.block_size
-        model_limit = getattr(model.config, "max_position_embeddings", None) or capacity
-        window = length_cap(model)  # the lean decoder is exact only while a sequence fits the window
-        max_model_len = config.max_model_len or min(model_limit, capacity, window or capacity)
-        if max_model_len > capacity:
-            raise ValueError(f"max_model_len={max_model_len} exceeds the KV cache capacity of {capacity} tokens")
-        if window is not None and max_model_len > window:
-            raise ValueError(
-                f"max_model_len={max_model_len} exceeds the model's sliding attention window of {window} tokens, "
-                "which orcaserve's paged attention does not apply"
-            )
-        if window is not None and window < model_limit:
-            log.warning(
-                "max_model_len capped at the sliding attention window (%d tokens; the model takes %d)",
-                window,
-                model_limit,
-            )
-        return cls(model, tokenizer, config, num_blocks, max_model_len)
+        sizing = prepare_model(model, config)  # checks, device and dtype, the cache's size (model/build.py)
+        return cls(model, tokenizer, config, sizing.num_blocks, sizing.max_model_len)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(
