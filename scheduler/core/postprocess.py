@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from orcaserve.scheduler.core.choices import Choices
 from orcaserve.scheduler.core.outputs import RequestOutput
@@ -66,22 +66,8 @@ class Postprocessor:
         self._detok.pop(req.request_id, None)
         self.choices.finished(req)
         self.stats.num_failed += 1
-        return RequestOutput(
-            request_id=req.group_id,
-            index=req.index,
-            new_token_ids=[],
-            output_token_ids=list(req.output_token_ids),
-            new_text="",
-            text="",
-            finished=True,
-            finish_reason="error",
-            prompt_tokens=req.num_prompt_tokens,
-            completion_tokens=len(req.output_token_ids),
-            times=dataclasses.replace(req.times),
-            num_preemptions=req.num_preemptions,
-            num_cached_tokens=req.num_cached_tokens,
-            error=f"{type(error).__name__}: {error}",
-        )
+        error_text = f"{type(error).__name__}: {error}"
+        return _request_output(req, [], "", "", finished=True, finish_reason="error", error=error_text)
 
     def finish(self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
         """The final output of `req`, already finished (by a stop or limit, or an abort)."""
@@ -97,24 +83,47 @@ class Postprocessor:
         self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None, finished: bool = False
     ) -> RequestOutput:
         detok = self._detok[req.request_id]
-        return RequestOutput(
-            request_id=req.group_id,
-            new_token_ids=new_ids,
-            output_token_ids=list(req.output_token_ids) if finished else [],
-            new_text=detok.release(finished),
-            text=detok.text if finished else "",
+        return _request_output(
+            req,
+            new_ids,
+            detok.release(finished),
+            detok.text if finished else "",
             finished=finished,
             finish_reason=req.finish_reason if finished else None,
-            prompt_tokens=req.num_prompt_tokens,
-            completion_tokens=len(req.output_token_ids),
-            times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
-            num_preemptions=req.num_preemptions,
-            num_cached_tokens=req.num_cached_tokens,
             new_logprobs=(new_logprobs or []) if req.logprobs is not None else None,
             logprobs=list(req.logprobs) if finished and req.logprobs is not None else None,
-            index=req.index,
             **_prompt_logprobs(req, len(new_ids), finished),
         )
+
+
+def _request_output(
+    req: Request,
+    new_ids: list[int],
+    new_text: str,
+    text: str,
+    *,
+    finished: bool,
+    finish_reason: str | None,
+    **rest: Any,
+) -> RequestOutput:
+    """`req`'s output: the fields every output takes from the request the same way (a token's,
+    an abort's or a failure's), then what differs, given (`rest`: error, log-probabilities)."""
+    return RequestOutput(
+        request_id=req.group_id,
+        index=req.index,
+        new_token_ids=new_ids,
+        output_token_ids=list(req.output_token_ids) if finished else [],  # the whole answer, on the final only
+        new_text=new_text,
+        text=text,
+        finished=finished,
+        finish_reason=finish_reason,
+        prompt_tokens=req.num_prompt_tokens,
+        completion_tokens=len(req.output_token_ids),
+        times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
+        num_preemptions=req.num_preemptions,
+        num_cached_tokens=req.num_cached_tokens,
+        **rest,
+    )
 
 
 def _prompt_logprobs(req: Request, num_new: int, finished: bool) -> dict:
