@@ -32,6 +32,7 @@ from orcaserve.scheduler.config import EngineConfig
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF dir (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=256)
@@ -63,7 +64,7 @@ def main() -> None:
     }
     if "enable_prefix_caching" in {f.name for f in dataclasses.fields(EngineConfig)}:
         engine_args["enable_prefix_caching"] = False  # random prompts share nothing; older checkouts lack it
-    engine = Engine.from_pretrained(default_model_path(), **engine_args)
+    engine = Engine.from_pretrained(args.model or default_model_path(), **engine_args)
     if args.prefill:
         prefill(engine, args)
         return

@@ -9,7 +9,12 @@ Kernels (each on the same random weight, x fp32 except where said):
   over packed codes where built, `kernels/cpu/csrc/gemm/gemm_quant.cpp`), bf16 x as the decoder
   runs it in bf16;
 - t_int8: `torch.ops.aten._weight_int8pack_mm`, per-channel int8, bf16 x;
-- t_int4: `torch.ops.aten._weight_int4pack_mm_for_cpu`, group 32, bf16 x.
+- t_int4: `torch.ops.aten._weight_int4pack_mm_for_cpu`, group 32, bf16 x;
+- t_w8a8: torch's dynamic int8 linear (`torch.ao.nn.quantized.dynamic.Linear` on the x86/fbgemm
+  engine): per-channel int8 weight, x fp32 quantized to uint8 per call (one scale for the whole
+  batch), integer dot products (`vpmaddubsw` on AVX2, VNNI where the CPU has it). What integer
+  arithmetic on quantized activations buys on this CPU, as llama.cpp's q8 activations do
+  (docs/performance-log.md, "2026-12-05: integer dot products on quantized activations").
 Each kernel cycles over enough copies of its weight to read at least 48 MB per round (3x this
 Zen 2's L3), so the weight comes from DRAM as in a decode step over 16 layers. Prints ms per call
 (median, or with `--stat min` the fastest, of `--rounds` rounds of `--calls` calls, fewer from 64
@@ -23,6 +28,7 @@ import argparse
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -32,7 +38,7 @@ from orcaserve.kernels.linear import Linear
 from orcaserve.kernels.quant import QuantLinear, quantize
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}  # (out, in)
-KERNELS = ("fp32", "bf16", "q8_0", "q4_0", "q4_1", "t_int8", "t_int4")
+KERNELS = ("fp32", "bf16", "q8_0", "q4_0", "q4_1", "t_int8", "t_int4", "t_w8a8")
 MIN_BYTES = 48 << 20
 
 
@@ -54,6 +60,17 @@ def torch_int4(w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor],
     return (lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 32, sz)), packed.numel() + 2 * sz.numel()
 
 
+def torch_w8a8(w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    n, k = w.shape
+    lin = torch.ao.nn.quantized.dynamic.Linear(k, n, bias_=False, dtype=torch.qint8)
+    scale = w.abs().amax(1) / 127
+    with warnings.catch_warnings():  # quantized tensor constructors are deprecated, the op is not gone
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(w, scale, torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+        lin.set_weight_bias(q, None)
+    return lin, n * k + 4 * n
+
+
 def make(kernel: str, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], int, torch.dtype, str]:
     """(call, weight bytes, x dtype, what runs) for one copy of weight `w`."""
     if kernel in ("fp32", "bf16"):
@@ -63,6 +80,9 @@ def make(kernel: str, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.T
     if kernel.startswith("q"):
         q = QuantLinear(quantize(w, kernel), None)
         return q, q.nbytes(), torch.bfloat16, q.kernel
+    if kernel == "t_w8a8":
+        fn, size = torch_w8a8(w)
+        return fn, size, torch.float32, f"{kernel} ({torch.backends.quantized.engine})"
     fn, size = torch_int8(w) if kernel == "t_int8" else torch_int4(w)
     return fn, size, torch.bfloat16, kernel
 
