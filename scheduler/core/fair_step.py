@@ -90,6 +90,7 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
         running.setdefault(req.tenant, deque()).append(req)
     below, above = cap_sets(s, running)
     capped: dict[str, int] = {}  # request -> prompt tokens it was given under the cap
+    used = 0  # of those, the tokens of rows still in the step (`capped`'s rows not taken back)
     admitting = True
 
     def next_of(tenant: str | None) -> Request:
@@ -104,14 +105,14 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
 
     def fill(cap: int | None) -> bool:
         """Fill the budget; True when the cap held prompt tokens back."""
-        nonlocal admitting
+        nonlocal admitting, used
         withheld = False
         while s._budget > 0:
             admitting = admitting and not out.preempted
             candidates = list(running)
             if admitting:
                 candidates += [t for t in queue.tenants() if t not in running]
-            left = None if cap is None else cap - sum(n for r, n in capped.items() if r in out.num_scheduled_tokens)
+            left = None if cap is None else cap - used
             if left is not None and left <= 0:
                 kept = [t for t in candidates if not held(t)]
                 withheld |= len(kept) < len(candidates)
@@ -121,6 +122,8 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
             tenant = min(candidates, key=lambda t: (s._projected(t), next_of(t).arrival_seq))
             req = next_of(tenant)
             limit = left if left is not None and held(tenant) else None
+            # Rows leave the step (`Scheduler._take_back`) only when one is preempted or a seat handed over.
+            taken_back = (len(out.preempted), s.num_suspensions)
             if tenant in running:
                 running[tenant].popleft()
                 if not running[tenant]:
@@ -132,7 +135,10 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
                 admitting = False
             if limit is not None and req.request_id in out.num_scheduled_tokens:
                 n = capped[req.request_id] = out.num_scheduled_tokens[req.request_id]
+                used += n  # `req` was not in the step before this row: nothing of it counted yet
                 withheld |= n == limit < req.num_tokens - req.num_computed_tokens
+            if taken_back != (len(out.preempted), s.num_suspensions):  # rows may have left: recount
+                used = sum(n for r, n in capped.items() if r in out.num_scheduled_tokens)
         return withheld
 
     if not fill(s.prefill_cap if below else None):
@@ -140,7 +146,8 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
     if any(r.tenant in below for r in out.requests.values()):
         s.num_capped_steps += 1
         return
-    # Nobody below its share got a row: the rows cut by the cap go back in line, uncapped.
+    # Nobody below its share got a row: the rows cut by the cap go back in line, uncapped (so the
+    # refill below never reads `used`).
     for rid in reversed(capped):
         if rid in out.num_scheduled_tokens:
             req = out.requests[rid]
