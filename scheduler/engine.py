@@ -8,8 +8,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-import torch
-
 from orcaserve.kernels import get_backend
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.core.choices import Choices
@@ -90,9 +88,10 @@ class Engine:
         """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
         model/hub.py) and build an engine for it."""
         config = EngineConfig(**engine_args)
-        # Quantized: loaded in fp32, the exact values the blocks are matched to or quantized from.
-        load_dtype = torch.float32 if config.quantization else config.resolved_dtype()
-        model, tokenizer = load_model_and_tokenizer(path, load_dtype, config.resolved_device())
+        # Quantized: filled a tensor at a time, codes from each one's fp32 values (docs/serving.md
+        # "Memory at load"); the rest comes in dtype.
+        load_dtype = config.resolved_dtype()
+        model, tokenizer = load_model_and_tokenizer(path, load_dtype, config.resolved_device(), config.quantization)
         return cls.from_model(model, tokenizer, config)
 
     @classmethod

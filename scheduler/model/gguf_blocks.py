@@ -19,6 +19,7 @@ where byte j's low nibble is element j and its high nibble element j + 16.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,3 +148,94 @@ def matched_permutation(path: str, tensor: str, module: Any) -> torch.Tensor | N
     for r, h in enumerate(row_hashes(dequantize(codes)).tolist()):
         rows.setdefault(h, []).append(r)
     return _permutation(row_hashes(module.weight.detach()), rows)
+
+
+def stream_gguf(
+    path: str, model: Any, config: dict, wants_codes: Callable[[str], bool]
+) -> Iterator[tuple[str, torch.Tensor, BlockCodes | None]]:
+    """The file's tensors one at a time, as transformers' GGUF loader (load_gguf_checkpoint) makes
+    each of them: gguf-py's fp32 dequantization, its name map, its per-architecture processor
+    (Llama's q/k rows un-permuted), never more than one at once: (parameter name, fp32 tensor,
+    codes). `config`: the dict transformers parsed from the file's metadata (its processor's
+    input); `model`: the weightless model being filled. Codes come for the names `wants_codes`
+    accepts: the file's own blocks in the parameter's row order, verified to dequantize to the
+    tensor bit for bit (as match_gguf_blocks, against the one tensor the name map names), else None
+    with the reason in the log. The tensor table is read with transformers' own lean reader
+    (gguf-py's GGUFReader parses the whole vocabulary first: ~10 s for SmolLM2's)."""
+    from gguf import GGMLQuantizationType
+    from gguf import dequantize as gguf_dequantize
+    from transformers.integrations.gguf.reader import GgufHeader
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    header = GgufHeader.from_file(path)
+    processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config)
+    names = get_gguf_hf_weights_map(_TopNames(model), processor)
+    parsed: dict[str, dict] = {"config": config, "tensors": {}}
+    blob = np.memmap(path, mode="r", dtype=np.uint8)
+    other: list[str] = []
+    for info in header.tensors:
+        kind = GGMLQuantizationType(info.ggml_type)
+        start = header.data_start + info.offset
+        data = _as_gguf_py_reads(blob[start : start + info.nbytes], kind, info.shape)
+        done = processor.process(
+            weights=gguf_dequantize(data, kind), name=info.name, tensor_key_mapping=names, parsed_parameters=parsed
+        )
+        if done.name not in names:
+            continue
+        key = names[done.name]
+        w = torch.from_numpy(np.copy(done.weights)).to(torch.float32)
+        del done
+        codes = None
+        if wants_codes(key):
+            if kind.name in FORMATS and w.dim() == 2 and w.shape[1] % 32 == 0:
+                codes = _verified(parse_blocks(data, FORMATS[kind.name], w.shape[1]), w)
+                if codes is None:
+                    log.warning("%s: its tensor %s does not reproduce it bit for bit: served dense", key, info.name)
+            elif kind.name not in ("F32", "F16", "BF16"):
+                other.append(f"{info.name} ({kind.name})")
+        yield key, w, codes
+    if other:
+        log.warning("GGUF tensors of types without a packed GEMM, served dense: %s", ", ".join(other))
+
+
+class _TopNames:
+    """The model as get_gguf_hf_weights_map sees it, without children: the decoder families'
+    parameter names are all mapped from the top, and its walk into every submodule rebuilds
+    gguf-py's name map each time (~400 times, 10 s and more for SmolLM2)."""
+
+    def __init__(self, model: Any):
+        self.config, self._model = model.config, model
+
+    def state_dict(self) -> dict:
+        return self._model.state_dict()
+
+    def named_children(self) -> Iterator[tuple[str, Any]]:
+        return iter(())
+
+
+def _as_gguf_py_reads(raw: np.ndarray, kind: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A tensor's bytes viewed as gguf-py's GGUFReader gives its `data` (what transformers hands
+    gguf-py's dequantize): plain types as their numpy type, block types as uint8 rows of blocks."""
+    from gguf import GGMLQuantizationType as T
+
+    plain = {T.F16: np.float16, T.F32: np.float32, T.F64: np.float64, T.I8: np.int8, T.I16: np.int16}
+    plain.update({T.I32: np.int32, T.I64: np.int64})
+    if kind in plain:
+        return raw.view(plain[kind]).reshape(shape)
+    return raw.reshape(*shape[:-1], -1)
+
+
+def _verified(codes: BlockCodes, w: torch.Tensor) -> BlockCodes | None:
+    """`codes` (file row order) in `w`'s row order if they dequantize to `w` bit for bit, else None.
+    The row order is found by content, as match_gguf_blocks finds it (q/k come permuted)."""
+    plain = dequantize(codes)
+    if torch.equal(plain.view(torch.int32), w.view(torch.int32)):
+        return codes
+    rows: dict[int, list[int]] = {}
+    for r, h in enumerate(row_hashes(plain).tolist()):
+        rows.setdefault(h, []).append(r)
+    index = _permutation(row_hashes(w), rows)
+    if index is None:
+        return None
+    codes = take_rows(codes, index)
+    return codes if torch.equal(dequantize(codes).view(torch.int32), w.view(torch.int32)) else None

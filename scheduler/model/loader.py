@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from typing import Any
 
 import torch
 
 from orcaserve.scheduler.model.hub import resolve_model
+
+log = logging.getLogger(__name__)
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -25,10 +28,15 @@ def default_model_path() -> str:
     return path
 
 
-def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device):
+def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device, quantization: str | None = None):
     """`path`: an HF model directory, a `.gguf` file (dequantized to `dtype`), or a hub id found
-    offline in the local Hugging Face cache (hub.py)."""
+    offline in the local Hugging Face cache (hub.py). With `quantization` ("gguf", "int8", "int4"),
+    the projections come with their codes attached and the rest in `dtype`, read one tensor at a
+    time (stream_load.py; docs/serving.md "Memory at load"); a directory without safetensors is
+    loaded in fp32 whole and left for quantize_model, as before."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from orcaserve.scheduler.model.stream_load import can_stream, load_streamed
 
     path = resolve_model(path)
     kwargs: dict = {}
@@ -40,7 +48,14 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     elif not os.path.isdir(path):
         raise FileNotFoundError(f"no such model directory: {path}")
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
-    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
+    file = os.path.join(path, kwargs["gguf_file"]) if "gguf_file" in kwargs else path
+    if quantization is not None and can_stream(file):
+        model: Any = load_streamed(file, dtype, quantization)
+        return model.to(device), tokenizer
+    if quantization is not None:  # the codes are made from the fp32 weights (quantize_model)
+        log.warning("%s has no safetensors: loaded whole in fp32 before quantization", path)
+        dtype = torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     model.to(device).eval()
     if "gguf_file" in kwargs:  # where quantization "gguf" reads the blocks back (quantized.py)
         model.orcaserve_gguf_path = os.path.join(path, kwargs["gguf_file"])

@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 CODES = "orcaserve_codes"  # the nn.Linear attribute that holds a module's BlockCodes
 GGUF_PATH = "orcaserve_gguf_path"  # the model attribute the loader sets to the .gguf it read
+QUANTIZED = "orcaserve_quantized"  # the model attribute naming the mode a streamed load applied
+_QUANT_ROWS = 8192  # rows quantized at once (quantize_for): bounds the fp32 temporaries
 # Bytes per 32-weight block as a GGUF file stores them: fp16 scale (+ fp16 min) + the codes.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 # int4's block format: q4_1 (a scale and a min per block, 20 bytes a block against q4_0's 18), by
@@ -67,11 +69,17 @@ def quantize_model(model: Any, mode: str, dtype: torch.dtype) -> None:
     """Attach codes for `mode` ("gguf", "int8", "int4") to `model`'s projections, free the dense
     copies, and log what is quantized how and the linear weights' bytes before and after (dense
     bytes counted in `dtype`, what the model would hold without quantization). The model's
-    weights should be fp32 here: "gguf" matches them bit for bit to the file's blocks."""
+    weights should be fp32 here: "gguf" matches them bit for bit to the file's blocks. A model the
+    loader already filled quantized (stream_load.py, docs/serving.md "Memory at load") is left as
+    it is: its codes came from the same fp32 values, and its log line was written then."""
+    done = getattr(model, QUANTIZED, None)
+    if done is not None:
+        if done != mode:
+            raise ValueError(f"the model was loaded with quantization={done!r}, not {mode!r}")
+        return
     named: list[tuple[str, Any]] = [
         (name, module) for name, module in linears(model) if getattr(module, CODES, None) is None
     ]
-    dense_bytes = {name: module.weight.numel() * torch.finfo(dtype).bits // 8 for name, module in named}
     if mode == "gguf":
         from orcaserve.scheduler.model.gguf_blocks import match_gguf_blocks
 
@@ -80,24 +88,42 @@ def quantize_model(model: Any, mode: str, dtype: torch.dtype) -> None:
             raise ValueError("quantization 'gguf' needs a model loaded from a .gguf file")
         found = match_gguf_blocks(path, named)
     elif mode in MODE_FORMATS:
-        layer_fmt, head_fmt = MODE_FORMATS[mode]
-        found = {}
-        for name, module in named:
-            w = module.weight.detach()
-            found[name] = quantize(w, head_fmt if name == "lm_head" else layer_fmt) if w.shape[1] % 32 == 0 else None
+        found = {name: quantize_for(mode, name, module.weight.detach()) for name, module in named}
     else:
         raise ValueError(f"unknown quantization {mode!r}")
+    rows = []
+    for name, module in named:
+        codes = found.get(name)
+        rows.append((name, module.weight.numel(), codes))
+        if codes is not None:
+            attach(module, codes)
+    log_quantized(mode, dtype, rows)
+
+
+def quantize_for(mode: str, name: str, w: torch.Tensor) -> BlockCodes | None:
+    """The codes `mode` ("int8"/"int4") gives projection `name`'s weight, None where K is not a
+    multiple of 32. Quantized a slice of rows at a time, each upcast to fp32 on its own: blocks
+    are rows' own, so the codes are those of the whole weight at once, without an fp32 copy of it."""
+    layer_fmt, head_fmt = MODE_FORMATS[mode]
+    if w.shape[1] % 32:
+        return None
+    fmt = head_fmt if name == "lm_head" else layer_fmt
+    parts = [quantize(w[i : i + _QUANT_ROWS].float(), fmt) for i in range(0, w.shape[0], _QUANT_ROWS)]
+    return parts[0] if len(parts) == 1 else concat(parts)
+
+
+def log_quantized(mode: str, dtype: torch.dtype, rows: list[tuple[str, int, BlockCodes | None]]) -> None:
+    """The load's one line: (name, weight elements, codes or None for dense) of each projection."""
+    width = torch.finfo(dtype).bits // 8
     before = after = 0
     kinds: dict[str, int] = {}
     dense: list[str] = []
-    for name, module in named:
-        codes = found.get(name)
-        before += dense_bytes[name]
+    for name, numel, codes in rows:
+        before += numel * width
         if codes is None:
-            after += dense_bytes[name]
+            after += numel * width
             dense.append(name)
             continue
-        attach(module, codes)
         after += codes_bytes(codes)
         kinds[codes.fmt] = kinds.get(codes.fmt, 0) + 1
     what = ", ".join(f"{n} as {fmt}" for fmt, n in sorted(kinds.items())) or "none"
