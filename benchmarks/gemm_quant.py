@@ -8,6 +8,9 @@ Kernels (each on the same random weight, x fp32 except where said):
 - q8_0, q4_0, q4_1: `kernels/quant.py`'s QuantLinear on the dispatch table's kernel (the C++ GEMM
   over packed codes where built, `kernels/cpu/csrc/gemm/gemm_quant.cpp`), bf16 x as the decoder
   runs it in bf16;
+- q4_k, q6_k: the same over K-quant codes (fp32 scales, 6 and 10 bits a weight), made from q4_1's
+  and q8_0's codes (q8_0's codes >> 2; there is no K-quant quantizer here): the speed does not
+  depend on the values;
 - t_int8: `torch.ops.aten._weight_int8pack_mm`, per-channel int8, bf16 x;
 - t_int4: `torch.ops.aten._weight_int4pack_mm_for_cpu`, group 32, bf16 x;
 - t_w8a8: torch's dynamic int8 linear (`torch.ao.nn.quantized.dynamic.Linear` on the x86/fbgemm
@@ -35,10 +38,10 @@ import torch
 
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.linear import Linear
-from orcaserve.kernels.quant import QuantLinear, quantize
+from orcaserve.kernels.quant import BlockCodes, QuantLinear, quantize
 
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}  # (out, in)
-KERNELS = ("fp32", "bf16", "q8_0", "q4_0", "q4_1", "t_int8", "t_int4", "t_w8a8")
+KERNELS = ("fp32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "t_int8", "t_int4", "t_w8a8")
 MIN_BYTES = 48 << 20
 
 
@@ -71,6 +74,15 @@ def torch_w8a8(w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor],
     return lin, n * k + 4 * n
 
 
+def k_quant(w: torch.Tensor, fmt: str) -> BlockCodes:
+    """Codes in a K-quant's served layout, from the quantizers there are (timing only)."""
+    if fmt == "q4_k":
+        c = quantize(w, "q4_1")
+        return BlockCodes(fmt, c.q, c.scale, c.offset)
+    c = quantize(w, "q8_0")
+    return BlockCodes(fmt, c.q >> 2, c.scale.repeat_interleave(2, dim=1) * 4, None)
+
+
 def make(kernel: str, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], int, torch.dtype, str]:
     """(call, weight bytes, x dtype, what runs) for one copy of weight `w`."""
     if kernel in ("fp32", "bf16"):
@@ -78,7 +90,7 @@ def make(kernel: str, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.T
         size = lin.weight.numel() * lin.weight.element_size()
         return lin, size, torch.float32 if kernel == "fp32" else torch.bfloat16, lin.kernel
     if kernel.startswith("q"):
-        q = QuantLinear(quantize(w, kernel), None)
+        q = QuantLinear(k_quant(w, kernel) if kernel.endswith("_k") else quantize(w, kernel), None)
         return q, q.nbytes(), torch.bfloat16, q.kernel
     if kernel == "t_w8a8":
         fn, size = torch_w8a8(w)

@@ -28,8 +28,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
 - linear, bf16: without native bf16 (avx2, avx512) the project's fp32 GEMM widening bf16 panels
   (oneDNN cannot pack bf16 on AVX2 and emulates it on AVX-512, 3.5-4.1x slower on Ice Lake); with
   AVX-512 BF16 and no AMX (Zen 4) the vdpbf16ps GEMM; with AMX oneDNN's tiles.
-- linear_quant, per GGUF block format (q8_0, q4_0, q4_1; `kernels/quant.py`): the project's GEMM
-  over packed codes (gemm_quant.cpp), bit for bit its fp32 GEMM on the dequantized weight. torch's
+- linear_quant, per GGUF block format (q8_0, q4_0, q4_1, q4_k, q6_k; `kernels/quant.py`): the
+  project's GEMM over packed codes (gemm_quant.cpp), bit for bit its fp32 GEMM on the dequantized weight. torch's
   `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` beat bf16 only up to 4-8 rows, 2x slower
   at 32 (Zen 2), and lost to this kernel at 1-2 rows; they take bf16 activations, other formats
   than GGUF's, and are not bitwise: no cell names them (docs/performance-log.md, "2026-12-05: GGUF
@@ -93,6 +93,8 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
     ("linear_quant", "q8_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_1"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
+    ("linear_quant", "q4_k"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
+    ("linear_quant", "q6_k"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
 }
 
 

@@ -1,12 +1,17 @@
-"""GGUF block-quantized weights (Q8_0, Q4_0, Q4_1) served quantized: the codes, their exact
-dequantization, llama.cpp's reference quantizers, and `QuantLinear`, the lean decoder's linear
-layer over a weight that stays in its block format (docs/kernels.md, "Quantized GEMM on the CPU").
+"""GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) served quantized: the codes, their
+exact dequantization, llama.cpp's reference quantizers (of the first three), and `QuantLinear`, the
+lean decoder's linear layer over a weight that stays in its block format (docs/kernels.md,
+"Quantized GEMM on the CPU").
 
 Formats as GGUF / llama.cpp define them: blocks of GROUP = 32 consecutive input-dim (K) elements
 of one output row, each with a scale `d` (fp16 in the file) and for q4_1 a min `m`:
 - q8_0: codes int8 in [-128, 127], w = d * q
 - q4_0: codes in [-8, 7] (the file stores the nibble q + 8), w = d * q
 - q4_1: codes in [0, 15], w = d * q + m
+- q4_k: as q4_1 per 32 elements, with the K-quant's fp32 products as scale and min: d = fp32(d) *
+  sc and m = -(fp32(dmin) * mn) of the 256-element super-block's fp16 d, dmin and 6-bit sc, mn
+  (gguf-py computes d * q - dmin * mn; a - b == a + (-b) exactly)
+- q6_k: codes in [-32, 31], w = d * q, a scale fp32(d) * sc (int8 sc) per 16 elements
 The dequantized weight is gguf-py's: fp32(d) * fp32(q), then + fp32(m), two roundings (never a
 fused multiply-add). The C++ GEMM (`kernels/cpu/csrc/gemm/gemm_quant.cpp`) widens codes to
 exactly these fp32 weights and sums like the project's fp32 GEMM, so its results are bit for bit
@@ -24,10 +29,14 @@ import torch.nn.functional as F
 
 from orcaserve.kernels import dispatch
 
-FORMATS = ("q8_0", "q4_0", "q4_1")
+FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
+QUANTIZERS = ("q8_0", "q4_0", "q4_1")  # the formats `quantize` makes
 GROUP = 32
-_RANGE = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15)}
-BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4}
+SPAN = {"q6_k": 16}  # elements per scale where not GROUP
+OFFSET = ("q4_1", "q4_k")  # the formats with a min per block
+WIDE = ("q4_k", "q6_k")  # packed with fp32 scales: theirs are fp32 products, not fp16 values
+_RANGE = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15), "q4_k": (0, 15), "q6_k": (-32, 31)}
+BITS = {"q8_0": 8, "q4_0": 4, "q4_1": 4, "q4_k": 4, "q6_k": 8}  # code width in the packed blocks
 
 
 @dataclass(frozen=True)
@@ -36,8 +45,8 @@ class BlockCodes:
 
     fmt: str
     q: torch.Tensor  # int8 [N, K], codes in the format's range
-    scale: torch.Tensor  # fp32 [N, K // 32] (values representable in fp16: they come from fp16)
-    offset: torch.Tensor | None  # fp32 [N, K // 32] for q4_1, else None
+    scale: torch.Tensor  # fp32 [N, K // span] (fp16 values, but for the K-quants' fp32 products)
+    offset: torch.Tensor | None  # fp32 [N, K // 32] for q4_1 and q4_k, else None
 
     def __post_init__(self) -> None:
         if self.fmt not in FORMATS:
@@ -45,12 +54,11 @@ class BlockCodes:
         n, k = self.q.shape
         if self.q.dtype != torch.int8 or k % GROUP:
             raise ValueError(f"codes must be int8 [N, K] with K a multiple of {GROUP}, got {self.q.dtype} {n}x{k}")
-        if self.scale.shape != (n, k // GROUP) or self.scale.dtype != torch.float32:
-            raise ValueError(
-                f"scale must be fp32 [{n}, {k // GROUP}], got {self.scale.dtype} {tuple(self.scale.shape)}"
-            )
-        if (self.offset is not None) != (self.fmt == "q4_1"):
-            raise ValueError(f"{self.fmt}: an offset (min) is given for q4_1 only, and q4_1 needs one")
+        span = SPAN.get(self.fmt, GROUP)
+        if self.scale.shape != (n, k // span) or self.scale.dtype != torch.float32:
+            raise ValueError(f"scale must be fp32 [{n}, {k // span}], got {self.scale.dtype} {tuple(self.scale.shape)}")
+        if (self.offset is not None) != (self.fmt in OFFSET):
+            raise ValueError(f"{self.fmt}: an offset (min) is given for {' and '.join(OFFSET)} only, and needed")
         if self.offset is not None and (self.offset.shape != self.scale.shape or self.offset.dtype != torch.float32):
             raise ValueError("offset must be fp32 and shaped as scale")
 
@@ -62,7 +70,8 @@ class BlockCodes:
 def dequantize(codes: BlockCodes) -> torch.Tensor:
     """fp32 [N, K]: d * q (+ m), in gguf-py's arithmetic, bit for bit."""
     n, k = codes.shape
-    w = codes.scale.unsqueeze(-1) * codes.q.view(n, k // GROUP, GROUP).float()
+    span = SPAN.get(codes.fmt, GROUP)
+    w = codes.scale.unsqueeze(-1) * codes.q.view(n, k // span, span).float()
     if codes.offset is not None:
         w = w + codes.offset.unsqueeze(-1)  # a separate add: torch never fuses it into an FMA
     return w.reshape(n, k)
@@ -89,8 +98,8 @@ def quantize(w: torch.Tensor, fmt: str) -> BlockCodes:
     """[N, K] fp32/bf16 (K a multiple of 32) -> codes, as llama.cpp's reference quantizers
     (quantize_row_q8_0_ref, q4_0_ref, q4_1_ref) compute them in fp32: the scale from the unrounded
     block statistics, codes from its unrounded inverse, the scale (and min) then rounded to fp16."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown block format {fmt!r}")
+    if fmt not in QUANTIZERS:
+        raise ValueError(f"no quantizer for block format {fmt!r}: expected one of {', '.join(QUANTIZERS)}")
     n, k = w.shape
     if k % GROUP:
         raise ValueError(f"K = {k} is not a multiple of {GROUP}")
@@ -165,16 +174,39 @@ class QuantLinear:
         self._bias32 = None if bias is None else bias.float()
         if self.kernel.startswith("orcaserve."):
             pack_name = self.kernel.replace(".linear_quant", ".pack_quant_weight", 1)
-            self.weight = dispatch.orcaserve_op(pack_name)(codes.q, codes.scale, codes.offset, BITS[codes.fmt])
+            pack = dispatch.orcaserve_op(pack_name)
+            self.weight = pack(codes.q, codes.scale, codes.offset, BITS[codes.fmt], codes.fmt in WIDE)
             self._op = dispatch.orcaserve_op(self.kernel)
         else:
             self.weight = dequantize(codes)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] fp32 or bf16 -> [T, N] in x's dtype
         if self._op is not None:
-            return self._op(x, self.weight, self._bias32, self.out_features, BITS[self.fmt], self.fmt == "q4_1")
+            bits, wide = BITS[self.fmt], self.fmt in WIDE
+            return self._op(x, self.weight, self._bias32, self.out_features, bits, self.fmt in OFFSET, wide)
         return F.linear(x.float(), self.weight, self._bias32).to(x.dtype)
 
     def nbytes(self) -> int:
         """Bytes the weight holds in the kernel's layout (codes, scales and mins; the twin's fp32 copy)."""
         return int(self.weight.numel() * self.weight.element_size())
+
+
+class QuantLinearGroup(QuantLinear):
+    """QuantLinears over consecutive slices of the output, their results concatenated: a fused group
+    (q/k/v, gate/up) whose members a file quantized in different formats (Q4_K_M keeps attn_v in
+    Q6_K beside Q4_K q and k in some layers). Each output column is its own sum in the GEMM, so the
+    split changes no bit of the result a fused weight would give."""
+
+    def __init__(self, parts: Sequence[tuple[BlockCodes, torch.Tensor | None]], kernel: str | None = None) -> None:
+        self.parts = [QuantLinear(codes, bias, kernel) for codes, bias in parts]
+        self.fmt = "+".join(p.fmt for p in self.parts)
+        self.out_features = sum(p.out_features for p in self.parts)
+        self.in_features = self.parts[0].in_features
+        self.kernel = self.parts[0].kernel
+        self.bias = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def nbytes(self) -> int:
+        return sum(p.nbytes() for p in self.parts)

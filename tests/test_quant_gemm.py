@@ -16,6 +16,8 @@ from orcaserve.kernels.linear import Linear
 from orcaserve.kernels.quant import (
     FORMATS,
     GROUP,
+    QUANTIZERS,
+    SPAN,
     BlockCodes,
     QuantLinear,
     concat,
@@ -31,12 +33,19 @@ _QTYPE = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1"}
 
 
 def random_codes(fmt: str, n: int, k: int, seed: int = 0) -> BlockCodes:
-    """Codes over the format's whole range, fp16-representable scales (and mins) of both signs."""
+    """Codes over the format's whole range, fp16-representable scales (and mins) of both signs; the
+    K-quants' scales (mins) fp32 products of an fp16 value and their 6-bit (q6_k: int8) sub-scale."""
     g = torch.Generator().manual_seed(seed)
-    lo, hi = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15)}[fmt]
+    lo, hi = {"q8_0": (-128, 127), "q4_0": (-8, 7), "q4_1": (0, 15), "q4_k": (0, 15), "q6_k": (-32, 31)}[fmt]
     q = torch.randint(lo, hi + 1, (n, k), generator=g, dtype=torch.int8)
-    scale = (torch.randn(n, k // GROUP, generator=g) * 0.01).half().float()
-    offset = (torch.randn(n, k // GROUP, generator=g) * 0.05).half().float() if fmt == "q4_1" else None
+    span = SPAN.get(fmt, GROUP)
+    scale = (torch.randn(n, k // span, generator=g) * 0.01).half().float()
+    offset = (torch.randn(n, k // GROUP, generator=g) * 0.05).half().float() if fmt in ("q4_1", "q4_k") else None
+    if fmt == "q4_k":
+        scale = scale.abs() * torch.randint(0, 64, scale.shape, generator=g).float()
+        offset = -(offset.abs() * torch.randint(0, 64, scale.shape, generator=g).float())
+    elif fmt == "q6_k":
+        scale = scale.abs() * torch.randint(-128, 128, scale.shape, generator=g).float()
     return BlockCodes(fmt, q, scale, offset)
 
 
@@ -57,7 +66,7 @@ def gguf_bytes(codes: BlockCodes) -> np.ndarray:
     return np.concatenate([*head, body], axis=-1).reshape(n, -1)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZERS)  # the K-quants' parse + dequantize: test_kquants.py
 def test_dequantize_is_gguf_py_bit_for_bit(fmt):
     codes = random_codes(fmt, 40, 256)
     want = gguf.quants.dequantize(gguf_bytes(codes), getattr(gguf.GGMLQuantizationType, _QTYPE[fmt]))
@@ -66,7 +75,7 @@ def test_dequantize_is_gguf_py_bit_for_bit(fmt):
     assert np.array_equal(got.numpy().view(np.uint32), want.view(np.uint32))
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", QUANTIZERS)
 def test_quantize_is_llama_cpp_reference(fmt):
     """Bytes equal to gguf-py's port of quantize_row_*_ref (its Q8_0 says bit-exact with ggml), on
     weights with ties, zero blocks and outliers; the roundtrip error within half a step (plus the
@@ -168,10 +177,11 @@ def test_gemm_is_the_fp32_gemm_on_dequantized_weights_bit_for_bit(variant, fmt):
 
 @pytest.mark.parametrize("variant", QGEMM)
 def test_packed_size_and_checks(variant):
-    """Packed as GGUF's own bits per weight (fp16 scales: 8.5, 4.5, 5; the last panel padded), and
-    codes out of range or scales that are not fp16 values refused at packing."""
+    """Packed as GGUF's own bits per weight (fp16 scales: 8.5, 4.5, 5; the last panel padded), the
+    K-quants with fp32 scales (q4_k 6, q6_k 10), and codes out of range or scales that are not fp16
+    values refused at packing."""
     cols = 24 if variant == "avx2" else 48
-    for fmt, bits in (("q8_0", 8.5), ("q4_0", 4.5), ("q4_1", 5.0)):
+    for fmt, bits in (("q8_0", 8.5), ("q4_0", 4.5), ("q4_1", 5.0), ("q4_k", 6.0), ("q6_k", 10.0)):
         lin = QuantLinear(random_codes(fmt, 2 * cols, 64), None, kernel=f"orcaserve.linear_quant.{variant}")
         assert lin.nbytes() * 8 == 2 * cols * 64 * bits
     pack = getattr(torch.ops.orcaserve.pack_quant_weight, variant)
@@ -180,3 +190,6 @@ def test_packed_size_and_checks(variant):
         pack(c.q + 8, c.scale, None, 4)
     with pytest.raises(RuntimeError, match="fp16"):
         pack(c.q, c.scale + 1e-6, None, 4)
+    c6 = random_codes("q6_k", 8, 64)
+    with pytest.raises(RuntimeError, match="range"):
+        pack(c6.q + 32, c6.scale, None, 8, True)

@@ -15,7 +15,8 @@ Each family is compiled once per ISA variant, as PyTorch compiles its `CPU_CAPAB
 | avx512_bf16 | avx512 + AVX-512 BF16                  | + GEMM bf16 (vdpbf16ps)       |
 | amx         | avx512_bf16, bf16 prefill tiles on AMX | + GEMM bf16                   |
 
-(* with it the GEMM over GGUF block codes, `gemm/gemm_quant.cpp`, which widens them to fp32.)
+(* with it the GEMM over GGUF block codes, `gemm/gemm_quant.cpp` (packing: `gemm/pack_quant.cpp`), which
+widens them to fp32.)
 
 Every variant the building CPU can execute is built into the library, and each op is registered
 once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). Which
@@ -53,7 +54,7 @@ import torch
 CSRC = Path(__file__).with_name("csrc")
 ATTENTION = ("attention/paged_attention.cpp",)
 FUSED = ("fused/norm_silu.cpp", "fused/rope_store.cpp", "fused/argmax.cpp")
-GEMM_FP32 = ("gemm/gemm_fp32.cpp", "gemm/gemm_quant.cpp")  # and GGUF block codes widened to fp32
+GEMM_FP32 = ("gemm/gemm_fp32.cpp", "gemm/gemm_quant.cpp", "gemm/pack_quant.cpp")  # and GGUF codes widened to fp32
 GEMM_BF16 = ("gemm/gemm_bf16.cpp",)
 BINDINGS = "bindings.cpp"
 

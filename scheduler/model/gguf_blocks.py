@@ -1,4 +1,4 @@
-"""A GGUF file's Q8_0/Q4_0/Q4_1 blocks, parsed into BlockCodes and matched to a loaded model's
+"""A GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks, parsed into BlockCodes and matched to a loaded model's
 linear layers by content (docs/serving.md "Quantized weights").
 
 transformers loads a GGUF by dequantizing it (gguf-py's arithmetic, fp32) and renames and, for
@@ -13,7 +13,12 @@ Block layouts (GGUF spec, ggml-common.h), 32 weights of one row per block, littl
 - Q8_0, 34 bytes: fp16 d, 32 int8 q;                       w = d * q
 - Q4_0, 18 bytes: fp16 d, 16 bytes of nibbles;             w = d * (u - 8)
 - Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles;     w = d * u + m
-where byte j's low nibble is element j and its high nibble element j + 16.
+where byte j's low nibble is element j and its high nibble element j + 16. K-quants, 256 weights:
+- Q4_K, 144 bytes: fp16 d, fp16 dmin, 12 bytes of 6-bit sc, mn (8 each), 128 bytes of nibbles
+  (32 bytes per 64 elements: low nibbles the first 32, high the next); w = d*sc * u - dmin*mn
+- Q6_K, 210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 sc, fp16 d;
+  w = d*sc * (u - 32), sc per 16 elements
+whose per-32 (per-16) scales become BlockCodes q4_k (q6_k) in fp32, as gguf-py computes them.
 """
 
 from __future__ import annotations
@@ -30,13 +35,23 @@ from orcaserve.kernels.quant import BlockCodes, dequantize, take_rows
 
 log = logging.getLogger(__name__)
 
-FORMATS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}  # GGML type name -> BlockCodes.fmt
+# GGML type name -> BlockCodes.fmt
+FORMATS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1", "Q4_K": "q4_k", "Q6_K": "q6_k"}
+_TYPES = "/".join(FORMATS)
+SUPER = {"q4_k": 256, "q6_k": 256}  # elements per block where not 32: K must be a multiple
 _CHUNK_ROWS = 4096  # rows hashed at once: bounds the int64 temporary (32 MB per 1024 columns)
+
+
+def takes_width(fmt: str, k: int) -> bool:
+    """Whether a [N, k] tensor in `fmt` (a BlockCodes format) parses into BlockCodes."""
+    return k % SUPER.get(fmt, 32) == 0
 
 
 def parse_blocks(raw: np.ndarray, fmt: str, k: int) -> BlockCodes:
     """BlockCodes of a [N, K] weight from its raw blocks (uint8 [N, K / 32 * block bytes])."""
     n = raw.shape[0]
+    if fmt in SUPER:
+        return _parse_k(np.ascontiguousarray(raw).reshape(n * (k // 256), -1), fmt, n, k)
     blocks = np.ascontiguousarray(raw).reshape(n, k // 32, -1)  # [N, K / 32, block bytes]
 
     def fp16(at: int) -> torch.Tensor:  # [N, K / 32] fp32 of the fp16 at byte `at` of each block
@@ -53,6 +68,34 @@ def parse_blocks(raw: np.ndarray, fmt: str, k: int) -> BlockCodes:
     if fmt == "q4_0":
         return BlockCodes(fmt, torch.from_numpy(u - 8), fp16(0), None)
     return BlockCodes(fmt, torch.from_numpy(u), fp16(0), fp16(2))
+
+
+def _parse_k(blocks: np.ndarray, fmt: str, n: int, k: int) -> BlockCodes:
+    """BlockCodes of K-quant super-blocks [N * K / 256, block bytes], in gguf-py's arithmetic
+    (gguf.quants Q4_K / Q6_K dequantize_blocks): the scales as its fp32 products."""
+    from gguf.quants import Q4_K
+
+    nb = blocks.shape[0]
+    if fmt == "q4_k":
+        d = blocks[:, 0:2].view(np.float16).astype(np.float32)  # [nb, 1]
+        dmin = blocks[:, 2:4].view(np.float16).astype(np.float32)
+        sc, mn = Q4_K.get_scale_min(blocks[:, 4:16])
+        scale = d * sc.astype(np.float32)  # [nb, 8]
+        offset = -(dmin * mn.astype(np.float32))
+        qs = blocks[:, 16:].reshape(nb, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+        q = (qs & np.uint8(0x0F)).astype(np.int8).reshape(n, k)
+        return BlockCodes(fmt, torch.from_numpy(q), _rows(scale, n), _rows(offset, n))
+    ql = blocks[:, :128].reshape(nb, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    ql = (ql & np.uint8(0x0F)).reshape(nb, 8, 32)
+    qh = blocks[:, 128:192].reshape(nb, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    qh = (qh & np.uint8(0x03)).reshape(nb, 8, 32)
+    q = (ql | (qh << np.uint8(4))).astype(np.int8) - np.int8(32)
+    scale = blocks[:, 208:210].view(np.float16).astype(np.float32) * blocks[:, 192:208].view(np.int8).astype(np.float32)
+    return BlockCodes(fmt, torch.from_numpy(q.reshape(n, k)), _rows(scale, n), None)
+
+
+def _rows(x: np.ndarray, n: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32).reshape(n, -1))
 
 
 def row_hashes(w: torch.Tensor) -> torch.Tensor:
@@ -104,7 +147,7 @@ def match_gguf_blocks(path: str, named: list[tuple[str, Any]]) -> dict[str, Bloc
         if len(t.shape) != 2:
             continue
         k, n = (int(x) for x in t.shape)  # GGUF lists dimensions innermost first
-        if kind not in FORMATS or k % 32:
+        if kind not in FORMATS or not takes_width(FORMATS[kind], k):
             if kind not in ("F32", "F16", "BF16"):
                 other.append(f"{t.name} ({kind})")
             continue
@@ -134,7 +177,7 @@ def match_gguf_blocks(path: str, named: list[tuple[str, Any]]) -> dict[str, Bloc
                 found[name] = codes
                 break
         if found[name] is None:
-            log.warning("%s: no Q8_0/Q4_0/Q4_1 tensor of the file reproduces it bit for bit: served dense", name)
+            log.warning("%s: no block tensor of the file (%s) reproduces it bit for bit: served dense", name, _TYPES)
     return found
 
 
@@ -187,7 +230,7 @@ def stream_gguf(
         del done
         codes = None
         if wants_codes(key):
-            if kind.name in FORMATS and w.dim() == 2 and w.shape[1] % 32 == 0:
+            if kind.name in FORMATS and w.dim() == 2 and takes_width(FORMATS[kind.name], w.shape[1]):
                 codes = _verified(parse_blocks(data, FORMATS[kind.name], w.shape[1]), w)
                 if codes is None:
                     log.warning("%s: its tensor %s does not reproduce it bit for bit: served dense", key, info.name)

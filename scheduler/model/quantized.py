@@ -4,13 +4,14 @@ At load, each projection of a Llama-family model (q/k/v/o, gate/up/down, lm_head
 codes (`orcaserve.kernels.quant.BlockCodes`) it is served from, attached to its `nn.Linear` as
 `orcaserve_codes`, and its fp32 weight is freed; the decoder then builds `QuantLinear`s over them
 (`fused_linear`). Codes come from:
-- "gguf": the file's own Q8_0/Q4_0/Q4_1 blocks (gguf_blocks.py), matched to the modules by content;
+- "gguf": the file's own Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks (gguf_blocks.py), matched to the modules by content;
 - "int8"/"int4": quantizing the loaded weights (q8_0; q4_1 for the layers and q8_0 for the lm_head).
 A module without codes keeps its weight in the model's dtype, as without quantization.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 
 from orcaserve.kernels.linear import Linear, fuse_linears
-from orcaserve.kernels.quant import BlockCodes, QuantLinear, concat, dequantize, quantize
+from orcaserve.kernels.quant import BlockCodes, QuantLinear, QuantLinearGroup, concat, dequantize, quantize
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,10 @@ CODES = "orcaserve_codes"  # the nn.Linear attribute that holds a module's Block
 GGUF_PATH = "orcaserve_gguf_path"  # the model attribute the loader sets to the .gguf it read
 QUANTIZED = "orcaserve_quantized"  # the model attribute naming the mode a streamed load applied
 _QUANT_ROWS = 8192  # rows quantized at once (quantize_for): bounds the fp32 temporaries
-# Bytes per 32-weight block as a GGUF file stores them: fp16 scale (+ fp16 min) + the codes.
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+# Bytes per 32 weights as served: a GGUF block (fp16 scale, + fp16 min, + the codes) for the first
+# three; the K-quants as the packed GEMM holds them, fp32 scale (+ min) per 32 (q6_k: per 16) and
+# 4- or 8-bit codes: 6 and 10 bits a weight, against the file's 4.5 and 6.5625.
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 24, "q6_k": 40}
 # int4's block format: q4_1 (a scale and a min per block, 20 bytes a block against q4_0's 18), by
 # the quality table of docs/serving.md "Quantized weights" (benchmarks/quant_quality.py). Its
 # lm_head (often tied to the embedding, and the layer whose error reaches the logits unmixed)
@@ -60,7 +63,7 @@ def attach(module: torch.nn.Module, codes: BlockCodes) -> None:
 
 
 def codes_bytes(codes: BlockCodes) -> int:
-    """The bytes `codes` take in their GGUF block format (the packed GEMM's may add padding)."""
+    """The bytes `codes` take as served (BLOCK_BYTES; the packed GEMM's may add padding)."""
     n, k = codes.q.shape
     return n * (k // 32) * BLOCK_BYTES[codes.fmt]
 
@@ -153,25 +156,28 @@ def head_linear(model: Any, pack: bool, dtype: torch.dtype) -> Linear | QuantLin
 
 def fused_linear(*modules: Any, pack: bool, dtype: torch.dtype, plain_from: int | None = None) -> Linear | QuantLinear:
     """The decoder's GEMM over the concatenated outputs of `modules`: a QuantLinear when every one
-    has codes of one format, else `fuse_linears` over dense weights (codes that cannot join their
-    group are dequantized back, exactly the loaded weights, in `dtype`)."""
+    has codes of one format, a QuantLinearGroup (one per run of a format) when every one has codes
+    in mixed formats (Q4_K_M's Q6_K attn_v beside Q4_K q/k), else `fuse_linears` over dense weights
+    (codes that cannot join their group are dequantized back, exactly the loaded weights, in `dtype`)."""
     codes: list[BlockCodes | None] = [getattr(m, CODES, None) for m in modules]
     for m in modules:
         if hasattr(m, CODES):
             delattr(m, CODES)
     present = [c for c in codes if c is not None]
-    if present and len(present) == len(codes) and len({c.fmt for c in present}) == 1:
+    if present and len(present) == len(codes):
         biases = [m.bias for m in modules]
-        bias = None
-        if any(b is not None for b in biases):
-            bias = torch.cat(
-                [b if b is not None else torch.zeros(c.q.shape[0], dtype=dtype) for b, c in zip(biases, present)]
-            )
+        runs: list[tuple[BlockCodes, torch.Tensor | None]] = []
+        for _, group in itertools.groupby(zip(present, biases), key=lambda cb: cb[0].fmt):
+            members = list(group)
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([b if b is not None else torch.zeros(c.q.shape[0], dtype=dtype) for c, b in members])
+            runs.append((concat([c for c, _ in members]) if len(members) > 1 else members[0][0], bias))
         for m in modules:
             m.bias = None
-        return QuantLinear(concat(present) if len(present) > 1 else present[0], bias)
+        return QuantLinear(*runs[0]) if len(runs) == 1 else QuantLinearGroup(runs)
     for m, c in zip(modules, codes):
         if c is not None:
-            log.warning("a fused group mixes formats or dense weights: its %s codes are served dense", c.fmt)
+            log.warning("a fused group mixes codes and dense weights: its %s codes are served dense", c.fmt)
             m.weight = torch.nn.Parameter(dequantize(c).to(dtype), requires_grad=False)
     return fuse_linears(*modules, pack=pack, plain_from=plain_from)

@@ -50,8 +50,8 @@ constexpr Schema kCommon[] = {
 constexpr Schema kGemmFp32[] = {
     {"pack_linear_weight", "(Tensor weight) -> Tensor"},
     {"linear_packed", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
-    {"pack_quant_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits) -> Tensor"},
-    {"linear_quant", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset) -> Tensor"},
+    {"pack_quant_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
+    {"linear_quant", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
 };
 constexpr Schema kGemmBf16[] = {
     {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},

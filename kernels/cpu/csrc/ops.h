@@ -42,11 +42,13 @@ at::Tensor pack_linear_weight(const at::Tensor& weight);
 at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                          int64_t out_features);
 
-// gemm/gemm_quant.cpp (avx2 and up): GGUF Q8_0 / Q4_0 / Q4_1 codes packed in panels, widened to fp32.
+// gemm/pack_quant.cpp and gemm/gemm_quant.cpp (avx2 and up): GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K
+// codes packed in panels, widened to fp32. `wide`: fp32 heads, the K-quants' (bits 4 with mins:
+// q4_k; bits 8: q6_k, a scale per 16 k).
 at::Tensor pack_quant_weight(const at::Tensor& q, const at::Tensor& scale, const std::optional<at::Tensor>& offset,
-                             int64_t bits);
+                             int64_t bits, bool wide);
 at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                        int64_t out_features, int64_t bits, bool has_offset);
+                        int64_t out_features, int64_t bits, bool has_offset, bool wide);
 
 // gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);

@@ -1,13 +1,16 @@
-// GEMM over GGUF block-quantized weights (Q8_0, Q4_0, Q4_1; kernels/quant.py) on AVX2 and AVX-512
-// CPUs: y = x W^T (+ b) with W kept as 8- or 4-bit codes, 4-5x fewer bytes than fp32 to stream per
-// decode step (docs/kernels.md, "Quantized GEMM on the CPU").
+// GEMM over GGUF block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; kernels/quant.py) on AVX2
+// and AVX-512 CPUs: y = x W^T (+ b) with W kept as 8- or 4-bit codes, 3-5x fewer bytes than fp32
+// to stream per decode step (docs/kernels.md, "Quantized GEMM on the CPU").
 //
-// Layout: panels of kCols output columns as the fp32 GEMM's (24 on AVX2, 48 on AVX-512), each one
-// sequential stream of its K / 32 blocks, [P, K / 32, block bytes]. A block holds, for its kCols
-// columns: the scales d (fp16, as the file has them: exact), the mins m (q4_1), then the codes,
-// k-major: 32 rows of kCols int8 (q8_0), or 16 rows of kCols bytes, k = 2i in the low nibble and
-// 2i + 1 in the high (q4_0 stores q + 8, q4_1 q). Per weight that is GGUF's own size: 8.5 bits for
-// q8_0, 4.5 for q4_0, 5 for q4_1.
+// Layout (packed by gemm/pack_quant.cpp): panels of kCols output columns as the fp32 GEMM's (24 on
+// AVX2, 48 on AVX-512), each one sequential stream of its K / 32 blocks, [P, K / 32, block bytes].
+// A block holds, for its kCols columns: the scales d (fp16, as the file has them: exact), the mins
+// m (q4_1), then the codes, k-major: 32 rows of kCols int8 (q8_0), or 16 rows of kCols bytes, k =
+// 2i in the low nibble and 2i + 1 in the high (q4_0 stores q + 8, q4_1 q). Per weight that is
+// GGUF's own size: 8.5 bits for q8_0, 4.5 for q4_0, 5 for q4_1. The K-quants' blocks are "wide":
+// fp32 heads, their per-32 (q6_k: per-16) scale fp32(d) * sc being no fp16 value. q4_k is q4_1's
+// block with fp32 D = d * sc and M = -(dmin * m) (6 bits a weight; the file's 4.5), q6_k q8_0's
+// with codes in [-32, 31] and two scale rows, k < 16 and k >= 16 (10 bits a weight; the file's 6.56).
 //
 // Arithmetic: each thread widens a chunk of its panel's blocks to fp32 weights in a buffer that
 // stays in L1, d * q then + m as two roundings (the build passes -ffp-contract=off, so the mul
@@ -24,7 +27,6 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <type_traits>
@@ -44,20 +46,24 @@ namespace {
 // for_k(k, weights) for the 32 k of one block in order, weights(j) the fp32 weights of the block's
 // columns j * kLanes.. at k: d * q (+ m), as gguf-py computes them (two roundings: the build's
 // -ffp-contract=off keeps the mul and add apart). Computed on demand, a column group at a time,
-// from codes and scales read from L1, so that a tile's sums stay in registers.
-template <int Bits, bool Offset, typename F>
+// from codes and scales read from L1, so that a tile's sums stay in registers. Wide blocks (the
+// K-quants) hold their scales and mins in fp32; q6_k's second scale row serves k = 16..31.
+template <int Bits, bool Offset, bool Wide, typename F>
 inline void each_k(const uint8_t* block, int64_t k0, F&& for_k) {
-  const at::Half* heads = reinterpret_cast<const at::Half*>(block);
-  const uint8_t* c = block + (Offset ? 2 : 1) * kCols * sizeof(at::Half);
-  alignas(64) float dm[2][kCols];  // the block's scales (and mins) in fp32, exact
-  for (int j = 0; j < 3; ++j) {
-    vstore(dm[0] + j * kLanes, vhalf(heads + j * kLanes));
-    if constexpr (Offset) vstore(dm[1] + j * kLanes, vhalf(heads + kCols + j * kLanes));
-  }
+  constexpr Format fmt{Bits, Offset, Wide};
+  const uint8_t* c = block + fmt.scale_bytes();
+  alignas(64) float dm[2][kCols];  // the block's scales (and mins, or q6_k's second scales) in fp32
+  for (int h = 0; h < fmt.heads(); ++h)
+    for (int j = 0; j < 3; ++j) {
+      if constexpr (Wide)
+        vstore(dm[h] + j * kLanes, vload(reinterpret_cast<const float*>(block) + h * kCols + j * kLanes));
+      else
+        vstore(dm[h] + j * kLanes, vhalf(reinterpret_cast<const at::Half*>(block) + h * kCols + j * kLanes));
+    }
   const float* scales = dm[0];
-  auto value = [&](int j, vint q) {
-    const vfloat w = vmul(vload(scales + j * kLanes), vcvt(q));
-    if constexpr (Offset) return vadd(w, vload(scales + kCols + j * kLanes));
+  auto value = [&](const float* s, int j, vint q) {
+    const vfloat w = vmul(vload(s + j * kLanes), vcvt(q));
+    if constexpr (Offset) return vadd(w, vload(s + kCols + j * kLanes));
     return w;
   };
   // q4_1: hides the scales' address from the optimizer at each k, so that scales and mins are read
@@ -68,19 +74,21 @@ inline void each_k(const uint8_t* block, int64_t k0, F&& for_k) {
   auto opaque = [&] {
     if constexpr (Offset) asm volatile("" : "+r"(scales));
   };
-  if constexpr (Bits == 8) {
-    for (int k = 0; k < kGroup; ++k) {
-      opaque();
-      for_k(k0 + k, [&](int j) { return value(j, vload_s8(c + k * kCols + j * kLanes)); });
+  if constexpr (Bits == 8) {  // q6_k: 16 k per scale row, each row's 3 scales hoisted in turn
+    constexpr int kSpan = fmt.heads() == 2 ? kGroup / 2 : kGroup;
+    for (int h = 0; h * kSpan < kGroup; ++h) {
+      const float* s = dm[h];
+      for (int k = h * kSpan; k < (h + 1) * kSpan; ++k)
+        for_k(k0 + k, [&](int j) { return value(s, j, vload_s8(c + k * kCols + j * kLanes)); });
     }
   } else {  // k = 2i in the low nibbles of row i, 2i + 1 in the high; q4_0 stores q + 8
     auto code = [](vint u) { return Offset ? u : vminus8(u); };
     for (int k = 0; k < kGroup; k += 2) {
       const uint8_t* row = c + k / 2 * kCols;
       opaque();
-      for_k(k0 + k, [&](int j) { return value(j, code(vlow4(vload_u8(row + j * kLanes)))); });
+      for_k(k0 + k, [&](int j) { return value(scales, j, code(vlow4(vload_u8(row + j * kLanes)))); });
       opaque();
-      for_k(k0 + k + 1, [&](int j) { return value(j, code(vhigh4(vload_u8(row + j * kLanes)))); });
+      for_k(k0 + k + 1, [&](int j) { return value(scales, j, code(vhigh4(vload_u8(row + j * kLanes)))); });
     }
   }
 }
@@ -148,10 +156,10 @@ inline void store_row(const float* src, at::BFloat16* dst, int n) {
 }
 
 // The threads' loop: fp32 activations a [M, K], packed panels, output c [M, N] (type Out).
-template <int Bits, bool Offset, typename Out>
+template <int Bits, bool Offset, bool Wide, typename Out>
 void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, int64_t M, int64_t K, int64_t N,
                 int64_t P) {
-  constexpr Format fmt{Bits, Offset};
+  constexpr Format fmt{Bits, Offset, Wide};
   const int64_t nb = K / kGroup, chunk = std::min<int64_t>(K, kChunk);
   const RowTiles<kRows> tiles(M);
   for_each_panel(P, false, [&](int64_t p, int64_t) {
@@ -168,7 +176,7 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
     if (M <= kFusedRows) {  // one short row tile: widen in registers, nothing stored in between
       tiles.each([&](int64_t, int64_t, auto rows) {
         tile<decltype(rows)::value>(a, K, acc.data(), [&](auto&& for_k) {
-          for (int64_t b = 0; b < nb; ++b) each_k<Bits, Offset>(panel + b * fmt.block_bytes(), b * kGroup, for_k);
+          for (int64_t b = 0; b < nb; ++b) each_k<Bits, Offset, Wide>(panel + b * fmt.block_bytes(), b * kGroup, for_k);
         });
       });
     } else {  // a chunk widened into L1 once, for every row tile
@@ -176,7 +184,7 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
         const int64_t kc = std::min(chunk, K - k0);
         float* w = wide.data();
         for (int64_t b = 0; b < kc / kGroup; ++b)
-          each_k<Bits, Offset>(panel + (k0 / kGroup + b) * fmt.block_bytes(), b * kGroup,
+          each_k<Bits, Offset, Wide>(panel + (k0 / kGroup + b) * fmt.block_bytes(), b * kGroup,
                                [&](int64_t k, auto&& weights) {
                                  for (int j = 0; j < 3; ++j) vstore(w + k * kCols + j * kLanes, weights(j));
                                });
@@ -189,80 +197,26 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
   });
 }
 
-template <int Bits, bool Offset>
+template <int Bits, bool Offset, bool Wide>
 void run_format(const float* a, const at::Tensor& packed, const float* bp, at::Tensor& y, int64_t M, int64_t K,
                 int64_t N) {
   const uint8_t* w = packed.data_ptr<uint8_t>();
   if (y.scalar_type() == at::kFloat)
-    run_panels<Bits, Offset>(a, w, bp, y.data_ptr<float>(), M, K, N, packed.size(0));
+    run_panels<Bits, Offset, Wide>(a, w, bp, y.data_ptr<float>(), M, K, N, packed.size(0));
   else
-    run_panels<Bits, Offset>(a, w, bp, y.data_ptr<at::BFloat16>(), M, K, N, packed.size(0));
+    run_panels<Bits, Offset, Wide>(a, w, bp, y.data_ptr<at::BFloat16>(), M, K, N, packed.size(0));
 }
 
 }  // namespace
 
-at::Tensor pack_quant_weight(const at::Tensor& q, const at::Tensor& scale, const std::optional<at::Tensor>& offset,
-                             int64_t bits) {
-  TORCH_CHECK(q.device().is_cpu() && q.dim() == 2 && q.scalar_type() == at::kChar && q.size(1) % kGroup == 0,
-              "pack_quant_weight: codes must be an int8 [out, in] CPU tensor, in a multiple of 32");
-  TORCH_CHECK(bits == 8 || bits == 4, "pack_quant_weight: bits must be 8 or 4");
-  const int64_t N = q.size(0), K = q.size(1), nb = K / kGroup, P = (N + kCols - 1) / kCols;
-  const bool has_offset = offset.has_value();
-  TORCH_CHECK(!has_offset || bits == 4, "pack_quant_weight: mins (q4_1) need 4-bit codes");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.dim() == 2 && scale.size(0) == N && scale.size(1) == nb,
-              "pack_quant_weight: scale must be fp32 [out, in / 32]");
-  TORCH_CHECK(!has_offset || (offset->scalar_type() == at::kFloat && offset->sizes() == scale.sizes()),
-              "pack_quant_weight: offset must be fp32 shaped as scale");
-  const Format fmt{static_cast<int>(bits), has_offset};
-  // Codes must lie in the format's range, and scales (mins) be fp16 values: they are stored so.
-  const int lo = bits == 8 ? -128 : (has_offset ? 0 : -8), shift = bits == 8 ? 0 : (has_offset ? 0 : 8);
-  const at::Tensor qc = q.contiguous(), sc = scale.contiguous();
-  const at::Tensor oc = has_offset ? offset->contiguous() : at::Tensor();
-  at::Tensor packed = at::zeros({P, nb, fmt.block_bytes()}, q.options().dtype(at::kByte));
-  const int8_t* qs = qc.data_ptr<int8_t>();
-  const float* ss = sc.data_ptr<float>();
-  const float* os = has_offset ? oc.data_ptr<float>() : nullptr;
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  std::atomic<bool> bad_code{false}, bad_scale{false};
-  at::parallel_for(0, P * nb, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t p = i / nb, b = i % nb;
-      uint8_t* block = dst + i * fmt.block_bytes();
-      at::Half* heads = reinterpret_cast<at::Half*>(block);
-      uint8_t* codes = block + fmt.scale_bytes();
-      for (int64_t j = 0; j < kCols && p * kCols + j < N; ++j) {
-        const int64_t n = p * kCols + j;
-        const float s = ss[n * nb + b];
-        heads[j] = static_cast<at::Half>(s);
-        if (static_cast<float>(heads[j]) != s && !(s != s)) bad_scale = true;
-        if (has_offset) {
-          heads[kCols + j] = static_cast<at::Half>(os[n * nb + b]);
-          if (static_cast<float>(heads[kCols + j]) != os[n * nb + b]) bad_scale = true;
-        }
-        for (int64_t k = 0; k < kGroup; ++k) {
-          const int v = qs[n * K + b * kGroup + k];
-          if (v < lo || v > lo + (1 << bits) - 1) bad_code = true;
-          const uint8_t u = static_cast<uint8_t>(v + shift);
-          if (bits == 8)
-            codes[k * kCols + j] = u;
-          else
-            codes[(k / 2) * kCols + j] |= static_cast<uint8_t>((u & 0xF) << (4 * (k % 2)));
-        }
-      }
-    }
-  });
-  TORCH_CHECK(!bad_code, "pack_quant_weight: codes outside the format's range");
-  TORCH_CHECK(!bad_scale, "pack_quant_weight: scales and mins must be fp16 values (GGUF stores them so)");
-  return packed;
-}
-
 at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                        int64_t out_features, int64_t bits, bool has_offset) {
+                        int64_t out_features, int64_t bits, bool has_offset, bool wide) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "linear_quant: x must be an fp32 or bf16 [rows, in] CPU tensor");
-  TORCH_CHECK((bits == 8 && !has_offset) || bits == 4, "linear_quant: q8_0 (8 bits), q4_0 or q4_1 (4 bits)");
+  TORCH_CHECK((bits == 8 && !has_offset) || (bits == 4 && (has_offset || !wide)),
+              "linear_quant: q8_0 or q6_k (8 bits), q4_0, q4_1 or q4_k (4 bits)");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  const Format fmt{static_cast<int>(bits), has_offset};
+  const Format fmt{static_cast<int>(bits), has_offset, wide};
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
                   packed.size(0) == (N + kCols - 1) / kCols && packed.size(1) * kGroup == K &&
                   packed.size(2) == fmt.block_bytes(),
@@ -275,12 +229,16 @@ at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& packed, const std
   if (M == 0) return y;
   const float* a = xc.data_ptr<float>();
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
-  if (bits == 8)
-    run_format<8, false>(a, packed, bp, y, M, K, N);
+  if (bits == 8 && wide)
+    run_format<8, false, true>(a, packed, bp, y, M, K, N);
+  else if (bits == 8)
+    run_format<8, false, false>(a, packed, bp, y, M, K, N);
+  else if (wide)
+    run_format<4, true, true>(a, packed, bp, y, M, K, N);
   else if (has_offset)
-    run_format<4, true>(a, packed, bp, y, M, K, N);
+    run_format<4, true, false>(a, packed, bp, y, M, K, N);
   else
-    run_format<4, false>(a, packed, bp, y, M, K, N);
+    run_format<4, false, false>(a, packed, bp, y, M, K, N);
   return y;
 }
 

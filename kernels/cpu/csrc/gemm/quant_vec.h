@@ -58,12 +58,17 @@ constexpr int64_t kGroup = 32;
 // into L1 for all rows is the better trade.
 constexpr int64_t kFusedRows = kRows / 2;
 
-// The format of a packed weight: code width, and whether blocks carry mins (q4_1).
+// The format of a packed weight: code width, whether blocks carry mins (q4_1, q4_k), and whether
+// their heads are fp32 (wide: the K-quants, whose per-block scale fp32(d) * sc is no fp16 value).
+// Wide 8-bit blocks (q6_k) carry two scale rows, one per 16 k.
 struct Format {
   int bits;
   bool offset;
-  int64_t scale_bytes() const { return (offset ? 2 : 1) * kCols * static_cast<int64_t>(sizeof(at::Half)); }
-  int64_t block_bytes() const { return scale_bytes() + kGroup * kCols * bits / 8; }
+  bool wide;
+  constexpr int heads() const { return offset || (wide && bits == 8) ? 2 : 1; }
+  constexpr int64_t head_bytes() const { return wide ? sizeof(float) : sizeof(at::Half); }
+  constexpr int64_t scale_bytes() const { return heads() * kCols * head_bytes(); }
+  constexpr int64_t block_bytes() const { return scale_bytes() + kGroup * kCols * bits / 8; }
 };
 
 }  // namespace
