@@ -61,8 +61,8 @@ class EngineConfig:
     # user's own risk; by default such a model is refused at load.
     allow_unverified_architecture: bool = False
     # Linear weights kept in low-bit blocks (docs/serving.md "Quantized weights"): None dequantizes
-    # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1 blocks; "int8" (q8_0) and
-    # "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
+    # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks; "int8"
+    # (q8_0) and "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
     quantization: str | None = None
 
     def __post_init__(self) -> None:

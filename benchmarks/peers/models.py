@@ -11,6 +11,9 @@ each size, and how the ones that are not shipped get made (once, cached).
   recipe (Q4_1 layers, Q8_0 tied embedding, f32 norms). EOS is ignored and prompts are random
   ids, so random weights do not change the work.
 - `1b-q4_0`: the same checkpoint with Q4_0 layers (the gguf cells only).
+- `1b-q4_k_m`: the same checkpoint quantized to Q4_K_M with llama-quantize's own recipe (Q4_K
+  layers, Q6_K for attn_v / ffn_down in half the layers and for the tied embedding), the type
+  most GGUF files people download have (the gguf cells only).
 
 Every size runs the same requests: token ids are drawn from [100, 49152) (SmolLM2's vocabulary,
 a subset of the 1B's).
@@ -39,6 +42,7 @@ class PeerModel:
     gguf: Path | None  # orcaserve's `gguf` cell and llama.cpp; None: the default model's file
     orcaserve_reads_gguf: bool  # orcaserve's fp32/bf16 cells read the GGUF (dequantized) too
     quant: str = "Q4_1"  # llama-quantize's type for the layers (a GGUF this run makes)
+    embedding: str | None = "q8_0"  # its --token-embedding-type; None: the type's own recipe
 
     def gguf_path(self) -> str:
         if self.gguf is not None:
@@ -78,6 +82,15 @@ MODELS = {
         orcaserve_reads_gguf=False,
         quant="Q4_0",
     ),
+    "1b-q4_k_m": PeerModel(
+        "1b-q4_k_m",
+        "Llama-3.2-1B shape, random weights, Q4_K_M",
+        CACHE / "random-1b",
+        CACHE / "random-1b.Q4_K_M.gguf",
+        orcaserve_reads_gguf=False,
+        quant="Q4_K_M",
+        embedding=None,
+    ),
 }
 
 
@@ -99,8 +112,8 @@ def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path)
 
 
 def make_gguf(model: PeerModel, work: Path) -> None:
-    """llama.cpp's converter to a bf16 GGUF, then its quantizer to the default model's recipe
-    (layers in `model.quant`)."""
+    """llama.cpp's converter to a bf16 GGUF, then its quantizer: layers in `model.quant`, the
+    embedding in `model.embedding` (the default model's recipe: Q8_0) or the type's own."""
     assert model.gguf is not None
     if not (CONVERTER / "convert_hf_to_gguf.py").exists() or not QUANTIZE.exists():
         raise SystemExit("peers: llama.cpp's converter is missing: run benchmarks/peers/setup_llamacpp.sh")
@@ -119,7 +132,8 @@ def make_gguf(model: PeerModel, work: Path) -> None:
 
     tmp = model.gguf.with_suffix(".tmp")
     run_logged(
-        [str(QUANTIZE), "--token-embedding-type", "q8_0", str(bf16), str(tmp), model.quant],
+        [str(QUANTIZE), *(["--token-embedding-type", model.embedding] if model.embedding else []), str(bf16), str(tmp)]
+        + [model.quant],
         work / f"gguf-quantize-{model.name}.log",
         env=llamacpp_env(),
     )

@@ -74,7 +74,9 @@ def versions() -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b, 1b-q4_0 (gguf cells only)")
+    p.add_argument(
+        "--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b; 1b-q4_0, 1b-q4_k_m (gguf cells only)"
+    )
     p.add_argument("--systems", default="orcaserve,vllm,llamacpp")
     p.add_argument("--dtypes", default="fp32,bf16,gguf", help="gguf: the file's own quantized weights")
     p.add_argument("--workloads", default="offline,http")
