@@ -111,3 +111,48 @@ def test_mixed_formats_in_a_fused_group_stay_quantized():
         if group.kernel.startswith("orcaserve.") and ref.kernel.startswith("orcaserve."):
             assert torch.equal(got, ref(x)), rows
         torch.testing.assert_close(got, x @ torch.cat(weights).t() + bias, atol=1e-3, rtol=1e-4)
+
+
+def test_q4_k_m_model_answers_as_its_dequantized_twin(tokenizer):
+    """A tiny Llama laid out as a Q4_K_M file is (q/k/o/gate/up Q4_K; v, down and lm_head Q6_K, so
+    the fused q/k/v mixes formats), served from its codes through the engine: greedy tokens and
+    log-probabilities equal, bit for bit, to the engine on the dequantized fp32 weights (the C++
+    GEMM's promise; the PyTorch twin within its tolerance)."""
+    import copy
+
+    from tiny_models import TINY_CONFIG
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from orcaserve.scheduler import Engine, SamplingParams
+    from orcaserve.scheduler.model.quantized import QUANTIZED, attach, linears
+
+    # TINY_CONFIG's model, wider: every K a multiple of 256 (K-quant super-blocks), lm_head untied.
+    cfg = LlamaConfig(**{**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 512, "tie_word_embeddings": False})
+    torch.manual_seed(0)
+    dense = LlamaForCausalLM(cfg).eval()
+    quant = copy.deepcopy(dense)
+    for i, ((name, d), (_, q)) in enumerate(zip(linears(dense), linears(quant))):
+        fmt = "q6_k" if name.endswith(("v_proj", "down_proj", "lm_head")) else "q4_k"
+        n, k = d.weight.shape
+        raw = random_blocks(fmt, n, k, 100 + i).reshape(n, k // 256, -1)
+        for h in KINDS[fmt][2]:
+            raw[:, :, h] &= 0x27  # d below 2^-7: activations stay far from fp32's range over 2 layers
+        codes = parse_blocks(raw.reshape(n, -1), fmt, k)
+        d.weight = torch.nn.Parameter(dequantize(codes), requires_grad=False)
+        attach(q, codes)
+    setattr(quant, QUANTIZED, "gguf")  # as the streamed load leaves it: quantize_model keeps the codes
+    params = SamplingParams(temperature=0, max_tokens=10, logprobs=2, ignore_eos=True)
+    prompts = [[5, 6, 7, 8], [9] * 40, list(range(3, 120))]
+    answers = []
+    for model, mode in ((dense, None), (quant, "gguf")):
+        engine = Engine.from_model(model, tokenizer, dtype="float32", quantization=mode, max_num_batched_tokens=64)
+        answers.append(engine.generate(prompts, params))
+    decoder = engine.runner.decoder
+    assert decoder is not None and type(decoder.layers[0].qkv).__name__ == "QuantLinearGroup"
+    assert [p.fmt for p in decoder.layers[0].qkv.parts] == ["q4_k", "q6_k"]
+    exact = all(p.kernel.startswith("orcaserve.") for p in decoder.layers[0].qkv.parts)  # both formats in C++
+    for a, b in zip(*answers):
+        assert a.output_token_ids == b.output_token_ids and len(a.output_token_ids) == 10
+        la, lb = [t.logprob for t in a.logprobs or []], [t.logprob for t in b.logprobs or []]
+        assert all(np.isfinite(la))  # random codes, tamed scales: nothing overflowed
+        assert la == lb if exact else np.allclose(la, lb, rtol=0, atol=1e-4)
