@@ -98,6 +98,10 @@ class EngineConfig:
             raise ValueError(f"fair_prefill_cap must be a positive integer (tokens) or null for no cap, got {cap!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        # Refused here, before any weight is loaded: off the CPU the PyTorch twin would keep an fp32
+        # copy of every quantized weight (docs/serving.md "Quantized weights").
+        if self.quantization is not None and self.resolved_device().type != "cpu":
+            raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
         self.resolved_dtype()  # validates
 
     def resolved_device(self) -> torch.device:

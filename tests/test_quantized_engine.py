@@ -12,7 +12,7 @@ import torch
 from tiny_models import TINY_VOCAB, hf_greedy, tiny_family, tiny_model
 
 from orcaserve.kernels.quant import dequantize, quantize
-from orcaserve.scheduler import SamplingParams
+from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.families import UnsupportedArchitecture
 from orcaserve.scheduler.model.gguf_blocks import match_gguf_blocks, matched_permutation, parse_blocks
@@ -93,6 +93,8 @@ def test_option_is_validated_and_refused_where_it_cannot_run(engine_for):
         engine_for(tiny_model("llama"), quantization="gguf")
     with pytest.raises(ValueError, match="low-bit GEMMs only"):  # not a dequantized copy on a GPU
         engine_for(tiny_model("llama"), quantization="int8", device="cuda")
+    with pytest.raises(ValueError, match="low-bit GEMMs only"):  # refused before loading: no such path needed
+        Engine.from_pretrained("/no/such/model.gguf", quantization="gguf", device="cuda")
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +129,6 @@ def test_gguf_mode_equals_the_dequantized_engine(smollm2_fp32, tokenizer):
     activations: greedy tokens and their log-probabilities those of the engine over the fp32
     dequantized weights. Bit for bit where the C++ GEMM runs (its promise, kernels/quant.py); the
     PyTorch twin sums in another order: 1e-4 there."""
-    from orcaserve.scheduler import Engine
 
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)

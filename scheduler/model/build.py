@@ -40,8 +40,6 @@ def prepare_model(model: CausalLM, config: EngineConfig) -> KVSizing:
     check_architecture(model, config.allow_unverified_architecture)
     check_quantization(model, config.quantization)
     device, dtype = config.resolved_device(), config.resolved_dtype()
-    if config.quantization and device.type != "cpu":  # the twin would keep an fp32 copy there
-        raise ValueError(f"quantization={config.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
     if config.quantization:  # before the cast to dtype: codes from the fp32 weights
         quantize_model(model, config.quantization, dtype)
     model.to(device=device, dtype=dtype).eval()
