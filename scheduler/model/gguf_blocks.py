@@ -122,6 +122,21 @@ def _signature(hashes: torch.Tensor) -> tuple[int, ...]:
     return tuple(sorted(hashes.tolist()))
 
 
+def _rows_by_hash(hashes: torch.Tensor) -> dict[int, list[int]]:
+    """row hash -> the rows with it, ascending."""
+    rows: dict[int, list[int]] = {}
+    for r, h in enumerate(hashes.tolist()):
+        rows.setdefault(h, []).append(r)
+    return rows
+
+
+def _reordered(codes: BlockCodes, index: torch.Tensor, w: torch.Tensor) -> BlockCodes | None:
+    """`codes` with its rows taken in `index`'s order, if they then dequantize to `w` bit for bit."""
+    if not index.equal(torch.arange(len(index))):
+        codes = take_rows(codes, index)
+    return codes if torch.equal(dequantize(codes).view(torch.int32), w.view(torch.int32)) else None
+
+
 def _permutation(hashes: torch.Tensor, rows: dict[int, list[int]]) -> torch.Tensor | None:
     """index[i] = the tensor row whose hash equals row i's; None if a row has no partner."""
     taken = {h: list(r) for h, r in rows.items()}
@@ -153,10 +168,7 @@ def match_gguf_blocks(path: str, named: list[tuple[str, Any]]) -> dict[str, Bloc
             continue
         codes = parse_blocks(np.asarray(t.data), FORMATS[kind], k)
         hashes = row_hashes(dequantize(codes))
-        rows: dict[int, list[int]] = {}
-        for r, h in enumerate(hashes.tolist()):
-            rows.setdefault(h, []).append(r)
-        by_sig.setdefault(((n, k), _signature(hashes)), []).append(_Candidate(t.name, codes, rows))
+        by_sig.setdefault(((n, k), _signature(hashes)), []).append(_Candidate(t.name, codes, _rows_by_hash(hashes)))
     if other:
         log.warning("GGUF tensors of types without a packed GEMM, served dense: %s", ", ".join(other))
     found: dict[str, BlockCodes | None] = {}
@@ -169,12 +181,8 @@ def match_gguf_blocks(path: str, named: list[tuple[str, Any]]) -> dict[str, Bloc
         hashes = row_hashes(w)
         for cand in by_sig.get((tuple(w.shape), _signature(hashes)), []):
             index = _permutation(hashes, cand.rows)
-            if index is None:
-                continue
-            same = index.equal(torch.arange(len(index)))
-            codes = cand.codes if same else take_rows(cand.codes, index)
-            if torch.equal(dequantize(codes).view(torch.int32), w.view(torch.int32)):
-                found[name] = codes
+            found[name] = None if index is None else _reordered(cand.codes, index, w)
+            if found[name] is not None:
                 break
         if found[name] is None:
             log.warning("%s: no block tensor of the file (%s) reproduces it bit for bit: served dense", name, _TYPES)
@@ -187,10 +195,7 @@ def matched_permutation(path: str, tensor: str, module: Any) -> torch.Tensor | N
 
     t = next(t for t in GGUFReader(path).tensors if t.name == tensor)
     codes = parse_blocks(np.asarray(t.data), FORMATS[t.tensor_type.name], int(t.shape[0]))
-    rows: dict[int, list[int]] = {}
-    for r, h in enumerate(row_hashes(dequantize(codes)).tolist()):
-        rows.setdefault(h, []).append(r)
-    return _permutation(row_hashes(module.weight.detach()), rows)
+    return _permutation(row_hashes(module.weight.detach()), _rows_by_hash(row_hashes(dequantize(codes))))
 
 
 def stream_gguf(
@@ -274,11 +279,5 @@ def _verified(codes: BlockCodes, w: torch.Tensor) -> BlockCodes | None:
     plain = dequantize(codes)
     if torch.equal(plain.view(torch.int32), w.view(torch.int32)):
         return codes
-    rows: dict[int, list[int]] = {}
-    for r, h in enumerate(row_hashes(plain).tolist()):
-        rows.setdefault(h, []).append(r)
-    index = _permutation(row_hashes(w), rows)
-    if index is None:
-        return None
-    codes = take_rows(codes, index)
-    return codes if torch.equal(dequantize(codes).view(torch.int32), w.view(torch.int32)) else None
+    index = _permutation(row_hashes(w), _rows_by_hash(row_hashes(plain)))
+    return None if index is None else _reordered(codes, index, w)

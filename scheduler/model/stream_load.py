@@ -24,11 +24,19 @@ import torch
 
 from orcaserve.kernels.quant import BlockCodes
 from orcaserve.scheduler.model.families import check_quantization
-from orcaserve.scheduler.model.quantized import GGUF_PATH, QUANTIZED, attach, linears, log_quantized, quantize_for
+from orcaserve.scheduler.model.quantized import (
+    CODES,
+    GGUF_PATH,
+    QUANTIZED,
+    attach,
+    linears,
+    log_quantized,
+    quantize_for,
+)
 
 log = logging.getLogger(__name__)
 
-HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+HEAD = "lm_head.weight"
 
 
 def can_stream(path: str) -> bool:
@@ -89,7 +97,7 @@ def load_streamed(path: str, dtype: torch.dtype, mode: str) -> Any:
             else:
                 attach(module, codes)
         del w, file_codes
-    if head_from is not None and getattr(model.lm_head, "orcaserve_codes", None) is None:
+    if head_from is not None and getattr(model.lm_head, CODES, None) is None:
         model.lm_head.weight = model.get_parameter(head_from)  # dense and tied, as from_pretrained ties it
     for target, source in ties.items():
         _put(model, target, model.get_parameter(source))
