@@ -19,6 +19,7 @@ from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
@@ -114,7 +115,7 @@ class Engine:
         cache_salt: str | None = None,
         tenant: str | None = None,
     ) -> None:
-        """Queue a request; raises ValueError (message starting with the field's name) for an
+        """Queue a request; raises InvalidRequest (a ValueError naming the parameter) for an
         empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
         queued unless everything succeeded. A text or chat prompt is tokenized here, on the
         caller's thread: `EngineLoop` passes token ids, tokenized off the engine thread
@@ -126,22 +127,24 @@ class Engine:
         params = params or SamplingParams()
         ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
-            raise ValueError(f"logit_bias token ids must be below the vocabulary size {self.vocab_size}")
+            raise InvalidRequest(
+                f"logit_bias token ids must be below the vocabulary size {self.vocab_size}", param="logit_bias"
+            )
         if params.structured_outputs is not None:  # a cache hit when admission compiled it
-            self.grammars.compile(params.structured_outputs)  # raises GrammarError (a ValueError)
+            self.grammars.compile(params.structured_outputs)  # raises GrammarError (an InvalidRequest)
         if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
+            raise InvalidRequest(f"priority must be an integer, got {priority!r}", param="priority")
         if cache_salt is not None and not isinstance(cache_salt, str):
-            raise ValueError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+            raise InvalidRequest(f"cache_salt must be a string, got {type(cache_salt).__name__}", param="cache_salt")
         if tenant is not None and not isinstance(tenant, str):
-            raise ValueError(f"tenant must be a string, got {type(tenant).__name__}")
+            raise InvalidRequest(f"tenant must be a string, got {type(tenant).__name__}")
         arrival = arrival_time or time.time()
 
         def make(rid: str, p: SamplingParams) -> Request:
             return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant)
 
         if request_id in self.choices or request_id in self.scheduler.requests or request_id in self.prompt_jobs:
-            raise ValueError(f"request id {request_id!r} is already in use")
+            raise InvalidRequest(f"request id {request_id!r} is already in use")
         if params.n == 1:
             now = reqs = [make(request_id, params)]
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)

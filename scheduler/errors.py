@@ -3,17 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from orcaserve.scheduler.sampling_params import SamplingParams
-
-# What a request gives the engine: the prompt (`prompt`, or a chat's `messages`), the
-# `Engine.add_request` arguments and the SamplingParams fields. Validation messages
-# (SamplingParams, `encode_prompt`, `Engine.add_request`) start with the offending one's name.
-PARAMETERS = frozenset(
-    {"prompt", "messages", "priority", "cache_salt"} | {f.name for f in dataclasses.fields(SamplingParams)}
-)
-
 
 class EngineError(Exception):
     """A request failed; `message` says why, for the client. `retry_after`: seconds after which
@@ -26,20 +15,14 @@ class EngineError(Exception):
         self.message = message
 
 
-class InvalidRequest(EngineError):
-    """The request cannot be served as given. `param` names the offending parameter in the
-    engine's terms (one of PARAMETERS: a SamplingParams field, `prompt`, ...), or None."""
+class InvalidRequest(EngineError, ValueError):
+    """The request cannot be served as given; raised where the check is made. `param` names the
+    offending parameter in the engine's terms (a SamplingParams field, `prompt`, `messages`,
+    `priority`, `cache_salt`), or None. A ValueError too, for callers of the Python API."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-    @classmethod
-    def from_message(cls, message: str) -> InvalidRequest:
-        """From a validation message (a ValueError's): `param` is its first word where that names
-        a parameter."""
-        first = message.split(" ", 1)[0]
-        return cls(message, first if first in PARAMETERS else None)
 
 
 class Overloaded(EngineError):

@@ -1,4 +1,5 @@
-"""Per-request sampling parameters, validated at construction."""
+"""Per-request sampling parameters, validated at construction: a bad value raises `InvalidRequest`
+(a ValueError) naming the field."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.structured_outputs import StructuredOutputs
 
 # Most alternatives a request may ask for with each token (vLLM's default `max_logprobs`; OpenAI's
@@ -66,25 +68,27 @@ class SamplingParams:
         self.temperature = _check_float("temperature", self.temperature, low=0.0)
         self.top_p = _check_float("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
         _check_int("top_k", self.top_k, low=-1, high=1 << 31)  # beyond any vocabulary; int32-safe
         self.min_p = _check_float("min_p", self.min_p)
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidRequest(f"min_p must be in [0, 1], got {self.min_p}", param="min_p")
         self.repetition_penalty = _check_float("repetition_penalty", self.repetition_penalty)
         if self.repetition_penalty <= 0.0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise InvalidRequest(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}", param="repetition_penalty"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, _check_float(name, getattr(self, name)))
             if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise InvalidRequest(f"{name} must be in [-2, 2], got {getattr(self, name)}", param=name)
         if self.seed is not None:
             _check_int("seed", self.seed, low=0)
             if self.seed >= 1 << 64:  # torch.Generator.manual_seed takes 64 bits
-                raise ValueError(f"seed must be < 2**64, got {self.seed}")
+                raise InvalidRequest(f"seed must be < 2**64, got {self.seed}", param="seed")
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"stop must hold non-empty strings, got {s!r}")
+                raise InvalidRequest(f"stop must hold non-empty strings, got {s!r}", param="stop")
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, low=0, high=1 << 63)
         if self.logprobs is not None:
@@ -94,11 +98,14 @@ class SamplingParams:
         if self.prompt_logprobs is not None:
             _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS + 1)
         if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+            raise InvalidRequest(f"ignore_eos must be a boolean, got {self.ignore_eos!r}", param="ignore_eos")
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
-            raise ValueError(f"structured_outputs must be a StructuredOutputs, got {self.structured_outputs!r}")
+            raise InvalidRequest(
+                f"structured_outputs must be a StructuredOutputs, got {self.structured_outputs!r}",
+                param="structured_outputs",
+            )
 
     @property
     def greedy(self) -> bool:
@@ -111,31 +118,36 @@ class SamplingParams:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in values:
             if key not in known:
-                raise ValueError(f"unknown sampling parameter {key!r}")
+                raise InvalidRequest(f"unknown sampling parameter {key!r}")
         return cls(**values)
 
 
 def _check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise InvalidRequest(f"{name} must be an integer, got {value!r}", param=name)
     if low is not None and value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise InvalidRequest(f"{name} must be >= {low}, got {value}", param=name)
     if high is not None and value >= high:
-        raise ValueError(f"{name} must be < {high}, got {value}")
+        raise InvalidRequest(f"{name} must be < {high}, got {value}", param=name)
 
 
 def _check_logit_bias(value: Any) -> dict[int, float]:
     if not isinstance(value, dict):
-        raise ValueError(f"logit_bias must map token ids to numbers, got {type(value).__name__}")
+        raise InvalidRequest(
+            f"logit_bias must map token ids to numbers, got {type(value).__name__}", param="logit_bias"
+        )
     if len(value) > MAX_LOGIT_BIAS_TOKENS:
-        raise ValueError(f"logit_bias may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(value)}")
+        raise InvalidRequest(
+            f"logit_bias may bias at most {MAX_LOGIT_BIAS_TOKENS} tokens, got {len(value)}", param="logit_bias"
+        )
     checked = {}
     for token, bias in value.items():
         _check_int("logit_bias", token, low=0, high=1 << 63)
         bias = _check_float("logit_bias", bias)
         if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-            raise ValueError(
-                f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for token {token}"
+            raise InvalidRequest(
+                f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], got {bias} for token {token}",
+                param="logit_bias",
             )
         checked[token] = bias
     return checked
@@ -145,15 +157,17 @@ def _check_float(name: str, value: Any, low: float | None = None) -> float:
     """`value` as a float: integers are accepted (JSON has one number type) but converted, since
     one beyond int64 would overflow the sampler's tensors."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InvalidRequest(f"{name} must be a number, got {value!r}", param=name)
     try:
         number = float(value)
     except OverflowError:
-        raise ValueError(f"{name} must be finite, got an integer of {int(value).bit_length()} bits") from None
+        raise InvalidRequest(
+            f"{name} must be finite, got an integer of {int(value).bit_length()} bits", param=name
+        ) from None
     if math.isnan(number):
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise InvalidRequest(f"{name} must be a number, got {value!r}", param=name)
     if math.isinf(number):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise InvalidRequest(f"{name} must be finite, got {value!r}", param=name)
     if low is not None and number < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+        raise InvalidRequest(f"{name} must be >= {low}, got {value}", param=name)
     return number

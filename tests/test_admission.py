@@ -9,8 +9,8 @@ import threading
 import time
 
 import pytest
-from tiny_models import tiny_model
 
+from orcaserve.bench.tiny_models import tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, InvalidRequest, SamplingParams, ShuttingDown
 from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
 
@@ -105,10 +105,10 @@ def test_admission_runs_at_lower_cpu_priority(loop):
 def test_a_refused_chat_template_is_a_400_naming_messages(tokenizer):
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = "{{ raise_exception('roles must alternate') }}"
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(InvalidRequest) as err:
         encode_prompt(tok, ChatPrompt([{"role": "user", "content": "x"}]), 512, 1024)
     assert "alternate" in str(err.value)
-    assert InvalidRequest.from_message(str(err.value)).param == "messages"
+    assert err.value.param == "messages"
 
 
 def test_a_chat_longer_than_the_context_in_messages_is_refused_before_rendering(tokenizer):

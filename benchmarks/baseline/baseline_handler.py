@@ -18,8 +18,8 @@ Not supported here (400): `min_p`, repetition/presence/frequency penalties, `sto
 A benchmark comparator, not part of the orcaserve package. Build the archive (model name
 `smollm2-baseline`, directory `model-store/smollm2-baseline/`) with `make archive-baseline`, or:
 
-    python benchmarks/baseline/archive.py --export-path model-store
-    python benchmarks/baseline/archive.py --batch-size 16 --max-batch-delay 50
+    orcaserve-bench baseline --export-path model-store
+    orcaserve-bench baseline --batch-size 16 --max-batch-delay 50
 
 See docs/benchmark-serving.md.
 """
@@ -35,7 +35,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "smollm2-baseline"
-_UNSUPPORTED = (
+_UNSUPPORTED: tuple[tuple[str, Any], ...] = (
     ("min_p", 0.0),
     ("repetition_penalty", 1.0),
     ("presence_penalty", 0.0),
@@ -75,8 +75,8 @@ class BaselineHandler:
 
     def __init__(self) -> None:
         self.initialized = False
-        self.model = None
-        self.tokenizer = None
+        self.model: Any = None
+        self.tokenizer: Any = None
         self.model_name = DEFAULT_NAME
         self.max_model_len = 2048
         self.default_max_tokens: int | None = None
@@ -115,7 +115,6 @@ class BaselineHandler:
     def _parse(self, item: dict, idx: int, context: Any):
         from orcaserve.handler.openai.body import decode_body
         from orcaserve.handler.openai.protocol import ProtocolError, parse_request, route
-        from orcaserve.scheduler.errors import InvalidRequest
         from orcaserve.scheduler.serving.prompt import encode_prompt
 
         kind = route(context.get_request_header(idx, "url_path"))
@@ -129,10 +128,8 @@ class BaselineHandler:
                 raise ProtocolError(f"{name} is not supported by the request-level baseline", name)
         if p.stop_token_ids:
             raise ProtocolError("stop_token_ids is not supported by the request-level baseline", "stop_token_ids")
-        try:
-            ids = encode_prompt(self.tokenizer, req.prompt, self.model.config.vocab_size, self.max_model_len)
-        except ValueError as e:
-            raise InvalidRequest.from_message(str(e)) from None
+        # raises InvalidRequest naming the field
+        ids = encode_prompt(self.tokenizer, req.prompt, self.model.config.vocab_size, self.max_model_len)
         # Like the engine: generation stops at the context limit.
         p.max_tokens = min(p.max_tokens, self.max_model_len - len(ids))
         return req, ids

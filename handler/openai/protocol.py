@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.handler.openai import structured, tools
+from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
 from orcaserve.scheduler.serving.prompt import ChatPrompt
 
@@ -290,9 +291,10 @@ def _sampling_params(
             values[name] = body[name]
     try:
         return SamplingParams(**values)
+    except InvalidRequest as e:
+        raise ProtocolError(e.message, e.param if e.param in values else None) from None
     except (ValueError, TypeError) as e:
-        name = str(e).split(" ", 1)[0]
-        raise ProtocolError(str(e), name if name in values else None) from None
+        raise ProtocolError(str(e), None) from None
 
 
 def parse_request(

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.structured_outputs import StructuredOutputs
 
 # Compiled grammars kept (least recently used dropped first); one holds its token-mask cache,
@@ -28,13 +29,9 @@ CACHE_ENTRIES = 256
 _ANY_OBJECT = '{"type": "object"}'
 
 
-class GrammarError(ValueError):
+class GrammarError(InvalidRequest):
     """A constraint that cannot be compiled, or output that left its grammar; `param` names the
     request field the constraint came from."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 def _xgr() -> Any:

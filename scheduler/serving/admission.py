@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TimedOut
-from orcaserve.scheduler.model.grammar import GrammarError, Grammars
+from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
 from orcaserve.scheduler.serving.request_stream import RequestStream
@@ -121,10 +121,8 @@ class Admission:
             item.ids = encode_prompt(self._tokenizer, item.prompt, self._vocab_size, self._max_model_len)
             if item.params.structured_outputs is not None and self._grammars is not None:
                 self._grammars.compile(item.params.structured_outputs)  # 5-50 ms a new schema
-        except GrammarError as e:
-            item.error = InvalidRequest(str(e), e.param)
-        except ValueError as e:
-            item.error = InvalidRequest.from_message(str(e))
+        except InvalidRequest as e:  # GrammarError included
+            item.error = e
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the thread
             log.exception("request %s could not be prepared", item.stream.request_id)
             item.error = InternalError(f"internal error while admitting the request: {type(e).__name__}: {e}")

@@ -239,8 +239,8 @@ class EngineLoop:
             self.engine.add_request(
                 rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt, tenant=item.tenant
             )
-        except ValueError as e:
-            self._finish_stream(item.stream, InvalidRequest.from_message(str(e)))
+        except InvalidRequest as e:
+            self._finish_stream(item.stream, e)
             return
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the loop
             log.exception("request %s could not be admitted", rid)
