@@ -69,18 +69,22 @@ serve: venv $(STORE)/smollm2.mar
 archive: venv
 	$(BIN)/python -m orcaserve.handler.archive --model $(MODEL) --name $(NAME) --export-path $(STORE) --format $(FORMAT) $(ARCHIVE_ARGS)
 
-# ---- benchmarks (docs/benchmark-serving.md, README "Measured") -------------------------------
+# ---- benchmarks (docs/benchmark-serving.md): `orcaserve-bench --help` lists them all --------
 .PHONY: archive-baseline bench-offline bench-serving compile-check
+BENCH := $(BIN)/orcaserve-bench
 
 # The request-level baseline (TorchServe dynamic batching + padded generate), model `smollm2-baseline`.
 archive-baseline: $(STAMP)
-	$(BIN)/python benchmarks/baseline/archive.py --export-path $(STORE)
+	$(BENCH) baseline --export-path $(STORE)
 
 bench-offline: venv
-	$(BIN)/python benchmarks/offline.py
+	$(BENCH) offline --out benchmarks/results/offline.json
 
+# orcaserve vs the baseline in one TorchServe started for the run, the same seeded Poisson sweep.
 bench-serving: venv
-	PY=$(BIN)/python benchmarks/compare.sh
+	$(BENCH) serve --start-torchserve --rates 0.5,1,2,4,8 --num-requests 16,24,32,48,128 \
+		--out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png \
+		--update-doc docs/benchmark-serving.md
 
 # Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
 compile-check: $(STAMP)
@@ -97,4 +101,4 @@ PEERS_ARGS ?=
 bench-peers: venv
 	benchmarks/peers/setup_vllm.sh
 	benchmarks/peers/setup_llamacpp.sh
-	$(BIN)/python benchmarks/peers/run.py $(PEERS_ARGS)
+	$(BENCH) peers $(PEERS_ARGS)

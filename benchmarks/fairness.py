@@ -1,10 +1,10 @@
-"""Fair share between tenants over a real TorchServe (issue 45): does a flood from one tenant
-delay another tenant's requests, under `fcfs` and under `fair`?
+"""Fair share between tenants over a real TorchServe (docs/fair-share.md "Fair share between tenants
+(VTC)"): does a flood from one tenant delay another tenant's requests, under `fcfs` and `fair`?
 
-    python benchmarks/fairness.py                     # about 8 min on 2 CPU cores
-    python benchmarks/fairness.py --flood-clients 96 --out benchmarks/results/fairness-96.json \\
+    orcaserve-bench fair                     # about 8 min on 2 CPU cores
+    orcaserve-bench fair --flood-clients 96 --out benchmarks/results/fairness-96.json \\
         --plot /tmp/fairness-96.png                   # the issue's shape: 96 flooding clients
-    python benchmarks/fairness.py --phase-seconds 15 --flood-clients 6 --max-num-seqs 4 \\
+    orcaserve-bench fair --phase-seconds 15 --flood-clients 6 --max-num-seqs 4 \\
         --out /tmp/fair.json --plot /tmp/fair.png     # smoke
 
 One TorchServe (free loopback ports, token auth, Prometheus metrics) with three archives of the
@@ -31,25 +31,24 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the TorchServe harness the end-to-end tests use
+from orcaserve.bench import result
+from orcaserve.bench.fairness_report import engine_view, goals, markdown, plot, scrape, summarize
+from orcaserve.bench.fairness_step_bound import step_bound
+from orcaserve.bench.harness import TorchServe
+from orcaserve.bench.serve_client import send
+from orcaserve.bench.serve_report import machine
+from orcaserve.bench.serve_workload import make_workload
 
-from fairness_report import engine_view, goals, markdown, plot, scrape, summarize  # noqa: E402
-from fairness_step_bound import step_bound  # noqa: E402
-from serve_client import send  # noqa: E402
-from serve_report import machine  # noqa: E402
-from serve_workload import make_workload  # noqa: E402
-from torchserve_harness import TorchServe  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 HEADER = "X-Tenant-Id"
-ARCHIVES = {"fcfs": {"scheduling_policy": "fcfs"}, "fair": {"scheduling_policy": "fair"}}
+ARCHIVES: dict[str, dict] = {"fcfs": {"scheduling_policy": "fcfs"}, "fair": {"scheduling_policy": "fair"}}
 ARCHIVES["fair21"] = {"scheduling_policy": "fair", "tenant_weights": {"A": 2, "B": 1}}
 
 
@@ -63,8 +62,7 @@ def phases(args) -> list[dict]:
     ]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-seconds", type=float, default=75.0, help="length of each phase")
     p.add_argument("--flood-clients", type=int, default=24, help="tenant A's closed-loop clients")
     p.add_argument("--max-num-seqs", type=int, default=16)
@@ -78,7 +76,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=str(REPO / "docs/fairness.png"))
     p.add_argument("--no-step-bound", action="store_true", help="skip the decode-step measurement after the phases")
     p.add_argument("--replot", metavar="JSON", help="draw --plot and print the table from a saved report; no run")
-    return p
 
 
 def _lengths(text: str) -> tuple[int, int]:
@@ -174,13 +171,13 @@ def warm_up(server: TorchServe) -> None:
             t.join()
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> dict:
     if args.replot:
         saved = json.loads(Path(args.replot).read_text())
         plot(saved["phases"], args.plot, saved["settings"]["bin_seconds"])
         print(markdown(saved))
-        return 0
+        args.out = None  # nothing new to write
+        return saved
     work = Path(args.workdir or tempfile.mkdtemp(prefix="orcaserve-fairness-"))
     server = start_server(args, work)
     results = []
@@ -205,28 +202,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     report = {
-        "command": "python " + " ".join([os.path.relpath(__file__, REPO), *(argv or sys.argv[1:])]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
-        "commit": subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip(),
         "settings": {k: v for k, v in vars(args).items() if k not in ("out", "plot", "workdir", "replot")},
         "phases": results,
         "step_bound": None,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")  # kept if what follows fails
+    result.write(args.out, report)  # kept if what follows fails
     if not args.no_step_bound:
         print("== decode step, 1 row against max_num_seqs rows (the server stopped)", flush=True)
         report["step_bound"] = step_bound(args.max_num_seqs)
         print(json.dumps(report["step_bound"]), flush=True)
     report["goals"] = goals(results, report["step_bound"])
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     plot(results, args.plot, args.bin_seconds)
     print(markdown(report))
-    return 0
+    return report  # written to args.out by the CLI
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["fair", *sys.argv[1:]]))

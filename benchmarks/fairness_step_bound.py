@@ -1,7 +1,5 @@
-"""The bound on tenant B's end-to-end latency beside a flood (docs/engine.md, "Fair share between
+"""The bound on tenant B's end-to-end latency beside a flood (docs/fair-share.md, "Fair share between
 tenants (VTC)"): an engine decode step with 1 row against one with `max_num_seqs` rows.
-
-    python benchmarks/fairness_step_bound.py [--max-num-seqs 16] [--context 120] [--steps 20]
 
 Even a request that never waits for a seat decodes each token in a step it shares with the
 flood's decodes, so its time per output token beside a full batch is at least the ratio printed
@@ -15,8 +13,6 @@ phases (the server stopped) and puts the figures beside B's latency ratios.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import time
@@ -65,17 +61,3 @@ def step_bound(max_num_seqs: int = 16, context: int = 120, steps: int = 20, roun
         "step_ms_full": round(full, 2),
         "ratio": round(full / one, 3),
     }
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--context", type=int, default=120)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
-    print(json.dumps(step_bound(args.max_num_seqs, args.context, args.steps, args.rounds)))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,8 +1,8 @@
 """The decoder's GEMM shapes on this CPU: first call against later calls, pre-packed against plain.
 
-    python benchmarks/gemm.py [--dtype bfloat16] [--rows 32,128,256,384,512]
-    python benchmarks/gemm.py --dtype float32 --layers 30 --rows 1,8,32,128,512   # weights in DRAM
-    python benchmarks/gemm.py --dtype bfloat16 --layers 30   # on AVX2 CPUs: F.linear vs the project's
+    orcaserve-bench kernels gemm [--dtype bfloat16] [--rows 32,128,256,384,512]
+    orcaserve-bench kernels gemm --dtype float32 --layers 30 --rows 1,8,32,128,512   # weights in DRAM
+    orcaserve-bench kernels gemm --dtype bfloat16 --layers 30   # on AVX2 CPUs: F.linear vs the project's
 
 Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
 calls the lean decoder makes (`orcaserve.kernels.linear.Linear`): oneDNN's inner product on a
@@ -35,9 +35,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from orcaserve.bench import result
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.linear import MKL_PACK_ROWS
 
+LINES = result.Table()  # what run() printed
+say = LINES.say
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
 
 
@@ -61,7 +64,7 @@ def _compiled(w: torch.Tensor, x: torch.Tensor):
     return fn
 
 
-def orca_op(name: str) -> Any | None:
+def orca_op(name: str) -> Any:
     """`torch.ops.orcaserve.<name>` in the widest ISA variant loaded here, None where none is."""
     build.load(build=True)
     packet = getattr(torch.ops.orcaserve, name, None)
@@ -100,7 +103,7 @@ def layers_in_dram(
     F.linear in oneDNN's place where it cannot pack the dtype (bf16 on AVX2-only CPUs)."""
     libs = ["pre" if onednn else "plain", *(["mkl"] if use_mkl else []), *(["orca"] if use_orca else [])]
     libs += ["dot"] if use_dot else []
-    layers = []
+    layers: list[dict[str, Any]] = []
     for _ in range(args.layers):
         weights = {n: torch.randn(shape, dtype=dtype) * 0.02 for n, shape in SHAPES.items()}
         layers.append(
@@ -115,9 +118,7 @@ def layers_in_dram(
                 for n, w in weights.items()
             }
         )
-    print(
-        f"{args.dtype}, {torch.get_num_threads()} threads, {args.layers} layers' weights; ms per {args.layers} layers"
-    )
+    say(f"{args.dtype}, {torch.get_num_threads()} threads, {args.layers} layers' weights; ms per {args.layers} layers")
     with torch.inference_mode():
         for m in (int(r) for r in args.rows.split(",")):
             xs = {n: torch.randn(m, shape[1], dtype=dtype) for n, shape in SHAPES.items()}
@@ -139,22 +140,24 @@ def layers_in_dram(
                         times[lib].append((time.perf_counter() - t) * 1e3)
             flops = 2 * m * sum(o * i for o, i in SHAPES.values()) * args.layers
             cells = [f"{lib} {min(times[lib]):.1f} ({flops / min(times[lib]) / 1e6:.0f} GFLOP/s)" for lib in libs]
-            print(f"M={m:4d}: " + "   ".join(cells), flush=True)
+            say(f"M={m:4d}: " + "   ".join(cells))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rows", default="1,32,128,256,384,512")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--inductor", action="store_true", help="also torch.compile (max-autotune) per row count")
     ap.add_argument("--layers", type=int, default=0, help="N layers' weights called in turn (weights in DRAM)")
     ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    LINES.clear()
     if args.library:  # an older build of the ops, e.g. from the build cache, against the current one
         from pathlib import Path
 
-        build.library_path = lambda variants=None: Path(args.library)  # type: ignore[assignment]
+        build.library_path = lambda variants=None: Path(args.library)
     dtype = getattr(torch, args.dtype)
     onednn = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if not (onednn or args.layers):
@@ -168,7 +171,7 @@ def main() -> None:
     use_dot = dtype == torch.bfloat16 and orca_op("linear_packed_bf16") is not None
     if args.layers:
         layers_in_dram(args, dtype, use_mkl, use_orca, onednn, use_dot)
-        return
+        return {"table": list(LINES)}
     weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
     packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
     mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
@@ -185,7 +188,7 @@ def main() -> None:
     skip = {"mkl": not use_mkl, "orca": not use_orca, "dot": not use_dot, "inductor": not args.inductor}
     columns = [c for c in heads if not skip.get(c, False)]
     names = " | ".join(heads[c] for c in columns)
-    print(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
+    say(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
     with torch.no_grad():  # not inference_mode: torch.compile cannot trace inference tensors
         for m in (int(r) for r in args.rows.split(",")):
             cells = []
@@ -204,8 +207,5 @@ def main() -> None:
                         times[c].append(_ms(calls[c]))
                 medians = " | ".join(f"{statistics.median(times[c]):.2f}" for c in columns)
                 cells.append(f"{name} {first:.2f} | {medians}")
-            print(f"M={m:4d}: " + "   ".join(cells), flush=True)
-
-
-if __name__ == "__main__":
-    main()
+            say(f"M={m:4d}: " + "   ".join(cells))
+    return {"table": list(LINES)}

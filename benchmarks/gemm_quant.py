@@ -1,7 +1,7 @@
 """GGUF block formats served quantized: the project's GEMM over packed codes against its fp32 and
 bf16 GEMMs and torch's own packed int8/int4 ops, at Llama-3.2-1B's GEMM shapes.
 
-    python benchmarks/gemm_quant.py [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down]
+    orcaserve-bench kernels quant [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down]
 
 Kernels (each on the same random weight, x fp32 except where said):
 - fp32, bf16: `kernels/linear.py`'s Linear, the project's packed GEMM (bf16: weight and x bf16);
@@ -36,10 +36,13 @@ from collections.abc import Callable
 
 import torch
 
+from orcaserve.bench import result
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.linear import Linear
 from orcaserve.kernels.quant import BlockCodes, QuantLinear, quantize
 
+LINES = result.Table()  # what run() printed
+say = LINES.say
 SHAPES = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}  # (out, in)
 KERNELS = ("fp32", "bf16", "q8_0", "q4_0", "q4_1", "q4_k", "q6_k", "t_int8", "t_int4", "t_w8a8")
 MIN_BYTES = 48 << 20
@@ -110,9 +113,9 @@ def bench_shape(
         copies = [first] + [make(kern, w) for _ in range(max(0, math.ceil(MIN_BYTES / first[1]) - 1))]
         built[kern] = copies
     what = ", ".join(f"{kern}={built[kern][0][3]}" for kern in kernels)
-    print(f"\n{name} [{n} x {k}]: {what}")
-    print("| rows | " + " | ".join(f"{kern} ms (GB/s)" for kern in kernels) + " |")
-    print("|" + " --- |" * (len(kernels) + 1))
+    say(f"\n{name} [{n} x {k}]: {what}")
+    say("| rows | " + " | ".join(f"{kern} ms (GB/s)" for kern in kernels) + " |")
+    say("|" + " --- |" * (len(kernels) + 1))
     for m in rows:
         xs = {torch.float32: torch.randn(m, k), torch.bfloat16: torch.randn(m, k).bfloat16()}
         times: dict[str, list[float]] = {kern: [] for kern in kernels}
@@ -132,11 +135,10 @@ def bench_shape(
         for kern in kernels:
             ms = statistics.median(times[kern]) if stat == "median" else min(times[kern])
             cells.append(f"{ms:.3f} ({built[kern][0][1] / ms / 1e6:.1f})")
-        print(f"| {m} | " + " | ".join(cells) + " |", flush=True)
+        say(f"| {m} | " + " | ".join(cells) + " |")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", default="1,4,8,16,32,64,512")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--kernels", default=",".join(KERNELS))
@@ -144,16 +146,16 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     ap.add_argument("--stat", choices=("median", "min"), default="median", help="min: on a loaded machine")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    LINES.clear()
     if args.threads:
         torch.set_num_threads(args.threads)
     ok, why = build.load(build=False)
-    print(f"threads {torch.get_num_threads()}, library: {why}")
+    say(f"threads {torch.get_num_threads()}, library: {why}")
     rows = [int(r) for r in args.rows.split(",")]
     for name in args.shapes.split(","):
         n, k = SHAPES[name]
         bench_shape(name, n, k, rows, args.kernels.split(","), args.rounds, args.calls, args.stat)
-
-
-if __name__ == "__main__":
-    main()
+    return {"table": list(LINES)}

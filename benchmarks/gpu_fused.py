@@ -1,8 +1,8 @@
 """Time the fused Triton kernels of the lean decoder against the PyTorch ops they replace, on a CUDA GPU.
 
-    python benchmarks/gpu_fused.py [--dtype bf16] [--shapes smollm2,llama8b] [--tokens 1,64,256,4096]
-                                   [--json benchmarks/results/gpu-fused.json] [--time-budget S]
-    python benchmarks/gpu_fused.py --smoke     # CPU, TRITON_INTERPRET=1, fp32, tiny: every code path
+    orcaserve-bench gpu fused [--dtype bf16] [--shapes smollm2,llama8b] [--tokens 1,64,256,4096]
+                                   [--out benchmarks/results/gpu-fused.json] [--time-budget S]
+    orcaserve-bench gpu fused --smoke     # CPU, TRITON_INTERPRET=1, fp32, tiny: every code path
 
 Per model shape (SmolLM2-135M: hidden 576, I 1536, 9/3/64 heads; Llama-3.1-8B: 4096, 14336,
 32/8/128) and step size T, each kernel of kernels/triton/fused.py against what the decoder runs on
@@ -24,13 +24,15 @@ CUDA and without --smoke it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
 
 import torch
+
+from orcaserve.bench.cli import add_out
+from orcaserve.bench.result import write
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # name: (hidden, intermediate, H, H_kv, D)
@@ -198,24 +200,22 @@ def per_layer(rows: list[dict]) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--tokens", default="1,64,256,4096", help="step sizes T")
     ap.add_argument("--calls", type=int, default=200, help="calls per eager timing")
     ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, fp32, tiny")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
-    ap.add_argument("--json", default=None, help="write results here (rewritten after every shape)")
-    args = ap.parse_args(argv)
+    add_out(ap, help="write results here (rewritten after every shape)")
+
+
+def run(args: argparse.Namespace) -> dict:
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         print("benchmarks/gpu_fused.py: no CUDA device; nothing to time (GPU figures not measured).")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"skipped": "no CUDA device"}, f)
-        return 0
+        return {"skipped": "no CUDA device"}
     if not cuda:
         # Before the kernel module is imported: @triton.jit reads it at definition time.
         os.environ["TRITON_INTERPRET"] = "1"
@@ -244,11 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         result["all_ok"] = all(r["ok"] for r in result["rows"])
         result["per_layer"] = per_layer(result["rows"])
         result["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        if args.json:
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f, indent=1)
-            os.replace(tmp, args.json)
+        if args.out:
+            write(args.out, result)
 
     for shape in args.shapes.split(","):
         for t in (int(n) for n in args.tokens.split(",")):
@@ -264,8 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, v in result["per_layer"].items():
         print(f"per layer {key}: {v}")
     print(f"all_ok {result['all_ok']}, {result['elapsed_s']} s")
-    return 0 if result["all_ok"] else 1
+    return {**result, "exit_code": 0 if result["all_ok"] else 1}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["gpu", "fused", *sys.argv[1:]]))

@@ -1,7 +1,7 @@
-"""CUDA graphs on vs off (issue 43): step times by kind, decode steps up to batch 256, end to end.
+"""CUDA graphs on vs off: step times by kind, decode steps up to batch 256, end to end.
 
-    python benchmarks/gpu_graphs.py --json graphs.json        # CUDA: SmolLM2-135M's shape, bf16
-    python benchmarks/gpu_graphs.py --smoke --json g.json     # CPU plumbing: tiny model, no graphs
+    orcaserve-bench gpu graphs --out graphs.json        # CUDA: SmolLM2-135M's shape, bf16
+    orcaserve-bench gpu graphs --smoke --out g.json     # CPU plumbing: tiny model, no graphs
 
 benchmarks/gpu_check.sh runs it as its step `engine_graphs`. The same random-init model of
 SmolLM2-135M's config as gpu_engine.py throughput (bf16, Triton backend), one engine with
@@ -40,8 +40,7 @@ import time
 from collections import deque
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from gpu_common import ByteTokenizer, Results, device_name, free_cuda  # noqa: E402
+from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda  # noqa: E402
 
 KV_BYTES = 16 << 30
 
@@ -170,8 +169,8 @@ def end_to_end(engine, work) -> dict:
 
 def exact(dev, args) -> dict:
     import torch
-    from gpu_exact import tiny_model
 
+    from orcaserve.bench.gpu_exact import tiny_model
     from orcaserve.scheduler import SamplingParams
 
     model = tiny_model("llama", args.smoke).to(device=dev, dtype=torch.float32)
@@ -192,9 +191,7 @@ def exact(dev, args) -> dict:
     return {"requests": len(prompts), "identical_sequences": same, "pass": same == len(prompts)}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=None)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--batches", default="1,16,64,256")
     ap.add_argument("--context", type=int, default=128)
@@ -202,35 +199,37 @@ def main() -> int:
     ap.add_argument("--shape", default="smollm2", choices=("smollm2", "llama8b"))
     ap.add_argument("--sides", default="on,off", help="graphs on and/or off")
     ap.add_argument("--no-exact", action="store_true", help="skip the fp32 on-vs-off exactness check")
-    from serve_workload import add_offline_args, offline_workload_of
+    from orcaserve.bench.serve_workload import add_offline_args
 
     add_offline_args(ap)
     ap.set_defaults(num_prompts=256, max_num_seqs=256, max_num_batched_tokens=4096)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     import torch
+
+    from orcaserve.bench.serve_workload import offline_workload_of
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        if args.json:
-            Results(args.json, step="graphs", skipped="no CUDA device").save()
         print("gpu_graphs.py: no CUDA device (use --smoke for the CPU plumbing run)")
-        return 0
+        return {"step": "graphs", "skipped": "no CUDA device"}
     if args.smoke:
         args.batches, args.context, args.steps, args.num_prompts = "1,3", 24, 4, 6
         args.max_num_seqs, args.max_num_batched_tokens, args.min_prompt, args.max_prompt = 4, 64, 4, 24
         args.min_out, args.max_out = 2, 5
         torch.set_num_threads(1)
     dev = torch.device("cuda" if cuda else "cpu")
-    from gpu_decode_bound import copy_gbps, decode_bound
-    from gpu_throughput import SHAPES, SMOKE_SHAPE, smollm2_shaped
-    from serve_workload import workload_sha256
+    from orcaserve.bench.gpu_decode_bound import copy_gbps, decode_bound
+    from orcaserve.bench.gpu_throughput import SHAPES, SMOKE_SHAPE, smollm2_shaped
+    from orcaserve.bench.serve_workload import workload_sha256
 
     dtype = torch.bfloat16 if cuda else torch.float32
     model = smollm2_shaped(dev, dtype, args.smoke, args.shape)
     gbps = copy_gbps(dev)
     work = offline_workload_of(args, model.config.vocab_size)
     res = Results(
-        args.json,
+        args.out,
         step="graphs",
         device=str(dev),
         device_name=device_name(dev) if cuda else "cpu",
@@ -278,8 +277,10 @@ def main() -> int:
         f"exact {res.data['exact_fp32']}",
         flush=True,
     )
-    return 0 if res.data["exact_fp32"]["pass"] else 1
+    return {**res.data, "exit_code": 0 if res.data["exact_fp32"]["pass"] else 1}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["gpu", "graphs", *sys.argv[1:]]))

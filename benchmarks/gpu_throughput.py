@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
-from gpu_common import CONFIGS, ByteTokenizer, OnDevice, Results, device_name, free_cuda
+from orcaserve.bench.gpu_common import CONFIGS, ByteTokenizer, OnDevice, Results, device_name, free_cuda
 
 SMOLLM2 = dict(
     vocab_size=49152,
@@ -39,8 +40,8 @@ LLAMA8B = dict(
     head_dim=128,
     rope_theta=500000.0,
 )
-SHAPES = {"smollm2": SMOLLM2, "llama8b": LLAMA8B}
-SMOKE_SHAPE = dict(
+SHAPES: dict[str, dict[str, Any]] = {"smollm2": SMOLLM2, "llama8b": LLAMA8B}
+SMOKE_SHAPE: dict[str, Any] = dict(
     SMOLLM2,
     vocab_size=512,
     hidden_size=128,
@@ -75,10 +76,11 @@ def generate_batch_startup(model, args) -> float:
     return time.perf_counter() - t
 
 
-def run_throughput(args, dev) -> int:
-    import offline
+def run_throughput(args, dev) -> dict:
     import torch
-    from serve_workload import offline_workload_of, workload_sha256
+
+    from orcaserve.bench import offline
+    from orcaserve.bench.serve_workload import offline_workload_of, workload_sha256
 
     class TritonEngine(offline.Engine):
         """offline.run_orcaserve's engine, on the Triton backend also where it is not the default
@@ -98,7 +100,7 @@ def run_throughput(args, dev) -> int:
     work = offline_workload_of(args, model.config.vocab_size)
     warm = work[: args.warmup_prompts]
     res = Results(
-        args.json,
+        args.out,
         step="throughput",
         device=str(dev),
         device_name=device_name(dev),
@@ -182,4 +184,4 @@ def run_throughput(args, dev) -> int:
     res.save()
     for k, v in res.data["speedup_vs_generate"].items():
         print(f"{k}: {v:.2f}x padded generate")
-    return 1 if failed else 0
+    return {**res.data, "exit_code": 1 if failed else 0}

@@ -1,8 +1,8 @@
 """Time the Triton attention kernels on a CUDA GPU: decode bandwidth, prefill throughput, split-K.
 
-    python benchmarks/kernel_bench.py [--dtype bf16] [--shapes 32x8x128,9x3x64] [--block-size 16]
-                                 [--peak-gbps 4800] [--quick] [--json out.json] [--time-budget S]
-    python benchmarks/kernel_bench.py --smoke      # CPU, TRITON_INTERPRET=1, tiny sizes: every code path
+    orcaserve-bench gpu kernels [--dtype bf16] [--shapes 32x8x128,9x3x64] [--block-size 16]
+                                 [--peak-gbps 4800] [--quick] [--out out.json] [--time-budget S]
+    orcaserve-bench gpu kernels --smoke      # CPU, TRITON_INTERPRET=1, tiny sizes: every code path
 
 Per head layout HxH_kvxD (`--shapes`; the first gets the full grid, the others the quick one):
 
@@ -37,7 +37,10 @@ import sys
 import time
 
 import torch
-from kernel_timing import PEAK_BF16_TFLOPS, SPLIT_CANDIDATES, Timer, copy_gbps, lookup, peak_gbps
+
+from orcaserve.bench.cli import add_out
+from orcaserve.bench.kernel_timing import PEAK_BF16_TFLOPS, SPLIT_CANDIDATES, Timer, copy_gbps, lookup, peak_gbps
+from orcaserve.bench.result import write
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -85,8 +88,7 @@ def summarize(run: dict) -> dict:
     return s
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ap.add_argument(
         "--shapes",
@@ -119,16 +121,15 @@ def main() -> int:
     )
     ap.add_argument("--max-cache-gib", type=float, default=40.0, help="cap on the K/V pool per layout")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
-    ap.add_argument("--json", default=None, help="write results here (rewritten after every shape)")
-    args = ap.parse_args()
+    add_out(ap, help="write results here (rewritten after every shape)")
+
+
+def run(args: argparse.Namespace) -> dict:
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
         print("benchmarks/kernel_bench.py: no CUDA device; nothing to time (GPU figures not measured).")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"skipped": "no CUDA device"}, f)
-        return 0
+        return {"skipped": "no CUDA device"}
     if not cuda:
         # Before any kernel module is imported: @triton.jit reads it at definition time.
         os.environ["TRITON_INTERPRET"] = "1"
@@ -136,7 +137,8 @@ def main() -> int:
             print("smoke on CPU: fp32 (the interpreter computes bf16 wrongly)")
             args.dtype = "fp32"
     import triton
-    from kernel_sections import bench_layout  # after TRITON_INTERPRET
+
+    from orcaserve.bench.kernel_sections import bench_layout  # after TRITON_INTERPRET
 
     dev = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(dev) if cuda else "cpu (TRITON_INTERPRET=1)"
@@ -150,7 +152,7 @@ def main() -> int:
     elif args.smoke and not cuda:
         layouts = [(4, 2, 64)]
     else:
-        layouts = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+        layouts = [tuple(int(x) for x in s.split("x"))[:3] for s in args.shapes.split(",")]  # type: ignore[misc]
     result = {
         "device": name,
         "torch": torch.__version__,
@@ -170,13 +172,10 @@ def main() -> int:
     )
 
     def save():
-        if args.json:
-            for run in result["runs"]:
-                run["summary"] = summarize(run)
-            tmp = args.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f, indent=1)
-            os.replace(tmp, args.json)
+        for one in result["runs"]:
+            one["summary"] = summarize(one)
+        if args.out:
+            write(args.out, result)
 
     env = {
         "device": dev,
@@ -188,24 +187,26 @@ def main() -> int:
         "t0": time.perf_counter(),
     }
     for i, (h, h_kv, d) in enumerate(layouts):
-        run: dict = {}
-        result["runs"].append(run)
-        bench_layout(args, h, h_kv, d, args.quick or i > 0, env, run, save)
+        one: dict = {}
+        result["runs"].append(one)
+        bench_layout(args, h, h_kv, d, args.quick or i > 0, env, one, save)
         if cuda:
             torch.cuda.empty_cache()
-        if run.get("truncated"):
+        if one.get("truncated"):
             print(f"time budget of {args.time_budget} s reached; stopping")
             break
-    for run in result["runs"]:
-        run["summary"] = summarize(run)
+    for one in result["runs"]:
+        one["summary"] = summarize(one)
         print(
-            f"\nsummary {run['heads']}x{run['kv_heads']}x{run['head_dim']}: "
-            f"{json.dumps({k: v for k, v in run['summary'].items() if k != 'split_disagreements'})}"
+            f"\nsummary {one['heads']}x{one['kv_heads']}x{one['head_dim']}: "
+            f"{json.dumps({k: v for k, v in one['summary'].items() if k != 'split_disagreements'})}"
         )
     result["elapsed_s"] = time.perf_counter() - env["t0"]
     save()
-    return 0
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["gpu", "kernels", *sys.argv[1:]]))

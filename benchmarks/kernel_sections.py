@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from kernel_timing import SPLIT_CANDIDATES, CachePool, Timer, visible_pairs
 
+from orcaserve.bench.kernel_timing import SPLIT_CANDIDATES, CachePool, Timer, visible_pairs
 from orcaserve.kernels.pytorch import attention as torch_attention
 from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, select_config, unified_attention
 from orcaserve.kernels.triton.store_kv import store_kv
@@ -246,7 +246,7 @@ def prefill(lay: Layout) -> bool:
                 )
             except Exception as e:  # noqa: BLE001 - a yardstick only
                 print(f"  sdpa failed: {type(e).__name__}: {e}")
-            ks = vs = None  # free before the next shape
+            del ks, vs  # free before the next shape
         row = {
             "label": label,
             "q_lens": q_lens if len(q_lens) <= 8 else len(q_lens),

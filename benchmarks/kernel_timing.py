@@ -68,6 +68,7 @@ class Timer:
         iters = max(3, min(max_iters, int(target_ms / max(first, 1e-3))))
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         for start, end in events:
+            assert self.flush is not None
             self.flush.zero_()
             start.record()
             fn()

@@ -1,8 +1,8 @@
 """Offline throughput: orcaserve vs transformers padded `generate` vs transformers `generate_batch`.
 
-    python benchmarks/offline.py                      # the issue's workload, all systems
-    python benchmarks/offline.py --num-prompts 16 --systems orcaserve --json out.json
-    python benchmarks/offline.py --systems orcaserve --dtype bf16 --max-model-len 1024   # as benchmarks/peers/run.py
+    orcaserve-bench offline                      # the default workload, all systems
+    orcaserve-bench offline --num-prompts 16 --systems orcaserve --out out.json
+    orcaserve-bench offline --systems orcaserve --dtype bf16 --max-model-len 1024   # as `peers` runs it
 
 Workload: N prompts of random token ids with lengths U[min_prompt, max_prompt] and output lengths
 U[min_out, max_out] (fixed seed, EOS ignored), all submitted at once. "Useful" tokens are each
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import platform
 import random
@@ -26,8 +25,8 @@ import sys
 import time
 
 import torch
-from serve_workload import add_offline_args, offline_workload_of, workload_sha256
 
+from orcaserve.bench.serve_workload import add_offline_args, offline_workload_of, workload_sha256
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
@@ -169,8 +168,7 @@ def step_time(model, tokenizer, args) -> dict:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
     add_offline_args(ap)
     ap.add_argument("--max-model-len", type=int, default=None, help="engine max_model_len (default: the engine's)")
@@ -185,9 +183,9 @@ def main() -> None:
     ap.add_argument("--step-batch", type=int, default=32)
     ap.add_argument("--step-context", type=int, default=256)
     ap.add_argument("--step-tokens", type=int, default=16)
-    ap.add_argument("--json", default="benchmarks/results/offline.json")
-    args = ap.parse_args()
 
+
+def run(args: argparse.Namespace) -> dict:
     load_dtype = EngineConfig(dtype=args.dtype, device="cpu").resolved_dtype() if args.dtype else torch.float32
     load_dtype = torch.float32 if args.quantization else load_dtype  # codes from the exact weights
     model, tokenizer = load_model_and_tokenizer(args.model or default_model_path(), load_dtype, torch.device("cpu"))
@@ -234,10 +232,10 @@ def main() -> None:
             f"\ndecode step, batch {s['batch']}, context {s['context']}: engine {s['engine_step_ms']:.1f} ms, "
             f"bare transformers forward {s['bare_forward_ms']:.1f} ms, ratio {s['ratio']:.2f}"
         )
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(results, f, indent=2)
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["offline", *sys.argv[1:]]))

@@ -1,7 +1,7 @@
 """Prefix caching: what it buys on shared prompts, what it costs without them, and whether its
 timing tells one tenant about another.
 
-    python benchmarks/prefix_cache.py --json benchmarks/results/prefix_cache.json --plot docs/prefix_cache_probe.png
+    orcaserve-bench prefix --out benchmarks/results/prefix_cache.json --plot docs/prefix_cache_probe.png
 
 Runs the engine behind `EngineLoop` in this process (the handler's threading, no HTTP), each
 request read by its own client thread, with SmolLM2 at the server's default dtype.
@@ -33,8 +33,8 @@ import time
 from functools import partial
 
 import torch
-from serve_workload import poisson_offsets
 
+from orcaserve.bench.serve_workload import poisson_offsets
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
@@ -148,8 +148,7 @@ def plot(times: dict[str, list[float]], tests: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--system-len", type=int, default=600)
     ap.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
@@ -158,18 +157,19 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="default: the server's (bf16 where the CPU has it)")
     ap.add_argument("--repeats", type=int, default=2, help="on/off runs alternate this many times")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=None)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
 
     model, tok = load_model_and_tokenizer(default_model_path(), torch.float32, torch.device("cpu"))
     rng = random.Random(args.seed)
     system = [rng.randrange(*TOKENS) for _ in range(args.system_len)]
-    shared = [
+    shared: list[tuple[list[int], int, str | None]] = [
         (system + [rng.randrange(*TOKENS) for _ in range(rng.randint(8, 24))], rng.randint(16, 48), None)
         for _ in range(args.num_requests)
     ]
-    unshared = [
+    unshared: list[tuple[list[int], int, str | None]] = [
         ([rng.randrange(*TOKENS) for _ in range(rng.randint(16, 256))], rng.randint(8, 128), None)
         for _ in range(args.num_requests)
     ]
@@ -244,11 +244,10 @@ def main() -> None:
     if "probe" in results:
         results["summary"]["probe"] = {k: v for k, v in results["probe"].items() if k != "ttft_s"}
     print(json.dumps(results["summary"], indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    sys.exit(0)
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["prefix", *sys.argv[1:]]))

@@ -1,7 +1,6 @@
 """Build (once) and cache a random-weight Llama checkpoint of a real model's shapes, in bf16.
 
-    python benchmarks/random_checkpoint.py                 # Llama-3.2-1B's shapes -> prints the path
-    python benchmarks/random_checkpoint.py --shape 1b --out DIR
+    checkpoint_path("1b", out)   # Llama-3.2-1B's shapes; `orcaserve-bench peers --models 1b` calls it
 
 The 1B shape is Llama-3.2-1B's (hidden 2048, 16 layers, 32 heads, 8 KV heads, MLP 8192, tied
 embeddings, vocab 128256; 1.24 B parameters with the embedding). Weights are N(0, 0.02), so answers
@@ -12,10 +11,10 @@ Cached under ~/.cache/orcaserve/random-<shape>/ and reused when its config is th
 
 from __future__ import annotations
 
-import argparse
 import os
+from typing import Any
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "1b": dict(
         hidden_size=2048,
         num_hidden_layers=16,
@@ -44,21 +43,9 @@ def checkpoint_path(shape: str = "1b", out: str | None = None) -> str:
     torch.manual_seed(0)
     config = LlamaConfig(**SHAPES[shape], initializer_range=0.02, bos_token_id=1, eos_token_id=2)
     with torch.device("cpu"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+        model = LlamaForCausalLM(config).bfloat16().eval()
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     gguf = default_model_path()
     AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf)).save_pretrained(out)
     return out
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="1b", choices=sorted(SHAPES))
-    ap.add_argument("--out", default=None)
-    args = ap.parse_args()
-    print(checkpoint_path(args.shape, args.out))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,10 +1,10 @@
 """Load generator for a running TorchServe (orcaserve vs the request-level baseline), or for any
 OpenAI completions endpoint (e.g. vLLM's server, benchmarks/peers/run.py).
 
-    python benchmarks/serve.py --url http://127.0.0.1:8080 --key-file key_file.json \\
+    orcaserve-bench serve --url http://127.0.0.1:8080 --key-file key_file.json \\
         --model smollm2 --model smollm2-baseline --rates 0.25,0.5,1,2 --duration 40 \\
         --out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png
-    python benchmarks/serve.py --endpoint http://127.0.0.1:8000/v1/completions --key none \\
+    orcaserve-bench serve --endpoint http://127.0.0.1:8000/v1/completions --key none \\
         --model vllm --model-name smollm2 --concurrency 32 --num-requests 96 --out vllm.json
 
 Every request is a streamed `POST /predictions/{model}/1.0/v1/completions` (or, with
@@ -32,9 +32,20 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-from serve_client import Result, run_one, send
-from serve_report import BEGIN, END, command_line, machine, markdown, plot, summarize, update_doc, verdict
-from serve_workload import Spec, _counts, _range, make_workload
+from orcaserve.bench import serve_local
+from orcaserve.bench.serve_client import Result, run_one, send
+from orcaserve.bench.serve_report import (
+    BEGIN,
+    END,
+    command_line,
+    machine,
+    markdown,
+    plot,
+    summarize,
+    update_doc,
+    verdict,
+)
+from orcaserve.bench.serve_workload import Spec, _counts, _range, make_workload
 
 
 def read_key(args) -> str | None:
@@ -48,8 +59,7 @@ def read_key(args) -> str | None:
     return None
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8080", help="TorchServe inference address")
     p.add_argument(
         "--endpoint",
@@ -60,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         action="append",
-        required=True,
+        default=[],
         help="model name (with --endpoint: the system's label); repeat to compare systems "
         "(first = orcaserve, second = baseline)",
     )
@@ -105,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--update-doc", default=None, help=f"write the results table between {BEGIN} / {END}")
     p.add_argument("--no-progress", action="store_true")
-    return p
+    serve_local.add_arguments(p)
 
 
 @dataclass
@@ -119,7 +129,9 @@ class Plan:
     base: str
 
 
-def _plan(args: argparse.Namespace, p: argparse.ArgumentParser) -> Plan:
+def _plan(args: argparse.Namespace) -> Plan:
+    if not args.model:
+        raise SystemExit("serve: give --model (or --start-torchserve)")
     if args.rates:
         rates: list[float | None] = [float(x) for x in args.rates.split(",") if x.strip()]
     elif args.rate:
@@ -127,13 +139,13 @@ def _plan(args: argparse.Namespace, p: argparse.ArgumentParser) -> Plan:
     elif args.concurrency:
         rates = [None]
     else:
-        p.error("give --rate, --rates or --concurrency")
+        raise SystemExit("serve: give --rate, --rates or --concurrency")
     if any(r is not None and r <= 0 for r in rates):
-        p.error("rates must be > 0")
+        raise SystemExit("serve: rates must be > 0")
     if len(args.endpoint) not in (0, 1, len(args.model)):
-        p.error(f"--endpoint: give one URL or one per --model ({len(args.model)})")
+        raise SystemExit(f"serve: --endpoint: give one URL or one per --model ({len(args.model)})")
     if args.num_requests and len(args.num_requests) not in (1, len(rates)):
-        p.error(f"--num-requests: give one count or one per rate ({len(rates)})")
+        raise SystemExit(f"serve: --num-requests: give one count or one per rate ({len(rates)})")
     counts = {}
     for i, rate in enumerate(rates):
         if args.num_requests:
@@ -223,20 +235,26 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
     return results, summaries
 
 
-def main(argv=None) -> int:
-    p = _parser()
-    args = p.parse_args(argv)
-    plan = _plan(args, p)
+def run(args: argparse.Namespace) -> dict:
+    if not args.start_torchserve:
+        return _measure(args)
+    with serve_local.started(args) as (url, key):
+        args.url, args.key = url, key or "none"
+        return _measure(args)
+
+
+def _measure(args: argparse.Namespace) -> dict:
+    plan = _plan(args)
     specs = make_workload(
         max(plan.counts.values()), args.seed, args.input_len, args.output_len, args.token_range, args.dataset
     )
     if not _warm_up(args, plan):
-        return 2
+        return {"error": "warm-up failed", "exit_code": 2}
     all_results, summaries = _run_all(args, plan, specs)
     plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
     report = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": os.environ.get("SERVE_BENCH_COMMAND") or command_line(argv if argv is not None else sys.argv[1:]),
+        "command": os.environ.get("SERVE_BENCH_COMMAND") or command_line(sys.argv[1:]),
         "machine": machine(),
         "url": plan.base,
         "endpoints": {model: url for model, url, _ in plan.targets},
@@ -258,9 +276,6 @@ def main(argv=None) -> int:
         "plot": plot_path,
         "requests": [asdict(r) for r in all_results],
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
     plot(report, plot_path)
     text = markdown(report)
     if args.update_doc:
@@ -269,8 +284,11 @@ def main(argv=None) -> int:
     errors = sum(s["errors"] for s in summaries)
     for r in [r for r in all_results if r.error][:5]:
         print(f"error: {r.system} #{r.index}: {r.error}", file=sys.stderr)
-    return 1 if errors else 0
+    report["exit_code"] = 1 if errors else 0
+    return report  # written to args.out by the CLI
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["serve", *sys.argv[1:]]))

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import requests
-from serve_workload import Spec, poisson_offsets
+
+from orcaserve.bench.serve_workload import Spec, poisson_offsets
 
 
 @dataclass

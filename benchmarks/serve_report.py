@@ -58,6 +58,7 @@ def summarize(results: list, rate: float | None, concurrency: int | None) -> dic
         third = max(len(arrivals) // 3, 1)
         early = pct([r.e2e for r in arrivals[:third]], 50)
         late = pct([r.e2e for r in arrivals[-third:]], 50)
+        assert early is not None and late is not None  # 8 or more answered requests
         arrival_span = max(arrivals[-1].sent - arrivals[0].sent, 1e-9)
         realized = (len(ok) - 1) / arrival_span
         served = (len(ok) - 1) / max(span - out["e2e"]["p50"], 1e-9)
@@ -262,4 +263,4 @@ def command_line(argv: list[str]) -> str:
         else:
             shown.append(a if " " not in a else repr(a))
         hide = a == "--key"
-    return "python " + " ".join([os.path.relpath(os.path.join(os.path.dirname(__file__), "serve.py"))] + shown)
+    return "orcaserve-bench serve " + " ".join(shown)

@@ -1,6 +1,6 @@
-"""What start-up pays for custom-op registration and the C++ CPU op library (issue 43, goal 4).
+"""What start-up pays for custom-op registration and the C++ CPU op library.
 
-    python benchmarks/startup_cost.py [--repeats 3] [--json out.json]
+    orcaserve-bench gpu startup [--repeats 3] [--out out.json]
 
 Each figure is taken in a fresh interpreter (median of --repeats):
 - import_torch / import_transformers: wall time of `import torch`, then of transformers with the
@@ -67,12 +67,11 @@ elif "DEVICE" == "cpu" and (torch.cuda.is_available() or not build.library_path(
     # machine only the CUDA engine is measured.
     out = {"cpu_engine_skipped": "a GPU machine" if torch.cuda.is_available() else "C++ library not built"}
 else:
-    sys.path.insert(0, "tests"); sys.path.insert(0, "benchmarks")
     calls = []
     load = torch.ops.load_library
     torch.ops.load_library = lambda p: (calls.append(p), load(p))[1]
-    from tiny_models import tiny_model
-    from gpu_common import ByteTokenizer
+    from orcaserve.bench.tiny_models import tiny_model
+    from orcaserve.bench.gpu_common import ByteTokenizer
     from orcaserve.scheduler import Engine
     times, n0 = [], REG["n"]
     for _ in range(2):
@@ -140,20 +139,20 @@ def median_of(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) if isinstance(v, float) else v for k, v in runs[0].items()}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     result: dict = {}
     for code in PROBES.values():
         result.update(median_of([probe(code) for _ in range(args.repeats)]))
     for k, v in result.items():  # engine_cuda gives nothing without CUDA
         print(f"{k:32s} {v:.3f}" if isinstance(v, float) else f"{k:32s} {v}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["gpu", "startup", *sys.argv[1:]]))

@@ -7,8 +7,8 @@ import json
 import time
 
 import requests
-from torchserve_harness import TorchServe
 
+from orcaserve.bench.harness import TorchServe
 from orcaserve.scheduler import Engine, SamplingParams
 
 # Greedy prompts of the end-to-end suites.

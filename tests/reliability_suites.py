@@ -24,14 +24,12 @@ from pathlib import Path
 
 import psutil
 import requests
+from fuzz_bodies import chats, completions  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).parent))
-from fuzz_bodies import chats, completions  # noqa: E402
 from openai_http import CHAT, COMPLETIONS, PROMPTS, call, expected, metric, read_stream  # noqa: E402
-from torchserve_harness import REPO, TorchServe  # noqa: E402
 
+from orcaserve.bench.harness import REPO, TorchServe  # noqa: E402
 from orcaserve.handler.archive import build  # noqa: E402
 from orcaserve.scheduler import Engine, default_model_path  # noqa: E402
 

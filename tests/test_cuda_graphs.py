@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 import torch
-from tiny_models import TINY_VOCAB, tiny_model
 
+from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
 from orcaserve.kernels.pytorch import attention as torch_attention
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.config import EngineConfig
@@ -299,8 +299,7 @@ TRITON_ENGINE_SCRIPT = textwrap.dedent(
     import copy, dataclasses, os, sys
     assert os.environ["TRITON_INTERPRET"] == "1"
     import torch
-    sys.path.insert(0, "tests")
-    from test_cuda_graphs import _ByteTokenizer
+    from orcaserve.bench.gpu_common import ByteTokenizer as _ByteTokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
     from orcaserve.scheduler import Engine, SamplingParams
 

@@ -1,4 +1,4 @@
-"""Deployment end to end (issue 46), one real TorchServe for the module:
+"""Deployment end to end (docs/deploy.md), one real TorchServe for the module:
 
 - an archive naming its model by a hub id, served from a Hugging Face cache laid out in a
   temporary directory (HF_HUB_OFFLINE=1);
@@ -21,9 +21,9 @@ import openai_http
 import pytest
 import yaml
 from hub_cache import add_model_dir
-from tiny_models import hf_greedy, tiny_model
-from torchserve_harness import TorchServe, registered
 
+from orcaserve.bench.harness import TorchServe, registered
+from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.handler.archive import build
 from orcaserve.handler.metrics import CACHE_INFO_METRIC, GATEWAY_METRICS
 from orcaserve.scheduler import Engine, SamplingParams

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from tiny_models import TINY_VOCAB, hf_greedy, tiny_model
 
+from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 
 

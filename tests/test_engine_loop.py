@@ -8,8 +8,8 @@ import threading
 import time
 
 import pytest
-from tiny_models import hf_greedy, tiny_model
 
+from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import (
     Engine,
     EngineLoop,

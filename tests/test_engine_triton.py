@@ -16,8 +16,7 @@ SCRIPT = textwrap.dedent(
     import os
     assert os.environ["TRITON_INTERPRET"] == "1"  # before any kernel is defined
     import copy, sys, torch
-    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
-    from tiny_models import hf_greedy
+    from orcaserve.bench.tiny_models import hf_greedy
     from transformers import LlamaConfig, LlamaForCausalLM
     from orcaserve.scheduler import Engine, SamplingParams
 

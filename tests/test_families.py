@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from tiny_models import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family
 
+from orcaserve.bench.tiny_models import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.model.families import LEAN, PROVEN, UnsupportedArchitecture
 from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt

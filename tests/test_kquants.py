@@ -120,9 +120,9 @@ def test_q4_k_m_model_answers_as_its_dequantized_twin(tokenizer):
     GEMM's promise; the PyTorch twin within its tolerance)."""
     import copy
 
-    from tiny_models import TINY_CONFIG
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from orcaserve.bench.tiny_models import TINY_CONFIG
     from orcaserve.scheduler import Engine, SamplingParams
     from orcaserve.scheduler.model.quantized import QUANTIZED, attach, linears
 

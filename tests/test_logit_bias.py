@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny_models import hf_greedy, tiny_model
 
+from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.handler.openai import protocol as P
 from orcaserve.scheduler import SamplingParams
 

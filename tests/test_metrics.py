@@ -6,8 +6,8 @@ import logging
 import re
 
 import pytest
-from tiny_models import TINY_VOCAB, tiny_model
 
+from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
 from orcaserve.scheduler import SamplingParams
 
 ts_metrics = pytest.importorskip("ts.metrics.metric_cache_yaml_impl")

@@ -5,8 +5,8 @@ the prefix cache, and an abort ends every choice."""
 from __future__ import annotations
 
 import pytest
-from tiny_models import hf_greedy, tiny_model
 
+from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.errors import InternalError, Overloaded
 from orcaserve.scheduler.serving.engine_loop import EngineLoop

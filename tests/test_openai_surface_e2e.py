@@ -1,4 +1,4 @@
-"""End to end through the real `openai` client over a real TorchServe (issue 44): `GET v1/models`,
+"""End to end through the real `openai` client over a real TorchServe: `GET v1/models`,
 OpenAI fields accepted and ignored (named in a header), `echo` with the prompt's
 log-probabilities, and `n` choices, streamed and not, seeded and reproducible.
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import requests
 from openai_http import render
-from torchserve_harness import serving
 
+from orcaserve.bench.harness import serving
 from orcaserve.handler.openai.protocol import IGNORED_HEADER
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 

@@ -17,8 +17,8 @@ import time
 import types
 
 import pytest
-from tiny_models import tiny_model
 
+from orcaserve.bench.tiny_models import tiny_model
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.orca_handler import OrcaHandler
 from orcaserve.scheduler import Engine, SamplingParams

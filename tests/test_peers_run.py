@@ -8,28 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from orcaserve.bench.peers import parts, run
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _import_peers():
-    """run.py puts benchmarks/ and tests/ first on sys.path: import, then restore the path, so the
-    scripts there stay out of the imports of the tests that follow."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
-    try:
-        import parts
-        import run
-    finally:
-        sys.path[:] = saved
-    return parts, run
-
-
-parts, run = _import_peers()
 
 
 def test_arguments():
@@ -53,7 +38,7 @@ def test_both_systems_get_the_same_engine_limits(tmp_path):
         "--max-num-batched-tokens": "512",
         "--max-model-len": "1024",
         "--seed": "3",
-        "--json": str(tmp_path / "o.json"),
+        "--out": str(tmp_path / "o.json"),
     }
     args.token_ids, args.num_requests, args.concurrency, args.warmup, args.systems = (
         (100, 49152),

@@ -9,8 +9,8 @@ import time
 import openai_http
 import pytest
 from openai_http import CHAT, COMPLETIONS, read_stream
-from torchserve_harness import TorchServe, serving
 
+from orcaserve.bench.harness import TorchServe, serving
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 import torch
-from tiny_models import hf_greedy, tiny_model
 
+from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams, TimedOut
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 

@@ -1,5 +1,5 @@
-"""The serving benchmark (benchmarks/serve.py): a smoke run against a live TorchServe (slow), and
-its client and report logic against an in-process stub server (fast).
+"""The serving benchmark (`orcaserve-bench serve`): a smoke run against a live TorchServe (slow), and its
+client and report logic against an in-process stub server (fast).
 
 Starts TorchServe on free loopback ports (token auth on) with the request-level baseline archive
 and, when the orcaserve archive builder is available, the orcaserve archive too; sends a few
@@ -17,18 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
-from torchserve_harness import TorchServe
+
+from orcaserve.bench.cli import command
+from orcaserve.bench.harness import TorchServe
 
 pytestmark = pytest.mark.slow  # starts HTTP servers and runs the load generator against them
 
 REPO = Path(__file__).resolve().parents[1]
-SERVE = REPO / "benchmarks" / "serve.py"
 
 
 @pytest.mark.slow
 def test_serve_bench_smoke(tmp_path):
-    sys.path.insert(0, str(REPO / "benchmarks" / "baseline"))
-    from archive import build_archive
+    from orcaserve.bench.baseline.archive import build_archive
 
     store = tmp_path / "model-store"
     build_archive(str(store), "smollm2-baseline")
@@ -55,8 +55,7 @@ def test_serve_bench_smoke(tmp_path):
             ts.register(name)
         out = tmp_path / "bench.json"
         cmd = [
-            sys.executable,
-            str(SERVE),
+            *command("serve"),
             "--url",
             ts.url(""),
             f"--key={ts.keys['inference']}",
@@ -168,8 +167,7 @@ def test_serve_bench_against_stub(tmp_path):
         doc = tmp_path / "doc.md"
         doc.write_text("# x\n<!-- serve-results:begin -->\nold\n<!-- serve-results:end -->\ntail\n")
         cmd = [
-            sys.executable,
-            str(SERVE),
+            *command("serve"),
             "--url",
             f"http://127.0.0.1:{server.server_address[1]}",
             "--key",
@@ -226,8 +224,7 @@ def test_serve_bench_openai_endpoint_closed_loop(tmp_path):
         out = tmp_path / "vllm.json"
         endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
         cmd = [
-            sys.executable,
-            str(SERVE),
+            *command("serve"),
             "--endpoint",
             endpoint,
             "--key",

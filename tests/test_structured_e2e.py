@@ -1,4 +1,4 @@
-"""End to end through the real `openai` client over a real TorchServe (issue 44): structured
+"""End to end through the real `openai` client over a real TorchServe: structured
 outputs (`response_format` json_object and json_schema strict, vLLM's extras) and tool calls
 (`tool_choice` required, named, auto, none; tool results back through the template), streamed and
 not; an invalid schema is a 400 naming the problem.
@@ -15,7 +15,8 @@ import re
 import jsonschema
 import pytest
 from tool_turns import tool_turns
-from torchserve_harness import serving
+
+from orcaserve.bench.harness import serving
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")

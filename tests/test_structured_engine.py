@@ -1,4 +1,4 @@
-"""Structured outputs in the engine (issue 44): constrained rows follow their grammar, the others
+"""Structured outputs in the engine: constrained rows follow their grammar, the others
 are untouched, preemption keeps the matcher right, and a broken grammar fails its request alone."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 
 import jsonschema
 import pytest
-from tiny_models import TINY_VOCAB, tiny_model
 
+from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.model.grammar import GrammarError
 from orcaserve.scheduler.structured_outputs import StructuredOutputs

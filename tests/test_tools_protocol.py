@@ -1,4 +1,4 @@
-"""Structured outputs and tool calls in the OpenAI layer (issue 44): what requests ask for, how
+"""Structured outputs and tool calls in the OpenAI layer: what requests ask for, how
 Hermes-style tool calls are parsed from crafted text, and the answers' shapes."""
 
 from __future__ import annotations

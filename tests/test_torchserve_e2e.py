@@ -15,8 +15,8 @@ import openai_http
 import pytest
 import requests
 from openai_http import CHAT, PROMPTS, expected, read_stream
-from torchserve_harness import TorchServe, serving
 
+from orcaserve.bench.harness import TorchServe, serving
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 
 pytestmark = pytest.mark.slow

@@ -159,9 +159,7 @@ def section_decoder(dtype: torch.dtype) -> None:
     decode step, each kernel called where the PyTorch ops would be."""
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(REPO / "tests"))
-    from tiny_models import tiny_model
-
+    from orcaserve.bench.tiny_models import tiny_model
     from orcaserve.kernels import get_backend
     from orcaserve.kernels.triton import fused
     from orcaserve.scheduler.model.decoder import Decoder
@@ -217,8 +215,7 @@ def section_bench_smoke() -> None:
     """benchmarks/gpu_fused.py (the GPU check's step) end to end at its smoke sizes."""
     import tempfile
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import gpu_fused
+    from orcaserve.bench import gpu_fused
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gpu-fused.json"

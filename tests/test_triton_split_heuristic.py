@@ -3,7 +3,7 @@
 `benchmarks/results/gpu-h200-2026-12-04/kernels.json` holds, per decode shape (batch, context,
 two head layouts: 32 q / 8 KV heads x 128 and SmolLM2's 9 / 3 x 64, bf16, block 16), the time of
 each split count. `choose_num_splits` must pick a split whose measured time is within 10 % of
-the best at every shape (issue 43, goal 3), and at batch >= 128 nothing slower than what the
+the best at every shape, and at batch >= 128 nothing slower than what the
 first-guess heuristic chose (recorded in the table as `heuristic_splits`).
 
 One shape is excepted, with the evidence that its reading is noise: 8 KV heads, batch 2,

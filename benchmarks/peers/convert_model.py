@@ -1,7 +1,7 @@
 """GGUF -> HF checkpoint directory for vLLM (which does not read the project's Q4_1 GGUF).
 
-    .venv/bin/python benchmarks/peers/convert_model.py            # default model -> benchmarks/peers/model/
-    .venv/bin/python benchmarks/peers/convert_model.py --gguf X.gguf --out DIR --force
+    convert(["--out", DIR])   # default model; `orcaserve-bench peers` calls it for vLLM
+    convert(["--gguf", "X.gguf", "--out", DIR, "--force"])
 
 Run with the project's venv. Loads the GGUF with transformers (dequantized to fp32, the same
 loader orcaserve uses), saves model (safetensors, fp32) and tokenizer into `--out`, makes sure
@@ -78,7 +78,8 @@ def verify(gguf_model, gguf_tok, out: str, new_tokens: int = 8) -> dict:
     }
 
 
-def main(argv=None) -> int:
+def convert(argv: list[str]) -> int:
+    """The conversion, `argv` as its flags (below)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gguf", default=None, help="GGUF file (default: the project's SmolLM2-135M-Instruct)")
     p.add_argument("--out", default=DEFAULT_OUT, help="HF checkpoint directory to write")
@@ -122,7 +123,3 @@ def main(argv=None) -> int:
         f"(max |logit diff| {check['max_abs_logit_diff']:.2e})"
     )
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

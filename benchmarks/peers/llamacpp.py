@@ -1,14 +1,14 @@
 """llama.cpp's server as the third peer (benchmarks/peers/setup_llamacpp.sh builds it): the same
 HTTP load as the other systems, on the GGUF file itself. Its settings mirror ENGINE_LIMITS: 32
 parallel slots of 1,024 tokens (`-np 32 -c 32768`), 512-token batches, continuous batching (on by
-default), one thread per core. Recipe and trap: ../shared/notes/llamacpp-peer.md."""
+default), one thread per core. Recipe and trap: docs/peers.md "llama.cpp recipe"."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from parts import ENGINE_LIMITS, HERE, serve_and_load
+from orcaserve.bench.peers.parts import ENGINE_LIMITS, HERE, serve_and_load
 
 BIN = HERE / ".llamacpp" / "bin"
 
@@ -54,7 +54,7 @@ def llamacpp_http(args, model, dtype: str, work: Path) -> dict:
     """Only the `gguf` cell: llama.cpp serves the file's own quantized weights."""
     if dtype != "gguf":
         raise ValueError("llama.cpp runs the gguf cell only (the file's own weights)")
-    from torchserve_harness import free_ports
+    from orcaserve.bench.harness import free_ports
 
     [port] = free_ports(1)
     cmd = server_command(model.gguf_path(), port, len(os.sched_getaffinity(0)))

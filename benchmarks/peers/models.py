@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from parts import HERE, REPO, VPY, log, run_logged
+from orcaserve.bench.peers.parts import HERE, VPY, log, run_logged
 
 CACHE = Path(os.path.expanduser("~/.cache/orcaserve"))
 CONVERTER = HERE / ".llamacpp" / "convert"
@@ -98,15 +98,14 @@ def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path)
     """Make what the cells to run will read, where it is missing."""
     if model.gguf is None:  # SmolLM2: the shipped GGUF
         if "vllm" in systems:
-            run_logged(
-                [sys.executable, str(HERE / "convert_model.py"), "--out", str(model.hf_dir)], work / "convert.log"
-            )
+            from orcaserve.bench.peers.convert_model import convert
+
+            convert(["--out", str(model.hf_dir)])
         return
     if not (model.hf_dir / "config.json").exists():
-        run_logged(
-            [sys.executable, str(REPO / "benchmarks" / "random_checkpoint.py"), "--out", str(model.hf_dir)],
-            work / f"checkpoint-{model.name}.log",
-        )
+        from orcaserve.bench.random_checkpoint import checkpoint_path
+
+        checkpoint_path("1b", str(model.hf_dir))
     if "gguf" in dtypes and not model.gguf.exists():
         make_gguf(model, work)
 
@@ -128,7 +127,7 @@ def make_gguf(model: PeerModel, work: Path) -> None:
         work / f"gguf-convert-{model.name}.log",
         env=env,
     )
-    from llamacpp import llamacpp_env
+    from orcaserve.bench.peers.llamacpp import llamacpp_env
 
     tmp = model.gguf.with_suffix(".tmp")
     run_logged(

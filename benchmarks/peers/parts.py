@@ -1,6 +1,6 @@
 """The parts of the peer run (each system offline and over HTTP) and the process handling they
 share. Each part takes the run's arguments, the model (models.py), a dtype and a scratch folder,
-and returns its figures as a dict. run.py puts benchmarks/ and tests/ on sys.path for the imports inside them."""
+and returns its figures as a dict."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import requests
+
+from orcaserve.bench.cli import command
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -35,7 +37,7 @@ def limit_flags() -> list[str]:
 def offline_flags(args, dtype: str, out: Path) -> list[str]:
     """The offline workload's flags, alike for offline.py and vllm_offline.py."""
     common = ["--dtype", dtype, "--num-prompts", str(args.num_prompts), *limit_flags()]
-    return [*common, "--seed", str(args.seed), "--json", str(out)]
+    return [*common, "--seed", str(args.seed), "--out", str(out)]
 
 
 def log(msg: str) -> None:
@@ -67,7 +69,7 @@ def run_logged(cmd: list[str], logfile: Path, env=None, timeout=3600, ok=(0,), c
     with open(logfile, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            rc = proc.wait(timeout)
+            rc: int | str = proc.wait(timeout)
         except subprocess.TimeoutExpired:
             rc = "timeout"
         finally:
@@ -99,8 +101,7 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"orcaserve-offline-{model.name}-{dtype}.json"
     run_logged(
         [
-            sys.executable,
-            "benchmarks/offline.py",
+            *command("offline"),
             "--systems",
             "orcaserve",
             "--model",
@@ -122,18 +123,31 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     }
 
 
+def bench_only(work: Path) -> Path:
+    """A folder where `orcaserve.bench` (this folder's package) imports without the rest of
+    orcaserve: vLLM's venv has none of it, and vllm_offline needs only the workload."""
+    pkg = work / "bench-only"
+    (pkg / "orcaserve").mkdir(parents=True, exist_ok=True)
+    (pkg / "orcaserve" / "__init__.py").touch()
+    link = pkg / "orcaserve" / "bench"
+    if not link.exists():
+        link.symlink_to(HERE.parent, target_is_directory=True)
+    return pkg
+
+
 def vllm_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"vllm-offline-{model.name}-{dtype}.json"
     run_logged(
         [
             str(VPY),
-            str(HERE / "vllm_offline.py"),
+            "-m",
+            "orcaserve.bench.peers.vllm_offline",
             "--model",
             str(model.hf_dir),
             *offline_flags(args, dtype, out),
         ],
         out.with_suffix(".log"),
-        env=vllm_env(),
+        env={**vllm_env(), "PYTHONPATH": str(bench_only(work))},
         cwd=work,  # not the repository root (run_logged)
     )
     r = json.loads(out.read_text())
@@ -149,11 +163,10 @@ def vllm_offline(args, model, dtype: str, work: Path) -> dict:
 
 
 def load_http(args, label: str, endpoint: str, key: str | None, work: Path, model_name: str | None = None) -> dict:
-    """benchmarks/serve.py against `endpoint`: the same seeded requests for every system."""
+    """`orcaserve-bench serve` against `endpoint`: the same seeded requests for every system."""
     out = work / f"{label}-http.json"
     cmd = [
-        sys.executable,
-        "benchmarks/serve.py",
+        *command("serve"),
         "--endpoint",
         endpoint,
         f"--key={key or 'none'}",
@@ -204,7 +217,7 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
 
 
 def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
-    from torchserve_harness import TorchServe
+    from orcaserve.bench.harness import TorchServe
 
     store = work / f"model-store-{model.name}-{dtype}"
     sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
@@ -279,7 +292,7 @@ def serve_and_load(
 
 
 def vllm_http(args, model, dtype: str, work: Path) -> dict:
-    from torchserve_harness import free_ports
+    from orcaserve.bench.harness import free_ports
 
     [port] = free_ports(1)
     cmd = [
@@ -304,7 +317,7 @@ def vllm_http(args, model, dtype: str, work: Path) -> dict:
 
 
 def llamacpp_http(args, model, dtype: str, work: Path) -> dict:
-    from llamacpp import llamacpp_http as part  # llamacpp.py imports this module's helpers
+    from orcaserve.bench.peers.llamacpp import llamacpp_http as part  # llamacpp.py imports this module's helpers
 
     return part(args, model, dtype, work)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import statistics
 
-import serve_report  # benchmarks/ is on sys.path (run.py puts it there)
+from orcaserve.bench import serve_report
 
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
 SYSTEMS = ("orcaserve", "vllm", "llamacpp")

@@ -1,12 +1,12 @@
 """orcaserve vs vLLM's CPU backend and llama.cpp's server on the same workloads, one system at a
 time (`make bench-peers`).
 
-    .venv/bin/python benchmarks/peers/run.py                      # everything, both sizes (~60 min)
-    .venv/bin/python benchmarks/peers/run.py --repeats 2          # each cell twice, A B then B A (~50 min)
-    .venv/bin/python benchmarks/peers/run.py --smoke --work /tmp/peers   # 16 prompts / 16 requests,
+    orcaserve-bench peers                      # everything, both sizes (~60 min)
+    orcaserve-bench peers --repeats 2          # each cell twice, A B then B A (~50 min)
+    orcaserve-bench peers --smoke --work /tmp/peers   # 16 prompts / 16 requests,
                                                                          # outputs in /tmp/peers only
-    .venv/bin/python benchmarks/peers/run.py --systems vllm --dtypes bf16 --workloads offline
-    .venv/bin/python benchmarks/peers/run.py --models 1b --dtypes bf16,gguf   # the 1B shape only
+    orcaserve-bench peers --systems vllm --dtypes bf16 --workloads offline
+    orcaserve-bench peers --models 1b --dtypes bf16,gguf   # the 1B shape only
 
 Run with the project's venv after benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. For each
 dtype (fp32, bf16): orcaserve offline (benchmarks/offline.py --systems orcaserve), vLLM offline
@@ -34,12 +34,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from orcaserve.bench.peers import report as rep
+from orcaserve.bench.peers.models import MODELS, TOKEN_IDS, describe, prepare
+from orcaserve.bench.peers.parts import ENGINE_LIMITS, PARTS, VPY, applies, log, vllm_env
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path[:0] = [str(HERE), str(REPO / "benchmarks"), str(REPO / "tests")]
-import report as rep  # noqa: E402
-from models import MODELS, TOKEN_IDS, describe, prepare  # noqa: E402
-from parts import ENGINE_LIMITS, PARTS, VPY, applies, log, vllm_env  # noqa: E402
 
 
 def versions() -> dict:
@@ -72,8 +72,7 @@ def versions() -> dict:
     return v
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b; 1b-q4_0, 1b-q4_k_m (gguf cells only)"
     )
@@ -102,10 +101,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--doc",
         default=None,
-        help="doc whose marked section gets the table (default: docs/peers.md; --smoke: in --work); '' to skip",
+        help="doc whose marked section (<!-- peers-results:begin/end -->) gets the table; default: none",
     )
     p.add_argument("--work", default=None, help="scratch dir for logs and raw results (default: a new temp dir)")
-    args = p.parse_args(argv)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return _checked(p.parse_args(argv))
+
+
+def _checked(args: argparse.Namespace) -> argparse.Namespace:
+    """Lists split and checked; a smoke run's sizes."""
+    if isinstance(args.models, list):  # already checked
+        return args
     if args.smoke:
         args.num_prompts, args.num_requests = 16, 16
     args.models, args.systems, args.dtypes, args.workloads = (
@@ -115,7 +125,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, allowed in allowed_values:
         got = getattr(args, name)
         if not got or set(got) - set(allowed):
-            p.error(f"--{name}: choose from {','.join(allowed)}")
+            raise SystemExit(f"peers: --{name}: choose from {','.join(allowed)}")
     return args
 
 
@@ -219,21 +229,20 @@ def check_same_workloads(results: list[dict]) -> None:
             raise SystemExit(f"peers: {m} {w}/{d}: the systems ran different workloads ({shas})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> dict:
+    args = _checked(args)
     work = Path(args.work or tempfile.mkdtemp(prefix="orcaserve-peers."))
     work.mkdir(parents=True, exist_ok=True)
     for name, default in (
         ("out", REPO / "benchmarks" / "results" / "peers.json"),
         ("png", REPO / "docs" / "peers.png"),
-        ("doc", REPO / "docs" / "peers.md"),
     ):
         if getattr(args, name) is None:  # a smoke run's figures mean nothing: keep them out of the docs
             setattr(args, name, str(work / Path(default).name if args.smoke else default))
     log(f"scratch and logs: {work}")
 
     if "llamacpp" in args.systems:
-        from llamacpp import llamacpp_env
+        from orcaserve.bench.peers.llamacpp import llamacpp_env
 
         llamacpp_env()  # fails early when setup_llamacpp.sh has not run
     if "vllm" in args.systems:
@@ -241,9 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args.token_ids = TOKEN_IDS
     for name in args.models:
         prepare(MODELS[name], args.systems, args.dtypes, work)
-    args.command = os.environ.get("PEERS_COMMAND") or "python benchmarks/peers/run.py " + shlex.join(
-        argv or sys.argv[1:]
-    )
+    args.command = os.environ.get("PEERS_COMMAND") or "orcaserve-bench " + shlex.join(sys.argv[1:])
     settings = settings_of(args)
     results = earlier_results(args, settings)
     t_all = time.perf_counter()
@@ -257,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(run_cell(args, model, system, workload, dtype, repeat, work))
     check_same_workloads(results)
 
-    from serve_report import machine
+    from orcaserve.bench.serve_report import machine
 
     v = versions()
     report = {
@@ -278,16 +285,17 @@ def main(argv: list[str] | None = None) -> int:
         "work": str(work),
     }
     report["ratios"] = rep.ratios(report["results"])
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
     rep.plot(report, args.png)
     text = rep.markdown(report)
     if args.doc:
         rep.update_doc(args.doc, text)
     print(text)
     log(f"done in {report['elapsed_s'] / 60:.1f} min: {args.out}, {args.png}" + (f", {args.doc}" if args.doc else ""))
-    return 1 if any(r.get("error") for r in results) else 0
+    report["exit_code"] = 1 if any(r.get("error") for r in results) else 0
+    return report  # written to args.out by the CLI
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["peers", *sys.argv[1:]]))

@@ -11,7 +11,7 @@
 # llama.cpp users make theirs). Source: PyPI's llama-cpp-python sdist, which vendors the whole
 # llama.cpp tree (vendor/llama.cpp); about 8 minutes of 2 cores to build.
 #
-# Trap (../shared/notes/llamacpp-peer.md): with GGML_NATIVE=ON the server died with SIGILL in
+# Trap (docs/peers.md "llama.cpp recipe"): with GGML_NATIVE=ON the server died with SIGILL in
 # libggml-cpu on the Sapphire Rapids VM, so the ISA flags are set from /proc/cpuinfo instead and
 # AMX stays off (say so beside its figures on AMX machines).
 set -euo pipefail

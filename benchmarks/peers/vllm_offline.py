@@ -1,14 +1,16 @@
 """vLLM's offline throughput on benchmarks/offline.py's workload (run inside vLLM's own venv).
 
-    benchmarks/peers/.venv-vllm/bin/python benchmarks/peers/vllm_offline.py \\
-        --model benchmarks/peers/model/SmolLM2-135M-Instruct --dtype bf16 --json out.json
+    PYTHONPATH=<a folder holding orcaserve/bench -> benchmarks/> \\
+    benchmarks/peers/.venv-vllm/bin/python -m orcaserve.bench.peers.vllm_offline \\
+        --model benchmarks/peers/model/SmolLM2-135M-Instruct --dtype bf16 --out out.json
 
-benchmarks/peers/run.py starts it with the tuned environment (tcmalloc and libiomp5 in
-LD_PRELOAD, VLLM_CPU_KVCACHE_SPACE, VLLM_CPU_OMP_THREADS_BIND). The prompts come from the same
-`serve_workload.offline_workload` as benchmarks/offline.py (seed, lengths, ids >= 100 below the
-vocab size), so both systems see the identical requests; `workload_sha256` in the JSON proves it. All requests
-are submitted at once after one small warm-up generate; greedy, EOS ignored; useful tokens = the
-sum of the requested output lengths.
+`orcaserve-bench peers` starts it (orcaserve.bench alone on PYTHONPATH: vLLM's venv has no
+orcaserve) with the tuned environment (tcmalloc and libiomp5 in LD_PRELOAD, VLLM_CPU_KVCACHE_SPACE,
+VLLM_CPU_OMP_THREADS_BIND). The prompts come from the same `serve_workload.offline_workload` as
+benchmarks/offline.py (seed, lengths, ids >= 100 below the vocab size), so both systems see the
+identical requests; `workload_sha256` in the JSON proves it. All requests are submitted at once
+after one small warm-up generate; greedy, EOS ignored; useful tokens = the sum of the requested
+output lengths.
 """
 
 from __future__ import annotations
@@ -20,8 +22,7 @@ import platform
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/
-from serve_workload import add_offline_args, offline_workload_of, workload_sha256  # noqa: E402
+from orcaserve.bench.serve_workload import add_offline_args, offline_workload_of, workload_sha256
 
 DTYPES = {
     "fp32": "float32",
@@ -39,7 +40,7 @@ def main() -> int:
     ap.add_argument("--dtype", required=True, choices=sorted(DTYPES))
     add_offline_args(ap)
     ap.add_argument("--max-model-len", type=int, default=1024)
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
     import vllm
@@ -89,8 +90,8 @@ def main() -> int:
         },
         "env": {k: os.environ.get(k) for k in ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")},
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     print(
         f"vllm {DTYPES[args.dtype]}: {result['useful_tok_s']:.1f} useful tok/s, wall {wall:.1f} s "

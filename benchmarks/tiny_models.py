@@ -45,7 +45,7 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int, **generate_args: Any) -> list[int]:
+def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int, **generate_args: Any) -> list[int]:
     """transformers generate() for one request, the reference every engine output is held to;
     `generate_args` go to generate() (e.g. `sequence_bias`)."""
     with torch.inference_mode():

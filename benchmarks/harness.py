@@ -134,6 +134,7 @@ class TorchServe:
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
         while time.time() < deadline:
+            assert self.proc is not None
             if self.proc.poll() is not None:
                 raise TorchServeError(f"torchserve exited with {self.proc.returncode}\n{self.logs()}")
             if self.token_auth and not self.keys:
@@ -194,7 +195,7 @@ class TorchServe:
             self.url("/models", "management"),
             headers=self.auth("management"),
             timeout=timeout,
-            params={"url": url, "initial_workers": initial_workers, "synchronous": "true"},
+            params={"url": url, "initial_workers": str(initial_workers), "synchronous": "true"},
         )
         if r.status_code != 200:
             raise TorchServeError(f"register {url}: {r.status_code} {r.text}\n{self.logs()}")
@@ -210,7 +211,7 @@ class TorchServe:
             self.url(f"/models/{name}", "management"),
             headers=self.auth("management"),
             timeout=timeout,
-            params={"min_worker": workers, "max_worker": workers, "synchronous": "true"},
+            params={"min_worker": str(workers), "max_worker": str(workers), "synchronous": "true"},
         )
 
     def describe(self, name: str) -> list[dict]:

@@ -1,0 +1,316 @@
+"""The GPU check's summary (summary.json, engine.json in the results folder): per step pass /
+fail / timeout / skipped, the key figures of each step's JSON, the SM-busy samples of
+`nvidia-smi dmon` over the engine's end-to-end windows, and the checks against targets; rewritten
+after every step, so a run cut short still leaves one (docs/kernels.md "GPU check")."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import xml.etree.ElementTree as ET
+from typing import Any
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--results", required=True, help="the check's results folder")
+    ap.add_argument("--work", required=True, help="its scratch folder (preflight.json, steps.tsv, step JSONs)")
+    ap.add_argument("--dry", action="store_true")
+    ap.add_argument("--budget", type=int, required=True, help="seconds")
+    ap.add_argument("--elapsed", type=int, required=True, help="seconds so far")
+
+
+def run(args: argparse.Namespace) -> dict:
+    results, work, dry, budget, elapsed = args.results, args.work, args.dry, args.budget, args.elapsed
+
+    def load(path):
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except Exception:
+            return None
+
+    pre = load(os.path.join(work, "preflight.json")) or {}
+    steps = {}
+    for line in open(os.path.join(work, "steps.tsv")):
+        name, status, rc, secs, limit, reason = (line.rstrip("\n").split("\t") + [""] * 6)[:6]
+        steps[name] = {
+            "status": status,
+            "rc": int(rc) if rc.lstrip("-").isdigit() else None,
+            "seconds": int(secs) if secs.isdigit() else None,
+            "timeout_s": int(limit) if limit.isdigit() else None,
+            "reason": reason or None,
+        }
+    fig: dict[str, Any] = {}
+    xml = os.path.join(work, "tests.xml")
+    if os.path.exists(xml):
+        try:
+            root = ET.parse(xml).getroot()
+            cases = root.iter("testcase")
+            t: dict[str, Any] = {"passed": 0, "failed": 0, "skipped": 0, "failed_sections": []}
+            for case in cases:
+                if case.find("failure") is not None or case.find("error") is not None:
+                    t["failed"] += 1
+                    t["failed_sections"].append(case.get("name"))
+                elif case.find("skipped") is not None:
+                    t["skipped"] += 1
+                else:
+                    t["passed"] += 1
+            fig["tests"] = t
+        except Exception as e:
+            fig["tests"] = {"error": f"{type(e).__name__}: {e}"}
+    elif os.path.exists(os.path.join(work, "tests_sections.tsv")):
+        rows = [ln.split("\t") for ln in open(os.path.join(work, "tests_sections.tsv")).read().splitlines() if ln]
+        fig["tests"] = {
+            "passed": sum(r[1] == "0" for r in rows),
+            "failed": sum(r[1] != "0" for r in rows),
+            "failed_sections": [r[0] for r in rows if r[1] != "0"],
+        }
+    k = load(os.path.join(results, "kernels.json"))
+    if k:
+        fig["kernels"] = {
+            key: k.get(key)
+            for key in ("device", "dtype", "copy_gbps_measured", "peak_gbps_datasheet", "num_sms", "elapsed_s")
+        }
+        fig["kernels"]["layouts"] = {
+            f"{r.get('heads')}x{r.get('kv_heads')}x{r.get('head_dim')}": dict(
+                r.get("summary", {}), truncated=r.get("truncated", False)
+            )
+            for r in k.get("runs", [])
+        }
+    fu = load(os.path.join(results, "gpu-fused.json"))
+    if fu:
+        fig["fused"] = {
+            key: fu.get(key) for key in ("device", "dtype", "all_ok", "truncated", "elapsed_s", "per_layer", "skipped")
+        }
+    engine = {}
+    for part in (
+        "exact",
+        "throughput",
+        "generate_batch",
+        "real",
+        "graphs",
+        "graphs_8b",
+        "generate_batch_8b",
+        "startup",
+    ):
+        d = load(os.path.join(work, f"{part}.json"))
+        if d is not None:
+            engine[part] = d
+    if engine:
+        with open(os.path.join(results, "engine.json"), "w") as f:
+            json.dump(engine, f, indent=1)
+    if "exact" in engine:
+        fig["engine_exact"] = [
+            {
+                k: c.get(k)
+                for k in (
+                    "arch",
+                    "dtype",
+                    "backend",
+                    "verdict",
+                    "exact_sequences",
+                    "requests",
+                    "first_token_agreement",
+                    "steps_by_num_splits",
+                )
+            }
+            for c in engine["exact"].get("cases", [])
+        ]
+    tp = {}
+    for part in ("throughput", "generate_batch"):
+        for r in (engine.get(part) or {}).get("runs", []):
+            key = f"{r['config']}/{r['system']}"
+            tp[key] = {
+                k: r.get(k)
+                for k in ("useful_tok_s", "useful_tok_s_excl_startup", "wall_s", "startup_s", "error")
+                if r.get(k) is not None
+            }
+    if tp:
+        for other, key in (("generate", "vs_padded_generate"), ("generate_batch", "vs_generate_batch")):
+            base = {c.split("/")[0]: v.get("useful_tok_s") for c, v in tp.items() if c.endswith("/" + other)}
+            for c, v in tp.items():
+                b = base.get(c.split("/")[0])
+                if b and v.get("useful_tok_s") and not c.endswith("/" + other):
+                    v[key] = round(v["useful_tok_s"] / b, 2)
+        fig["throughput_useful_tok_s"] = tp
+        w = (engine.get("throughput") or {}).get("workload")
+        if w:
+            fig["throughput_workload"] = w
+    if "graphs" in engine:  # CUDA graphs on vs off (gpu_graphs.py)
+        g = engine["graphs"]
+        fig["graphs"] = {k: g.get(k) for k in ("speedup_end_to_end", "speedup_decode", "exact_fp32", "skipped")}
+        for side in ("on", "off"):
+            d = g.get(side) or {}
+            fig["graphs"][side] = {
+                "decode_median_ms": {str(r["batch"]): r["median_ms"] for r in d.get("decode", [])},
+                "startup_s": d.get("startup_s"),
+                "graphs_captured": d.get("graphs_captured"),
+                "end_to_end": d.get("end_to_end"),
+            }
+    # ---- the goal lines: each figure, its target, met or not (None: not measured) ----
+    samples: list[tuple[float, float]] = []  # (epoch second, SM busy %) from nvidia-smi dmon -o DT
+    if os.path.exists(os.path.join(work, "dmon.txt")):
+        for line in open(os.path.join(work, "dmon.txt")):
+            cols = line.split()
+            try:
+                samples.append((time.mktime(time.strptime(cols[0] + " " + cols[1], "%Y%m%d %H:%M:%S")), float(cols[3])))
+            except (IndexError, ValueError):
+                continue
+
+    def busy(window):
+        xs = sorted(sm for t, sm in samples if window and int(window[0]) <= t <= window[1])
+        return (
+            {"samples": len(xs), "mean_pct": round(sum(xs) / len(xs), 1), "median_pct": xs[len(xs) // 2]}
+            if xs
+            else None
+        )
+
+    def goal(value, target, ok):
+        if value is None or (isinstance(value, (list, dict, str)) and not value):
+            return {"value": None, "target": target, "met": None}
+        return {"value": value, "target": target, "met": bool(ok(value))}
+
+    def runs(part, system):
+        return next(
+            (
+                r
+                for r in (engine.get(part) or {}).get("runs", [])
+                if r.get("system") == system and r.get("useful_tok_s")
+            ),
+            None,
+        )
+
+    def ratio(a, b, part_a, part_b):
+        same = (engine.get(part_a) or {}).get("workload_sha256") == (engine.get(part_b) or {}).get("workload_sha256")
+        return round(a / b, 2) if a and b and same else None
+
+    def all_goals():
+        goals = {}
+        orca, gb = runs("throughput", "orcaserve"), runs("generate_batch", "generate_batch")
+        sm = busy(orca.get("window")) if orca else None
+        goals["1_sm_busy_end_to_end_pct"] = goal(
+            sm and sm["mean_pct"], ">= 70 (dmon, mean over the orcaserve run)", lambda v: v >= 70
+        )
+        g_on = (engine.get("graphs") or {}).get("on") or {}
+        if g_on.get("end_to_end"):
+            goals["1_sm_busy_graphs_end_to_end"] = busy(g_on["end_to_end"].get("window"))
+        dec = {r["batch"]: r for r in g_on.get("decode", [])}
+        goals["1_decode_b256_ms"] = goal(
+            dec.get(256, {}).get("median_ms"), "<= 2 (graphs on, SmolLM2 shape)", lambda v: v <= 2
+        )
+        goals["2_vs_generate_batch"] = goal(
+            ratio(orca and orca["useful_tok_s"], gb and gb["useful_tok_s"], "throughput", "generate_batch"),
+            ">= 8",
+            lambda v: v >= 8,
+        )
+        g8 = (engine.get("graphs_8b") or {}).get("on") or {}
+        gb8 = runs("generate_batch_8b", "generate_batch")
+        e2e8 = g8.get("end_to_end") or {}
+        goals["2_8b_vs_generate_batch"] = goal(
+            ratio(e2e8.get("useful_tok_s"), gb8 and gb8["useful_tok_s"], "graphs_8b", "generate_batch_8b"),
+            ">= 3",
+            lambda v: v >= 3,
+        )
+        over = {
+            str(r["batch"]): round(r["over_bytes_bound"], 2) for r in g8.get("decode", []) if r.get("over_bytes_bound")
+        }
+        goals["2_8b_decode_over_bytes_bound"] = goal(
+            over or None, "<= 1.3 at every batch", lambda v: max(v.values()) <= 1.3
+        )
+        if e2e8.get("window"):
+            goals["2_8b_sm_busy"] = busy(e2e8["window"])
+        for r in (k or {}).get("runs", []):
+            lay, summ = f"{r.get('heads')}x{r.get('kv_heads')}x{r.get('head_dim')}", r.get("summary", {})
+            pv = {key: round(v, 2) for key, v in (summ.get("prefill_vs_sdpa") or {}).items()}
+            goals[f"3_prefill_vs_sdpa_{lay}"] = goal(
+                pv or None,
+                ">= 0.7 at fresh 4k and 16k",
+                lambda v: all(v.get(x, 1) >= 0.7 for x in ("fresh 4k", "fresh 16k")),
+            )
+            mixed = [m.get("pct_peak") for m in r.get("mixed", []) if m.get("pct_peak") is not None]
+            goals[f"3_mixed_pct_peak_{lay}"] = goal(mixed or None, ">= 60 at every mixed shape", lambda v: min(v) >= 60)
+            n, ok = summ.get("decode_shapes"), summ.get("split_heuristic_within_10pct")
+            goals[f"3_split_within_10pct_{lay}"] = goal(
+                n and f"{ok}/{n}", "every decode shape", lambda v, ok=ok, n=n: ok == n
+            )
+            # Before the refit every batch >= 128 took one split: the chosen split's time over one split's.
+            big = [
+                d["ms_by_splits"][str(d["heuristic_splits"])] / d["ms_by_splits"]["1"]
+                for d in r.get("decode", [])
+                if d.get("batch", 0) >= 128
+                and str(d.get("heuristic_splits")) in d.get("ms_by_splits", {})
+                and "1" in d.get("ms_by_splits", {})
+            ]
+            goals[f"3_split_batch128_vs_one_split_{lay}"] = goal(
+                big and round(max(big), 3), "<= 1.02 (nothing slower, +-2 % noise)", lambda v: v <= 1.02
+            )
+        st = engine.get("startup") or {}
+        goals["4_startup"] = goal(
+            st.get("cuda_engine_first_s")
+            and {
+                x: st.get(x)
+                for x in (
+                    "import_torch_s",
+                    "torch_custom_ops",
+                    "torch_custom_ops_s",
+                    "cuda_engine_first_s",
+                    "cuda_engine_load_library_calls",
+                    "cuda_engine_custom_ops",
+                )
+            },
+            "no seconds of custom-op registration; no CPU library load on CUDA",
+            lambda v: (
+                v["torch_custom_ops_s"] < 1
+                and v["cuda_engine_load_library_calls"] == 0
+                and v["cuda_engine_custom_ops"] == 0
+            ),
+        )
+        cases = (engine.get("exact") or {}).get("cases", [])
+        verdicts = {f"{c.get('arch')}/{c.get('dtype')}/{c.get('backend')}": c.get("verdict") for c in cases}
+        goals["5_exact_graphs_on"] = goal(
+            verdicts or None,
+            "every case passes (fp32 exact, bf16 within noise)",
+            lambda v: all(c.get("pass") for c in cases),
+        )
+        goals["5_exact_fp32_graphs_on_vs_off"] = goal(
+            (engine.get("graphs") or {}).get("exact_fp32"), "pass", lambda v: v.get("pass")
+        )
+        return goals
+
+    try:  # a figure of an unexpected shape must not cost the rest of the summary
+        fig["goals"] = all_goals()
+    except Exception as e:
+        fig["goals"] = {"error": f"{type(e).__name__}: {e}"}
+    if "real" in engine:
+        r = engine["real"]
+        fig["real_model"] = r.get("skipped") or [
+            {k: c.get(k) for k in ("dtype", "verdict", "exact_sequences", "first_answer")} for c in r.get("cases", [])
+        ]
+    summary = {
+        "gpu": pre.get("gpu", "none (dry run on CPU)" if dry else None),
+        "dry_run": dry,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "elapsed_s": elapsed,
+        "budget_s": budget,
+        "python": pre.get("python"),
+        "versions": pre.get("versions"),
+        "capability": pre.get("capability"),
+        "sms": pre.get("sms"),
+        "gpu_mem_gib": pre.get("gpu_mem_gib"),
+        "api_probes": pre.get("probes"),
+        "ready": pre.get("ready"),
+        "not_ready_reason": pre.get("not_ready_reason") or None,
+        "steps": steps,
+        "figures": fig,
+        # the correctness steps passed (tests, engine exactness; the real model where it ran)
+        "correctness_pass": all(steps.get(n, {}).get("status") == "pass" for n in ("tests", "engine_exact"))
+        and steps.get("engine_real", {}).get("status") in ("pass", "skipped", None),
+        # every step ran to its end; only the real model may be skipped (it cannot travel)
+        "all_steps_completed": bool(steps)
+        and all(s["status"] == "pass" or (n == "engine_real" and s["status"] == "skipped") for n, s in steps.items()),
+    }
+    with open(os.path.join(results, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
