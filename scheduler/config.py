@@ -42,14 +42,14 @@ class EngineConfig:
     dtype: str | torch.dtype | None = None
     device: str | None = None
     attention_backend: str | None = None  # "cpu" | "torch" | "triton"
-    scheduling_policy: str = "fcfs"  # "fcfs" | "priority" | "fair" (per tenant, docs/engine.md)
+    scheduling_policy: str = "fcfs"  # "fcfs" | "priority" | "fair" (per tenant, docs/fair-share.md)
     # fair: a tenant's share is proportional to its weight (default 1); a prompt token computed
     # costs prompt_token_weight, an output token output_token_weight (VTC's 1 and 2).
     tenant_weights: dict[str, float] | None = None
     prompt_token_weight: float = 1.0
     output_token_weight: float = 2.0
     # fair: while a tenant below its share runs in a step, the tenants above theirs compute at most
-    # this many prompt tokens in it (docs/engine.md, "Prompt cap beside a below-share tenant");
+    # this many prompt tokens in it (docs/fair-share.md, "Prompt cap beside a below-share tenant");
     # None: no cap.
     fair_prefill_cap: int | None = DEFAULT_PREFILL_CAP
     trace: bool = False  # record every step for the schedule picture

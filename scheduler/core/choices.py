@@ -3,7 +3,7 @@
 A request with `n > 1` becomes n requests (`<id>#<i>`) that the scheduler treats like any other;
 their outputs carry the parent's id and the choice's index. Only the first is scheduled at once;
 the others wait here until its prompt is computed, then find the prompt's full blocks in the
-prefix cache and compute only the last, partial block (docs/engine.md, "n choices of one
+prefix cache and compute only the last, partial block (docs/kv-cache.md, "n choices of one
 request"). Without prefix caching they are all scheduled at once, and each computes the prompt.
 """
 

@@ -5,7 +5,7 @@ A tenant's counter is the weighted service it received, `(w_p * prompt + w_q * o
 weight`, measured from an origin that moves with the slowest backlogged tenant (`rebase`). The
 scheduler serves the backlogged tenant (one with waiting requests) whose counter is smallest; a
 tenant that starts waiting begins no lower than the others (`virtual_time`). Design and bound:
-docs/engine.md, "Fair share between tenants (VTC)".
+docs/fair-share.md, "Fair share between tenants (VTC)".
 """
 
 from __future__ import annotations

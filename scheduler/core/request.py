@@ -74,7 +74,7 @@ class Request:
         # charged to it already or came from the cache at first admission (never charged again).
         self.tenant = tenant
         self.prompt_charged = 0
-        # Seat handover (fair, docs/engine.md "Seat handover"): waiting with its blocks and computed
+        # Seat handover (fair, docs/fair-share.md "Seat handover"): waiting with its blocks and computed
         # tokens kept, to resume where it stopped; and the step that last admitted it.
         self.suspended = False
         self.admitted_step = -1

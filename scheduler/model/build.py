@@ -3,7 +3,7 @@
 Apart from engine.py because it is done once, before the first step: the model is checked
 (docs/serving.md "Supported architectures", "Quantized weights"), quantized if asked, moved to the
 config's device and dtype, and the cache's blocks and the longest sequence are worked out from
-`kv_cache_memory` and the model's limits (docs/engine.md "Paged KV cache"); the engine's
+`kv_cache_memory` and the model's limits (docs/kv-cache.md "Paged KV cache"); the engine's
 constructor then allocates that many blocks.
 """
 
