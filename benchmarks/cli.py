@@ -44,7 +44,7 @@ class _Out(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         if option_string == "--json":
-            warnings.warn("--out is deprecated: use --out", FutureWarning, stacklevel=1)
+            warnings.warn("--json is deprecated: use --out", FutureWarning, stacklevel=1)
         setattr(namespace, self.dest, values)
 
 

@@ -106,7 +106,7 @@ def engine_view(samples: list[tuple[float, dict]], model: str) -> dict:
 
 
 def goals(phases: list[dict], bound: dict | None = None) -> dict:
-    """The issue's goal lines, from the phases' figures (None where a phase is missing); with the
+    """The fair-share targets (docs/fair-share.md), from the phases' figures (None where a phase is missing); with the
     decode-step `bound` (fairness_step_bound.py), what bounds the e2e ratio beside them."""
     by = {p["name"]: p for p in phases}
     alone, fcfs, fair, weighted = (by.get(n) for n in ("B alone", "fcfs", "fair", "fair 2:1"))

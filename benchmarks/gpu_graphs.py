@@ -10,7 +10,7 @@ the other, and for each:
 decode      B requests of `--context` random tokens prefilled, then `--steps` decode-only
             `Engine.step()`s timed one by one (scheduler, model, sampler: each step ends with
             the sampled ids' copy back, so its wall time is the GPU's too): median and p90 ms at
-            B = 1, 16, 64, 256 (the issue's goal: <= 2 ms at 256); the share of steps replayed from
+            B = 1, 16, 64, 256; the share of steps replayed from
             a graph; and over 10 of the steps at the largest B the kernel time torch.profiler saw
             divided by their wall time (`kernel_time_fraction`: how busy the GPU was).
 end_to_end  `--num-prompts` prompts of the offline workload (U[16, 256] prompt tokens, U[8, 128]
@@ -22,7 +22,7 @@ exact       A tiny fp32 Llama (gpu_exact.py's shapes) greedy on 16 prompts of 1-
 --shape llama8b: Llama-3.1-8B's layers instead (gpu_throughput.LLAMA8B); gpu_check.sh runs it with
 --sides on --no-exact as its step `engine_8b`. Every decode row also gives the step's bytes bound
 (gpu_decode_bound.py: weights + the K/V read, over the measured copy bandwidth) and the median's
-ratio to it (the issue's goal: <= 1.3x); the end-to-end run gives its time window, over which
+ratio to it; the end-to-end run gives its time window, over which
 gpu_check.sh reads the SMs' busy share from `nvidia-smi dmon`.
 --smoke on the CPU: no graphs can be captured there, so "on" runs every step padded to its graph's
 sizes, eagerly (`ModelRunner.pad_steps`), which exercises the same inputs a graph would read.
