@@ -18,22 +18,21 @@ when a layer or backend is built: nothing here runs per step.
 Why each cell is what it is (measurements in docs/performance-log.md):
 - attention, fp32 and fp16: the widest vector variant; the bf16 instructions change nothing there.
 - attention, bf16: vdpbf16ps where the CPU has it (avx512_bf16), AMX prefill tiles on amx
-  (docs/performance-log.md, "2026-12-04: AMX prefill attention, one-pass element-wise ops, first
-  tokens first (Sapphire Rapids)").
+  (docs/performance-log.md#2026-12-04-amx-prefill-attention-one-pass-element-wise-ops-first-tokens-first-sapphire-rapids).
 - fused element-wise ops and argmax: the widest variant; bf16 rounds through vcvtneps2bf16 on
   avx512_bf16 and amx.
 - linear, fp32: the project's GEMM on every x86 kind measured (Zen 3, Zen 4, Ice Lake, Sapphire
   Rapids), else MKL's packed sgemm on Intel CPUs, else oneDNN's pre-packed inner product (MKL takes
   slow paths on other vendors' CPUs).
 - linear, bf16: without native bf16 (avx2, avx512) the project's fp32 GEMM widening bf16 panels
-  (oneDNN cannot pack bf16 on AVX2 and emulates it on AVX-512, 3.5-4.1x slower on Ice Lake); with
+  (oneDNN cannot pack bf16 on AVX2 and emulates it on AVX-512, slower on Ice Lake); with
   AVX-512 BF16 and no AMX (Zen 4) the vdpbf16ps GEMM; with AMX oneDNN's tiles.
 - linear_quant, per GGUF block format (q8_0, q4_0, q4_1, q4_k, q6_k; `kernels/quant.py`): the
   project's GEMM over packed codes (gemm_quant.cpp), bit for bit its fp32 GEMM on the dequantized weight. torch's
-  `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` beat bf16 only up to 4-8 rows, 2x slower
-  at 32 (Zen 2), and lost to this kernel at 1-2 rows; they take bf16 activations, other formats
-  than GGUF's, and are not bitwise: no cell names them (docs/performance-log.md, "2026-12-05: GGUF
-  codes served quantized").
+  `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` beat bf16 only at a few rows and lost to
+  this kernel at 1-2; they take bf16 activations, other formats than GGUF's, and are not bitwise:
+  no cell names them
+  (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
 """
 
 from __future__ import annotations
@@ -172,8 +171,8 @@ def available(kernel: str) -> bool:
 @functools.cache
 def intel_cpu() -> bool:
     """MKL's sgemm takes slower code paths on other vendors' CPUs: on an AMD Zen 3 oneDNN's
-    pre-packed inner product ran SmolLM2's gate_up at 32 rows in 1.34 ms against MKL's 2.39
-    (`python benchmarks/gemm.py --dtype float32`; docs/peers.md, "On an AMD EPYC Zen 3")."""
+    pre-packed inner product ran SmolLM2's fp32 GEMMs faster than MKL (`orcaserve-bench kernels
+    gemm --dtype float32`; docs/performance-log.md#on-an-amd-epyc-zen-3-avx2-no-avx-512-no-native-bf16-2026-12-01)."""
     try:
         with open("/proc/cpuinfo") as f:
             return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)

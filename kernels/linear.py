@@ -43,10 +43,10 @@ def takes(kernel: str, weight: torch.Tensor) -> bool:
 
 # bf16 GEMMs whose output is no wider than their input (o_proj, down_proj) run from the plain weight
 # from this many rows on: there oneDNN's inner product on the packed weight is bimodal and slow in
-# most runs (AMX; down_proj at 512 rows 2.0-2.6 ms against 1.4 for its matmul, F.linear), while
-# below it the packed one wins (`python benchmarks/gemm.py`, docs/performance-log.md, "2026-11-30:
-# GEMMs at prefill sizes and on first use, plain copies for bf16 o and down"). Keeping both copies
-# costs those weights' memory twice.
+# most runs (AMX), slower than the matmul on the plain copy (F.linear), while below it the packed
+# one wins (`orcaserve-bench kernels gemm`;
+# docs/performance-log.md#2026-11-30-gemms-at-prefill-sizes-and-on-first-use-plain-copies-for-bf16-o-and-down).
+# Keeping both copies costs those weights' memory twice.
 PLAIN_FROM_ROWS = 384
 
 # The row count MKL is told it packs for. Its packed layout of the weight does not depend on it

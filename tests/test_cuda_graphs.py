@@ -13,6 +13,7 @@ import textwrap
 import pytest
 import torch
 
+from orcaserve.bench.cli import command
 from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
 from orcaserve.kernels.pytorch import attention as torch_attention
 from orcaserve.scheduler import Engine, SamplingParams
@@ -275,12 +276,12 @@ def test_the_triton_kernels_leave_pad_rows_and_skipped_slots_alone():
 
 @pytest.mark.slow
 def test_gpu_graphs_benchmark_smoke(tmp_path):
-    """benchmarks/gpu_graphs.py (gpu_check.sh's step engine_graphs, GPU only) runs on the CPU with
+    """`orcaserve-bench gpu graphs` (gpu_check.sh's step engine_graphs, GPU only) runs on the CPU with
     --smoke: its plumbing, so a GPU session does not find it broken."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "graphs.json"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/gpu_graphs.py", "--smoke", "--json", str(out)],
+        [*command("gpu"), "graphs", "--smoke", "--out", str(out)],
         cwd=root,
         capture_output=True,
         text=True,

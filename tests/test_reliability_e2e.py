@@ -121,7 +121,7 @@ def test_a_hung_up_stream_runs_to_its_limit(ts):
 
 def test_oversized_prompts_do_not_stop_other_streams(ts, offline):
     """Tokenizing 4 bodies of 1 MiB takes seconds; on the engine thread it stopped every stream
-    for all of them (benchmarks/admission.py), now it runs beside the engine."""
+    for all of them (benchmarks/admission.py, retired at fc3a01a), now it runs beside the engine."""
     r = rs.oversized_prompts(ts, offline)
     print(r)
     assert r["statuses"] == [400] * 4 and set(r["params"]) == {"prompt"}

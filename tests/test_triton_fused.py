@@ -212,14 +212,15 @@ def section_decoder(dtype: torch.dtype) -> None:
 
 
 def section_bench_smoke() -> None:
-    """benchmarks/gpu_fused.py (the GPU check's step) end to end at its smoke sizes."""
+    """`orcaserve-bench gpu fused` (the GPU check's step, benchmarks/gpu_fused.py) end to end at its
+    smoke sizes."""
     import tempfile
 
-    from orcaserve.bench import gpu_fused
+    from orcaserve.bench import cli
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gpu-fused.json"
-        assert gpu_fused.main(["--smoke", "--json", str(out)]) == 0
+        assert cli.main(["gpu", "fused", "--smoke", "--out", str(out)]) == 0
         res = json.loads(out.read_text())
     assert res["all_ok"] and {r["op"] for r in res["rows"]} == {"add_rms_norm", "silu_mul", "rope_store_kv"}
     assert all(r["triton"]["eager_us"] > 0 and r["torch"]["eager_us"] > 0 for r in res["rows"])

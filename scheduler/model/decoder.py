@@ -47,8 +47,7 @@ def padded_tokens(t: int, multiple: int) -> int:
 # Row multiples the steps pad to where oneDNN runs the GEMMs. fp32 GEMMs here are compute-bound,
 # their time linear in the rows: the finer, the less padding is computed (fp32 pads only where
 # neither the project's GEMM nor MKL runs them). AMX runs bf16 tiles of 16 rows and is
-# slower at 8-row multiples between them (136 rows took longer than 144, 264 than 288:
-# `python benchmarks/gemm.py --rows 136,144,264,288`).
+# slower at 8-row multiples between them (`orcaserve-bench kernels gemm --rows 136,144,264,288`).
 PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}
 
 

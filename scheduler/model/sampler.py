@@ -99,7 +99,7 @@ class Sampler:
 
     def __init__(self) -> None:
         # Looked up at the first CPU batch: an engine on a GPU never loads the C++ CPU library for
-        # it (docs/performance-log.md, "2026-12-04: start-up and the op registrations").
+        # it (docs/performance-log.md#2026-12-04-start-up-and-the-op-registrations-amd-epyc-zen-2-2-vcpus).
         self.argmax_ops: dict[torch.dtype, Any] | None = None
         self.masks = MaskBuffer()  # structured outputs' token masks (model/grammar.py)
 

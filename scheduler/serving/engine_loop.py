@@ -310,11 +310,11 @@ class EngineLoop:
             for rid in list(self._streams):
                 self._end_early(rid, "error", InternalError(f"internal error: {type(e).__name__}: {e}"))
             return
-        # First tokens go out first: the event loop writes a step's frames one after another (about
-        # 0.1 ms each, on a core it shares with the engine), and a new request's first token came
-        # last in a step of 32 streams, 3.4 ms (median) after the step's outputs were handed over
-        # (docs/performance-log.md, "2026-12-04: AMX prefill attention, one-pass element-wise ops,
-        # first tokens first (Sapphire Rapids)"). Each stream still sees its outputs in order.
+        # First tokens go out first: the event loop writes a step's frames one after another, on a
+        # core it shares with the engine, and a new request's first token would otherwise come
+        # last in a step of many streams (measured: docs/performance-log.md
+        # #2026-12-04-amx-prefill-attention-one-pass-element-wise-ops-first-tokens-first-sapphire-rapids).
+        # Each stream still sees its outputs in order.
         outputs.sort(key=lambda out: out.completion_tokens > len(out.new_token_ids))
         for out in outputs:
             rid = out.request_id
