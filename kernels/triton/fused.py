@@ -1,7 +1,7 @@
 """The lean decoder's element-wise steps fused for the GPU (Triton twins of kernels/pytorch/fused.py):
 residual add + RMSNorm, SiLU(gate) * up, and rotary embedding + K/V store. Unfused, each is 3-8
 PyTorch ops per layer, one launch and one pass over memory each; unfused, the GPU engine is
-host-bound (docs/kernels.md "GPU performance").
+host-bound (docs/performance-log.md#gpu-performance-one-h200-2026-12-04).
 
 Same arithmetic as the PyTorch twins, rounding to the tensor dtype wherever an unfused op stores a
 tensor, statistics in fp32:
