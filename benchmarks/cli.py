@@ -96,5 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     return int(res.get("exit_code", 0)) if isinstance(res, dict) else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m orcaserve.bench.cli`: run the imported module, whose ARGV steps.py reads
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main())
