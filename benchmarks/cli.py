@@ -19,17 +19,11 @@ from orcaserve.bench import result
 # name -> (module, what it measures). The module is imported only when its subcommand runs.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "offline": ("orcaserve.bench.offline", "offline throughput: the engine vs transformers' generate, one workload"),
-    "serve": (
-        "orcaserve.bench.serve",
-        "load generator: TTFT/TPOT/latency vs rate against TorchServe or any OpenAI URL",
-    ),
+    "serve": ("orcaserve.bench.serve_bench", "load generator: TTFT/TPOT/latency vs rate, TorchServe or any OpenAI URL"),
     "peers": ("orcaserve.bench.peers.run", "orcaserve vs vLLM's CPU backend and llama.cpp's server, offline and HTTP"),
-    "baseline": ("orcaserve.bench.baseline.archive", "build the request-level baseline (TorchServe batching) archive"),
+    "baseline": ("orcaserve.bench.baseline.baseline_archive", "archive of the baseline: TorchServe's batching"),
     "fair": ("orcaserve.bench.fairness", "two tenants, one flooding: token shares and the quiet tenant's latency"),
-    "prefix": (
-        "orcaserve.bench.prefix_cache",
-        "prefix caching on vs off (shared prompts) and a timing probe across tenants",
-    ),
+    "prefix": ("orcaserve.bench.prefix_cache", "prefix caching on vs off, and a timing probe across tenants"),
     "kernels": ("orcaserve.bench.cpu_kernels", "CPU GEMMs (bf16/fp32 and quantized) against torch's, ms per call"),
     "gpu": ("orcaserve.bench.gpu", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }

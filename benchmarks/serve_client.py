@@ -1,4 +1,4 @@
-"""The load generator's client (benchmarks/serve.py): one streamed OpenAI completions request with
+"""The load generator's client (benchmarks/serve_bench.py): one streamed OpenAI completions request with
 its timings, and one rate's (or one closed loop's) worth of them."""
 
 from __future__ import annotations

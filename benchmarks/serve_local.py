@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 @contextmanager
 def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None]]:
     """TorchServe serving `args.model` (default: both systems); yields its URL and inference key."""
-    from orcaserve.bench.baseline.archive import build_archive
+    from orcaserve.bench.baseline.baseline_archive import build_archive
     from orcaserve.bench.harness import TorchServe
     from orcaserve.handler.archive import build
 

@@ -1,4 +1,4 @@
-"""Aggregation and reporting for benchmarks/serve.py: percentiles, per-run summaries, the verdict
+"""Aggregation and reporting for benchmarks/serve_bench.py: percentiles, per-run summaries, the verdict
 on the issue's two claims, the Markdown table, the latency-throughput plot and the machine record.
 """
 

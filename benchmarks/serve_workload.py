@@ -1,4 +1,4 @@
-"""The benchmarks' workloads: the load generator's (benchmarks/serve.py) request specs, seeded
+"""The benchmarks' workloads: the load generator's (benchmarks/serve_bench.py) request specs, seeded
 synthetic or JSONL prompts, Poisson arrival offsets and argparse types, and the offline workload
 (benchmarks/offline.py, benchmarks/peers/vllm_offline.py). Standard library only: vLLM's own
 environment imports it too."""

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_serve_bench_smoke(tmp_path):
-    from orcaserve.bench.baseline.archive import build_archive
+    from orcaserve.bench.baseline.baseline_archive import build_archive
 
     store = tmp_path / "model-store"
     build_archive(str(store), "smollm2-baseline")

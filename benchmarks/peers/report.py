@@ -24,7 +24,7 @@ The same two workloads on both systems, one system at a time, by `make bench-pee
   API (`orcaserve.scheduler.Engine.generate`, `vllm.LLM.generate`). Output tok/s = sum of the
   requested output lengths / wall time.
 - **http**: the same kind of requests streamed (`stream: true`, token-id prompts, `ignore_eos`,
-  temperature 0) by closed-loop clients of `benchmarks/serve.py`: orcaserve inside TorchServe
+  temperature 0) by closed-loop clients of `benchmarks/serve_bench.py`: orcaserve inside TorchServe
   0.12, vLLM's OpenAI server. Output tok/s over the whole run; TTFT is the time to the first
   non-empty text chunk.
 

@@ -13,7 +13,7 @@ dtype (fp32, bf16): orcaserve offline (benchmarks/offline.py --systems orcaserve
 (vllm_offline.py in vLLM's venv), orcaserve over HTTP (its archive in a fresh TorchServe from
 tests/torchserve_harness), vLLM over HTTP (its OpenAI server). For `gguf` (the GGUF file's own
 quantized weights), over HTTP: orcaserve with `quantization: gguf`, llama.cpp's server
-(llamacpp.py). The HTTP load is benchmarks/serve.py for all. Each size of `--models` (models.py:
+(llamacpp.py). The HTTP load is benchmarks/serve_bench.py for all. Each size of `--models` (models.py:
 SmolLM2-135M, and random weights in Llama-3.2-1B's shapes) runs every cell; what a size reads is
 made once and cached (models.prepare). Every server is
 stopped (its whole process group) before the next system starts. Writes the JSON (results of an
