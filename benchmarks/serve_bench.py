@@ -32,7 +32,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-from orcaserve.bench import serve_local
+from orcaserve.bench import cli, serve_local
 from orcaserve.bench.serve_client import Result, run_one, send
 from orcaserve.bench.serve_report import (
     BEGIN,
@@ -254,7 +254,7 @@ def _measure(args: argparse.Namespace) -> dict:
     plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
     report = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": os.environ.get("SERVE_BENCH_COMMAND") or command_line(sys.argv[1:]),
+        "command": os.environ.get("SERVE_BENCH_COMMAND") or command_line(cli.ARGV),
         "machine": machine(),
         "url": plan.base,
         "endpoints": {model: url for model, url, _ in plan.targets},

@@ -263,4 +263,4 @@ def command_line(argv: list[str]) -> str:
         else:
             shown.append(a if " " not in a else repr(a))
         hide = a == "--key"
-    return "orcaserve-bench serve " + " ".join(shown)
+    return "orcaserve-bench " + " ".join(shown)
