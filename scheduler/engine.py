@@ -222,7 +222,9 @@ class Engine:
         launched, failed = self._launch(sched)
         outputs += [self._fail(req, error) for req, error in failed]
         outputs += self._collect()  # the previous step's, while this one runs on the device
-        self.scheduler.update_after_step(sched)
+        self.scheduler.update_after_step(sched)  # before the placeholders: it counts sampled tokens
+        if launched is not None:
+            launched.add_placeholders(self.max_model_len)
         self._inflight = launched
         if not self.async_scheduling:
             outputs += self._collect()
@@ -235,14 +237,13 @@ class Engine:
         return outputs
 
     def _launch(self, sched: SchedulerOutput) -> tuple[Launched | None, Failures]:
-        """Queue the batch on the device (launch.py): each sampling request's next token becomes
-        a placeholder, filled on the device in the next step's inputs (`StepBuffers.patch`) and on
-        the host by `_collect`."""
+        """Queue the batch on the device (launch.py); `step` then makes each sampling request's
+        next token a placeholder, filled on the device in the next step's inputs
+        (`StepBuffers.patch`) and on the host by `_collect`."""
         parts, failed = run_batch(self, sched)
         if not parts:
             return None, failed
         launched = Launched.of(parts, self.runner.to_host)
-        launched.add_placeholders(self.max_model_len)
         self.runner.buffers.prev_tokens = launched.tokens
         return launched, failed
 

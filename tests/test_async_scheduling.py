@@ -110,6 +110,9 @@ def test_real_model_async_matches_sync(engine_for, policy):
     expected = _summary(_drive(sync, work))
     got = _summary(_drive(asyn, work))
     assert got == expected
+    # The tenants are charged the same tokens: a token dropped a step late is never charged.
+    charged = [(t.prompt_tokens, t.output_tokens) for t in (e.scheduler.shares.get(None) for e in (sync, asyn))]
+    assert charged[0] == charged[1] and charged[0][1] > 0
     assert asyn.stats.num_preemptions > 0 and sync.stats.num_preemptions > 0
     assert asyn.stats.prefix_cache_hits > 0
 
