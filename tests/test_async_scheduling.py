@@ -169,3 +169,35 @@ def test_host_overhead_benchmark_smoke(tokenizer, monkeypatch):
     )
     assert set(result["host_per_step"]) == {"sync", "async"}
     assert set(result["overlap"]["async"]) == {"1.0"}
+
+
+def test_engine_loop_streams_with_async_scheduling(engine_for):
+    """The serving loop over an asynchronous engine: streams from threads end with every block
+    back in the pool and the in-flight step drained."""
+    import threading
+
+    from tiny_models import hf_greedy
+
+    from orcaserve.scheduler import EngineLoop
+
+    model = tiny_model("llama")
+    loop = EngineLoop(engine_for(model, max_num_seqs=4, async_scheduling=True)).start()
+    try:
+        prompts = [[3 + i] * (4 + 7 * i) for i in range(6)]
+        results: dict[int, list] = {}
+
+        def client(i: int) -> None:
+            stream = loop.submit(f"t{i}", prompts[i], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+            results[i] = list(stream)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(results) == 6
+        for i, outs in results.items():
+            assert outs[-1].finished and [t for o in outs for t in o.new_token_ids] == hf_greedy(model, prompts[i], 8)
+    finally:
+        loop.shutdown()
+    assert loop.engine.kv.pool.num_used == 0 and not loop.engine.has_unfinished()
