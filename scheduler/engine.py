@@ -27,8 +27,8 @@ from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_token
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 from orcaserve.scheduler.model.sampler import Sampler
+from orcaserve.scheduler.prompt import Prompt, encode_prompt
 from orcaserve.scheduler.sampling_params import SamplingParams
-from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
 
