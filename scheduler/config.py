@@ -64,6 +64,9 @@ class EngineConfig:
     # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks; "int8"
     # (q8_0) and "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
     quantization: str | None = None
+    # Schedule step N+1 while the device runs step N (docs/host-overlap.md). None: on for CUDA,
+    # off on the CPU, where the model's threads are the host's and nothing overlaps.
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -86,6 +89,8 @@ class EngineConfig:
             )
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be true, false or null, got {self.cuda_graphs!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be true, false or null, got {self.async_scheduling!r}")
         if self.scheduling_policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {self.scheduling_policy!r}")
         check_weights(self.tenant_weights)
@@ -129,3 +134,9 @@ class EngineConfig:
         elsewhere is not an error: a config written for a GPU still loads on a CPU."""
         runs_there = self.resolved_device().type == "cuda" and self.resolved_backend() == "triton"
         return runs_there and self.cuda_graphs is not False
+
+    def resolved_async_scheduling(self) -> bool:
+        """Whether steps overlap the host's work with the device's (docs/host-overlap.md)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.resolved_device().type == "cuda"

@@ -19,21 +19,20 @@ from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.detokenizer import IncrementalDetokenizer, stream_backend
 from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.launch import Failures, Launched, needs_host, run_batch
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
-from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 from orcaserve.scheduler.model.sampler import Sampler
+from orcaserve.scheduler.prompt import Prompt, encode_prompt
 from orcaserve.scheduler.sampling_params import SamplingParams
-from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
-from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
 
-_Sample = tuple[Request, int, TokenLogprob | None]  # a request, its new token, and its logprob if asked
 TRACE_STEPS = 100_000
 
 
@@ -81,6 +80,9 @@ class Engine:
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
+        self.async_scheduling = config.resolved_async_scheduling()
+        self._inflight: Launched | None = None  # the step on the device, not yet post-processed
+        self._detok_backend = stream_backend(tokenizer)
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
@@ -150,7 +152,9 @@ class Engine:
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
         for req in reqs:
-            self.postprocessor.add(req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop))
+            self.postprocessor.add(
+                req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop, self._detok_backend)
+            )
         if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices,
             # a chunk per step (`step`); a chunk of max_num_batched_tokens rows costs about one full
             # step (the forward of as many tokens, plus every row's logits), so no step takes double.
@@ -189,7 +193,7 @@ class Engine:
         return outs
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or len(self.prompt_jobs) > 0
+        return self.scheduler.has_unfinished() or len(self.prompt_jobs) > 0 or self._inflight is not None
 
     def _record_occupancy(self) -> None:
         self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
@@ -198,34 +202,73 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """Run one iteration; returns an output for every request that produced a token.
 
-        A request whose model run or sampling fails gets a final output with
-        `finish_reason="error"` and `error` set, and gives its blocks back; the batch is re-run
-        without it (see `_run`), so its batch-mates go on. A failure while post-processing one
-        request fails that request alone. Before the batch, one chunk of the oldest prompt
-        log-probabilities job (`_advance_prompt_job`).
+        With `async_scheduling` the step launches its batch and then post-processes the previous
+        one, whose ids the device sampled meanwhile: outputs come a step later, and are exactly
+        the synchronous engine's (docs/host-overlap.md). A request whose model run or sampling
+        fails gets a final output with `finish_reason="error"` and `error` set, and gives its
+        blocks back; the batch is re-run without it (`launch.run_batch`), so its batch-mates go on. A
+        failure while post-processing one request fails that request alone. Before the batch,
+        one chunk of the oldest prompt log-probabilities job (`_advance_prompt_job`).
         """
         started = time.time()
-        outputs = self._advance_prompt_job()
+        outputs = self._collect() if self.prompt_jobs else []  # a prompt job runs on the host
+        outputs += self._advance_prompt_job()
         sched = self.scheduler.schedule()
+        if self._inflight is not None and (sched.is_empty or needs_host(sched.sampling)):
+            outputs += self._collect()  # the previous step's ids first (docs/host-overlap.md "Synchronous rows")
+            alive = sched.subset([r for r, req in sched.requests.items() if req.status == RequestStatus.RUNNING])
+            alive.preempted, sched = sched.preempted, alive
         if sched.is_empty:
             if self.prompt_jobs or outputs:
                 self._record_occupancy()
             return outputs
-        sampled, failed = self._run(sched)
+        launched, failed = self._launch(sched)
         outputs += [self._fail(req, error) for req, error in failed]
-        self.scheduler.update_after_step(sched)
+        outputs += self._collect()  # the previous step's, while this one runs on the device
+        self.scheduler.update_after_step(sched)  # before the placeholders: it counts sampled tokens
+        if launched is not None:
+            launched.add_placeholders(self.max_model_len)
+        self._inflight = launched
+        if not self.async_scheduling:
+            outputs += self._collect()
+        for req in self.choices.release():  # further choices, once the first holds the prompt
+            self.scheduler.add_request(req, front=True)
         now = time.time()
-        for req, token, logprob in sampled:
+        self.stats.record_step(sched, self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
+        if self.trace is not None:
+            self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
+        return outputs
+
+    def _launch(self, sched: SchedulerOutput) -> tuple[Launched | None, Failures]:
+        """Queue the batch on the device (launch.py); `step` then makes each sampling request's
+        next token a placeholder, filled on the device in the next step's inputs
+        (`StepBuffers.patch`) and on the host by `_collect`."""
+        parts, failed = run_batch(self, sched)
+        if not parts:
+            return None, failed
+        launched = Launched.of(parts, self.runner.to_host)
+        self.runner.buffers.prev_tokens = launched.tokens
+        return launched, failed
+
+    def _collect(self) -> list[RequestOutput]:
+        """Post-process the step in flight, if any: wait for its ids (the step's one host sync)
+        and give each request its token. A request finished since it was launched (a stop found
+        a step late, an abort, a deadline, a failure) drops its token."""
+        launched, self._inflight = self._inflight, None
+        if launched is None:
+            return []
+        ids = launched.host_ids()
+        now = time.time()
+        outputs = []
+        for i, (req, token) in enumerate(zip(launched.reqs, ids)):
+            if req.status == RequestStatus.FINISHED:
+                continue
             try:
+                logprob = launched.logprobs[i] if launched.logprobs is not None else None
                 outputs.append(self.postprocessor.token(req, token, logprob, now))
             except Exception as e:
                 log.exception("post-processing failed; failing request %s", req.request_id)
                 outputs.append(self._fail(req, e))
-        for req in self.choices.release():  # further choices, once the first holds the prompt
-            self.scheduler.add_request(req, front=True)
-        self.stats.record_step(sched, self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
-        if self.trace is not None:
-            self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
         return outputs
 
     def _advance_prompt_job(self) -> list[RequestOutput]:
@@ -244,38 +287,6 @@ class Engine:
         for req in held.receivers:  # never scheduled: nothing to free
             req.status, req.finish_reason = RequestStatus.FINISHED, "error"
         return [self._fail(req, error) for req in held.receivers]
-
-    def _run(self, sched: SchedulerOutput) -> tuple[list[_Sample], list[tuple[Request, Exception]]]:
-        """Model and sampler over `sched`: (request, token, logprob) samples, and (request, error)
-        failures.
-
-        On a failure the batch is halved and each half re-run until the failing requests stand
-        alone: re-running a step is safe (the scheduler has not advanced; K/V slots are rewritten
-        with the same values), and a failure of one request costs its batch-mates a few extra
-        forwards instead of their answers.
-        """
-        try:
-            if self.fault_hook is not None:
-                self.fault_hook(sched)
-            logits = self.runner.execute(sched, self.kv)
-            for req in sched.sampling:  # a constrained request's matcher starts at its first token
-                if req.grammar is None and req.params.structured_outputs is not None:
-                    req.grammar = self.grammars.state(req.params.structured_outputs, req.stop_token_ids)
-            tokens = self.sampler(logits, sched.sampling)
-            return list(zip(sched.sampling, tokens, token_logprobs(logits, sched.sampling, tokens))), []
-        except Exception as e:
-            ids = list(sched.num_scheduled_tokens)
-            if len(ids) == 1:
-                log.error("request %s failed in the model run: %s: %s", ids[0], type(e).__name__, e)
-                return [], [(sched.requests[ids[0]], e)]
-            log.warning("a step of %d requests failed (%s: %s); re-running it in halves", len(ids), type(e).__name__, e)
-            sampled: list[_Sample] = []
-            failed: list[tuple[Request, Exception]] = []
-            for half in (ids[: len(ids) // 2], ids[len(ids) // 2 :]):
-                ok, bad = self._run(sched.subset(half))
-                sampled += ok
-                failed += bad
-            return sampled, failed
 
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
         """Finish `req` as failed (`Postprocessor.fail`) and record the occupancy its freed blocks changed."""

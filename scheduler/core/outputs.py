@@ -18,6 +18,10 @@ class RequestTimes:
     first_token: float | None = None
     finished: float | None = None
 
+    def snapshot(self) -> RequestTimes:
+        """A copy for an output: the engine thread keeps writing this one."""
+        return RequestTimes(self.arrival, self.first_scheduled, self.first_token, self.finished)
+
 
 @dataclass
 class RequestOutput:

@@ -3,14 +3,13 @@
 
 A step is schedule -> run -> sample -> postprocess (engine.py). This part is apart because it is
 about one request's answer, not the batch: it appends the token, detokenizes incrementally
-(serving/detokenizer.py, one detokenizer per unfinished request, held here), checks stop strings,
+(scheduler/detokenizer.py, one detokenizer per unfinished request, held here), checks stop strings,
 stop tokens, the grammar's end and the length limits, finishes the request when one is met, and
 attaches log-probabilities. Like the engine, it is used by the engine thread alone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +20,8 @@ from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.core.stats import EngineStats
 
 if TYPE_CHECKING:
+    from orcaserve.scheduler.detokenizer import IncrementalDetokenizer
     from orcaserve.scheduler.model.logprobs import TokenLogprob
-    from orcaserve.scheduler.serving.detokenizer import IncrementalDetokenizer
 
 
 class Postprocessor:
@@ -41,21 +40,40 @@ class Postprocessor:
 
     def token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
         """`req` sampled `token` in the step that ended at `now`; a stop or a limit finishes it."""
-        if req.grammar is not None:
-            req.grammar.accept(token)  # raises if the token left the grammar: this request fails alone
-        req.append_token(token, logprob)
-        if req.times.first_token is None:
-            req.times.first_token = now
-        hit_stop = self._detok[req.request_id].update(req.output_token_ids)
-        reason = None
-        if hit_stop or token in req.stop_token_ids or (req.grammar is not None and req.grammar.terminated):
+        grammar = req.grammar
+        if grammar is not None:
+            grammar.accept(token)  # raises if the token left the grammar: this request fails alone
+        req.fill_token(token, logprob)
+        times = req.times
+        if times.first_token is None:
+            times.first_token = now
+        detok = self._detok[req.request_id]
+        hit_stop = detok.update(req.output_token_ids)
+        num_out = len(req.output_token_ids)  # num_tokens may count a placeholder of a step in flight
+        if hit_stop or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
             reason = "stop"
-        elif len(req.output_token_ids) >= req.params.max_tokens or req.num_tokens >= self.max_model_len:
+        elif num_out >= req.params.max_tokens or req.num_prompt_tokens + num_out >= self.max_model_len:
             reason = "length"
-        if reason is None:
-            return self._output(req, [token], [logprob] if logprob else None)
+        else:  # the common case, built directly: one object per request and step
+            return RequestOutput(
+                request_id=req.group_id,
+                new_token_ids=[token],
+                output_token_ids=[],
+                new_text=detok.release(False),
+                text="",
+                finished=False,
+                finish_reason=None,
+                prompt_tokens=len(req.prompt_token_ids),
+                completion_tokens=num_out,
+                times=times.snapshot(),
+                num_preemptions=req.num_preemptions,
+                num_cached_tokens=req.num_cached_tokens,
+                new_logprobs=([logprob] if logprob else []) if req.logprobs is not None else None,
+                index=req.index,
+                **(_prompt_logprobs(req, 1, False) if req.prompt_logprobs is not None else {}),
+            )
         self.scheduler.finish_request(req, reason)
-        req.times.finished = now
+        times.finished = now
         return self.finish(req, [token], [logprob] if logprob else None)
 
     def fail(self, req: Request, error: Exception) -> RequestOutput:
@@ -119,7 +137,7 @@ def _request_output(
         finish_reason=finish_reason,
         prompt_tokens=req.num_prompt_tokens,
         completion_tokens=len(req.output_token_ids),
-        times=dataclasses.replace(req.times),  # a snapshot: the engine thread keeps writing
+        times=req.times.snapshot(),
         num_preemptions=req.num_preemptions,
         num_cached_tokens=req.num_cached_tokens,
         **rest,

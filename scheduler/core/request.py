@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 _arrival_counter = itertools.count()
+PLACEHOLDER = -1  # a token the device is still sampling (docs/host-overlap.md "Placeholders")
 
 
 class RequestStatus(enum.Enum):
@@ -82,6 +83,11 @@ class Request:
         # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
         self.grammar: GrammarState | None = None
         self.generator: torch.Generator | None = None
+        # A step in flight samples this request's last token (a PLACEHOLDER in all_token_ids), in
+        # this row of its ids; `final_in_flight`: that token reaches a length limit, so the
+        # request is not scheduled again (docs/host-overlap.md).
+        self.pending_row = -1
+        self.final_in_flight = False
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
 
@@ -96,6 +102,18 @@ class Request:
     def append_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
+
+    def add_placeholder(self, row: int) -> None:
+        """A launched step samples this request's next token, in `row` of its ids."""
+        self.all_token_ids.append(PLACEHOLDER)
+        self.pending_row = row
+
+    def fill_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
+        """The oldest placeholder's token has come back from the device."""
+        self.output_token_ids.append(token_id)
+        self.all_token_ids[len(self.prompt_token_ids) + len(self.output_token_ids) - 1] = token_id
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
 

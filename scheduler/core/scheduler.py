@@ -169,7 +169,10 @@ class Scheduler:
         self._budget = self.max_num_batched_tokens
         self._pending.clear()
         self._charges.clear()
-        decodes = [r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1]
+        # (a request whose token in flight is its last waits for it: docs/host-overlap.md)
+        decodes = [
+            r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1 and not r.final_in_flight
+        ]
         catching_up = sorted(
             (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1), key=self._key
         )

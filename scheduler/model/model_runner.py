@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,3 +166,21 @@ class ModelRunner:
             orca_step=ctx,
         )
         return out.logits[0].float()  # [S, V]
+
+    def to_host(self, tokens: torch.Tensor) -> Callable[[], list[int]]:  # tokens [S] int64 on the device
+        """The step's one device-to-host copy, queued now: the returned call waits for it and
+        gives the ids. On the CPU the ids are read at once (the step has run by now, and a later
+        one may reuse the sampler's buffers)."""
+        if tokens.device.type != "cuda":
+            ids = tokens.tolist()
+            return lambda: ids
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def wait() -> list[int]:
+            done.synchronize()
+            return host.tolist()
+
+        return wait

@@ -94,7 +94,8 @@ class Sampler:
     generator, so its tokens do not depend on the other requests in the batch.
 
     On a GPU everything stays there: parameters go over in non-blocking pinned copies, and the
-    sampled ids come back in the step's one device-to-host copy (the final `.tolist()`).
+    sampled ids (`sample`) stay on the device, for the next step's inputs and the step's one
+    device-to-host copy (`ModelRunner.to_host`).
     """
 
     def __init__(self) -> None:
@@ -111,10 +112,13 @@ class Sampler:
         return argmax_rows(x, self.argmax_ops)
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        return self.sample(logits, reqs).tolist()
+
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:  # [S] int64, on the device
         # logits [S, V], fp32 or the model's dtype: an all-greedy batch without penalties takes
         # their argmax as they are (widening a bf16 [32, 49152] batch costs 1-3 ms a step here)
         if not reqs:
-            return []
+            return torch.empty(0, dtype=torch.long, device=logits.device)
         biased = any(r.params.logit_bias for r in reqs)
         penalized = any(
             r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty for r in reqs
@@ -132,7 +136,7 @@ class Sampler:
             _apply_penalties(logits, reqs)
         greedy = self._argmax(logits)
         if all(r.params.greedy for r in reqs):
-            return greedy.tolist()
+            return greedy
         logits = logits.float()
         dev = logits.device
 
@@ -153,4 +157,4 @@ class Sampler:
                     noise[i].copy_(row.exponential_(generator=req.generator), non_blocking=True)
         sampled = self._argmax(probs / noise)
         is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, dev)
-        return torch.where(is_greedy, greedy, sampled).tolist()
+        return torch.where(is_greedy, greedy, sampled)

@@ -17,6 +17,7 @@ tokens (cu_seqlens_q repeats the real token count) and context 0, pad sample row
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ class StepShape:
     width: int  # W, blocks in the longest block table of the step
     max_seqlen_q: int
     max_seqlen_k: int
+    num_placeholders: int = 0  # P, tokens the previous step is still sampling (`patch`)
 
     @property
     def decode_only(self) -> bool:
@@ -75,6 +77,8 @@ class StepBuffers:
             ("tokens", torch.int64, max_tokens),
             ("positions", torch.int64, max_tokens),
             ("slots", torch.int64, max_tokens),
+            ("ph_pos", torch.int64, max_seqs),  # placeholder tokens: where in `tokens`,
+            ("ph_src", torch.int64, max_seqs),  # and which row of the previous step's ids
             ("table", torch.int32, max_seqs * max_blocks),
         ]
         self._offsets: dict[str, int] = {}
@@ -93,6 +97,9 @@ class StepBuffers:
         # Set when the last copy out of the staging buffer was queued: the next step's writes
         # wait for it (already done in practice: the step ends with the sampled ids' copy back).
         self._copied = torch.cuda.Event() if cuda else None
+        # The previous step's sampled ids [S'] on the device, while this step's inputs hold
+        # placeholders for them (asynchronous scheduling, docs/host-overlap.md "Placeholders").
+        self.prev_tokens: torch.Tensor | None = None
 
     def _view(self, buf: torch.Tensor, name: str, dtype: torch.dtype, count: int) -> torch.Tensor:
         start = self._offsets[name]
@@ -102,26 +109,18 @@ class StepBuffers:
         """Write the step's inputs (unpadded) into the host staging buffer."""
         if self._copied is not None:
             self._copied.synchronize()
-        tokens: list[int] = []
-        starts: list[int] = []
-        counts: list[int] = []
-        nblocks: list[int] = []
-        blocks: list[int] = []
-        rows: list[int] = []
-        sampling = {r.request_id for r in sched.sampling}  # the scheduler decides; rows follow its order
-        for rid, n in sched.num_scheduled_tokens.items():
-            req = sched.requests[rid]
-            start = req.num_computed_tokens
-            tokens += req.all_token_ids[start : start + n]
-            starts.append(start)
-            counts.append(n)
-            table = kv.blocks_of(rid)
-            nblocks.append(len(table))
-            blocks += table
-            if rid in sampling:
-                rows.append(len(tokens) - 1)
-        t, b, s = len(tokens), len(counts), len(rows)
-        nb = np.array(nblocks, dtype=np.int64)
+        nst = sched.num_scheduled_tokens
+        reqs = [sched.requests[rid] for rid in nst]
+        counts = list(nst.values())
+        starts = [r.num_computed_tokens for r in reqs]
+        tables = [kv.blocks_of(rid) for rid in nst]
+        b = len(counts)
+        t = sum(counts)
+        if t == b:  # decodes only: one token each
+            tokens = [r.all_token_ids[start] for r, start in zip(reqs, starts)]
+        else:
+            tokens = list(chain.from_iterable(r.all_token_ids[st : st + n] for r, st, n in zip(reqs, starts, counts)))
+        nb = np.fromiter(map(len, tables), dtype=np.int64, count=b)
         width = int(nb.max())
         if width > self.max_blocks or t > self.max_tokens or b > self.max_seqs:
             raise ValueError(f"step of {t} tokens, {b} requests, {width} blocks exceeds the buffers' sizes")
@@ -132,19 +131,33 @@ class StepBuffers:
         cu[0] = 0
         np.cumsum(q, out=cu[1 : b + 1])
         npb["seq_lens"][:b] = start_np + q
-        npb["tokens"][:t] = tokens
-        npb["rows"][:s] = rows
+        tok = npb["tokens"][:t]
+        tok[:] = tokens
+        last = cu[1 : b + 1] - 1  # [B] each request's last token
+        s = len(sched.sampling)
+        if s == b:
+            npb["rows"][:s] = last
+        else:  # the scheduler decides who samples; rows follow its order, the batch's
+            sampling = {r.request_id for r in sched.sampling}
+            npb["rows"][:s] = last[np.fromiter((rid in sampling for rid in nst), dtype=bool, count=b)]
+        # Placeholders (the previous step's ids, still on the device): only ever a request's last token.
+        ph_pos = np.flatnonzero(tok < 0)
+        p = len(ph_pos)
+        if p:
+            owner = np.searchsorted(last, ph_pos)  # [P] the request of each
+            npb["ph_pos"][:p] = ph_pos
+            npb["ph_src"][:p] = [reqs[i].pending_row for i in owner.tolist()]
         # Token i of request r sits at position start_r + (i - cu_r).
         pos = npb["positions"][:t]
         pos[:] = np.arange(t)
         pos += np.repeat(start_np - cu[:b], q)
-        flat = np.array(blocks, dtype=np.int64)
+        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(nb.sum()))
         first_block = np.cumsum(nb) - nb  # where each request's blocks start in `flat`
         npb["slots"][:t] = flat[np.repeat(first_block, q) + pos // bs] * bs + pos % bs
         table = npb["table"][: b * width].reshape(b, width)
         table[:] = 0
         table[np.arange(width)[None, :] < nb[:, None]] = flat  # row-major: each request's blocks in order
-        return StepShape(t, b, s, width, int(q.max()), int(npb["seq_lens"][:b].max()))
+        return StepShape(t, b, s, width, int(q.max()), int(npb["seq_lens"][:b].max()), p)
 
     def pad(self, shape: StepShape, num_tokens: int, num_seqs: int, num_samples: int) -> None:
         """Fill the staging buffer's entries from the real counts up to the padded ones."""
@@ -166,6 +179,17 @@ class StepBuffers:
         if graph_table:
             b, w = shape.num_seqs, shape.width
             self.graph_table[:b, :w].copy_(self.dev["table"][: b * w].view(b, w))
+        if shape.num_placeholders:
+            self.patch(shape.num_placeholders)
+
+    def patch(self, num: int) -> None:
+        """Fill the step's `num` placeholder tokens from the previous step's ids, on the device
+        (queued behind that step's sampling: the host never waits for them)."""
+        if self.prev_tokens is None:
+            raise RuntimeError("a step with placeholder tokens but no previous step's ids")
+        dev = self.dev
+        src = self.prev_tokens.index_select(0, dev["ph_src"][:num])  # [P]
+        dev["tokens"].index_copy_(0, dev["ph_pos"][:num], src)
 
     def tensors(self, num_tokens: int, num_seqs: int, num_samples: int, width: int | None) -> StepTensors:
         """Device views at the given sizes; the block table is the step's compact [B, width] one,

@@ -1,0 +1,109 @@
+"""A step's batch run on the device and read back later: the model and sampler over a batch
+(with a failing request isolated), and what the engine keeps of it until its ids come back.
+
+With asynchronous scheduling the engine launches step N+1 before it reads step N's ids; every
+sampling request's next token is a placeholder until then (docs/host-overlap.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
+
+if TYPE_CHECKING:
+    from orcaserve.scheduler.engine import Engine
+
+log = logging.getLogger(__name__)
+Failures = list[tuple[Request, Exception]]
+
+
+@dataclass
+class Part:
+    """Sampled rows of (part of) a batch: their requests, ids [S] on the device, logprobs if asked."""
+
+    reqs: list[Request]
+    tokens: torch.Tensor
+    logprobs: list[TokenLogprob | None] | None
+
+
+@dataclass
+class Launched:
+    """A step queued on the device: its sampling requests in row order, the ids [S] on the device,
+    the call that waits for them on the host (`ModelRunner.to_host`), logprobs if any asked."""
+
+    reqs: list[Request]
+    tokens: torch.Tensor
+    host_ids: Callable[[], list[int]]
+    logprobs: list[TokenLogprob | None] | None
+
+    @classmethod
+    def of(cls, parts: list[Part], to_host: Callable[[torch.Tensor], Callable[[], list[int]]]) -> Launched:
+        reqs = [req for part in parts for req in part.reqs]
+        tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])  # [S]
+        want = any(part.logprobs is not None for part in parts)
+        logprobs = [lp for p in parts for lp in (p.logprobs or [None] * len(p.reqs))] if want else None
+        return cls(reqs, tokens, to_host(tokens), logprobs)
+
+    def add_placeholders(self, max_model_len: int) -> None:
+        """Each request's next token is this step's row until `_collect` fills it; a request
+        whose token reaches a length limit is not scheduled again meanwhile."""
+        for row, req in enumerate(self.reqs):
+            req.add_placeholder(row)
+            n = len(req.all_token_ids)
+            req.final_in_flight = n - len(req.prompt_token_ids) >= req.params.max_tokens or n >= max_model_len
+
+
+def needs_host(reqs: list[Request]) -> bool:
+    """Whether a row samples from host state its previous token changes: a grammar's mask, or
+    penalties over the tokens so far (docs/host-overlap.md "Synchronous rows")."""
+    return any(
+        r.params.structured_outputs is not None
+        or r.params.repetition_penalty != 1.0
+        or r.params.presence_penalty
+        or r.params.frequency_penalty
+        for r in reqs
+    )
+
+
+def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failures]:
+    """Model and sampler over `sched`: the sampled parts of the batch, and (request, error)
+    failures.
+
+    On a failure the batch is halved and each half re-run until the failing requests stand
+    alone: re-running a step is safe (the scheduler has not advanced; K/V slots are rewritten
+    with the same values), and a failure of one request costs its batch-mates a few extra
+    forwards instead of their answers.
+    """
+    try:
+        if engine.fault_hook is not None:
+            engine.fault_hook(sched)
+        logits: Any = engine.runner.execute(sched, engine.kv)
+        for req in sched.sampling:  # a constrained request's matcher starts at its first token
+            if req.grammar is None and req.params.structured_outputs is not None:
+                req.grammar = engine.grammars.state(req.params.structured_outputs, req.stop_token_ids)
+        tokens = engine.sampler.sample(logits, sched.sampling)  # [S] on the device
+        logprobs = None
+        if any(r.params.logprobs is not None for r in sched.sampling):  # they need the ids now
+            logprobs = token_logprobs(logits, sched.sampling, tokens.tolist())
+        return [Part(sched.sampling, tokens, logprobs)], []
+    except Exception as e:
+        ids = list(sched.num_scheduled_tokens)
+        if len(ids) == 1:
+            log.error("request %s failed in the model run: %s: %s", ids[0], type(e).__name__, e)
+            return [], [(sched.requests[ids[0]], e)]
+        log.warning("a step of %d requests failed (%s: %s); re-running it in halves", len(ids), type(e).__name__, e)
+        parts: list[Part] = []
+        failed: Failures = []
+        for half in (ids[: len(ids) // 2], ids[len(ids) // 2 :]):
+            ok, bad = run_batch(engine, sched.subset(half))
+            parts += ok
+            failed += bad
+        return parts, failed
