@@ -64,6 +64,10 @@ class EngineConfig:
     # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks; "int8"
     # (q8_0) and "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
     quantization: str | None = None
+    # Ranks the model is split over (docs/tensor-parallel.md): rank 0 runs the engine, every rank
+    # its share of each forward. Offline the ranks are started by from_pretrained; under torchrun
+    # (TorchServe's parallelType: tp) torchrun starts them. kv_cache_memory is per rank.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -103,6 +107,20 @@ class EngineConfig:
         if self.quantization is not None and self.resolved_device().type != "cpu":
             raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
         self.resolved_dtype()  # validates
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported
+
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if tp > 1 and self.quantization is not None:
+            raise TensorParallelUnsupported(
+                f"quantization={self.quantization!r} is not split over ranks: set null with tensor_parallel_size > 1"
+            )
+        if tp > 1 and self.resolved_device().type != "cpu":
+            raise TensorParallelUnsupported("tensor parallelism runs on the CPU (gloo) only: NCCL ranks are not built")
 
     def resolved_device(self) -> torch.device:
         if self.device is not None:
