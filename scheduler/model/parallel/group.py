@@ -68,6 +68,12 @@ class TPGroup:
         self._call(dist.all_reduce, x)
         return x
 
+    def min_int(self, value: int) -> int:
+        """The smallest of the ranks' `value`s (load time: sizes every rank must share)."""
+        x = torch.tensor([value], dtype=torch.int64)
+        self._call(dist.all_reduce, x, op=dist.ReduceOp.MIN)
+        return int(x.item())
+
     def gather_cols(self, x: torch.Tensor) -> torch.Tensor | None:  # [S, V_r] -> [S, N V_r] on rank 0
         """The ranks' column blocks side by side on rank 0 (None elsewhere)."""
         x = x.contiguous()

@@ -95,7 +95,10 @@ def _rank_main(path: str, config: EngineConfig, rank: int, init: str, threads: i
 
 def _load(path: str, config: EngineConfig, group: TPGroup) -> tuple[Any, KVSizing]:
     model = load_shard(path, group.rank, group.world, config.resolved_dtype())
-    return model, prepare_model(model, config)  # every rank sizes the same cache from the same config
+    sizing = prepare_model(model, config)
+    # Ranks holding more KV heads fit fewer blocks in kv_cache_memory: all take the fewest, so the
+    # block tables, and the step buffers sized from max_model_len, are the same on every rank.
+    return model, KVSizing(group.min_int(sizing.num_blocks), group.min_int(sizing.max_model_len))
 
 
 def _tokenizer(path: str) -> Any:
