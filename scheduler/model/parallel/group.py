@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -35,30 +36,23 @@ class TPGroup:
     rank: int
     world: int
     broken: bool = False
+    seconds: float = 0.0  # spent in the step's collectives (waiting for the slowest rank included)
 
     @classmethod
-    def join(cls, rank: int, world: int, init_method: str | None = None) -> TPGroup:
-        """Join (or, the first time in this process, create) the default gloo group. Without
-        `init_method`, the environment torchrun sets (MASTER_ADDR, MASTER_PORT)."""
+    def join(cls, rank: int, world: int, init_method: str) -> TPGroup:
+        """Join (or, the first time in this process, create) the default gloo group at
+        `init_method` (tcp://host:port)."""
         if not dist.is_initialized():
-            dist.init_process_group(
-                "gloo", init_method=init_method or "env://", rank=rank, world_size=world, timeout=_TIMEOUT
-            )
+            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=_TIMEOUT)
         return cls(rank, world)
-
-    @classmethod
-    def from_torchrun(cls) -> TPGroup | None:
-        """The group torchrun's environment describes (RANK, WORLD_SIZE), or None outside one."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world < 2:
-            return None
-        return cls.join(int(os.environ["RANK"]), world)
 
     def _call(self, fn, *args, **kwargs) -> None:
         if self.broken:
             raise RankFailure("a rank of this model failed earlier")
+        started = time.perf_counter()
         try:
             fn(*args, **kwargs)
+            self.seconds += time.perf_counter() - started
         except Exception as e:  # gloo raises RuntimeError (or DistBackendError) when a peer is gone
             self.broken = True
             raise RankFailure(f"collective {fn.__name__} failed on rank {self.rank}: {e}") from e

@@ -1,10 +1,10 @@
 """Starting a split model's ranks (docs/tensor-parallel.md, "Two ways in").
 
-Offline, `Engine.from_pretrained(path, tensor_parallel_size=N)` calls `start_engine`: the calling
-process becomes rank 0 (the engine, its scheduler and sampler) and starts ranks 1..N-1 with
+`Engine.from_pretrained(path, tensor_parallel_size=N)` calls `start_engine`: the calling process
+becomes rank 0 (the engine, its scheduler and sampler) and starts ranks 1..N-1 with
 torch.multiprocessing (spawn), as vLLM's `LLM(tensor_parallel_size=N)` does; the torch threads the
-caller had are shared out between the ranks. Under torchrun (TorchServe's `parallelType: tp`)
-every rank already exists: rank 0 builds the engine, the others call `serve_rank`.
+caller had are shared out between the ranks. A TorchServe worker does the same from its engine
+thread (`tensor_parallel_size` in the handler section).
 """
 
 from __future__ import annotations
@@ -24,30 +24,21 @@ from orcaserve.scheduler.model.parallel.load import load_shard
 from orcaserve.scheduler.model.parallel.runner import TPModelRunner
 
 
-def under_torchrun(world: int) -> bool:
-    """Whether this process is one of `world` ranks torchrun started."""
-    return "TORCHELASTIC_RUN_ID" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == world
-
-
 def start_engine(engine_cls: Any, path: str, config: EngineConfig) -> Any:
     """Rank 0's engine over `path` split in `config.tensor_parallel_size`; the other ranks are
-    started here unless torchrun started them."""
+    started here and stop when it is closed (`TPModelRunner.close`) or gone."""
     world = config.tensor_parallel_size
     path = resolve_model(path)
     processes: list[Any] = []
-    if under_torchrun(world):
-        group = TPGroup.from_torchrun()
-        assert group is not None and group.rank == 0, "only rank 0 builds the engine (serve_rank on the others)"
-    else:
-        threads = split_threads(world, torch.get_num_threads())
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        ctx = torch.multiprocessing.get_context("spawn")
-        for rank in range(1, world):
-            p = ctx.Process(target=_rank_main, args=(path, config, rank, init, threads), daemon=True)
-            p.start()
-            processes.append(p)
-        torch.set_num_threads(threads)
-        group = TPGroup.join(0, world, init)
+    threads = split_threads(world, torch.get_num_threads())
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    ctx = torch.multiprocessing.get_context("spawn")
+    for rank in range(1, world):
+        p = ctx.Process(target=_rank_main, args=(path, config, rank, init, threads), daemon=True)
+        p.start()
+        processes.append(p)
+    torch.set_num_threads(threads)
+    group = TPGroup.join(0, world, init)
     try:
         model, sizing = _load(path, config, group)
         tokenizer = _tokenizer(path)

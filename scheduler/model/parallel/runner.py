@@ -11,6 +11,7 @@ STOP. All ranks size their buffers from the same config, so the bytes line up.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,6 +49,7 @@ class TPModelRunner(ModelRunner):
         self.packed = torch.zeros(HEADER * 8 + staging.numel(), dtype=torch.uint8)  # [header | staging]
         self.header = self.packed[: HEADER * 8].view(torch.int64)  # [HEADER]
         self.processes: list[Any] = []  # ranks this process started (launch.py), joined by close()
+        self.on_failure: Callable[[BaseException], None] | None = None  # told once when a rank is gone
 
     def _make_decoder(self, model: CausalLM) -> Decoder:
         return ShardedDecoder(model, self.group)
@@ -63,11 +65,14 @@ class TPModelRunner(ModelRunner):
             [shape.num_tokens, shape.num_seqs, shape.num_samples, shape.width, shape.max_seqlen_q, shape.max_seqlen_k]
         )
         self.packed[HEADER * 8 :].copy_(self.buffers.host_bytes)
-        self.group.broadcast(self.packed)
         try:
+            self.group.broadcast(self.packed)
             return self._forward(shape)
-        except Exception:
+        except Exception as e:
             self.group.broken = True  # the other ranks may wait in a collective this rank never reaches
+            if self.on_failure is not None:
+                self.on_failure(e)
+                self.on_failure = None
             raise
 
     @torch.inference_mode()
