@@ -35,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument(
+        "--kv-cache-memory", type=int, default=64 << 20, help="bytes per rank (small: the RSS is then mostly weights)"
+    )
     parser.add_argument("--json", default=None, help="also write the result here")
 
 
@@ -49,7 +52,9 @@ def _hwm_mib(pid: int | str = "self") -> float:
 def _measure(ranks: int, args: argparse.Namespace, out: Any) -> None:
     torch.set_num_threads(args.threads)  # split between the ranks by from_pretrained when ranks > 1
     started = time.perf_counter()
-    engine = Engine.from_pretrained(args.model, dtype=args.dtype, tensor_parallel_size=ranks)
+    engine = Engine.from_pretrained(
+        args.model, dtype=args.dtype, tensor_parallel_size=ranks, kv_cache_memory=args.kv_cache_memory
+    )
     load_s = time.perf_counter() - started
     workers = [p.pid for p in getattr(engine.runner, "processes", [])]
     rss = [_hwm_mib()] + [_hwm_mib(pid) for pid in workers]
@@ -93,7 +98,10 @@ def run(args: argparse.Namespace) -> dict:
         "model": os.path.basename(args.model),
         "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
-        "workload": {k: getattr(args, k) for k in ("num_prompts", "prompt_len", "max_tokens", "dtype", "threads")},
+        "workload": {
+            k: getattr(args, k)
+            for k in ("num_prompts", "prompt_len", "max_tokens", "dtype", "threads", "kv_cache_memory")
+        },
         "one_process": one,
         "tensor_parallel": split,
         "speedup": round(split["tok_per_s"] / one["tok_per_s"], 3),

@@ -19,7 +19,7 @@ from orcaserve.kernels import get_backend
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.build import KVSizing, allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.hub import resolve_model
-from orcaserve.scheduler.model.parallel.group import TPGroup, split_threads
+from orcaserve.scheduler.model.parallel.group import RankFailure, TPGroup, split_threads
 from orcaserve.scheduler.model.parallel.load import load_shard
 from orcaserve.scheduler.model.parallel.runner import TPModelRunner
 
@@ -80,6 +80,8 @@ def _rank_main(path: str, config: EngineConfig, rank: int, init: str, threads: i
     group = TPGroup.join(rank, config.tensor_parallel_size, init)
     try:
         serve_rank(path, config, group)
+    except RankFailure:  # rank 0 is gone (it failed, or ended without STOP): nothing left to serve
+        pass
     finally:
         group.close()
 
