@@ -105,6 +105,8 @@ class OrcaHandler:
             if config.num_threads is not None:
                 torch.set_num_threads(config.num_threads)
             engine = Engine.from_pretrained(config.model_path, **engine_args)
+            if engine.config.tensor_parallel_size > 1:  # a rank gone: exit, TorchServe starts the worker again
+                engine.runner.on_failure = self._on_loop_death
             if self._faults.enabled:
                 engine.fault_hook = self._faults.hook
             log.info(

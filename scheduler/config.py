@@ -67,6 +67,10 @@ class EngineConfig:
     # Schedule step N+1 while the device runs step N (docs/host-overlap.md). None: on for CUDA,
     # off on the CPU, where the model's threads are the host's and nothing overlaps.
     async_scheduling: bool | None = None
+    # Ranks the model is split over (docs/tensor-parallel.md): rank 0 runs the engine, every rank
+    # its share of each forward. from_pretrained starts the other ranks itself, offline and in a
+    # TorchServe worker alike. kv_cache_memory is per rank.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -108,6 +112,23 @@ class EngineConfig:
         if self.quantization is not None and self.resolved_device().type != "cpu":
             raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
         self.resolved_dtype()  # validates
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported
+
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if tp > 1 and self.quantization is not None:
+            raise TensorParallelUnsupported(
+                f"quantization={self.quantization!r} is not split over ranks: set null with tensor_parallel_size > 1"
+            )
+        if tp > 1 and self.resolved_device().type != "cpu":
+            raise TensorParallelUnsupported("tensor parallelism runs on the CPU (gloo) only: NCCL ranks are not built")
+        if tp > 1 and self.async_scheduling:
+            # The other ranks would need the previous step's ids to fill placeholders (docs/tensor-parallel.md).
+            raise TensorParallelUnsupported("async_scheduling is not built for tensor_parallel_size > 1: set it null")
 
     def resolved_device(self) -> torch.device:
         if self.device is not None:

@@ -39,7 +39,15 @@ TRACE_STEPS = 100_000
 class Engine:
     """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
 
-    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer,
+        config: EngineConfig,
+        num_blocks: int,
+        max_model_len: int,
+        runner_factory: Callable[..., ModelRunner] = ModelRunner,  # a split model's: parallel/launch.py
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.device = config.resolved_device()
@@ -57,7 +65,7 @@ class Engine:
             shares,
             prefill_cap=config.fair_prefill_cap,
         )
-        self.runner = ModelRunner(
+        self.runner = runner_factory(
             model,
             self.kv_caches,
             config.block_size,
@@ -91,6 +99,10 @@ class Engine:
         """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
         model/hub.py) and build an engine for it."""
         config = EngineConfig(**engine_args)
+        if config.tensor_parallel_size > 1:  # ranks started and each loads its slices (docs/tensor-parallel.md)
+            from orcaserve.scheduler.model.parallel.launch import start_engine
+
+            return start_engine(cls, path, config)
         # Quantized: filled a tensor at a time, codes from each one's fp32 values (docs/serving.md
         # "Memory at load"); the rest comes in dtype.
         load_dtype = config.resolved_dtype()
