@@ -94,7 +94,7 @@ class Scheduler:
         self.num_suspensions = 0
         self.prefill_cap = prefill_cap  # fair: see fair_step.cap_sets
         self.num_capped_steps = 0  # steps in which the cap held prompt tokens back
-        self._step = 0  # steps scheduled: a request admitted in this one is never suspended in it
+        self._step_index = 0  # steps scheduled: a request admitted in this one is never suspended in it
         # Prefix cache, in prompt tokens at first admission (readmissions after preemption would
         # count a request's own blocks as hits): tokens looked up, tokens found.
         self.prefix_cache_queries = 0
@@ -106,16 +106,18 @@ class Scheduler:
         self._charges: dict[str, float] = {}
 
     # ---- queue maintenance -------------------------------------------------------------------
-    def _key(self, req: Request) -> tuple[int, int]:
+    def order_key(self, req: Request) -> tuple[int, int]:
+        """The policy's order: smaller runs first, the largest is preempted first."""
         return req.sort_key(self.by_priority)
 
-    def _projected(self, tenant: str | None) -> float:
+    def projected(self, tenant: str | None) -> float:
+        """`tenant`'s counter with this step's charges so far (fair)."""
         return self.shares.get(tenant).counter + self._pending.get(tenant, 0.0)
 
-    def _victim_key(self, req: Request) -> tuple[float, int, int]:
+    def victim_key(self, req: Request) -> tuple[float, int, int]:
         """The largest is preempted first: newest (or lowest priority); under fair, of the tenant
         with the largest counter."""
-        return (self._projected(req.tenant) if self.fair else 0.0, *self._key(req))
+        return (self.projected(req.tenant) if self.fair else 0.0, *self.order_key(req))
 
     def add_request(self, req: Request, front: bool = False) -> None:
         """Queue `req`; `front`: ahead of later arrivals (a request's further choices, choices.py)."""
@@ -151,6 +153,17 @@ class Scheduler:
         self.shares.preempted(req)
         self.waiting.push(req, front=True)
 
+    # ---- the policy surface (fair_step.py): the step being built -------------------------------
+    @property
+    def budget_left(self) -> int:
+        """Tokens the step being built may still take."""
+        return self._budget
+
+    @property
+    def step_index(self) -> int:
+        """Steps scheduled so far; the one being built included."""
+        return self._step_index
+
     @property
     def num_running(self) -> int:
         return len(self.running)
@@ -165,26 +178,26 @@ class Scheduler:
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self._step += 1
+        self._step_index += 1
         self._budget = self.max_num_batched_tokens
         self._pending.clear()
         self._charges.clear()
         decodes = [r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1]
         catching_up = sorted(
-            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1), key=self._key
+            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1), key=self.order_key
         )
         for req in decodes:
-            self._continue(out, req)
+            self.continue_running(out, req)
         if self.fair:
             fill_fair(self, out, catching_up)
         else:
             for req in catching_up:
-                self._continue(out, req)
+                self.continue_running(out, req)
             queue = self.waiting
             assert isinstance(queue, WaitingQueue)
             # Admitting new work right after a preemption would only evict it again.
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
-                if not self._start(out, head):
+                if not self.start_waiting(out, head):
                     break
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]
@@ -205,7 +218,7 @@ class Scheduler:
             self._charges[req.request_id] = charge
             self._pending[req.tenant] = self._pending.get(req.tenant, 0.0) + charge
 
-    def _take_back(self, out: SchedulerOutput, req: Request) -> None:
+    def take_back(self, out: SchedulerOutput, req: Request) -> None:
         self._budget += out.num_scheduled_tokens.pop(req.request_id, 0)
         out.requests.pop(req.request_id, None)
         charge = self._charges.pop(req.request_id, 0.0)
@@ -215,7 +228,7 @@ class Scheduler:
     def _room(self, limit: int | None) -> int:
         return self._budget if limit is None else min(self._budget, limit)
 
-    def _continue(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> None:
+    def continue_running(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> None:
         """Give a running request its next tokens (at most `limit`), preempting while the KV pool
         is short."""
         if self._budget <= 0 or req.status != RequestStatus.RUNNING:
@@ -224,15 +237,15 @@ class Scheduler:
         while not self.kv.allocate_slots(req, n):
             if self.suspended and release_suspended(self, out):
                 continue  # suspended requests give their blocks back before anyone running
-            victim = max(self.running.values(), key=self._victim_key)
-            self._take_back(out, victim)
+            victim = max(self.running.values(), key=self.victim_key)
+            self.take_back(out, victim)
             self._preempt(victim)
             out.preempted.append(victim.request_id)
             if victim is req:
                 return
         self._give(out, req, n)
 
-    def _start(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
+    def start_waiting(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
         """Admit the waiting `req` (the head of its queue) with at most `limit` tokens, or return
         False, taking nothing, when the KV pool is short even after suspended requests gave their
         blocks back. A new or preempted request holds no blocks: it starts, or restarts, after the
@@ -252,7 +265,7 @@ class Scheduler:
             del self.suspended[req.request_id]
             req.suspended = False
         req.num_computed_tokens = num_cached
-        req.admitted_step = self._step
+        req.admitted_step = self._step_index
         req.status = RequestStatus.RUNNING
         if req.times.first_scheduled is None:
             req.times.first_scheduled = time.time()
