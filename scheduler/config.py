@@ -10,6 +10,7 @@ from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.fair_share import check_weights
 from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.scheduler import POLICIES
+from orcaserve.scheduler.core.slo_budget import check_slo_classes
 
 _DTYPES = {
     "float32": torch.float32,
@@ -64,6 +65,9 @@ class EngineConfig:
     # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks; "int8"
     # (q8_0) and "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
     quantization: str | None = None
+    # Latency targets per class of traffic (docs/latency-targets.md): class name -> {ttft_ms,
+    # tpot_ms, slo_reject}; a request names its class (`Engine.add_request(slo_class=...)`).
+    slo_classes: dict[str, dict] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -102,6 +106,7 @@ class EngineConfig:
         # copy of every quantized weight (docs/serving.md "Quantized weights").
         if self.quantization is not None and self.resolved_device().type != "cpu":
             raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
+        check_slo_classes(self.slo_classes)
         self.resolved_dtype()  # validates
 
     def resolved_device(self) -> torch.device:

@@ -18,7 +18,9 @@ from orcaserve.scheduler.core.postprocess import Postprocessor
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
+from orcaserve.scheduler.core.slo_budget import check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
@@ -79,6 +81,7 @@ class Engine:
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
+        self.slo_classes = check_slo_classes(config.slo_classes)  # docs/latency-targets.md
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
@@ -113,6 +116,7 @@ class Engine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        slo_class: str | None = None,
     ) -> None:
         """Queue a request; raises ValueError (message starting with the field's name) for an
         empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
@@ -122,7 +126,13 @@ class Engine:
 
         `cache_salt`: requests share cached prefix blocks only with requests of the same salt
         (None is a salt of its own); the serving layer derives it per tenant. `tenant`: whom the
-        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant."""
+        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant.
+        `slo_class`: one of `slo_classes`, whose latency targets the scheduler keeps; None: no
+        target; an unknown class raises InvalidRequest (param "slo_class")."""
+        if slo_class is not None and slo_class not in self.slo_classes:
+            known = ", ".join(sorted(self.slo_classes)) or "none"
+            raise InvalidRequest(f"slo_class {slo_class!r} is not a class of this server (known: {known})", "slo_class")
+        slo = self.slo_classes.get(slo_class) if slo_class is not None else None
         params = params or SamplingParams()
         ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
@@ -138,7 +148,7 @@ class Engine:
         arrival = arrival_time or time.time()
 
         def make(rid: str, p: SamplingParams) -> Request:
-            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant)
+            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant, slo)
 
         if request_id in self.choices or request_id in self.scheduler.requests or request_id in self.prompt_jobs:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -204,6 +214,7 @@ class Engine:
         started = time.time()
         outputs = self._advance_prompt_job()
         sched = self.scheduler.schedule()
+        outputs += [self.postprocessor.finish(req, []) for req in self.scheduler.take_rejected()]
         if sched.is_empty:
             if self.prompt_jobs or outputs:
                 self._record_occupancy()
@@ -212,6 +223,7 @@ class Engine:
         outputs += [self._fail(req, error) for req, error in failed]
         self.scheduler.update_after_step(sched)
         now = time.time()
+        self.scheduler.record_step_time(sched, now - started)  # the step-cost model learns
         for req, token, logprob in sampled:
             try:
                 outputs.append(self.postprocessor.token(req, token, logprob, now))

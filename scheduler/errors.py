@@ -11,7 +11,7 @@ from orcaserve.scheduler.sampling_params import SamplingParams
 # `Engine.add_request` arguments and the SamplingParams fields. Validation messages
 # (SamplingParams, `encode_prompt`, `Engine.add_request`) start with the offending one's name.
 PARAMETERS = frozenset(
-    {"prompt", "messages", "priority", "cache_salt"} | {f.name for f in dataclasses.fields(SamplingParams)}
+    {"prompt", "messages", "priority", "cache_salt", "slo_class"} | {f.name for f in dataclasses.fields(SamplingParams)}
 )
 
 
@@ -48,6 +48,17 @@ class Overloaded(EngineError):
     def __init__(self, message: str, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class TargetUnreachable(Overloaded):
+    """The request's class refuses (`slo_reject`) what can no longer make its time-to-first-token
+    target; another replica may (docs/latency-targets.md)."""
+
+    def __init__(self, retry_after: int = 1) -> None:
+        super().__init__(
+            "the server cannot meet this request's time-to-first-token target now; retry later or elsewhere",
+            retry_after,
+        )
 
 
 class TimedOut(EngineError):
