@@ -10,7 +10,8 @@ default to multiples of the decode step measured first with the flood alone (`--
 `--ttft-x` 10), or are given in ms. Each run reports per class the attainment (TTFT, TPOT,
 both), goodput by vLLM's definition (`request_goodput`: requests per second meeting every
 target, TPOT per request = (e2e - TTFT) / (output tokens - 1)) and the total output throughput.
-"fcfs" serves the same requests without classes, judged against the same targets.
+The first run serves the same requests without classes (`--policy`, fcfs by default; under fair
+each class is a tenant), judged against the same targets; the others with them.
 """
 
 from __future__ import annotations
@@ -83,11 +84,12 @@ class Workload:
         rid = f"{cls}-{self.count}"
         self.count += 1
         params = SamplingParams(temperature=0, max_tokens=out, ignore_eos=True)
-        self.engine.add_request(rid, prompt, params, arrival_time=now, slo_class=slo_class)
+        self.engine.add_request(rid, prompt, params, arrival_time=now, tenant=cls, slo_class=slo_class)
         self.open[rid] = (cls, now, [])
 
-    def run(self, seconds: float, classes: bool) -> tuple[list[Record], float]:
-        """Run for `seconds`; (records of requests that arrived in the window, output tokens/s)."""
+    def run(self, seconds: float, classes: bool) -> tuple[list[Record], float, float]:
+        """Run for `seconds`; (records of requests that arrived in the window, output tokens/s,
+        tokens computed (prompt and output) per second), the rates over the window."""
         start = time.time()
         end = start + seconds
         arrivals, t = [], start
@@ -98,7 +100,7 @@ class Workload:
             arrivals.append(t)
         for _ in range(self.args.flood):
             self.add("batch", "batch" if classes else None, start)
-        tokens = 0
+        tokens = computed = 0
         while arrivals or any(cls == "interactive" for cls, _, _ in self.open.values()):
             now = time.time()
             while arrivals and arrivals[0] <= now:
@@ -106,7 +108,11 @@ class Workload:
             if not self.engine.has_unfinished():
                 time.sleep(max(0.0, min(arrivals[0] - now, 0.05)) if arrivals else 0.0)
                 continue
-            for out in self.engine.step():
+            steps = self.engine.stats.num_steps
+            outs = self.engine.step()
+            if self.engine.stats.num_steps > steps and time.time() <= end:
+                computed += self.engine.stats.last_step_tokens
+            for out in outs:
                 cls, arrival, times = self.open[out.request_id]
                 stamp = time.time()
                 times += [stamp] * len(out.new_token_ids)
@@ -121,7 +127,7 @@ class Workload:
         for rid in list(self.open):  # the flood's last requests
             self.engine.abort(rid)
             del self.open[rid]
-        return self.records, tokens / seconds
+        return self.records, tokens / seconds, computed / seconds
 
 
 def decode_step(engine: Engine, args: argparse.Namespace) -> float:
@@ -138,8 +144,8 @@ def decode_step(engine: Engine, args: argparse.Namespace) -> float:
     return statistics.median(times)
 
 
-def summary(records: list[Record], targets: dict[str, float], seconds: float, throughput: float) -> dict:
-    out: dict = {"output_tokens_per_s": round(throughput, 2)}
+def summary(records: list[Record], targets: dict[str, float], seconds: float, rates: tuple[float, float]) -> dict:
+    out: dict = {"output_tokens_per_s": round(rates[0], 2), "computed_tokens_per_s": round(rates[1], 1)}
     for cls in ("interactive", "batch"):
         rs = [r for r in records if r.cls == cls]
         if not rs:
@@ -172,6 +178,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-ms", type=float, default=None, help="TTFT target (overrides --ttft-x)")
     parser.add_argument("--sweep", default="2,3,6", help="further TPOT targets to run slo at, in decode steps")
     parser.add_argument("--goodput", nargs="*", default=None, help="extra vLLM-style targets ttft:MS tpot:MS e2el:MS")
+    parser.add_argument("--policy", default="fcfs", choices=["fcfs", "priority", "fair"], help="scheduling_policy")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--json", default=None, help="also write the result here")
 
@@ -186,20 +193,22 @@ def run(args: argparse.Namespace) -> dict:
         kv_cache_memory=512 << 20,
         max_num_batched_tokens=512,
         enable_prefix_caching=False,  # every run computes the same prompts in full
+        scheduling_policy=args.policy,  # under fair, each class is a tenant
     )
     step = decode_step(engine, args)
     tpot_ms = args.tpot_ms or round(1000 * step * args.tpot_x, 1)
     ttft_ms = args.ttft_ms or round(1000 * step * args.ttft_x, 1)
     result: dict = {"decode_step_ms": round(1000 * step, 2), "targets": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}}
     targets = {"ttft": ttft_ms / 1000.0, "tpot": tpot_ms / 1000.0}
+    print("decode step", json.dumps(result), flush=True)
     if args.goodput:
         result["goodput_targets"] = {k: v * 1000 for k, v in parse_goodput(args.goodput).items()}
-    for name, classes, tpot in [("fcfs", False, tpot_ms), ("slo", True, tpot_ms)] + [
+    for name, classes, tpot in [(args.policy, False, tpot_ms), (f"{args.policy}+slo", True, tpot_ms)] + [
         (f"slo@tpot={float(x) * step * 1000:.0f}ms", True, float(x) * step * 1000) for x in args.sweep.split(",") if x
     ]:
         engine.slo_classes = check_slo_classes({"interactive": {"ttft_ms": ttft_ms, "tpot_ms": tpot}, "batch": {}})
-        records, throughput = Workload(engine, args, seed=1).run(args.seconds, classes)
-        row = summary(records, {**targets, "tpot": tpot / 1000.0}, args.seconds, throughput)
+        records, out_rate, computed_rate = Workload(engine, args, seed=1).run(args.seconds, classes)
+        row = summary(records, {**targets, "tpot": tpot / 1000.0}, args.seconds, (out_rate, computed_rate))
         if args.goodput:
             row["goodput_rps_extra"] = round(request_goodput(records, parse_goodput(args.goodput), args.seconds), 3)
         row["step_cost_relative_error"] = engine.scheduler.cost.relative_error

@@ -90,6 +90,7 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
         running.setdefault(req.tenant, deque()).append(req)
     below, above = cap_sets(s, running)
     capped: dict[str, int] = {}  # request -> prompt tokens it was given under the cap
+    no_room: set[str | None] = set()  # tenants whose next waiting request the step's limits leave no tokens
     used = 0  # of those, the tokens of rows still in the step (`capped`'s rows not taken back)
     admitting = True
 
@@ -111,7 +112,7 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
             admitting = admitting and not out.preempted
             candidates = list(running)
             if admitting:
-                candidates += [t for t in queue.tenants() if t not in running]
+                candidates += [t for t in queue.tenants() if t not in running and t not in no_room]
             left = None if cap is None else cap - used
             if left is not None and left <= 0:
                 kept = [t for t in candidates if not held(t)]
@@ -129,6 +130,8 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
                 if not running[tenant]:
                     del running[tenant]
                 s.continue_running(out, req, limit)
+            elif s.room_for(req) <= 0:  # the latency plan leaves it nothing: others may still fit
+                no_room.add(tenant)
             elif len(s.running) >= s.max_num_seqs and not hand_over(s, out, tenant, running):
                 admitting = False
             elif not s.start_waiting(out, req, limit):

@@ -39,6 +39,8 @@ class Scheduler:
     above its share is suspended, keeping its blocks, and resumes later where it stopped
     (`fair_step.py`; docs/engine.md, "Seat handover"). While a tenant below its share runs in a
     step, the prompt tokens of tenants above theirs are capped at `prefill_cap` (None: never).
+    With latency targets, each step's budget comes from them first (slo_budget.py;
+    docs/latency-targets.md) and requests with a target go before those without.
     """
 
     def __init__(
@@ -238,6 +240,10 @@ class Scheduler:
         charge = self._charges.pop(req.request_id, 0.0)
         if charge:
             self._pending[req.tenant] -= charge
+
+    def room_for(self, req: Request) -> int:
+        """Tokens the step's limits leave `req` (its budget, and the untargeted rows' share)."""
+        return self._room(req, None)
 
     def _room(self, req: Request, limit: int | None) -> int:
         room = self._budget if limit is None else min(self._budget, limit)

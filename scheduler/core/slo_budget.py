@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from orcaserve.scheduler.core.scheduler import Scheduler
 
 _TARGETS = ("ttft_ms", "tpot_ms")
+# Prompt tokens a step without decodes gets even when no prompt fits the time limit: the step is
+# never empty while work waits (one KV block at the default block size).
+MIN_PROMPT = 16
 
 
 @dataclass(frozen=True)
@@ -164,7 +167,7 @@ def plan_step(
                 lo = mid
             else:
                 hi = mid - 1
-        prompt = lo
+        prompt = lo if lo or kept.decode_rows else min(room, MIN_PROMPT)  # never an empty step
     plan.budget = kept.decode_rows + prompt
     if demand or limit != math.inf:
         plan.untargeted_prompt = max(0, prompt - demand)
