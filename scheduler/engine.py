@@ -80,8 +80,8 @@ class Engine:
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
-        # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.slo_classes = check_slo_classes(config.slo_classes)  # docs/latency-targets.md
+        # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
