@@ -10,6 +10,7 @@ from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.fair_share import check_weights
 from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.scheduler import POLICIES
+from orcaserve.scheduler.core.slo_budget import check_slo_classes
 
 _DTYPES = {
     "float32": torch.float32,
@@ -71,6 +72,9 @@ class EngineConfig:
     # its share of each forward. from_pretrained starts the other ranks itself, offline and in a
     # TorchServe worker alike. kv_cache_memory is per rank.
     tensor_parallel_size: int = 1
+    # Latency targets per class of traffic (docs/latency-targets.md): class name -> {ttft_ms,
+    # tpot_ms, slo_reject}; a request names its class (`Engine.add_request(slo_class=...)`).
+    slo_classes: dict[str, dict] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -111,6 +115,7 @@ class EngineConfig:
         # copy of every quantized weight (docs/serving.md "Quantized weights").
         if self.quantization is not None and self.resolved_device().type != "cpu":
             raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
+        check_slo_classes(self.slo_classes)
         self.resolved_dtype()  # validates
         self._check_tensor_parallel()
 

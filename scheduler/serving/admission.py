@@ -34,6 +34,7 @@ class Submission:
     deadline: float | None
     cache_salt: str | None = None
     tenant: str | None = None
+    slo_class: str | None = None
     ids: list[int] | None = None
     error: EngineError | None = None
 
