@@ -131,12 +131,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-bitwise", action="store_true", help="skip the bitwise quantized path")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     parser.add_argument("--ghz", type=float, default=0.0, help="the clock for the nominal peak (default: the OS's)")
     parser.add_argument("--stat", choices=("median", "min"), default="median", help="min: on a loaded machine")
     parser.add_argument("--json", default="", help="also write the result here")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ok, why = build.load(build=False)
     cores, ghz = torch.get_num_threads(), args.ghz or nominal_ghz()
     peak = peaks(cores, ghz)
