@@ -10,7 +10,9 @@ Per shape and row count, each on the same random weight (x bf16, as the engine r
 - <fmt>+a8: the same codes with activations="int8" (docs/int8-activations.md).
 The K-quants' codes are made from q4_1's and q8_0's (speed does not depend on the values). Each
 kernel cycles over copies of its weight (at least 48 MB a round) so the weight streams from DRAM as
-in a decode step. Peaks are nominal: cores x GHz x FLOP per cycle from the CPU's flags (bf16:
+in a decode step. `--clock cpu --threads 1` times the thread's CPU time instead of the wall clock:
+on a machine shared with other work, the time this GEMM computed rather than waited. Peaks are
+nominal: cores x GHz x FLOP per cycle from the CPU's flags (bf16:
 vdpbf16ps 64, AMX 1024; int8: vpdpbusd 128, AMX-INT8 2048 operations per cycle and core).
 """
 
@@ -77,13 +79,14 @@ def codes_for(w: torch.Tensor, fmt: str) -> BlockCodes:
     return quantize(w, fmt)
 
 
-def make(kernel: str, w: torch.Tensor) -> tuple[Callable[[torch.Tensor], torch.Tensor], int, str]:
-    """(call, weight bytes, what runs) for one copy of `w`."""
+def make(kernel: str, w: torch.Tensor, isa: str = "") -> tuple[Callable[[torch.Tensor], torch.Tensor], int, str]:
+    """(call, weight bytes, what runs) for one copy of `w`; `isa` forces the quantized GEMMs' variant."""
     if kernel == "bf16":
         lin = Linear(w.bfloat16(), None, pack=True)
         return lin, lin.weight.numel() * lin.weight.element_size(), lin.kernel
     fmt, _, act = kernel.partition("+")
-    q = QuantLinear(codes_for(w, fmt), None, activations="int8" if act else None)
+    forced = f"orcaserve.{'linear_int8' if act else 'linear_quant'}.{isa}" if isa else None
+    q = QuantLinear(codes_for(w, fmt), None, kernel=forced, activations="int8" if act else None)
     return q, q.nbytes(), q.kernel
 
 
@@ -92,8 +95,8 @@ def bench_shape(name: str, n: int, k: int, args: Any, kernels: list[str]) -> lis
     w = torch.randn(n, k) * 0.02
     built = {}
     for kern in kernels:
-        first = make(kern, w)
-        built[kern] = [first] + [make(kern, w) for _ in range(max(0, math.ceil(MIN_BYTES / first[1]) - 1))]
+        first = make(kern, w, args.isa)
+        built[kern] = [first] + [make(kern, w, args.isa) for _ in range(max(0, math.ceil(MIN_BYTES / first[1]) - 1))]
     print(f"\n{name} [{n} x {k}]: " + ", ".join(f"{kn}={built[kn][0][2]}" for kn in kernels))
     print("| rows | " + " | ".join(f"{kn} ms (GFLOP/s)" for kn in kernels) + " |")
     print("|" + " --- |" * (len(kernels) + 1))
@@ -104,14 +107,15 @@ def bench_shape(name: str, n: int, k: int, args: Any, kernels: list[str]) -> lis
             for fn, _, _ in built[kern]:
                 fn(x)
         times: dict[str, list[float]] = {kern: [] for kern in kernels}
+        clock = time.thread_time if args.clock == "cpu" else time.perf_counter
         n_calls = max(1, args.calls * 32 // max(m, 32))
         for _ in range(args.rounds):
             for kern in kernels:  # alternated round by round
                 copies = built[kern]
-                t = time.perf_counter()
+                t = clock()
                 for i in range(n_calls):
                     copies[i % len(copies)][0](x)
-                times[kern].append((time.perf_counter() - t) / n_calls * 1e3)
+                times[kern].append((clock() - t) / n_calls * 1e3)
         cells = []
         for kern in kernels:
             ms = min(times[kern]) if args.stat == "min" else statistics.median(times[kern])
@@ -131,8 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-bitwise", action="store_true", help="skip the bitwise quantized path")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--isa", default="", help="force the quantized GEMMs' variant (avx2: the fallback)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
     parser.add_argument("--ghz", type=float, default=0.0, help="the clock for the nominal peak (default: the OS's)")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: this thread's CPU time (with --threads 1), for a loaded machine",
+    )
     parser.add_argument("--stat", choices=("median", "min"), default="median", help="min: on a loaded machine")
     parser.add_argument("--json", default="", help="also write the result here")
 
@@ -140,6 +151,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        raise SystemExit("--clock cpu times the calling thread: run it with --threads 1")
     ok, why = build.load(build=False)
     cores, ghz = torch.get_num_threads(), args.ghz or nominal_ghz()
     peak = peaks(cores, ghz)
