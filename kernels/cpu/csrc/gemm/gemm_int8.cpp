@@ -77,12 +77,14 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
     const int8_t* x = a.q + m * a.K + b * kBlock;
 #pragma GCC unroll 2
     for (int s = 0; s < S; ++s) {
-      vi sum[R][kC];
+      // Up to 2 rows, odd groups (4-bit: the high nibbles) sum into a second accumulator: two
+      // dependency chains instead of one per vector (integer sums: the order changes no bit).
+      constexpr bool kSplit = R <= 2;
+      vi sum[R][kC], sum2[R][kC];
       for (int r = 0; r < R; ++r)
-        for (int c = 0; c < kC; ++c) sum[r][c] = izero();
+        for (int c = 0; c < kC; ++c) sum[r][c] = sum2[r][c] = izero();
       if constexpr (Bits == 8) {
-#pragma GCC unroll 8
-        for (int g = s * G; g < (s + 1) * G; ++g) {
+        auto group = [&](int g, vi(&into)[R][kC]) {
           vi w[kC], aw[kC];
           for (int c = 0; c < kC; ++c) {
             w[c] = iload(codes + (g * kPanel + c * kL) * 4);
@@ -92,11 +94,16 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
             const vi xr = ibcast(x + r * a.K + 4 * g);
             for (int c = 0; c < kC; ++c) {
               if constexpr (fmt.signed_codes())
-                sum[r][c] = dot_signed(sum[r][c], w[c], aw[c], xr);
+                into[r][c] = dot_signed(into[r][c], w[c], aw[c], xr);
               else
-                sum[r][c] = dot(sum[r][c], w[c], xr);
+                into[r][c] = dot(into[r][c], w[c], xr);
             }
           }
+        };
+#pragma GCC unroll 4
+        for (int g = s * G; g < (s + 1) * G; g += 2) {
+          group(g, sum);
+          group(g + 1, kSplit ? sum2 : sum);
         }
       } else {
 #pragma GCC unroll 4
@@ -109,10 +116,19 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
           }
           for (int r = 0; r < R; ++r) {
             const vi x0 = ibcast(x + r * a.K + 4 * g), x1 = ibcast(x + r * a.K + 16 + 4 * g);
-            for (int c = 0; c < kC; ++c) sum[r][c] = dot(dot(sum[r][c], lo[c], x0), hi[c], x1);
+            for (int c = 0; c < kC; ++c) {
+              sum[r][c] = dot(sum[r][c], lo[c], x0);
+              if constexpr (kSplit)
+                sum2[r][c] = dot(sum2[r][c], hi[c], x1);
+              else
+                sum[r][c] = dot(sum[r][c], hi[c], x1);
+            }
           }
         }
       }
+      if constexpr (kSplit)
+        for (int r = 0; r < R; ++r)
+          for (int c = 0; c < kC; ++c) sum[r][c] = iadd(sum[r][c], sum2[r][c]);
       vf sw[kC];
       for (int c = 0; c < kC; ++c) sw[c] = fload(heads + s * kPanel + c * kL);
       for (int r = 0; r < R; ++r) {

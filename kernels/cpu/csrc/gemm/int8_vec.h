@@ -32,6 +32,7 @@ inline vi ibcast32(int32_t v) { return _mm512_set1_epi32(v); }
 inline vi lo4(vi v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
 inline vi hi4(vi v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
 inline vi isub(vi a, vi b) { return _mm512_sub_epi32(a, b); }
+inline vi iadd(vi a, vi b) { return _mm512_add_epi32(a, b); }
 inline vf fzero() { return _mm512_setzero_ps(); }
 inline vf fload(const float* p) { return _mm512_loadu_ps(p); }
 inline vf fbcast(float v) { return _mm512_set1_ps(v); }
@@ -70,6 +71,7 @@ inline vi ibcast32(int32_t v) { return _mm256_set1_epi32(v); }
 inline vi lo4(vi v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
 inline vi hi4(vi v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
 inline vi isub(vi a, vi b) { return _mm256_sub_epi32(a, b); }
+inline vi iadd(vi a, vi b) { return _mm256_add_epi32(a, b); }
 inline vf fzero() { return _mm256_setzero_ps(); }
 inline vf fload(const float* p) { return _mm256_loadu_ps(p); }
 inline vf fbcast(float v) { return _mm256_set1_ps(v); }
