@@ -75,6 +75,10 @@ class EngineConfig:
     # Latency targets per class of traffic (docs/latency-targets.md): class name -> {ttft_ms,
     # tpot_ms, slo_reject}; a request names its class (`Engine.add_request(slo_class=...)`).
     slo_classes: dict[str, dict] | None = None
+    # With quantization: None keeps the GEMMs bit for bit the fp32 one on the dequantized weights;
+    # "int8" quantizes each row of activations per block of 32 and runs integer dot products against
+    # the codes (docs/int8-activations.md): faster where the CPU has VNNI, not bitwise fp32.
+    activations: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -111,6 +115,13 @@ class EngineConfig:
             raise ValueError(f"fair_prefill_cap must be a positive integer (tokens) or null for no cap, got {cap!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.activations not in (None, "int8"):
+            raise ValueError(f"activations must be 'int8' or null, got {self.activations!r}")
+        if self.activations is not None and self.quantization is None:
+            raise ValueError(
+                f"activations={self.activations!r} runs against quantized weights only: "
+                "set quantization to gguf, int8 or int4"
+            )
         # Refused here, before any weight is loaded: off the CPU the PyTorch twin would keep an fp32
         # copy of every quantized weight (docs/serving.md "Quantized weights").
         if self.quantization is not None and self.resolved_device().type != "cpu":
