@@ -76,7 +76,7 @@ class HandlerConfig:
     tenant_header: the request header (set by a trusted gateway) naming the tenant; prefix-cache
     blocks are shared only within a tenant, and requests without the header are refused (400).
     None = one tenant; the `cache_salt` body field alone separates (handler/openai/tenancy.py).
-    Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
+    Limits (docs/reliability.md#limits): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
     (beyond it: 503 with Retry-After). None = unlimited. `max_frame_bytes`: the largest frame
     sent to the frontend, which refuses one above its `max_response_size` (6,553,500 bytes by
