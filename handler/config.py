@@ -92,7 +92,7 @@ class HandlerConfig:
     slo_class_header: the request header (set by a trusted gateway) naming the request's class of
     latency targets (`slo_classes`); `tenant_slo_class`: tenant -> class when the header is absent
     (docs/latency-targets.md). None: no class, no target.
-    Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
+    Limits (docs/reliability.md#limits): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
     (beyond it: 503 with Retry-After). None = unlimited. `max_frame_bytes`: the largest frame
     sent to the frontend, which refuses one above its `max_response_size` (6,553,500 bytes by
