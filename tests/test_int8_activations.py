@@ -122,9 +122,9 @@ def test_engine_answers_as_the_twin(mode, tokenizer, monkeypatch):
     bit for bit; against the fp32 model the agreement is reported, not asserted equal."""
     import copy
 
-    from tiny_models import TINY_CONFIG
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from orcaserve.bench.tiny_models import TINY_CONFIG
     from orcaserve.kernels import quant
     from orcaserve.scheduler import Engine, SamplingParams
 
