@@ -67,7 +67,12 @@ class KVCacheManager:
         that become the start of its block table, the new tokens following them. Returns False,
         taking nothing, when the pool is short: the caller decides whom to preempt.
         """
-        held = self._blocks.setdefault(request.request_id, [])
+        held = self._blocks.get(request.request_id)
+        if held is not None and not cached:  # the common case, a decode: room left in its last block?
+            if request.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
+                return True
+        else:
+            held = self._blocks.setdefault(request.request_id, [])
         if cached and (held or request.num_computed_tokens):
             raise RuntimeError(f"request {request.request_id} already holds blocks; cached blocks start a table")
         tokens = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
