@@ -99,11 +99,17 @@ class KVCacheManager:
 
         Generated tokens' blocks are cached too: a preempted request finds them again, and so does
         a follow-up turn whose prompt repeats the answer."""
-        blocks = self._blocks.get(request.request_id)
-        if not self.enable_prefix_caching or not blocks:
+        if not self.enable_prefix_caching:
             return
-        full = min(request.num_computed_tokens // self.block_size, len(blocks))
-        start = self._num_offered.get(request.request_id, 0)
+        rid = request.request_id
+        full = request.num_computed_tokens // self.block_size
+        start = self._num_offered.get(rid, 0)
+        if full <= start:  # every step but one in `block_size` of a decode: no block filled
+            return
+        blocks = self._blocks.get(rid)
+        if not blocks:
+            return
+        full = min(full, len(blocks))
         if full <= start:
             return
         keys = self._keys(request, full)
