@@ -26,6 +26,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prefix": ("orcaserve.bench.prefix_cache", "prefix caching on vs off, and a timing probe across tenants"),
     "kernels": ("orcaserve.bench.cpu_kernels", "CPU GEMMs (bf16/fp32 and quantized) against torch's, ms per call"),
     "host": ("orcaserve.bench.host_overhead", "host work per step on a stub device, sync vs async scheduling"),
+    "quality": ("orcaserve.bench.int8_quality", "top-1 agreement and KL of int8 activations against the fp32 model"),
+    "slo": ("orcaserve.bench.slo", "latency targets: interactive beside a flood, attainment and goodput vs fcfs"),
+    "tp": ("orcaserve.bench.tensor_parallel", "tensor parallel ranks vs one process: tok/s, collectives' share, RSS"),
     "gpu": ("orcaserve.bench.gpu", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
 

@@ -13,14 +13,14 @@ in bf16 where the CPU has AVX-512 BF16, its `vdpbf16ps` GEMM (`orcaserve::linear
 kernels/cpu/csrc/gemm/gemm_bf16.cpp); with `--inductor`, also `torch.compile` of the linear layer
 with max-autotune over inductor's C++ GEMM template and ATen (compiled per row count, 5-20 s each).
 Prints, per row count, oneDNN's first call (it compiles a kernel per new shape) and the median of 7
-rounds of 10 calls of each variant, alternated round by round (docs/performance-log.md, "2026-11-30:
-GEMMs at prefill sizes and on first use, plain copies for bf16 o and down", docs/performance-log.md,
-"2026-11-30: fp32 on MKL's packed GEMM, the fp32 norm fused, bf16 padded to 16 rows" and
-"torch.compile"). Those calls reuse one weight, which stays in cache; `--layers N` instead calls
-each layer's four GEMMs in turn over N layers' weights, as a step does (30: SmolLM2, about 425 MB in
-fp32, read from DRAM), and prints ms per N layers, the minimum of `--rounds` rounds per library,
-alternated (docs/performance-log.md, "2026-12-01: the project's own fp32 GEMM on AVX2 CPUs (Zen
-3)"). `--library` loads another build of the project's ops (an older kernel's .so from the build
+rounds of 10 calls of each variant, alternated round by round (docs/performance-log.md:
+#2026-11-30-gemms-at-prefill-sizes-and-on-first-use-plain-copies-for-bf16-o-and-down,
+#2026-11-30-fp32-on-mkls-packed-gemm-the-fp32-norm-fused-bf16-padded-to-16-rows). Those calls reuse
+one weight, which stays in cache; `--layers N` instead calls each layer's four GEMMs in turn over N
+layers' weights, as a step does (30: SmolLM2, about 425 MB in fp32, read from DRAM), and prints ms
+per N layers, the minimum of `--rounds` rounds per library, alternated (docs/performance-log.md
+#2026-12-01-the-projects-own-fp32-gemm-on-avx2-cpus-zen-3). `--library` loads another build of the
+project's ops (an older kernel's .so from the build
 cache) in place of the current sources'."""
 
 from __future__ import annotations

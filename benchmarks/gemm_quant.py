@@ -17,12 +17,13 @@ Kernels (each on the same random weight, x fp32 except where said):
   engine): per-channel int8 weight, x fp32 quantized to uint8 per call (one scale for the whole
   batch), integer dot products (`vpmaddubsw` on AVX2, VNNI where the CPU has it). What integer
   arithmetic on quantized activations buys on this CPU, as llama.cpp's q8 activations do
-  (docs/performance-log.md, "2026-12-05: integer dot products on quantized activations").
+  (docs/performance-log.md#2026-12-05-integer-dot-products-on-quantized-activations-measured-not-built-amd-epyc-zen-2).
 Each kernel cycles over enough copies of its weight to read at least 48 MB per round (3x this
 Zen 2's L3), so the weight comes from DRAM as in a decode step over 16 layers. Prints ms per call
 (median, or with `--stat min` the fastest, of `--rounds` rounds of `--calls` calls, fewer from 64
 rows on; kernels alternated round by round) and the weight
-bytes read per second (GB/s). docs/performance-log.md, "2026-12-05: GGUF codes served quantized".
+bytes read per second (GB/s) (docs/performance-log.md
+#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
 """
 
 from __future__ import annotations

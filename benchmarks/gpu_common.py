@@ -1,4 +1,4 @@
-"""What the steps of benchmarks/gpu_engine.py share: stand-ins, result files, device names."""
+"""What the GPU steps share: stand-ins, result files, device names, the run without CUDA."""
 
 from __future__ import annotations
 
@@ -50,6 +50,20 @@ def versions() -> dict:
     except ImportError:
         v["triton"] = None
     return v
+
+
+def skip_or_interpret(script: str, smoke: bool) -> dict | None:
+    """Without CUDA: the skipped result, or under `smoke` None with Triton's interpreter switched on
+    (before any kernel module is imported: @triton.jit reads it at definition time). With CUDA: None."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    if not smoke:
+        print(f"benchmarks/{script}: no CUDA device; nothing to time (GPU figures not measured).")
+        return {"skipped": "no CUDA device"}
+    os.environ["TRITON_INTERPRET"] = "1"
+    return None
 
 
 def free_cuda() -> None:

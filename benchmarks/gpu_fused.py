@@ -24,7 +24,6 @@ CUDA and without --smoke it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from orcaserve.bench.cli import add_out
+from orcaserve.bench.gpu_common import skip_or_interpret
 from orcaserve.bench.result import write
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -212,13 +212,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
 
+    skipped = skip_or_interpret("gpu_fused.py", args.smoke)
+    if skipped is not None:
+        return skipped
     cuda = torch.cuda.is_available()
-    if not cuda and not args.smoke:
-        print("benchmarks/gpu_fused.py: no CUDA device; nothing to time (GPU figures not measured).")
-        return {"skipped": "no CUDA device"}
     if not cuda:
-        # Before the kernel module is imported: @triton.jit reads it at definition time.
-        os.environ["TRITON_INTERPRET"] = "1"
         args.dtype, args.shapes, args.tokens, args.calls = "fp32", "smollm2", "1,3", 2
     import triton
 

@@ -1,5 +1,5 @@
 """gpu_engine.py throughput: a random model of SmolLM2-135M's shape (or, `--shape llama8b`, of
-Llama-3.1-8B's layers with SmolLM2's vocabulary, as the H200 follow-up of 2026-12-04) on the
+Llama-3.1-8B's layers with SmolLM2's vocabulary) on the
 offline workload."""
 
 from __future__ import annotations

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ import time
 import torch
 
 from orcaserve.bench.cli import add_out
+from orcaserve.bench.gpu_common import skip_or_interpret
 from orcaserve.bench.kernel_timing import PEAK_BF16_TFLOPS, SPLIT_CANDIDATES, Timer, copy_gbps, lookup, peak_gbps
 from orcaserve.bench.result import write
 
@@ -126,13 +126,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
 
+    skipped = skip_or_interpret("kernel_bench.py", args.smoke)
+    if skipped is not None:
+        return skipped
     cuda = torch.cuda.is_available()
-    if not cuda and not args.smoke:
-        print("benchmarks/kernel_bench.py: no CUDA device; nothing to time (GPU figures not measured).")
-        return {"skipped": "no CUDA device"}
     if not cuda:
-        # Before any kernel module is imported: @triton.jit reads it at definition time.
-        os.environ["TRITON_INTERPRET"] = "1"
         if args.dtype != "fp32":
             print("smoke on CPU: fp32 (the interpreter computes bf16 wrongly)")
             args.dtype = "fp32"

@@ -32,6 +32,12 @@ from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
 
+def _quantized(args) -> dict:
+    """The engine's quantization and activations arguments (callers such as the GPU check pass
+    their own argument namespaces, without them)."""
+    return {"quantization": getattr(args, "quantization", None), "activations": getattr(args, "activations", None)}
+
+
 def run_orcaserve(model, tokenizer, work, args) -> dict:
     engine = Engine.from_model(
         copy.deepcopy(model),
@@ -40,7 +46,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
-        quantization=getattr(args, "quantization", None),  # callers (gpu_engine.py, gemm_ab.py) pass their own args
+        **_quantized(args),
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -136,7 +142,7 @@ def step_time(model, tokenizer, args) -> dict:
         max_num_seqs=b,
         max_num_batched_tokens=max(512, c),
         dtype=args.dtype,
-        quantization=getattr(args, "quantization", None),  # callers (gpu_engine.py, gemm_ab.py) pass their own args
+        **_quantized(args),
     )
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
@@ -178,6 +184,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="fp32 | bf16 | fp16 for every system (default: fp32 load, the engine's own default dtype)",
     )
     ap.add_argument("--quantization", default=None, help="orcaserve: gguf | int8 | int4 (the model loads in fp32)")
+    ap.add_argument("--activations", default=None, help="orcaserve, with --quantization: int8")
     ap.add_argument("--batch", type=int, default=32, help="padded generate batch size")
     ap.add_argument("--systems", default="orcaserve,generate,generate_batch,step")
     ap.add_argument("--step-batch", type=int, default=32)

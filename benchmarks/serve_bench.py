@@ -186,7 +186,7 @@ def _warm_up(args: argparse.Namespace, plan: Plan) -> bool:
     """First requests pay lazy initialisation; keep them out of the figures. `--warmup-load`
     also runs the streaming path under load first: TorchServe's JVM compiles it after thousands
     of chunks, and a 2-request warm-up left its JIT compiler threads on up to 0.15 of 2 cores
-    during the measurement (docs/peers.md, "Reading the table above")."""
+    during the measurement (docs/performance-log.md#reading-the-table-above-intel-xeon-with-amx-2026-12-04)."""
     for model, url, name in plan.targets:
         for spec in make_workload(args.warmup, args.seed + 1, (8, 16), (2, 4), args.token_range):
             r = send(url, plan.headers, spec, model, None, args.timeout, name)

@@ -5,12 +5,12 @@
 Each figure is taken in a fresh interpreter (median of --repeats):
 - import_torch / import_transformers: wall time of `import torch`, then of transformers with the
   Llama and Qwen2 modeling modules, and within each the `torch.library.custom_op` registrations
-  (`CustomOpDef._register_to_dispatcher`, the 128 calls of the H200 cProfile: torch's own prims,
+  (`CustomOpDef._register_to_dispatcher`, those a cProfile of start-up shows: torch's own prims,
   streams and onnx ops and transformers' own), counted and timed by a hook installed before
   torch's `_library.custom_ops` module runs, so without a profiler's overhead.
 - cpu_library: `kernels.cpu.build.load(build=False)` (torch.ops.load_library of the C++ library and
   the register_fake of each ISA variant), first call and a second one in the same process.
-- sampler: `Sampler()` (since 2026-12-04 it loads nothing; the first CPU batch looks the C++ argmax
+- sampler: `Sampler()` (it loads nothing; the first CPU batch looks the C++ argmax
   up) and `argmax_ops()`, the lookup `Sampler()` made before, in a fresh process each.
 - engine_cpu / engine_cuda (CUDA only, bf16): `Engine.from_model` on the tiny Llama twice in one
   process, with the `torch.ops.load_library` calls (a CPU engine loads the library once per

@@ -53,12 +53,25 @@ def _positive(name: str, value: Any, kind: type | tuple[type, ...] = int, allow_
     return value
 
 
-def _header_name(value: Any) -> str | None:
+def _header_name(value: Any, key: str = "tenant_header") -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not _TOKEN.match(value):
-        raise ValueError(f"tenant_header must be an HTTP header name like 'X-Tenant-Id' or null, got {value!r}")
+        raise ValueError(f"{key} must be an HTTP header name like 'X-Tenant-Id' or null, got {value!r}")
     return value
+
+
+def _tenant_classes(value: Any, classes: Any) -> dict[str, str]:
+    """`tenant_slo_class`: tenant name -> a class of `slo_classes`."""
+    if value is None:
+        return {}
+    known = classes if isinstance(classes, dict) else {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise ValueError(f"tenant_slo_class must map tenant names to class names, got {value!r}")
+    for tenant, name in value.items():
+        if name not in known:
+            raise ValueError(f"tenant_slo_class[{tenant!r}] names {name!r}, not a class of slo_classes {sorted(known)}")
+    return dict(value)
 
 
 @dataclass
@@ -76,7 +89,10 @@ class HandlerConfig:
     tenant_header: the request header (set by a trusted gateway) naming the tenant; prefix-cache
     blocks are shared only within a tenant, and requests without the header are refused (400).
     None = one tenant; the `cache_salt` body field alone separates (handler/openai/tenancy.py).
-    Limits (docs/serving.md, "Limits"): `max_body_bytes` per request body, `max_tokens_limit` on
+    slo_class_header: the request header (set by a trusted gateway) naming the request's class of
+    latency targets (`slo_classes`); `tenant_slo_class`: tenant -> class when the header is absent
+    (docs/latency-targets.md). None: no class, no target.
+    Limits (docs/reliability.md#limits): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
     (beyond it: 503 with Retry-After). None = unlimited. `max_frame_bytes`: the largest frame
     sent to the frontend, which refuses one above its `max_response_size` (6,553,500 bytes by
@@ -94,6 +110,8 @@ class HandlerConfig:
     max_waiting_requests: int | None = 64
     tenant_header: str | None = None
     max_frame_bytes: int = 1 << 20
+    slo_class_header: str | None = None
+    tenant_slo_class: dict[str, str] = dataclasses.field(default_factory=dict)
 
     SERVING_KEYS = (
         "model_path",
@@ -106,6 +124,8 @@ class HandlerConfig:
         "max_waiting_requests",
         "tenant_header",
         "max_frame_bytes",
+        "slo_class_header",
+        "tenant_slo_class",
     )
 
     @classmethod
@@ -125,6 +145,8 @@ class HandlerConfig:
             "served_model_name": section.pop("served_model_name", None),
             "num_threads": _positive("num_threads", section.pop("num_threads", None)),
             "tenant_header": _header_name(section.pop("tenant_header", None)),
+            "slo_class_header": _header_name(section.pop("slo_class_header", None), "slo_class_header"),
+            "tenant_slo_class": _tenant_classes(section.pop("tenant_slo_class", None), section.get("slo_classes")),
         }
         for key in ("max_body_bytes", "max_tokens_limit", "max_waiting_requests"):
             if key in section:

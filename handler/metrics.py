@@ -14,6 +14,7 @@ from typing import Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
+from orcaserve.handler.slo_metrics import SLO_METRICS, STEP_COST_METRICS, SloMetrics
 from orcaserve.handler.tenant_metrics import FAIRNESS_METRIC, TENANT_METRICS, TenantMetrics
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
@@ -82,12 +83,17 @@ class EngineMetrics:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             for name, (unit, kind, _) in TENANT_METRICS.items():
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Tenant"], kind)
+            for name, (unit, kind, *_) in SLO_METRICS.items():
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Class"], kind)
+            for name, (unit, kind, _) in STEP_COST_METRICS.items():
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             name, unit, kind, _ = FAIRNESS_METRIC
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             name, unit, kind, _ = CACHE_INFO_METRIC
             dims = [*DIMENSIONS, *CACHE_INFO_DIMENSIONS]
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, dims, kind)
         self._tenants = TenantMetrics(self._emit)
+        self._slo = SloMetrics(self._emit)
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
         self._counted = {
@@ -168,6 +174,7 @@ class EngineMetrics:
         self._emit("orca_step_tokens", s.last_step_tokens)
         self._emit("orca_prefix_cache_free_blocks", s.kv_blocks_cached_free)
         self._tenants.on_emission(engine.scheduler.shares)
+        self._slo.on_emission(engine.stats.slo, engine.scheduler.cost)
 
     def _emit_deltas(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():

@@ -105,6 +105,8 @@ class OrcaHandler:
             if config.num_threads is not None:
                 torch.set_num_threads(config.num_threads)
             engine = Engine.from_pretrained(config.model_path, **engine_args)
+            if engine.config.tensor_parallel_size > 1:  # a rank gone: exit, TorchServe starts the worker again
+                engine.runner.on_failure = self._on_loop_death
             if self._faults.enabled:
                 engine.fault_hook = self._faults.hook
             log.info(
@@ -240,9 +242,21 @@ class OrcaHandler:
         salt = derive_cache_salt(cfg.tenant_header, headers, req.cache_salt)  # refuses a missing tenant
         # Whose share the request uses (fair policy, per-tenant metrics): the tenant as named.
         tenant = header_value(headers, cfg.tenant_header) if cfg.tenant_header else None
+        # Whose latency targets it gets (docs/latency-targets.md); an unknown class is the engine's 400.
+        slo_class = header_value(headers, cfg.slo_class_header) if cfg.slo_class_header else None
+        if slo_class is None and tenant is not None:
+            slo_class = cfg.tenant_slo_class.get(tenant)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(
-            request_id, req.prompt, req.params, req.priority, req.timeout, asyncio.get_running_loop(), salt, tenant
+            request_id,
+            req.prompt,
+            req.params,
+            req.priority,
+            req.timeout,
+            asyncio.get_running_loop(),
+            salt,
+            tenant,
+            slo_class,
         )
         try:
             if req.stream:

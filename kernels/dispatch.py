@@ -33,6 +33,9 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   this kernel at 1-2; they take bf16 activations, other formats than GGUF's, and are not bitwise:
   no cell names them
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
+- linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
+  codes (gemm_int8.cpp), vpdpbusd on the VNNI variants, vpmaddubsw on avx2 and avx512, bit for bit
+  its PyTorch twin (docs/int8-activations.md).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ def _o(op: str, *variants: str) -> tuple[str, ...]:
     return tuple(v if v in ("torch", "onednn", "mkl") else f"orcaserve.{op}.{v}" for v in variants)
 
 
+_QUANT = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")  # kernels/quant.py's FORMATS
 _WIDEST = ("generic", "avx2", "avx512", "avx512", "avx512")
 _BF16 = ("generic", "avx2", "avx512", "avx512_bf16", "avx512_bf16")
 
@@ -94,6 +98,12 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
     ("linear_quant", "q4_1"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_k"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q6_k"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
+    # The same codes against int8 activations (docs/int8-activations.md), opt-in: vpdpbusd where the
+    # CPU has AVX-512 VNNI (avx512_bf16 and amx: every such CPU has it), vpmaddubsw below.
+    **{
+        ("linear_int8", f): (_o("linear_int8", "torch", "avx2", "avx512", "avx512_bf16", "amx"), ("torch",))
+        for f in _QUANT
+    },
 }
 
 
@@ -129,6 +139,12 @@ def native_bf16() -> bool:
     """bf16 dot products in hardware (AVX-512 BF16 or AMX): there bf16 GEMMs run ~2-3.5x faster
     than fp32; elsewhere bf16 is emulated and slower (the engine's default CPU dtype follows)."""
     return capability() in ("avx512_bf16", "amx")
+
+
+@functools.cache
+def vnni() -> bool:
+    """AVX-512 VNNI (vpdpbusd): what the int8 GEMM's avx512_bf16 and amx variants are built with."""
+    return bool(getattr(torch.cpu, "_is_vnni_supported", lambda: False)())
 
 
 def _dtype_name(dtype: torch.dtype | str) -> str:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import dispatch
+from orcaserve.kernels.pytorch import int8_activations
 
 FORMATS = ("q8_0", "q4_0", "q4_1", "q4_k", "q6_k")
 QUANTIZERS = ("q8_0", "q4_0", "q4_1")  # the formats `quantize` makes
@@ -140,10 +141,15 @@ def take_rows(codes: BlockCodes, index: torch.Tensor) -> BlockCodes:
     return BlockCodes(codes.fmt, codes.q[index], codes.scale[index], None if off is None else off[index])
 
 
+ACTIVATIONS = ("int8",)  # QuantLinear's `activations` besides None (docs/int8-activations.md)
+
+
 def takes(kernel: str, codes: BlockCodes) -> bool:
-    """Whether `kernel` (a cell of the dispatch table's `linear_quant` rows) can run `codes` here."""
-    if kernel.startswith("orcaserve.linear_quant."):
-        return codes.q.device.type == "cpu" and dispatch.available(kernel)
+    """Whether `kernel` (a cell of the dispatch table's `linear_quant` or `linear_int8` rows) can run
+    `codes` here; the int8 GEMM's VNNI variants only where the CPU has AVX-512 VNNI."""
+    if kernel.startswith(("orcaserve.linear_quant.", "orcaserve.linear_int8.")):
+        vnni = not kernel.endswith((".avx512_bf16", ".amx")) or kernel.startswith("orcaserve.linear_quant.")
+        return codes.q.device.type == "cpu" and dispatch.available(kernel) and (vnni or dispatch.vnni())
     return kernel == "torch"
 
 
@@ -160,19 +166,37 @@ class QuantLinear:
       `dequantize(codes)` (4 bytes a weight: a fallback for correctness, not for memory) and runs
       F.linear in fp32. Its sums run in MKL's/oneDNN's order, not the C++ GEMM's: it matches the
       fp32 reference to fp32 rounding (rtol 1e-5, atol 1e-5 * sqrt(K) * max|x| * max|w|), not bitwise.
+
+    With `activations="int8"` the `linear_int8` row chooses instead: x quantized per block of 32 to
+    int8, integer dot products against the codes (`gemm/gemm_int8.cpp`), or its PyTorch twin
+    (`kernels/pytorch/int8_activations.py`, over the codes as they are), bit for bit equal.
     """
 
-    def __init__(self, codes: BlockCodes, bias: torch.Tensor | None, kernel: str | None = None) -> None:
+    def __init__(
+        self, codes: BlockCodes, bias: torch.Tensor | None, kernel: str | None = None, activations: str | None = None
+    ) -> None:
+        if activations not in (None, *ACTIVATIONS):
+            raise ValueError(f"activations must be None or one of {ACTIVATIONS}, got {activations!r}")
         self.fmt = codes.fmt
         self.out_features, self.in_features = codes.shape
         self.bias = bias
-        if kernel is not None and takes(kernel, codes):
+        self.activations = activations
+        op = "linear_int8" if activations == "int8" else "linear_quant"
+        if kernel is not None and kernel.split(".")[1:2] in ([], [op]) and takes(kernel, codes):
             self.kernel = kernel
         else:
-            self.kernel = dispatch.resolve("linear_quant", codes.fmt, lambda k: takes(k, codes))
+            self.kernel = dispatch.resolve(op, codes.fmt, lambda k: takes(k, codes))
         self._op: Any = None
         self._bias32 = None if bias is None else bias.float()
-        if self.kernel.startswith("orcaserve."):
+        self._codes: BlockCodes | None = None
+        if self.kernel.startswith("orcaserve.linear_int8."):
+            pack = dispatch.orcaserve_op(self.kernel.replace(".linear_int8", ".pack_int8_weight", 1))
+            self.weight = pack(codes.q, codes.scale, codes.offset, BITS[codes.fmt], codes.fmt in WIDE)
+            self._op = dispatch.orcaserve_op(self.kernel)
+        elif activations == "int8":  # the twin, over the codes as they are
+            self._codes = codes
+            self.weight = codes.q
+        elif self.kernel.startswith("orcaserve."):
             pack_name = self.kernel.replace(".linear_quant", ".pack_quant_weight", 1)
             pack = dispatch.orcaserve_op(pack_name)
             self.weight = pack(codes.q, codes.scale, codes.offset, BITS[codes.fmt], codes.fmt in WIDE)
@@ -184,11 +208,16 @@ class QuantLinear:
         if self._op is not None:
             bits, wide = BITS[self.fmt], self.fmt in WIDE
             return self._op(x, self.weight, self._bias32, self.out_features, bits, self.fmt in OFFSET, wide)
+        if self._codes is not None:
+            c = self._codes
+            return int8_activations.linear_int8(x, c.q, c.scale, c.offset, self._bias32)
         return F.linear(x.float(), self.weight, self._bias32).to(x.dtype)
 
     def nbytes(self) -> int:
         """Bytes the weight holds in the kernel's layout (codes, scales and mins; the twin's fp32 copy)."""
-        return int(self.weight.numel() * self.weight.element_size())
+        heads = () if self._codes is None else (self._codes.scale, self._codes.offset)
+        extra = sum(t.numel() * 4 for t in heads if t is not None)
+        return int(self.weight.numel() * self.weight.element_size()) + extra
 
 
 class QuantLinearGroup(QuantLinear):
@@ -197,8 +226,13 @@ class QuantLinearGroup(QuantLinear):
     Q6_K beside Q4_K q and k in some layers). Each output column is its own sum in the GEMM, so the
     split changes no bit of the result a fused weight would give."""
 
-    def __init__(self, parts: Sequence[tuple[BlockCodes, torch.Tensor | None]], kernel: str | None = None) -> None:
-        self.parts = [QuantLinear(codes, bias, kernel) for codes, bias in parts]
+    def __init__(
+        self,
+        parts: Sequence[tuple[BlockCodes, torch.Tensor | None]],
+        kernel: str | None = None,
+        activations: str | None = None,
+    ) -> None:
+        self.parts = [QuantLinear(codes, bias, kernel, activations) for codes, bias in parts]
         self.fmt = "+".join(p.fmt for p in self.parts)
         self.out_features = sum(p.out_features for p in self.parts)
         self.in_features = self.parts[0].in_features

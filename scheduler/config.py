@@ -10,6 +10,7 @@ from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.fair_share import check_weights
 from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.scheduler import POLICIES
+from orcaserve.scheduler.core.slo_budget import check_slo_classes
 
 _DTYPES = {
     "float32": torch.float32,
@@ -67,6 +68,17 @@ class EngineConfig:
     # Schedule step N+1 while the device runs step N (docs/host-overlap.md). None: on for CUDA,
     # off on the CPU, where the model's threads are the host's and nothing overlaps.
     async_scheduling: bool | None = None
+    # Ranks the model is split over (docs/tensor-parallel.md): rank 0 runs the engine, every rank
+    # its share of each forward. from_pretrained starts the other ranks itself, offline and in a
+    # TorchServe worker alike. kv_cache_memory is per rank.
+    tensor_parallel_size: int = 1
+    # Latency targets per class of traffic (docs/latency-targets.md): class name -> {ttft_ms,
+    # tpot_ms, slo_reject}; a request names its class (`Engine.add_request(slo_class=...)`).
+    slo_classes: dict[str, dict] | None = None
+    # With quantization: None keeps the GEMMs bit for bit the fp32 one on the dequantized weights;
+    # "int8" quantizes each row of activations per block of 32 and runs integer dot products against
+    # the codes (docs/int8-activations.md): faster where the CPU has VNNI, not bitwise fp32.
+    activations: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -103,11 +115,36 @@ class EngineConfig:
             raise ValueError(f"fair_prefill_cap must be a positive integer (tokens) or null for no cap, got {cap!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.activations not in (None, "int8"):
+            raise ValueError(f"activations must be 'int8' or null, got {self.activations!r}")
+        if self.activations is not None and self.quantization is None:
+            raise ValueError(
+                f"activations={self.activations!r} runs against quantized weights only: "
+                "set quantization to gguf, int8 or int4"
+            )
         # Refused here, before any weight is loaded: off the CPU the PyTorch twin would keep an fp32
         # copy of every quantized weight (docs/serving.md "Quantized weights").
         if self.quantization is not None and self.resolved_device().type != "cpu":
             raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
+        check_slo_classes(self.slo_classes)
         self.resolved_dtype()  # validates
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported
+
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        if tp > 1 and self.quantization is not None:
+            raise TensorParallelUnsupported(
+                f"quantization={self.quantization!r} is not split over ranks: set null with tensor_parallel_size > 1"
+            )
+        if tp > 1 and self.resolved_device().type != "cpu":
+            raise TensorParallelUnsupported("tensor parallelism runs on the CPU (gloo) only: NCCL ranks are not built")
+        if tp > 1 and self.async_scheduling:
+            # The other ranks would need the previous step's ids to fill placeholders (docs/tensor-parallel.md).
+            raise TensorParallelUnsupported("async_scheduling is not built for tensor_parallel_size > 1: set it null")
 
     def resolved_device(self) -> torch.device:
         if self.device is not None:

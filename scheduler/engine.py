@@ -18,6 +18,7 @@ from orcaserve.scheduler.core.postprocess import Postprocessor
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
+from orcaserve.scheduler.core.slo_budget import check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
 from orcaserve.scheduler.detokenizer import IncrementalDetokenizer, stream_backend
 from orcaserve.scheduler.errors import InvalidRequest
@@ -39,7 +40,15 @@ TRACE_STEPS = 100_000
 class Engine:
     """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
 
-    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        tokenizer,
+        config: EngineConfig,
+        num_blocks: int,
+        max_model_len: int,
+        runner_factory: Callable[..., ModelRunner] = ModelRunner,  # a split model's: parallel/launch.py
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.device = config.resolved_device()
@@ -57,7 +66,7 @@ class Engine:
             shares,
             prefill_cap=config.fair_prefill_cap,
         )
-        self.runner = ModelRunner(
+        self.runner = runner_factory(
             model,
             self.kv_caches,
             config.block_size,
@@ -78,6 +87,7 @@ class Engine:
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
+        self.slo_classes = check_slo_classes(config.slo_classes)  # docs/latency-targets.md
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         self.async_scheduling = config.resolved_async_scheduling()
@@ -91,6 +101,10 @@ class Engine:
         """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
         model/hub.py) and build an engine for it."""
         config = EngineConfig(**engine_args)
+        if config.tensor_parallel_size > 1:  # ranks started and each loads its slices (docs/tensor-parallel.md)
+            from orcaserve.scheduler.model.parallel.launch import start_engine
+
+            return start_engine(cls, path, config)
         # Quantized: filled a tensor at a time, codes from each one's fp32 values (docs/serving.md
         # "Memory at load"); the rest comes in dtype.
         load_dtype = config.resolved_dtype()
@@ -116,6 +130,7 @@ class Engine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        slo_class: str | None = None,
     ) -> None:
         """Queue a request; raises InvalidRequest (a ValueError naming the parameter) for an
         empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
@@ -125,7 +140,13 @@ class Engine:
 
         `cache_salt`: requests share cached prefix blocks only with requests of the same salt
         (None is a salt of its own); the serving layer derives it per tenant. `tenant`: whom the
-        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant."""
+        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant.
+        `slo_class`: one of `slo_classes`, whose latency targets the scheduler keeps; None: no
+        target; an unknown class raises InvalidRequest (param "slo_class")."""
+        if slo_class is not None and slo_class not in self.slo_classes:
+            known = ", ".join(sorted(self.slo_classes)) or "none"
+            raise InvalidRequest(f"slo_class {slo_class!r} is not a class of this server (known: {known})", "slo_class")
+        slo = self.slo_classes.get(slo_class) if slo_class is not None else None
         params = params or SamplingParams()
         ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
@@ -143,7 +164,7 @@ class Engine:
         arrival = arrival_time or time.time()
 
         def make(rid: str, p: SamplingParams) -> Request:
-            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant)
+            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant, slo)
 
         if request_id in self.choices or request_id in self.scheduler.requests or request_id in self.prompt_jobs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
@@ -214,6 +235,7 @@ class Engine:
         outputs = self._collect() if self.prompt_jobs else []  # a prompt job runs on the host
         outputs += self._advance_prompt_job()
         sched = self.scheduler.schedule()
+        outputs += [self.postprocessor.finish(req, []) for req in self.scheduler.take_rejected()]
         if self._inflight is not None and (sched.is_empty or needs_host(sched.sampling)):
             outputs += self._collect()  # the previous step's ids first (docs/host-overlap.md "Synchronous rows")
             alive = sched.subset([r for r, req in sched.requests.items() if req.status == RequestStatus.RUNNING])
@@ -234,6 +256,7 @@ class Engine:
         for req in self.choices.release():  # further choices, once the first holds the prompt
             self.scheduler.add_request(req, front=True)
         now = time.time()
+        self.scheduler.record_step_time(sched, now - started)  # the step-cost model learns
         self.stats.record_step(sched, self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
         if self.trace is not None:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))

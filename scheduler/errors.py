@@ -33,6 +33,17 @@ class Overloaded(EngineError):
         self.retry_after = retry_after
 
 
+class TargetUnreachable(Overloaded):
+    """The request's class refuses (`slo_reject`) what can no longer make its time-to-first-token
+    target; another replica may (docs/latency-targets.md)."""
+
+    def __init__(self, retry_after: int = 1) -> None:
+        super().__init__(
+            "the server cannot meet this request's time-to-first-token target now; retry later or elsewhere",
+            retry_after,
+        )
+
+
 class TimedOut(EngineError):
     """The request's deadline (`timeout` seconds after submission) passed before its first token."""
 

@@ -26,7 +26,7 @@ MODELS = "models"
 
 # Fields a client may send; anything else is an error naming the field (typos must not pass
 # silently: `max_token` would otherwise quietly generate 16 tokens). Fields of OpenAI's API that
-# orcaserve does not act on are accepted and ignored (`_IGNORED`); docs/serving.md, "Fields".
+# orcaserve does not act on are accepted and ignored (`_IGNORED`); docs/api.md#fields.
 _COMMON = {
     "model",
     "max_tokens",

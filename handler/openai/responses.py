@@ -29,7 +29,7 @@ def response_id(kind: str, request_id: str) -> str:
 
 
 # The engine's finish reasons that are not OpenAI's, and the one a client is told instead: a
-# deadline or an abort cut the answer short, as `max_tokens` does (docs/serving.md, "Fields").
+# deadline or an abort cut the answer short, as `max_tokens` does (docs/api.md#fields).
 # "error" never reaches a choice: the request is answered with an error object instead.
 _FINISH_REASONS = {"timeout": "length", "abort": "length"}
 

@@ -11,12 +11,13 @@ Each family is compiled once per ISA variant, as PyTorch compiles its `CPU_CAPAB
 | ----------- | -------------------------------------- | ----------------------------- |
 | generic     | none (the compiler's baseline)         | attention, fused              |
 | avx2        | AVX2, FMA, F16C                        | attention, fused, GEMM fp32 * |
-| avx512      | AVX-512 F/BW/VL/DQ                     | attention, fused, GEMM fp32   |
-| avx512_bf16 | avx512 + AVX-512 BF16                  | + GEMM bf16 (vdpbf16ps)       |
-| amx         | avx512_bf16, bf16 prefill tiles on AMX | + GEMM bf16                   |
+| avx512      | AVX-512 F/BW/VL/DQ                     | attention, fused, GEMM fp32 * |
+| avx512_bf16 | avx512 + AVX-512 BF16                  | + GEMM bf16 (vdpbf16ps) **    |
+| amx         | avx512_bf16, bf16 prefill tiles on AMX | + GEMM bf16 **                |
 
 (* with it the GEMM over GGUF block codes, `gemm/gemm_quant.cpp` (packing: `gemm/pack_quant.cpp`), which
-widens them to fp32.)
+widens them to fp32, and the one against int8 activations, `gemm/gemm_int8.cpp` (`gemm/pack_int8.cpp`);
+** that one built with AVX-512 VNNI, docs/int8-activations.md.)
 
 Every variant the building CPU can execute is built into the library, and each op is registered
 once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). Which
@@ -56,6 +57,9 @@ ATTENTION = ("attention/paged_attention.cpp",)
 FUSED = ("fused/norm_silu.cpp", "fused/rope_store.cpp", "fused/argmax.cpp")
 GEMM_FP32 = ("gemm/gemm_fp32.cpp", "gemm/gemm_quant.cpp", "gemm/pack_quant.cpp")  # and GGUF codes widened to fp32
 GEMM_BF16 = ("gemm/gemm_bf16.cpp",)
+# GGUF codes against int8 activations (docs/int8-activations.md); with VNNI where the variant's CPUs have it.
+GEMM_INT8 = ("gemm/gemm_int8.cpp", "gemm/pack_int8.cpp")
+_VNNI = tuple((src, ("-mavx512vnni",)) for src in GEMM_INT8)
 BINDINGS = "bindings.cpp"
 
 
@@ -64,6 +68,10 @@ class Variant:
     name: str  # the overload name of its ops, and its C++ namespace (orcaserve::<name>)
     flags: tuple[str, ...]  # ISA flags and the ATen vector implementation it selects
     sources: tuple[str, ...]  # under csrc/
+    # (source, flags) added to the variant's for one source: the int8 GEMM's vpdpbusd on the
+    # variants whose CPUs all have AVX-512 VNNI (Cooper Lake, Sapphire Rapids, Zen 4), kept off
+    # the others' code.
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 _AVX512 = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-DCPU_CAPABILITY_AVX512")
@@ -71,10 +79,19 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("generic", (), ATTENTION + FUSED),
-        Variant("avx2", ("-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"), ATTENTION + FUSED + GEMM_FP32),
-        Variant("avx512", _AVX512, ATTENTION + FUSED + GEMM_FP32),
-        Variant("avx512_bf16", (*_AVX512, "-mavx512bf16"), ATTENTION + FUSED + GEMM_FP32 + GEMM_BF16),
-        Variant("amx", (*_AVX512, "-mavx512bf16", "-DORCA_AMX"), ATTENTION + FUSED + GEMM_FP32 + GEMM_BF16),
+        Variant(
+            "avx2", ("-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2"), ATTENTION + FUSED + GEMM_FP32 + GEMM_INT8
+        ),
+        Variant("avx512", _AVX512, ATTENTION + FUSED + GEMM_FP32 + GEMM_INT8),
+        Variant(
+            "avx512_bf16", (*_AVX512, "-mavx512bf16"), ATTENTION + FUSED + GEMM_FP32 + GEMM_BF16 + GEMM_INT8, _VNNI
+        ),
+        Variant(
+            "amx",
+            (*_AVX512, "-mavx512bf16", "-DORCA_AMX"),
+            ATTENTION + FUSED + GEMM_FP32 + GEMM_BF16 + GEMM_INT8,
+            _VNNI,
+        ),
     )
 }
 
@@ -129,7 +146,7 @@ def build_key(variants: tuple[str, ...] | None = None) -> str:
         h.update(f.relative_to(CSRC).as_posix().encode())
         h.update(f.read_bytes())
     parts = [torch.__version__, sys.version, platform.machine(), " ".join(common_flags())]
-    parts += [f"{v}: {' '.join(variant_flags(v))}" for v in variants]
+    parts += [f"{v}: {' '.join(variant_flags(v))} {VARIANTS[v].extra}" for v in variants]
     for part in parts:
         h.update(part.encode())
     return h.hexdigest()[:16]
@@ -187,7 +204,8 @@ def ninja_file(lib: Path, variants: tuple[str, ...]) -> str:
     for v in variants:
         for src in VARIANTS[v].sources:
             obj = f"{v}/{src.replace('/', '_').removesuffix('.cpp')}.o"
-            lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {' '.join(variant_flags(v))}"]
+            flags = [*variant_flags(v), *dict(VARIANTS[v].extra).get(src, ())]
+            lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {' '.join(flags)}"]
             objects.append(obj)
     built = " ".join(f"-DORCA_BUILT_{v.upper()}" for v in variants)
     lines += [f"build bindings.o: compile {CSRC / BINDINGS}", f"  vflags = {built}"]

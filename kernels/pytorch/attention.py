@@ -46,8 +46,8 @@ def store_kv(
 
 
 # Fixed cost of one more decode group per layer (two gathers, an SDPA call, a scatter), in units
-# of one request's block of keys. Measured on the 2-core CPU (SmolLM2 heads, TorchAttentionPlan.attend):
-# a group of one request and one block costs about 40 us, each further request-block 3-6 us.
+# of one request's block of keys, measured on a 2-core CPU with SmolLM2's heads
+# (docs/performance-log.md#figures-from-code-comments).
 GROUP_OVERHEAD_BLOCKS = 10
 
 

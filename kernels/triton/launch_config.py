@@ -1,7 +1,7 @@
 """Host-side launch decisions of the attention kernels: tile sizes and the split-K count.
 
 Nothing here launches a kernel or reads a device tensor, so it runs without a GPU (the split
-heuristic's test replays the measured H200 table through it on the CPU).
+heuristic's test replays the measured table through it on the CPU).
 
 Tile configurations (`select_config`):
     decode  (max_seqlen_q * G <= 16): BLOCK_M = max(16, next_pow2(G)), TILE_N = 64, 4 warps
@@ -10,9 +10,8 @@ Tile configurations (`select_config`):
                                       BLOCK_M = 16 / 32 (decode / prefill), TILE_N = 32, 8 warps
 BLOCK_M >= 16 and TILE_N >= 16 keep every tl.dot legal on sm_80 / sm_90.
 
-Split-K (`choose_num_splits`), see docs/kernels.md "Split-K heuristic, refitted on the H200".
-Decode steps (max_seqlen_q == 1, fp16/bf16), fitted to the measured table
-(benchmarks/results/gpu-h200-2026-12-04/kernels.json, 66 shapes, two head layouts):
+Split-K (`choose_num_splits`), see docs/kernels.md#split-k-heuristic-refitted-on-the-h200.
+Decode steps (max_seqlen_q == 1, fp16/bf16), fitted to the measured table that section cites:
     P = B * H_kv programs (one per request and KV head)
     if max_seqlen_k < 4096: 1              (at 1k-2k one split won at every batch: the split
                                             path's extra launch and partial write cost more)
@@ -36,7 +35,7 @@ import triton
 SPLIT_MAX = 64
 DEFAULT_NUM_SMS = 132  # H100 / H200 SXM
 
-# Decode steps: fitted to the H200 table (docs/kernels.md "Split-K heuristic, refitted on the H200").
+# Decode steps: fitted to the measured table (docs/kernels.md#split-k-heuristic-refitted-on-the-h200).
 DECODE_MIN_CONTEXT = 4096
 DECODE_PROGRAMS_PER_SM = 6  # splits = pow2 floor of this * SMs / P: 3-6 programs per SM in all
 DECODE_MIN_SPLIT_BYTES = 64 * 1024  # K bytes per split and KV head

@@ -65,8 +65,8 @@ def cap_sets(s: Scheduler, catching_up: dict[str | None, deque[Request]]) -> tup
     if not above:
         return set(), set()
     light = {t.name for t in active if t.running < seat_share(s, t, weight) / 2}
-    floor = min(s._projected(t.name) for t in active if t.name not in light)  # `above` is not light
-    below = {name for name in light if s._projected(name) <= floor}
+    floor = min(s.projected(t.name) for t in active if t.name not in light)  # `above` is not light
+    below = {name for name in light if s.projected(name) <= floor}
     return (below, above) if below else (set(), set())
 
 
@@ -90,6 +90,7 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
         running.setdefault(req.tenant, deque()).append(req)
     below, above = cap_sets(s, running)
     capped: dict[str, int] = {}  # request -> prompt tokens it was given under the cap
+    no_room: set[str | None] = set()  # tenants whose next waiting request the step's limits leave no tokens
     used = 0  # of those, the tokens of rows still in the step (`capped`'s rows not taken back)
     admitting = True
 
@@ -107,11 +108,11 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
         """Fill the budget; True when the cap held prompt tokens back."""
         nonlocal admitting, used
         withheld = False
-        while s._budget > 0:
+        while s.budget_left > 0:
             admitting = admitting and not out.preempted
             candidates = list(running)
             if admitting:
-                candidates += [t for t in queue.tenants() if t not in running]
+                candidates += [t for t in queue.tenants() if t not in running and t not in no_room]
             left = None if cap is None else cap - used
             if left is not None and left <= 0:
                 kept = [t for t in candidates if not held(t)]
@@ -119,19 +120,21 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
                 candidates = kept
             if not candidates:
                 return withheld
-            tenant = min(candidates, key=lambda t: (s._projected(t), next_of(t).arrival_seq))
+            tenant = min(candidates, key=lambda t: (s.projected(t), next_of(t).arrival_seq))
             req = next_of(tenant)
             limit = left if left is not None and held(tenant) else None
-            # Rows leave the step (`Scheduler._take_back`) only when one is preempted or a seat handed over.
+            # Rows leave the step (`Scheduler.take_back`) only when one is preempted or a seat handed over.
             taken_back = (len(out.preempted), s.num_suspensions)
             if tenant in running:
                 running[tenant].popleft()
                 if not running[tenant]:
                     del running[tenant]
-                s._continue(out, req, limit)
+                s.continue_running(out, req, limit)
+            elif s.room_for(req) <= 0:  # the latency plan leaves it nothing: others may still fit
+                no_room.add(tenant)
             elif len(s.running) >= s.max_num_seqs and not hand_over(s, out, tenant, running):
                 admitting = False
-            elif not s._start(out, req, limit):
+            elif not s.start_waiting(out, req, limit):
                 admitting = False
             if limit is not None and req.request_id in out.num_scheduled_tokens:
                 n = capped[req.request_id] = out.num_scheduled_tokens[req.request_id]
@@ -151,7 +154,7 @@ def fill_fair(s: Scheduler, out: SchedulerOutput, catching_up: list[Request]) ->
     for rid in reversed(capped):
         if rid in out.num_scheduled_tokens:
             req = out.requests[rid]
-            s._take_back(out, req)
+            s.take_back(out, req)
             running.setdefault(req.tenant, deque()).appendleft(req)
     fill(None)
 
@@ -172,27 +175,27 @@ def hand_over(
     me = s.shares.get(tenant)
     if me.running and me.running + 1 > seat_share(s, me) / 2:
         return False  # it holds a seat, and half its weighted share of them: it waits for a free one
-    floor = s._projected(tenant)
+    floor = s.projected(tenant)
     givers = sorted(
         (
             t
             for t in s.shares.live.values()
             if t.running
             and t is not me
-            and s._projected(t.name) - floor >= s.shares.output_weight * t.running / t.weight
+            and s.projected(t.name) - floor >= s.shares.output_weight * t.running / t.weight
             and (me.running + 1) / me.weight <= (t.running - 1) / t.weight
         ),
-        key=lambda t: s._projected(t.name),
+        key=lambda t: s.projected(t.name),
         reverse=True,
     )
     for top in givers:
-        held = [r for r in s.running.values() if r.tenant == top.name and r.admitted_step != s._step]
+        held = [r for r in s.running.values() if r.tenant == top.name and r.admitted_step != s.step_index]
         if held:
             break
     else:
         return False
-    victim = max(held, key=s._key)
-    s._take_back(out, victim)
+    victim = max(held, key=s.order_key)
+    s.take_back(out, victim)
     if victim in catching_up.get(top.name, ()):
         catching_up[top.name].remove(victim)
         if not catching_up[top.name]:
@@ -221,7 +224,7 @@ def release_suspended(s: Scheduler, out: SchedulerOutput, keep: Request | None =
     held = [r for r in s.suspended.values() if r is not keep]
     if not held:
         return False
-    req = max(held, key=s._victim_key)
+    req = max(held, key=s.victim_key)
     del s.suspended[req.request_id]
     req.suspended = False
     s.kv.free(req)

@@ -4,7 +4,7 @@ A request with `prompt_logprobs` (OpenAI's `echo` with `logprobs`) needs a forwa
 prompt of its own (model/prompt_logprobs.py). Run at once it held the engine thread for seconds
 (39 s for 2,048 tokens on 2 vCPUs) and every other stream waited. Instead the engine advances the
 oldest job by one chunk per step, beside the normal batch, and schedules the job's requests when
-it is done (docs/serving.md, "API": what it costs the others). Jobs run one after another (FIFO),
+it is done (docs/performance-log.md#log-probabilities-and-echo-what-they-cost). Jobs run one after another (FIFO),
 so only one holds a scratch cache at a time.
 """
 

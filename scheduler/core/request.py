@@ -12,6 +12,7 @@ from orcaserve.scheduler.core.outputs import RequestTimes
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from orcaserve.scheduler.core.slo_budget import SloClass
     from orcaserve.scheduler.model.grammar import GrammarState
     from orcaserve.scheduler.model.logprobs import TokenLogprob
 
@@ -44,6 +45,7 @@ class Request:
         eos_token_ids: frozenset[int] = frozenset(),
         cache_salt: str | None = None,
         tenant: str | None = None,
+        slo: SloClass | None = None,
     ) -> None:
         self.request_id = request_id
         # A choice of a request with n > 1 (choices.py): its outputs carry the parent's id and its
@@ -79,6 +81,10 @@ class Request:
         # tokens kept, to resume where it stopped; and the step that last admitted it.
         self.suspended = False
         self.admitted_step = -1
+        # Latency targets (core/slo_budget.py): its class, and whether it was found unable to make
+        # its TTFT (served best effort from then on, and counted).
+        self.slo = slo
+        self.slo_missed = False
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
         self.grammar: GrammarState | None = None
@@ -116,6 +122,11 @@ class Request:
         self.all_token_ids[len(self.prompt_token_ids) + len(self.output_token_ids) - 1] = token_id
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
+
+    @property
+    def targeted(self) -> bool:
+        """It has a latency target (docs/latency-targets.md): it goes before untargeted requests."""
+        return self.slo is not None and self.slo.targeted
 
     def sort_key(self, by_priority: bool) -> tuple[int, int]:
         """Smaller runs first; the largest is the first to be preempted."""

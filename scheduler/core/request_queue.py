@@ -22,6 +22,7 @@ class WaitingQueue:
         self.by_priority = by_priority
         self._fifo: deque[Request] = deque()
         self._heap: list[tuple[int, int, int, Request]] = []
+        self._urgent: list[tuple[int, float, int, int, Request]] = []
         self._tie = itertools.count()  # the heap never compares Requests
         self._removed: set[Request] = set()  # by identity: an id may come back in a new request
         self._size = 0
@@ -31,7 +32,12 @@ class WaitingQueue:
 
     def push(self, req: Request, front: bool = False) -> None:
         """Queue `req`; `front` for a preempted request (FCFS: ahead of every arrival)."""
-        if self.by_priority:
+        if req.targeted:
+            slo = req.slo
+            due = req.times.arrival + (slo.ttft_ms or 0.0) / 1000.0 if slo is not None else req.times.arrival
+            priority = req.priority if self.by_priority else 0
+            heapq.heappush(self._urgent, (priority, due, req.arrival_seq, next(self._tie), req))
+        elif self.by_priority:
             heapq.heappush(self._heap, (req.priority, req.arrival_seq, next(self._tie), req))
         elif front:
             self._fifo.appendleft(req)
@@ -43,9 +49,16 @@ class WaitingQueue:
         self._removed.add(req)
         self._size -= 1
 
+    def targeted(self) -> list[Request]:
+        """The requests with a latency target waiting, in no particular order."""
+        return [entry[-1] for entry in self._urgent if entry[-1] not in self._removed]
+
     def peek(self) -> Request | None:
         while True:
-            if self.by_priority:
+            head: Request | None
+            if self._urgent:
+                head = self._urgent[0][-1]
+            elif self.by_priority:
                 head = self._heap[0][3] if self._heap else None
             else:
                 head = self._fifo[0] if self._fifo else None
@@ -62,7 +75,9 @@ class WaitingQueue:
         return head
 
     def _discard_head(self) -> None:
-        if self.by_priority:
+        if self._urgent:
+            heapq.heappop(self._urgent)
+        elif self.by_priority:
             heapq.heappop(self._heap)
         else:
             self._fifo.popleft()
@@ -97,6 +112,9 @@ class TenantQueues:
         self._size -= 1
         if not queue:
             del self._queues[req.tenant]
+
+    def targeted(self) -> list[Request]:
+        return [r for queue in self._queues.values() for r in queue.targeted()]
 
     def peek_tenant(self, tenant: str | None) -> Request | None:
         queue = self._queues.get(tenant)

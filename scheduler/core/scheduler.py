@@ -3,45 +3,21 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP, fill_fair, release_suspended
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
+from orcaserve.scheduler.core.slo_budget import StepPlan, is_untargeted_prompt, plan_for
+from orcaserve.scheduler.core.step_cost import StepCostModel
+from orcaserve.scheduler.core.step_output import SchedulerOutput, shape_of
 
 POLICIES = ("fcfs", "priority", "fair")
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's batch: which requests run and how many of their tokens each feeds."""
-
-    # request -> tokens to compute this step, in batch order
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    requests: dict[str, Request] = field(default_factory=dict)
-    preempted: list[str] = field(default_factory=list)
-    # Requests whose scheduled tokens reach the end of their sequence: they sample a token this
-    # step, in batch order. Decided here once; the runner and the engine read it.
-    sampling: list[Request] = field(default_factory=list)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.num_scheduled_tokens
-
-    def subset(self, request_ids: list[str]) -> SchedulerOutput:
-        """The same step restricted to `request_ids` (to re-run part of a batch that failed)."""
-        keep = set(request_ids)
-        return SchedulerOutput(
-            num_scheduled_tokens={r: n for r, n in self.num_scheduled_tokens.items() if r in keep},
-            requests={r: req for r, req in self.requests.items() if r in keep},
-            sampling=[req for req in self.sampling if req.request_id in keep],
-        )
+__all__ = ["POLICIES", "Scheduler", "SchedulerOutput"]
+# The longest step, as a share of the smallest TTFT target of the requests seen: a request that
+# arrives during one still has the rest of its target for its own (docs/latency-targets.md).
+ARRIVAL_SHARE = 0.4
 
 
 class Scheduler:
@@ -63,6 +39,8 @@ class Scheduler:
     above its share is suspended, keeping its blocks, and resumes later where it stopped
     (`fair_step.py`; docs/engine.md, "Seat handover"). While a tenant below its share runs in a
     step, the prompt tokens of tenants above theirs are capped at `prefill_cap` (None: never).
+    With latency targets, each step's budget comes from them first (slo_budget.py;
+    docs/latency-targets.md) and requests with a target go before those without.
     """
 
     def __init__(
@@ -94,7 +72,7 @@ class Scheduler:
         self.num_suspensions = 0
         self.prefill_cap = prefill_cap  # fair: see fair_step.cap_sets
         self.num_capped_steps = 0  # steps in which the cap held prompt tokens back
-        self._step = 0  # steps scheduled: a request admitted in this one is never suspended in it
+        self._step_index = 0  # steps scheduled: a request admitted in this one is never suspended in it
         # Prefix cache, in prompt tokens at first admission (readmissions after preemption would
         # count a request's own blocks as hits): tokens looked up, tokens found.
         self.prefix_cache_queries = 0
@@ -104,24 +82,38 @@ class Scheduler:
         self._budget = 0
         self._pending: dict[str | None, float] = {}
         self._charges: dict[str, float] = {}
+        # Latency targets (docs/latency-targets.md): the step-cost model, the step's plan, the prompt
+        # tokens untargeted rows may still take in it (None: no limit), and requests refused
+        # because they can no longer make their TTFT (`take_rejected`).
+        self.cost = StepCostModel()
+        self.plan = StepPlan(max_num_batched_tokens)
+        self._untargeted_left: int | None = None
+        self._untargeted: dict[str, int] = {}
+        self.rejected: list[Request] = []
+        self.arrival_limit: float | None = None  # seconds: a share of the smallest TTFT target seen
 
     # ---- queue maintenance -------------------------------------------------------------------
-    def _key(self, req: Request) -> tuple[int, int]:
+    def order_key(self, req: Request) -> tuple[int, int]:
+        """The policy's order: smaller runs first, the largest is preempted first."""
         return req.sort_key(self.by_priority)
 
-    def _projected(self, tenant: str | None) -> float:
+    def projected(self, tenant: str | None) -> float:
+        """`tenant`'s counter with this step's charges so far (fair)."""
         return self.shares.get(tenant).counter + self._pending.get(tenant, 0.0)
 
-    def _victim_key(self, req: Request) -> tuple[float, int, int]:
-        """The largest is preempted first: newest (or lowest priority); under fair, of the tenant
-        with the largest counter."""
-        return (self._projected(req.tenant) if self.fair else 0.0, *self._key(req))
+    def victim_key(self, req: Request) -> tuple[float, bool, int, int]:
+        """The largest is preempted first: newest (or lowest priority), one without a latency
+        target before one with; under fair, of the tenant with the largest counter."""
+        return (self.projected(req.tenant) if self.fair else 0.0, not req.targeted, *self.order_key(req))
 
     def add_request(self, req: Request, front: bool = False) -> None:
         """Queue `req`; `front`: ahead of later arrivals (a request's further choices, choices.py)."""
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id!r} is already in use")
         self.requests[req.request_id] = req
+        if req.slo is not None and req.slo.ttft_ms is not None:
+            limit = req.slo.ttft_ms / 1000.0 * ARRIVAL_SHARE
+            self.arrival_limit = limit if self.arrival_limit is None else min(self.arrival_limit, limit)
         self.shares.arrived(req)
         self.waiting.push(req, front=front)
 
@@ -151,6 +143,17 @@ class Scheduler:
         self.shares.preempted(req)
         self.waiting.push(req, front=True)
 
+    # ---- the policy surface (fair_step.py, slo_budget.py): the step being built -------------------
+    @property
+    def budget_left(self) -> int:
+        """Tokens the step being built may still take."""
+        return self._budget
+
+    @property
+    def step_index(self) -> int:
+        """Steps scheduled so far; the one being built included."""
+        return self._step_index
+
     @property
     def num_running(self) -> int:
         return len(self.running)
@@ -165,8 +168,7 @@ class Scheduler:
     # ---- the step ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        self._step += 1
-        self._budget = self.max_num_batched_tokens
+        self._step_index += 1
         self._pending.clear()
         self._charges.clear()
         # (a request whose token in flight is its last waits for it: docs/host-overlap.md)
@@ -174,26 +176,48 @@ class Scheduler:
             r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1 and not r.final_in_flight
         ]
         catching_up = sorted(
-            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1), key=self._key
+            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1),
+            key=lambda r: (not r.targeted, self.order_key(r)),
         )
+        self.plan = plan_for(self, decodes, catching_up, time.time())
         for req in decodes:
-            self._continue(out, req)
+            if req.request_id not in self.plan.sit_out:
+                self.continue_running(out, req)
         if self.fair:
             fill_fair(self, out, catching_up)
         else:
             for req in catching_up:
-                self._continue(out, req)
+                self.continue_running(out, req)
             queue = self.waiting
             assert isinstance(queue, WaitingQueue)
             # Admitting new work right after a preemption would only evict it again.
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
-                if not self._start(out, head):
+                if not self.start_waiting(out, head):
                     break
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]
             if req.num_computed_tokens + n == req.num_tokens:
                 out.sampling.append(req)
+        out.shape = shape_of(out)
         return out
+
+    def limit_step(self, budget: int, untargeted_prompt: int | None) -> None:
+        """Before the step is filled: at most `budget` tokens in all, of which rows computing the
+        prompt of requests without a latency target take at most `untargeted_prompt` (None: no
+        limit of their own; slo_budget.py)."""
+        self._budget = budget
+        self._untargeted_left = untargeted_prompt
+        self._untargeted.clear()
+
+    def take_rejected(self) -> list[Request]:
+        """Requests refused since the last call (finished, reason "rejected"): the engine answers them."""
+        rejected, self.rejected = self.rejected, []
+        return rejected
+
+    def record_step_time(self, out: SchedulerOutput, seconds: float) -> None:
+        """The engine ran `out` in `seconds`: the step-cost model learns from it."""
+        if out.shape is not None:
+            self.cost.observe(out.shape, seconds)
 
     def _can_admit(self) -> bool:
         return self._budget > 0 and len(self.running) < self.max_num_seqs
@@ -202,40 +226,54 @@ class Scheduler:
         out.num_scheduled_tokens[req.request_id] = n
         out.requests[req.request_id] = req
         self._budget -= n
+        if self._untargeted_left is not None and is_untargeted_prompt(req):
+            self._untargeted_left -= n
+            self._untargeted[req.request_id] = n
         if self.fair:
             tenant = self.shares.get(req.tenant)
             charge = self.shares.value(tenant, *self.shares.tokens(req, n))
             self._charges[req.request_id] = charge
             self._pending[req.tenant] = self._pending.get(req.tenant, 0.0) + charge
 
-    def _take_back(self, out: SchedulerOutput, req: Request) -> None:
+    def take_back(self, out: SchedulerOutput, req: Request) -> None:
         self._budget += out.num_scheduled_tokens.pop(req.request_id, 0)
+        if self._untargeted_left is not None:
+            self._untargeted_left += self._untargeted.pop(req.request_id, 0)
         out.requests.pop(req.request_id, None)
         charge = self._charges.pop(req.request_id, 0.0)
         if charge:
             self._pending[req.tenant] -= charge
 
-    def _room(self, limit: int | None) -> int:
-        return self._budget if limit is None else min(self._budget, limit)
+    def room_for(self, req: Request) -> int:
+        """Tokens the step's limits leave `req` (its budget, and the untargeted rows' share)."""
+        return self._room(req, None)
 
-    def _continue(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> None:
+    def _room(self, req: Request, limit: int | None) -> int:
+        room = self._budget if limit is None else min(self._budget, limit)
+        if self._untargeted_left is not None and is_untargeted_prompt(req):
+            room = min(room, self._untargeted_left)
+        return room
+
+    def continue_running(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> None:
         """Give a running request its next tokens (at most `limit`), preempting while the KV pool
         is short."""
         if self._budget <= 0 or req.status != RequestStatus.RUNNING:
             return  # out of budget, or preempted earlier in this step
-        n = min(req.num_tokens - req.num_computed_tokens, self._room(limit))
+        n = min(req.num_tokens - req.num_computed_tokens, self._room(req, limit))
+        if n <= 0:
+            return  # the step's latency plan leaves this row no tokens
         while not self.kv.allocate_slots(req, n):
             if self.suspended and release_suspended(self, out):
                 continue  # suspended requests give their blocks back before anyone running
-            victim = max(self.running.values(), key=self._victim_key)
-            self._take_back(out, victim)
+            victim = max(self.running.values(), key=self.victim_key)
+            self.take_back(out, victim)
             self._preempt(victim)
             out.preempted.append(victim.request_id)
             if victim is req:
                 return
         self._give(out, req, n)
 
-    def _start(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
+    def start_waiting(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
         """Admit the waiting `req` (the head of its queue) with at most `limit` tokens, or return
         False, taking nothing, when the KV pool is short even after suspended requests gave their
         blocks back. A new or preempted request holds no blocks: it starts, or restarts, after the
@@ -243,7 +281,9 @@ class Scheduler:
         stopped."""
         hits = [] if req.suspended else self.kv.find_cached_prefix(req)
         num_cached = req.num_computed_tokens if req.suspended else len(hits) * self.kv.block_size
-        n = min(req.num_tokens - num_cached, self._room(limit))
+        n = min(req.num_tokens - num_cached, self._room(req, limit))
+        if n <= 0:
+            return False
         while not self.kv.allocate_slots(req, n, hits):
             if not (self.suspended and release_suspended(self, out, keep=req)):
                 return False
@@ -255,7 +295,7 @@ class Scheduler:
             del self.suspended[req.request_id]
             req.suspended = False
         req.num_computed_tokens = num_cached
-        req.admitted_step = self._step
+        req.admitted_step = self._step_index
         req.status = RequestStatus.RUNNING
         if req.times.first_scheduled is None:
             req.times.first_scheduled = time.time()

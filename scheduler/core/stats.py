@@ -10,6 +10,31 @@ from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 
 
 @dataclass
+class SloCounts:
+    """One class's requests that ended, and how many met their targets (docs/latency-targets.md)."""
+
+    requests: int = 0  # ended: finished, aborted, failed or refused
+    ttft_met: int = 0
+    tpot_met: int = 0
+    good: int = 0  # finished (stop or length) with every target met: goodput's numerator
+    late: int = 0  # found unable to make their TTFT and served best effort
+    rejected: int = 0  # refused for that (`slo_reject`)
+
+
+def slo_outcome(req: Request) -> tuple[bool, bool]:
+    """(TTFT met, TPOT met) of a request that ended; TPOT as vLLM's benchmark takes it, (e2e -
+    TTFT) / (output tokens - 1), met by a request of one token. A target not set is met."""
+    slo, t = req.slo, req.times
+    assert slo is not None
+    first, done, n = t.first_token, t.finished, len(req.output_token_ids)
+    ttft_ok = slo.ttft_ms is None or (first is not None and (first - t.arrival) * 1000.0 <= slo.ttft_ms)
+    tpot_ok = slo.tpot_ms is None or (
+        first is not None and (n <= 1 or (done or first) - first <= slo.tpot_ms / 1000.0 * (n - 1))
+    )
+    return ttft_ok, tpot_ok
+
+
+@dataclass
 class EngineStats:
     """Running totals and last-step gauges; read by the serving loop after each step."""
 
@@ -28,6 +53,7 @@ class EngineStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     kv_blocks_cached_free: int = 0
+    slo: dict[str, SloCounts] = field(default_factory=dict)  # per latency class
 
     def record_step(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager, held: int = 0) -> None:
         self.num_steps += 1
@@ -48,6 +74,16 @@ class EngineStats:
     def record_finish(self, req: Request) -> None:
         self.prompt_tokens += req.num_prompt_tokens
         self.generation_tokens += len(req.output_token_ids)
+        if req.slo is not None:
+            counts = self.slo.setdefault(req.slo.name, SloCounts())
+            counts.requests += 1
+            counts.late += req.slo_missed and req.finish_reason != "rejected"
+            counts.rejected += req.finish_reason == "rejected"
+            if req.finish_reason != "rejected":
+                ttft_ok, tpot_ok = slo_outcome(req)
+                counts.ttft_met += ttft_ok
+                counts.tpot_met += tpot_ok
+                counts.good += ttft_ok and tpot_ok and req.finish_reason in ("stop", "length")
 
     @property
     def kv_usage(self) -> float:

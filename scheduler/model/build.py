@@ -18,7 +18,7 @@ from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.families import check_architecture, check_quantization, length_cap
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.model_runner import CausalLM
-from orcaserve.scheduler.model.quantized import quantize_model
+from orcaserve.scheduler.model.quantized import mark_activations, quantize_model
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ def prepare_model(model: CausalLM, config: EngineConfig) -> KVSizing:
     device, dtype = config.resolved_device(), config.resolved_dtype()
     if config.quantization:  # before the cast to dtype: codes from the fp32 weights
         quantize_model(model, config.quantization, dtype)
+        mark_activations(model, config.activations)
     model.to(device=device, dtype=dtype).eval()
     layers, n_kv, head_dim = model_dims(model.config)
     budget = config.kv_cache_memory

@@ -193,7 +193,7 @@ class Decoder:
             positions = F.pad(positions, (0, tp - t))
             slot_mapping = F.pad(slot_mapping, (0, tp - t), value=-1)
         attn_buf = input_ids.new_zeros((tp, h, d), dtype=self.embed.dtype) if tp > t else None  # [Tp, H, D]
-        x = F.embedding(input_ids, self.embed)  # [Tp, hidden]
+        x = self._embed(input_ids)  # [Tp, hidden]
         cos, sin = self.rotary(x, positions[None])  # [1, T, D] each, x's dtype
         cos = cos[0, :, None, :]  # [T, 1, D]
         # rotate_half(u) * sin == roll(u, D/2) * [-sin_lo, sin_hi]: one roll instead of two slices,
@@ -229,7 +229,13 @@ class Decoder:
         if delta is not None:
             x = x + delta
         last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
-        return self.lm_head(last)  # [S, V]
+        return self._head(last)  # [S, V]
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        return F.embedding(input_ids, self.embed)
+
+    def _head(self, last: torch.Tensor) -> torch.Tensor:  # [S, hidden] -> [S, V]; a split one gathers (parallel/)
+        return self.lm_head(last)
 
     def _add_norm(
         self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor

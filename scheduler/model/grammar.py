@@ -1,9 +1,8 @@
 """Structured outputs on xgrammar: grammars compiled once per constraint, a matcher per request.
 
-xgrammar was chosen over llguidance by measurement (benchmarks/structured_libs.py; docs/serving.md,
-'Structured outputs and tool calls'): at the SmolLM2 vocabulary a token mask costs 4-10 us a row
-against 22-58 us, and applying masks to a [32, 49152] batch 41 us against 4.3 ms; its compile
-(7-35 ms a schema) runs on the admission thread, off the engine's.
+xgrammar was chosen over llguidance by measurement (docs/structured-outputs.md#structured-outputs-and-tool-calls,
+"How"): its token masks cost less per row, and its slower compile runs on the admission thread,
+off the engine's.
 
 Threads: `Grammars.compile` runs on the admission thread (and, for a cache hit or offline use,
 on the engine thread); a `GrammarState` is the engine thread's alone.
@@ -165,7 +164,7 @@ def apply_grammars(logits: torch.Tensor, states: Sequence[GrammarState | None], 
     for i in rows:
         states[i].fill(bitmask, i)  # type: ignore[union-attr]  # rows holds the rows with a state
     if logits.device.type == "cpu":
-        _xgr().apply_token_bitmask_inplace(logits, bitmask, indices=rows)  # C++, ~40 us for 16 rows of 49152
+        _xgr().apply_token_bitmask_inplace(logits, bitmask, indices=rows)  # C++, in place
         return
     dev = logits.device
     bits = bitmask[rows].pin_memory().to(dev, non_blocking=True)  # [R, W]

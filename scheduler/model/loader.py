@@ -32,7 +32,7 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     """`path`: an HF model directory, a `.gguf` file (dequantized to `dtype`), or a hub id found
     offline in the local Hugging Face cache (hub.py). With `quantization` ("gguf", "int8", "int4"),
     the projections come with their codes attached and the rest in `dtype`, read one tensor at a
-    time (stream_load.py; docs/serving.md "Memory at load"); a directory without safetensors is
+    time (stream_load.py; docs/quantized-weights.md, "Memory at load"); a directory without safetensors is
     loaded in fp32 whole and left for quantize_model, as before."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -110,7 +110,7 @@ class ModelRunner:
         self.device = device
         model.set_attn_implementation(ATTN_NAME)
         # Llama-family models run through the lean forward; others through transformers'.
-        self.decoder = Decoder(model) if decoder_supports(model) else None
+        self.decoder = self._make_decoder(model) if decoder_supports(model) else None
         max_blocks = -(-max_model_len // block_size) + 1
         self.buffers = StepBuffers(max_num_batched_tokens, max_num_seqs, max_blocks, block_size, device)
         self.graphs = (
@@ -125,6 +125,10 @@ class ModelRunner:
         # Test-only: run every step padded to its graph's sizes, eagerly, on any device; the CPU
         # tests' proof that padding leaves every request's tokens unchanged.
         self.pad_steps = False
+
+    def _make_decoder(self, model: CausalLM) -> Decoder:
+        """The lean forward over `model` (a split one where the model is split: parallel/runner.py)."""
+        return Decoder(model)
 
     def warm_up(self, max_tokens: int, max_samples: int) -> None:
         """Compile the GEMM kernels of every step size up front (`Decoder.warm_up`); capture the

@@ -6,7 +6,7 @@ runner's forward (the lean decoder or transformers' through the paged attention)
 in chunks, with a scratch KV cache of the prompt's size, so no block of the engine's cache is taken
 or written. `PromptLogprobs` is that forward as a resumable job: the engine advances it one chunk
 per step between its normal steps (core/prompt_jobs.py), so the other requests keep decoding while
-it runs (docs/serving.md, "API": what it costs them).
+it runs (docs/performance-log.md#log-probabilities-and-echo-what-they-cost: what it costs them).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from orcaserve.kernels.quant import BlockCodes, QuantLinear, QuantLinearGroup, c
 log = logging.getLogger(__name__)
 
 CODES = "orcaserve_codes"  # the nn.Linear attribute that holds a module's BlockCodes
+ACTIVATIONS = "orcaserve_activations"  # the nn.Linear attribute: QuantLinear's `activations` ("int8")
 GGUF_PATH = "orcaserve_gguf_path"  # the model attribute the loader sets to the .gguf it read
 QUANTIZED = "orcaserve_quantized"  # the model attribute naming the mode a streamed load applied
 _QUANT_ROWS = 8192  # rows quantized at once (quantize_for): bounds the fp32 temporaries
@@ -103,6 +104,14 @@ def quantize_model(model: Any, mode: str, dtype: torch.dtype) -> None:
     log_quantized(mode, dtype, rows)
 
 
+def mark_activations(model: Any, activations: str | None) -> None:
+    """Have the decoder's QuantLinears over `model`'s codes take `activations` (None: the bitwise
+    fp32 GEMM; "int8": docs/int8-activations.md)."""
+    for _, module in linears(model):
+        if getattr(module, CODES, None) is not None:
+            setattr(module, ACTIVATIONS, activations)
+
+
 def quantize_for(mode: str, name: str, w: torch.Tensor) -> BlockCodes | None:
     """The codes `mode` ("int8"/"int4") gives projection `name`'s weight, None where K is not a
     multiple of 32. Quantized a slice of rows at a time, each upcast to fp32 on its own: blocks
@@ -160,9 +169,11 @@ def fused_linear(*modules: Any, pack: bool, dtype: torch.dtype, plain_from: int 
     in mixed formats (Q4_K_M's Q6_K attn_v beside Q4_K q/k), else `fuse_linears` over dense weights
     (codes that cannot join their group are dequantized back, exactly the loaded weights, in `dtype`)."""
     codes: list[BlockCodes | None] = [getattr(m, CODES, None) for m in modules]
+    activations = getattr(modules[0], ACTIVATIONS, None)
     for m in modules:
-        if hasattr(m, CODES):
-            delattr(m, CODES)
+        for attr in (CODES, ACTIVATIONS):
+            if hasattr(m, attr):
+                delattr(m, attr)
     present = [c for c in codes if c is not None]
     if present and len(present) == len(codes):
         biases = [m.bias for m in modules]
@@ -175,7 +186,9 @@ def fused_linear(*modules: Any, pack: bool, dtype: torch.dtype, plain_from: int 
             runs.append((concat([c for c, _ in members]) if len(members) > 1 else members[0][0], bias))
         for m in modules:
             m.bias = None
-        return QuantLinear(*runs[0]) if len(runs) == 1 else QuantLinearGroup(runs)
+        if len(runs) == 1:
+            return QuantLinear(*runs[0], activations=activations)
+        return QuantLinearGroup(runs, activations=activations)
     for m, c in zip(modules, codes):
         if c is not None:
             log.warning("a fused group mixes codes and dense weights: its %s codes are served dense", c.fmt)

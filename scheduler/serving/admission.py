@@ -34,6 +34,7 @@ class Submission:
     deadline: float | None
     cache_salt: str | None = None
     tenant: str | None = None
+    slo_class: str | None = None
     ids: list[int] | None = None
     error: EngineError | None = None
 
@@ -120,7 +121,7 @@ class Admission:
         try:
             item.ids = encode_prompt(self._tokenizer, item.prompt, self._vocab_size, self._max_model_len)
             if item.params.structured_outputs is not None and self._grammars is not None:
-                self._grammars.compile(item.params.structured_outputs)  # 5-50 ms a new schema
+                self._grammars.compile(item.params.structured_outputs)  # a new schema: off the engine thread
         except InvalidRequest as e:  # GrammarError included
             item.error = e
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the thread

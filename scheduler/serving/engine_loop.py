@@ -12,7 +12,15 @@ from collections.abc import Callable
 
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
-from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, Overloaded, ShuttingDown, TimedOut
+from orcaserve.scheduler.errors import (
+    EngineError,
+    InternalError,
+    InvalidRequest,
+    Overloaded,
+    ShuttingDown,
+    TargetUnreachable,
+    TimedOut,
+)
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
 from orcaserve.scheduler.serving.prompt import Prompt
@@ -135,10 +143,12 @@ class EngineLoop:
         event_loop: asyncio.AbstractEventLoop | None = None,
         cache_salt: str | None = None,
         tenant: str | None = None,
+        slo_class: str | None = None,
     ) -> RequestStream:
         """Queue a request; its outputs (or an EngineError) arrive on the returned stream, read
         from a thread, or from `event_loop`'s coroutines when given. `cache_salt` and `tenant`:
-        see `Engine.add_request` (prefix-cache isolation; fair share and per-tenant metrics).
+        see `Engine.add_request` (prefix-cache isolation; fair share and per-tenant metrics), and so
+        is `slo_class` (latency targets).
 
         Raises `ShuttingDown` at once if the loop is shut down, `Overloaded` if the waiting queue
         is full.
@@ -156,7 +166,9 @@ class EngineLoop:
                     retry_after=1,
                 )
             self._in_flight += params.n
-            self._enqueue(Submission(stream, prompt, params, priority, timeout, deadline, cache_salt, tenant))
+            self._enqueue(
+                Submission(stream, prompt, params, priority, timeout, deadline, cache_salt, tenant, slo_class)
+            )
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -237,7 +249,13 @@ class EngineLoop:
             return
         try:
             self.engine.add_request(
-                rid, item.ids, item.params, item.priority, cache_salt=item.cache_salt, tenant=item.tenant
+                rid,
+                item.ids,
+                item.params,
+                item.priority,
+                cache_salt=item.cache_salt,
+                tenant=item.tenant,
+                slo_class=item.slo_class,
             )
         except InvalidRequest as e:
             self._finish_stream(item.stream, e)
@@ -321,6 +339,8 @@ class EngineLoop:
             rid = out.request_id
             if out.error is not None:  # one choice failed: the request fails, its other choices end
                 self._end_early(rid, "error", InternalError(f"internal error: {out.error}"))
+            elif out.finish_reason == "rejected":  # its class refuses a TTFT it cannot make
+                self._end_early(rid, "rejected", TargetUnreachable())
             elif (stream := streams.get(rid)) is None:
                 continue
             elif out.finished:

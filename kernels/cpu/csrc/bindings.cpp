@@ -7,7 +7,7 @@
 // -DORCA_BUILT_<VARIANT> for each variant it built (only those the building CPU can execute).
 //
 // Families per variant (as build.py's VARIANTS): attention and the fused ops everywhere, the fp32
-// GEMM and the quantized one (GGUF codes widened to fp32) from avx2 on, the vdpbf16ps GEMM on
+// GEMM, the quantized one (GGUF codes widened to fp32) and the int8-activation one from avx2 on, the vdpbf16ps GEMM on
 // avx512_bf16 and amx.
 #include <torch/library.h>
 
@@ -53,6 +53,11 @@ constexpr Schema kGemmFp32[] = {
     {"pack_quant_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
     {"linear_quant", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
 };
+constexpr Schema kGemmInt8[] = {
+    {"pack_int8_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
+    {"quantize_rows_int8", "(Tensor x) -> (Tensor, Tensor, Tensor)"},
+    {"linear_int8", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
+};
 constexpr Schema kGemmBf16[] = {
     {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},
     {"linear_packed_bf16", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
@@ -75,7 +80,10 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("pack_linear_weight." #isa, &orcaserve::isa::pack_linear_weight);    \
   m.impl("linear_packed." #isa, &orcaserve::isa::linear_packed);             \
   m.impl("pack_quant_weight." #isa, &orcaserve::isa::pack_quant_weight);     \
-  m.impl("linear_quant." #isa, &orcaserve::isa::linear_quant)
+  m.impl("linear_quant." #isa, &orcaserve::isa::linear_quant);              \
+  m.impl("pack_int8_weight." #isa, &orcaserve::isa::pack_int8_weight);      \
+  m.impl("quantize_rows_int8." #isa, &orcaserve::isa::quantize_rows_int8);  \
+  m.impl("linear_int8." #isa, &orcaserve::isa::linear_int8)
 #define ORCA_IMPL_GEMM_BF16(m, isa)                                           \
   m.impl("pack_linear_weight_bf16." #isa, &orcaserve::isa::pack_linear_weight_bf16); \
   m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16)
@@ -87,19 +95,23 @@ TORCH_LIBRARY(orcaserve, m) {
 #ifdef ORCA_BUILT_AVX2
   define(m, kCommon, "avx2");
   define(m, kGemmFp32, "avx2");
+  define(m, kGemmInt8, "avx2");
 #endif
 #ifdef ORCA_BUILT_AVX512
   define(m, kCommon, "avx512");
   define(m, kGemmFp32, "avx512");
+  define(m, kGemmInt8, "avx512");
 #endif
 #ifdef ORCA_BUILT_AVX512_BF16
   define(m, kCommon, "avx512_bf16");
   define(m, kGemmFp32, "avx512_bf16");
+  define(m, kGemmInt8, "avx512_bf16");
   define(m, kGemmBf16, "avx512_bf16");
 #endif
 #ifdef ORCA_BUILT_AMX
   define(m, kCommon, "amx");
   define(m, kGemmFp32, "amx");
+  define(m, kGemmInt8, "amx");
   define(m, kGemmBf16, "amx");
 #endif
 }

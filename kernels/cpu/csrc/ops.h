@@ -50,6 +50,14 @@ at::Tensor pack_quant_weight(const at::Tensor& q, const at::Tensor& scale, const
 at::Tensor linear_quant(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                         int64_t out_features, int64_t bits, bool has_offset, bool wide);
 
+// gemm/pack_int8.cpp and gemm/gemm_int8.cpp (avx2 and up): the same codes against int8 activations,
+// integer dot products (vpdpbusd with VNNI, vpmaddubsw without), fp32 sums of the scaled blocks.
+at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const std::optional<at::Tensor>& offset,
+                            int64_t bits, bool wide);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                       int64_t out_features, int64_t bits, bool has_offset, bool wide);
+
 // gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
 at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

@@ -4,10 +4,8 @@
 // multiply-adds per instruction; AMX's tile instruction does 8,192. Here both products go through
 // ATen's brgemm (oneDNN's AMX micro-kernel, the one PyTorch's own CPU flash attention calls) and
 // what is left is the online softmax and the re-layout of K and V into the pairs AMX multiplies.
-// Per layer call on a 2-core Sapphire Rapids (`python benchmarks/cpu_attention.py --quick`,
-// median): 512 prompt tokens as 16 x 32 / 4 x 128 / 2 x 256 took 0.31 / 0.59 / 1.02 ms with the
-// AVX-512 kernel, 0.15 / 0.28 / 0.46 here (docs/performance-log.md, "2026-12-04: AMX prefill
-// attention, one-pass element-wise ops, first tokens first (Sapphire Rapids)").
+// It roughly halves a prefill layer call against the AVX-512 kernel (docs/performance-log.md
+// #2026-12-04-amx-prefill-attention-one-pass-element-wise-ops-first-tokens-first-sapphire-rapids).
 //
 // Per item (one KV head, up to kAmxRows query rows), keys in chunks of kAmxKeys gathered from
 // their blocks:

@@ -62,11 +62,9 @@ inline void scores_fma(const float* qb, int R, const T* kb, int64_t ldk, int nk,
 
 // Vectors of output columns per P @ V pass. All of D at once leaves room in an AVX2 register file
 // for one row's accumulators (D = 64), so every row loads all of V again (from L2 for a decode
-// segment); a slice of D per pass keeps three rows in registers and loads V a third as often. On a
-// Zen 3 this took a 512-token prefill chunk with 31 decodes from 6.3-6.6 to 4.0-4.3 ms per layer,
-// and 32 decodes with their caches in L3 from 0.40 to 0.28 ms (docs/performance-log.md,
-// "2026-12-01: attention's P @ V in column slices (Zen 3)"). On AVX-512 a slice is a whole row up
-// to D = 128.
+// segment); a slice of D per pass keeps three rows in registers and loads V a third as often
+// (docs/performance-log.md#2026-12-01-attentions-p--v-in-column-slices-zen-3). On AVX-512 a slice
+// is a whole row up to D = 128.
 template <int D>
 constexpr int pv_cols() {
   constexpr int nc = D / kV;
@@ -89,9 +87,8 @@ inline void pv_fma_rows(float* o, int64_t ldo, const float* alpha, const float* 
     const T* vb = v + blocks[bi];
     const int off = static_cast<int>(bi * bs), nk = static_cast<int>(std::min<int64_t>(bs, n - off));
     // The next block's slice into L1 while this one runs: the loads below otherwise wait on L2 or
-    // DRAM (prefetched to L2 during the scores, or not yet there). On a Zen 3, 32 fp32 decodes at
-    // context 512: 1.70 / 1.44 ms per call before, 1.10 / 0.95 after (docs/performance-log.md,
-    // "2026-12-01: the next V rows prefetched into L1 during P @ V (Zen 3)").
+    // DRAM (prefetched to L2 during the scores, or not yet there)
+    // (docs/performance-log.md#2026-12-01-the-next-v-rows-prefetched-into-l1-during-p--v-zen-3).
     if (bi + 1 < nb)
       prefetch_rows<3>(v + blocks[bi + 1], static_cast<int>(std::min<int64_t>(bs, n - off - bs)), CN * kV, ldv);
     for (int j = 0; j < nk; ++j) {

@@ -1,0 +1,140 @@
+"""Quality of int8 activations against the fp32 model (docs/int8-activations.md, "Quality").
+
+    python benchmarks/int8_quality.py [--model PATH.gguf] [--tokens 32] [--json out.json]
+
+The reference is the GGUF's weights dequantized to fp32 (default: SmolLM2-135M-Instruct Q4_1, the
+model the project ships). 16 fixed prompts are continued greedily for `--tokens` tokens in fp32;
+each variant then reads prompt + continuation (teacher forcing) and, at every continuation
+position, its next-token distribution is compared with fp32's: top-1 agreement and mean
+KL(p_fp32 || p_variant) in nats. Variants:
+- "file codes, fp32 activations": the bitwise path (equal to fp32 by construction: KL 0);
+- "file codes, int8 activations": each projection run by QuantLinear(codes, activations="int8"),
+  the engine's GEMM (the C++ kernel where built, else its twin: the same bits);
+- "int8 activations per token": one scale per row instead of per 32 (simulated: x rounded to
+  d * round(x / d) with d = max|x_row| / 127, then the fp32 GEMM), to compare the two granularities;
+- "bf16": the model cast to bf16 (weights and activations), for scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orcaserve.kernels.quant import QuantLinear
+from orcaserve.scheduler import default_model_path
+from orcaserve.scheduler.model.gguf_blocks import match_gguf_blocks
+from orcaserve.scheduler.model.loader import load_model_and_tokenizer
+from orcaserve.scheduler.model.quantized import linears
+
+PROMPTS = [
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "def fibonacci(n):\n    ",
+    "The largest planet in our solar system is",
+    "In 1969, the first humans",
+    "A healthy breakfast usually includes",
+    "The quick brown fox",
+    "Photosynthesis is the process by which",
+    "My favourite book is about",
+    "The internet was invented to",
+    "Here is a list of fruits: apple, banana,",
+    "The theory of relativity says that",
+    "When it rains, people usually",
+]
+
+
+def log_probs(model: Any, seqs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    out = []
+    with torch.inference_mode():
+        for prompt, cont in seqs:
+            logits = model(torch.tensor([prompt + cont])).logits[0, len(prompt) - 1 : len(prompt) + len(cont) - 1]
+            out.append(torch.log_softmax(logits.float(), dim=-1))
+    return out
+
+
+def compare(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict[str, float]:
+    agree = total = 0
+    kl = 0.0
+    for r, g in zip(ref, got):
+        agree += int((r.argmax(-1) == g.argmax(-1)).sum())
+        total += r.shape[0]
+        kl += float((r.exp() * (r - g)).sum())
+    return {"top1_agreement": agree / total, "mean_kl_nats": kl / total, "positions": total}
+
+
+def with_codes(model: Any, path: str, activations: str | None) -> tuple[Any, dict[str, int]]:
+    """A copy of `model` whose projections with file codes run QuantLinear over them."""
+    out = copy.deepcopy(model)
+    named = list(linears(out))
+    found = match_gguf_blocks(path, named)
+    fmts: dict[str, int] = {}
+    for name, module in named:
+        codes = found.get(name)
+        if codes is None:
+            continue
+        fmts[codes.fmt] = fmts.get(codes.fmt, 0) + 1
+        lin = QuantLinear(codes, None if module.bias is None else module.bias.detach(), activations=activations)
+        module.forward = lambda x, lin=lin: lin(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+    return out, fmts
+
+
+def per_token(model: Any) -> Any:
+    out = copy.deepcopy(model)
+    for _, module in linears(out):
+
+        def hook(_mod: Any, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor]:
+            x = args[0]
+            d = x.abs().amax(-1, keepdim=True) / 127
+            return (torch.where(d == 0, x, torch.round(x / torch.where(d == 0, 1, d)).clamp(-127, 127) * d),)
+
+        module.register_forward_pre_hook(hook)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="", help="a .gguf file (default: the shipped SmolLM2 Q4_1)")
+    parser.add_argument("--tokens", type=int, default=32)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    path = args.model or default_model_path()
+    model, tok = load_model_and_tokenizer(path, torch.float32, torch.device("cpu"))
+    seqs = []
+    with torch.inference_mode():
+        for text in PROMPTS:
+            p = tok.encode(text)
+            gen = model.generate(
+                torch.tensor([p]), max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False
+            )
+            seqs.append((p, gen[0, len(p) :].tolist()))
+    ref = log_probs(model, seqs)
+    rows: dict[str, dict[str, float]] = {}
+    bitwise, fmts = with_codes(model, path, None)
+    rows["file codes, fp32 activations"] = compare(ref, log_probs(bitwise, seqs))
+    rows["file codes, int8 activations"] = compare(ref, log_probs(with_codes(model, path, "int8")[0], seqs))
+    rows["int8 activations per token"] = compare(ref, log_probs(per_token(model), seqs))
+    rows["bf16"] = compare(ref, log_probs(copy.deepcopy(model).to(torch.bfloat16), seqs))
+    print(f"{Path(path).name}: projections with file codes {fmts}, {len(seqs)} prompts x {args.tokens} tokens")
+    print(f"{'variant':<32}{'top-1 agree':>12}{'mean KL':>12}")
+    for n, r in rows.items():
+        print(f"{n:<32}{r['top1_agreement']:>12.4f}{r['mean_kl_nats']:>12.5f}")
+    result = {"model": Path(path).name, "formats": fmts, "tokens": args.tokens, "variants": rows,
+              "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return result
+
+
+if __name__ == "__main__":
+    import sys
+
+    from orcaserve.bench import cli
+
+    sys.exit(cli.main(["quality", *sys.argv[1:]]))

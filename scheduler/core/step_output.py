@@ -1,0 +1,54 @@
+"""One step's batch as the scheduler decided it (scheduler.py), and its shape for the step-cost model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.core.step_cost import StepShape, row_context
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's batch: which requests run and how many of their tokens each feeds."""
+
+    # request -> tokens to compute this step, in batch order
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    requests: dict[str, Request] = field(default_factory=dict)
+    preempted: list[str] = field(default_factory=list)
+    # Requests whose scheduled tokens reach the end of their sequence: they sample a token this
+    # step, in batch order. Decided here once; the runner and the engine read it.
+    sampling: list[Request] = field(default_factory=list)
+    # What the step computes, in the step-cost model's terms (set by `Scheduler.schedule`).
+    shape: StepShape | None = None
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens
+
+    def subset(self, request_ids: list[str]) -> SchedulerOutput:
+        """The same step restricted to `request_ids` (to re-run part of a batch that failed)."""
+        keep = set(request_ids)
+        return SchedulerOutput(
+            num_scheduled_tokens={r: n for r, n in self.num_scheduled_tokens.items() if r in keep},
+            requests={r: req for r, req in self.requests.items() if r in keep},
+            sampling=[req for req in self.sampling if req.request_id in keep],
+        )
+
+
+def shape_of(out: SchedulerOutput) -> StepShape:
+    """The step in the step-cost model's terms, before the scheduler advances its requests."""
+    prompt = decode = 0
+    context = 0.0
+    for rid, n in out.num_scheduled_tokens.items():
+        req = out.requests[rid]
+        if n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
+            decode += 1
+        else:
+            prompt += n
+        context += row_context(req.num_computed_tokens, n)
+    return StepShape(prompt, decode, context)
