@@ -64,6 +64,18 @@ class IncrementalDetokenizer:
     def update(self, output_ids: list[int]) -> bool:
         """Consume the newest token (the last of `output_ids`; one call per token); True if a stop
         string was found (text is cut before it)."""
+        stream = self._stream
+        if stream is not None and not self.stop:  # the common case, inline: no stop string to look for
+            try:
+                piece = stream.step(self._backend, output_ids[-1])
+            except Exception:
+                self._stream = None  # as in `_step`: decoded here from now on
+            else:
+                if piece is not None:
+                    self._prefix, self._read = self._read, len(output_ids)
+                    self.text += piece
+                return False
+        # (a window the library refused falls through: `_step` decodes it, as it does from now on)
         piece = self._step(output_ids)
         if not piece:
             return False

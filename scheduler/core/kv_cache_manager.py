@@ -67,7 +67,12 @@ class KVCacheManager:
         that become the start of its block table, the new tokens following them. Returns False,
         taking nothing, when the pool is short: the caller decides whom to preempt.
         """
-        held = self._blocks.setdefault(request.request_id, [])
+        held = self._blocks.get(request.request_id)
+        if held is not None and not cached:  # the common case, a decode: room left in its last block?
+            if request.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
+                return True
+        else:
+            held = self._blocks.setdefault(request.request_id, [])
         if cached and (held or request.num_computed_tokens):
             raise RuntimeError(f"request {request.request_id} already holds blocks; cached blocks start a table")
         tokens = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens
@@ -94,11 +99,17 @@ class KVCacheManager:
 
         Generated tokens' blocks are cached too: a preempted request finds them again, and so does
         a follow-up turn whose prompt repeats the answer."""
-        blocks = self._blocks.get(request.request_id)
-        if not self.enable_prefix_caching or not blocks:
+        if not self.enable_prefix_caching:
             return
-        full = min(request.num_computed_tokens // self.block_size, len(blocks))
-        start = self._num_offered.get(request.request_id, 0)
+        rid = request.request_id
+        full = request.num_computed_tokens // self.block_size
+        start = self._num_offered.get(rid, 0)
+        if full <= start:  # every step but one in `block_size` of a decode: no block filled
+            return
+        blocks = self._blocks.get(rid)
+        if not blocks:
+            return
+        full = min(full, len(blocks))
         if full <= start:
             return
         keys = self._keys(request, full)

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestTimes:
     """Wall-clock timestamps (time.time()) of a request's life; None until reached."""
 
@@ -23,7 +23,7 @@ class RequestTimes:
         return RequestTimes(self.arrival, self.first_scheduled, self.first_token, self.finished)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestOutput:
     """Incremental output of one request.
 

@@ -334,16 +334,19 @@ class EngineLoop:
         # #2026-12-04-amx-prefill-attention-one-pass-element-wise-ops-first-tokens-first-sapphire-rapids).
         # Each stream still sees its outputs in order.
         outputs.sort(key=lambda out: out.completion_tokens > len(out.new_token_ids))
+        streams = self._streams
         for out in outputs:
             rid = out.request_id
             if out.error is not None:  # one choice failed: the request fails, its other choices end
                 self._end_early(rid, "error", InternalError(f"internal error: {out.error}"))
             elif out.finish_reason == "rejected":  # its class refuses a TTFT it cannot make
                 self._end_early(rid, "rejected", TargetUnreachable())
-            elif out.finished and rid in self._streams:
+            elif (stream := streams.get(rid)) is None:
+                continue
+            elif out.finished:
                 self._choice_done(rid, out)
-            elif rid in self._streams:
-                self._outbox.append((self._streams[rid], out))
+            else:
+                self._outbox.append((stream, out))
         self._num_running = self.engine.scheduler.num_running
         self._notify()
 
