@@ -1,7 +1,7 @@
 """int8 activations against GGUF block codes: GEMM time and GFLOP/s at Llama-3.2-1B's shapes, beside
 the dense bf16 GEMM, the bitwise quantized GEMM, and this CPU's nominal peaks.
 
-    python benchmarks/gemm_int8.py [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down]
+    orcaserve-bench kernels int8 [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down]
                                    [--formats q4_0,q8_0,q4_1,q4_k,q6_k]
 
 Per shape and row count, each on the same random weight (x bf16, as the engine runs on a bf16 CPU):

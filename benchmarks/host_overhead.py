@@ -1,6 +1,6 @@
 """The engine's host work per step, measured without a GPU: the model and sampler are a stub device.
 
-    python benchmarks/host_overhead.py [--seqs 32 64 128 256 512] [--device-ms 1 2 5] [--steps 100]
+    orcaserve-bench host [--seqs 32 64 128 256 512] [--device-ms 1 2 5] [--steps 100]
 
 The real `Engine` (scheduler, KV manager, step buffers, postprocess, detokenizer, SmolLM2's
 tokenizer) runs with its model forward and sampler replaced by `StubDevice`: a step launched on it

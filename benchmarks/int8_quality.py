@@ -1,6 +1,6 @@
 """Quality of int8 activations against the fp32 model (docs/int8-activations.md, "Quality").
 
-    python benchmarks/int8_quality.py [--model PATH.gguf] [--tokens 32] [--json out.json]
+    orcaserve-bench quality [--model PATH.gguf] [--tokens 32] [--out out.json]
 
 The reference is the GGUF's weights dequantized to fp32 (default: SmolLM2-135M-Instruct Q4_1, the
 model the project ships). 16 fixed prompts are continued greedily for `--tokens` tokens in fp32;

@@ -1,7 +1,7 @@
 """Latency targets and goodput: a two-class workload through the engine in one process, fcfs
 against the latency-target step (docs/latency-targets.md), and a sweep over the TPOT target.
 
-    python benchmarks/slo.py [--seconds 40] [--rate 2] [--flood 8] [--sweep 2,3,4,6] [--json out.json]
+    orcaserve-bench slo [--seconds 40] [--rate 2] [--flood 8] [--sweep 2,3,4,6] [--out out.json]
 
 Interactive requests (prompts of `--short` random tokens, `--short-out` tokens out) arrive as a
 Poisson process of `--rate` per second with targets; a batch flood keeps `--flood` requests of

@@ -1,7 +1,7 @@
 """Tensor parallelism on the CPU: a model split over N ranks x T threads against one process with
 N x T threads, same workload (docs/tensor-parallel.md).
 
-    python benchmarks/tensor_parallel.py                          # SmolLM2 (default GGUF), 2 ranks x 1 thread vs 1 x 2
+    orcaserve-bench tp                                            # SmolLM2 (default GGUF), 2 ranks x 1 thread vs 1 x 2
     orcaserve-bench tp --num-prompts 8 --max-tokens 32 --out out.json
 
 Each configuration runs in a fresh process (its peak RSS is its own): load (peak RSS per rank read
