@@ -10,8 +10,8 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
 from orcaserve.scheduler.core.slo_budget import StepPlan, is_untargeted_prompt, plan_for
-from orcaserve.scheduler.core.step_cost import StepCostModel
-from orcaserve.scheduler.core.step_output import SchedulerOutput, shape_of
+from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
+from orcaserve.scheduler.core.step_output import SchedulerOutput
 
 POLICIES = ("fcfs", "priority", "fair")
 __all__ = ["POLICIES", "Scheduler", "SchedulerOutput"]
@@ -194,11 +194,20 @@ class Scheduler:
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
                 if not self.start_waiting(out, head):
                     break
+        # One pass over the batch: who samples, and the step in the step-cost model's terms.
+        prompt = decode = 0
+        context = 0.0
         for rid, n in out.num_scheduled_tokens.items():
             req = out.requests[rid]
-            if req.num_computed_tokens + n == req.num_tokens:
+            computed = req.num_computed_tokens
+            if computed + n == req.num_tokens:
                 out.sampling.append(req)
-        out.shape = shape_of(out)
+            if n == 1 and computed >= req.num_prompt_tokens:
+                decode += 1
+            else:
+                prompt += n
+            context += row_context(computed, n)
+        out.shape = StepShape(prompt, decode, context)
         return out
 
     def limit_step(self, budget: int, untargeted_prompt: int | None) -> None:

@@ -1,11 +1,11 @@
-"""One step's batch as the scheduler decided it (scheduler.py), and its shape for the step-cost model."""
+"""One step's batch as the scheduler decided it (scheduler.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from orcaserve.scheduler.core.request import Request
-from orcaserve.scheduler.core.step_cost import StepShape, row_context
+from orcaserve.scheduler.core.step_cost import StepShape
 
 
 @dataclass
@@ -38,17 +38,3 @@ class SchedulerOutput:
             requests={r: req for r, req in self.requests.items() if r in keep},
             sampling=[req for req in self.sampling if req.request_id in keep],
         )
-
-
-def shape_of(out: SchedulerOutput) -> StepShape:
-    """The step in the step-cost model's terms, before the scheduler advances its requests."""
-    prompt = decode = 0
-    context = 0.0
-    for rid, n in out.num_scheduled_tokens.items():
-        req = out.requests[rid]
-        if n == 1 and req.num_computed_tokens >= req.num_prompt_tokens:
-            decode += 1
-        else:
-            prompt += n
-        context += row_context(req.num_computed_tokens, n)
-    return StepShape(prompt, decode, context)
