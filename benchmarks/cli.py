@@ -2,7 +2,8 @@
 
 A subcommand is a module exposing `add_arguments(parser)` and `run(args) -> dict`; the dict is
 the result, written by `--out FILE.json` with the machine, CPU kind, commit and command line
-(result.py). Registering one is one line in SUBCOMMANDS. How to read the figures:
+(result.py). Registering one is one line in SUBCOMMANDS (a subcommand made of steps, `kernels`
+and `gpu`: one line in its STEPS table, each step a module of the same shape). How to read the figures:
 docs/benchmark-serving.md; current figures: docs/results.md; dated runs: docs/performance-log.md.
 """
 
@@ -24,16 +25,34 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "baseline": ("orcaserve.bench.baseline.baseline_archive", "archive of the baseline: TorchServe's batching"),
     "fair": ("orcaserve.bench.fairness", "two tenants, one flooding: token shares and the quiet tenant's latency"),
     "prefix": ("orcaserve.bench.prefix_cache", "prefix caching on vs off, and a timing probe across tenants"),
-    "kernels": ("orcaserve.bench.cpu_kernels", "CPU GEMMs (bf16/fp32 and quantized) against torch's, ms per call"),
+    "kernels": ("", "CPU GEMMs (bf16/fp32 and quantized) against torch's, ms per call"),
     "host": ("orcaserve.bench.host_overhead", "host work per step on a stub device, sync vs async scheduling"),
     "quality": ("orcaserve.bench.int8_quality", "top-1 agreement and KL of int8 activations against the fp32 model"),
     "slo": ("orcaserve.bench.slo", "latency targets: interactive beside a flood, attainment and goodput vs fcfs"),
     "tp": ("orcaserve.bench.tensor_parallel", "tensor parallel ranks vs one process: tok/s, collectives' share, RSS"),
-    "gpu": ("orcaserve.bench.gpu", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
+    "gpu": ("", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
 
+# The steps of `kernels` and `gpu` (`orcaserve-bench gpu engine exact`): only the chosen step's
+# module is imported (the GPU check's preflight must run where torch does not import).
+STEPS: dict[str, dict[str, tuple[str, str]]] = {
+    "kernels": {
+        "gemm": ("orcaserve.bench.gemm", "bf16/fp32 GEMMs at SmolLM2's shapes, ms per call"),
+        "quant": ("orcaserve.bench.gemm_quant", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
+        "int8": ("orcaserve.bench.gemm_int8", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
+    },
+    "gpu": {
+        "preflight": ("orcaserve.bench.gpu_preflight", "versions, GPU, API probes; whether the steps can run"),
+        "engine": ("orcaserve.bench.gpu_engine", "engine on the GPU: exact (vs transformers), throughput, real model"),
+        "kernels": ("orcaserve.bench.kernel_bench", "Triton attention: decode bandwidth, prefill TFLOP/s, split-K"),
+        "graphs": ("orcaserve.bench.gpu_graphs", "CUDA graphs on vs off: decode step times, end to end, exactness"),
+        "fused": ("orcaserve.bench.gpu_fused", "the decoder's fused Triton kernels vs the PyTorch ops they replace"),
+        "startup": ("orcaserve.bench.startup_cost", "import, custom-op registration and engine start-up times"),
+        "summary": ("orcaserve.bench.gpu_summary", "summary.json from the steps' results (gpu_check.sh)"),
+    },
+}
 
-# This run's arguments: a subcommand made of steps imports only the chosen step (steps.py).
+# This run's arguments (serve_bench.py records them).
 ARGV: list[str] = []
 
 
@@ -59,27 +78,37 @@ def command(subcommand: str) -> list[str]:
     return [str(script), subcommand] if script.exists() else [sys.executable, "-m", "orcaserve.bench.cli", subcommand]
 
 
-def _module(name: str):
-    return importlib.import_module(SUBCOMMANDS[name][0])
+def _module(args: argparse.Namespace):
+    table = STEPS.get(args.subcommand)
+    return importlib.import_module(table[args.step][0] if table else SUBCOMMANDS[args.subcommand][0])
+
+
+def _add(sub, table: dict[str, tuple[str, str]], chosen, argv: list[str], steps=STEPS) -> None:
+    """One parser per entry of `table`; only the chosen entry's module is imported and asked for
+    its arguments (the others may need torch)."""
+    for name, (module, what) in table.items():
+        if not chosen(name):
+            sub.add_parser(name, help=what, description=what)
+        elif name in steps:
+            sp = sub.add_parser(name, help=what, description=what)
+            sub_steps = sp.add_subparsers(dest="step", required=True, metavar="STEP")
+            _add(sub_steps, steps[name], lambda step: step in argv, argv, {})
+        else:
+            mod = importlib.import_module(module)
+            sp = sub.add_parser(
+                name, help=what, description=mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+            )
+            mod.add_arguments(sp)
+            add_out(sp)
 
 
 def parser_for(argv: list[str]) -> argparse.ArgumentParser:
-    """The parser; only the chosen subcommand's module is imported (the others may need torch)."""
+    """The parser for `argv`: the chosen subcommand's (and step's) module is imported, no other."""
     p = argparse.ArgumentParser(
         prog="orcaserve-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    sub = p.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-    chosen = next((a for a in argv if not a.startswith("-")), None)
-    for name, (_, what) in SUBCOMMANDS.items():
-        if name != chosen:
-            sub.add_parser(name, help=what, description=what)
-            continue
-        mod = _module(name)
-        sp = sub.add_parser(
-            name, help=what, description=mod.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-        )
-        mod.add_arguments(sp)
-        add_out(sp)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    _add(p.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND"), SUBCOMMANDS, first.__eq__, argv)
     return p
 
 
@@ -87,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     ARGV[:] = argv
     args = parser_for(argv).parse_args(argv)
-    res = _module(args.subcommand).run(args)
+    res = _module(args).run(args)
     if getattr(args, "out", None):
         result.write(args.out, res, argv)
         print(f"wrote {args.out}", file=sys.stderr)
     return int(res.get("exit_code", 0)) if isinstance(res, dict) else 0
 
 
-if __name__ == "__main__":  # `python -m orcaserve.bench.cli`: run the imported module, whose ARGV steps.py reads
+if __name__ == "__main__":  # `python -m orcaserve.bench.cli`: run the imported module, whose ARGV is read
     from orcaserve.bench import cli
 
     sys.exit(cli.main())

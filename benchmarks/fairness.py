@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -217,9 +216,3 @@ def run(args: argparse.Namespace) -> dict:
     plot(results, args.plot, args.bin_seconds)
     print(markdown(report))
     return report  # written to args.out by the CLI
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["fair", *sys.argv[1:]]))

@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_check.sh RESULTS_DIR                          # on the CUDA machine (no network)
 #   GPU_CHECK_DRY_RUN=1 bash benchmarks/gpu_check.sh /tmp/gpu-dry      # here: CPU, TRITON_INTERPRET=1, tiny
 #
-# Each step is `orcaserve-bench gpu STEP` (benchmarks/gpu.py) run under `timeout`, capped by what is
+# Each step is `orcaserve-bench gpu STEP` (STEPS in benchmarks/cli.py) run under `timeout`, capped by what is
 # left of the budget; orcaserve (and orcaserve.bench) import from this tree through a shim package,
 # so nothing is installed. What each step measures, the order on a GPU, the files in RESULTS_DIR and
 # what cannot be checked there: docs/kernels.md "GPU check".

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 from orcaserve.bench.gpu_common import CONFIGS  # noqa: E402 - after the path
@@ -105,9 +104,3 @@ def run(args: argparse.Namespace) -> dict:
     else:
         from orcaserve.bench.gpu_real import run_real as step
     return step(args, dev)
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["gpu", "engine", *sys.argv[1:]]))

@@ -24,7 +24,6 @@ CUDA and without --smoke it says so and exits 0.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 
@@ -260,9 +259,3 @@ def run(args: argparse.Namespace) -> dict:
         print(f"per layer {key}: {v}")
     print(f"all_ok {result['all_ok']}, {result['elapsed_s']} s")
     return {**result, "exit_code": 0 if result["all_ok"] else 1}
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["gpu", "fused", *sys.argv[1:]]))

@@ -35,7 +35,6 @@ import copy
 import os
 import random
 import statistics
-import sys
 import time
 from collections import deque
 
@@ -278,9 +277,3 @@ def run(args: argparse.Namespace) -> dict:
         flush=True,
     )
     return {**res.data, "exit_code": 0 if res.data["exact_fp32"]["pass"] else 1}
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["gpu", "graphs", *sys.argv[1:]]))

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import torch
@@ -202,9 +201,3 @@ def run(args: argparse.Namespace) -> dict:
     result["elapsed_s"] = time.perf_counter() - env["t0"]
     save()
     return result
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["gpu", "kernels", *sys.argv[1:]]))

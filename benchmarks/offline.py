@@ -240,9 +240,3 @@ def run(args: argparse.Namespace) -> dict:
             f"bare transformers forward {s['bare_forward_ms']:.1f} ms, ratio {s['ratio']:.2f}"
         )
     return results
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["offline", *sys.argv[1:]]))

@@ -27,7 +27,6 @@ import os
 import platform
 import random
 import statistics
-import sys
 import threading
 import time
 from functools import partial
@@ -245,9 +244,3 @@ def run(args: argparse.Namespace) -> dict:
         results["summary"]["probe"] = {k: v for k, v in results["probe"].items() if k != "ttft_s"}
     print(json.dumps(results["summary"], indent=1))
     return results
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["prefix", *sys.argv[1:]]))

@@ -286,9 +286,3 @@ def _measure(args: argparse.Namespace) -> dict:
         print(f"error: {r.system} #{r.index}: {r.error}", file=sys.stderr)
     report["exit_code"] = 1 if errors else 0
     return report  # written to args.out by the CLI
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["serve", *sys.argv[1:]]))

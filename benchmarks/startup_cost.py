@@ -150,9 +150,3 @@ def run(args: argparse.Namespace) -> dict:
     for k, v in result.items():  # engine_cuda gives nothing without CUDA
         print(f"{k:32s} {v:.3f}" if isinstance(v, float) else f"{k:32s} {v}")
     return result
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["gpu", "startup", *sys.argv[1:]]))

@@ -107,11 +107,3 @@ def run(args: argparse.Namespace) -> dict:
     }
     print(json.dumps(result, indent=2))
     return result
-
-
-if __name__ == "__main__":
-    import sys
-
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["tp", *sys.argv[1:]]))

@@ -97,9 +97,3 @@ def run(args: argparse.Namespace) -> dict:
     )
     print(path)
     return {"archive": path, "name": args.name}
-
-
-if __name__ == "__main__":
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["baseline", *sys.argv[1:]]))
