@@ -5,17 +5,12 @@ from __future__ import annotations
 import re
 import statistics
 
+from orcaserve.bench.result import markdown_table, pct, pyplot
+
 # VTC's default costs, as the archives use them: a prompt token 1, an output token 2.
 PROMPT_COST, OUTPUT_COST = 1.0, 2.0
 _SERIES = re.compile(r"^(orca_tenant_\w+)\{([^}]*)\}\s+([-\d.eE+]+)", re.MULTILINE)
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
 
 
 def _spread(r: dict, lo: float, hi: float) -> float:
@@ -54,11 +49,11 @@ def summarize(phase: dict, records: list[dict], start: float, seconds: float, bi
         "errors": sum(r["error"] is not None for r in records),
         "B": {
             "n": len(b),
-            "ttft_p50": _pct([r["ttft"] for r in b], 50),
-            "ttft_p99": _pct([r["ttft"] for r in b], 99),
-            "e2e_p50": _pct([r["e2e"] for r in b], 50),
-            "e2e_p99": _pct([r["e2e"] for r in b], 99),
-            "tpot_p50": _pct([r["tpot"] for r in b if r.get("tpot") is not None], 50),
+            "ttft_p50": pct([r["ttft"] for r in b], 50),
+            "ttft_p99": pct([r["ttft"] for r in b], 99),
+            "e2e_p50": pct([r["e2e"] for r in b], 50),
+            "e2e_p99": pct([r["e2e"] for r in b], 99),
+            "tpot_p50": pct([r["tpot"] for r in b if r.get("tpot") is not None], 50),
             "output_tokens_mean": statistics.mean(r["output_tokens"] for r in b) if b else None,
         },
         "throughput_tok_s": round(total / seconds, 1),
@@ -144,19 +139,16 @@ def _s(x: float | None) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [
-        "| phase | clients | B requests | B p50 TTFT (s) | B p99 TTFT (s) | B p50 e2e (s) | B p99 e2e (s) "
-        "| output tok/s | B's token share |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+    header = ["phase", "clients", "B requests", "B p50 TTFT (s)", "B p99 TTFT (s)", "B p50 e2e (s)", "B p99 e2e (s)"]
+    rows = []
     for p in report["phases"]:
-        clients = ", ".join(f"{t} {n}" for t, n in p["clients"].items())
-        b = p["B"]
-        share = p["share"].get("B")
-        lines.append(
-            f"| {p['name']} | {clients} | {b['n']} | {_s(b['ttft_p50'])} | {_s(b['ttft_p99'])} | {_s(b['e2e_p50'])} "
-            f"| {_s(b['e2e_p99'])} | {p['throughput_tok_s']:.1f} | {'-' if share is None else f'{share:.3f}'} |"
+        b, share = p["B"], p["share"].get("B")
+        rows.append(
+            [p["name"], ", ".join(f"{t} {n}" for t, n in p["clients"].items()), b["n"]]
+            + [_s(b[k]) for k in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99")]
+            + [f"{p['throughput_tok_s']:.1f}", "-" if share is None else f"{share:.3f}"]
         )
+    lines = markdown_table([*header, "output tok/s", "B's token share"], rows)
     lines.append("")
     for goal, v in report["goals"].items():
         verdict = "" if v["met"] is None else f" ({'met' if v['met'] else 'not met'})"
@@ -165,11 +157,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(phases: list[dict], path: str, bin_s: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (share, rate, latency) = plt.subplots(1, 3, figsize=(16, 4.2))
     for i, p in enumerate(phases):
         xs = [(k + 0.5) * bin_s for k in range(len(p["bins"]))]

@@ -1,47 +1,51 @@
-"""CUDA graphs on vs off: step times by kind, decode steps up to batch 256, end to end.
+"""CUDA graphs on vs off: decode steps up to batch 256 (median, p90, replayed share, kernel time
+over wall at the largest batch, bytes bound), end to end with step times by kind, fp32 exactness
+on vs off (docs/kernels.md "GPU check", steps engine_graphs and engine_8b).
 
     orcaserve-bench gpu graphs --out graphs.json        # CUDA: SmolLM2-135M's shape, bf16
+    orcaserve-bench gpu graphs --shape llama8b --sides on --no-exact --batches 1,64,256
     orcaserve-bench gpu graphs --smoke --out g.json     # CPU plumbing: tiny model, no graphs
 
-benchmarks/gpu_check.sh runs it as its step `engine_graphs`. The same random-init model of
-SmolLM2-135M's config as gpu_engine.py throughput (bf16, Triton backend), one engine with
-`cuda_graphs=True` and one with False, same KV cache size (kv_cache_memory 16 GiB), built one after
-the other, and for each:
-decode      B requests of `--context` random tokens prefilled, then `--steps` decode-only
-            `Engine.step()`s timed one by one (scheduler, model, sampler: each step ends with
-            the sampled ids' copy back, so its wall time is the GPU's too): median and p90 ms at
-            B = 1, 16, 64, 256; the share of steps replayed from
-            a graph; and over 10 of the steps at the largest B the kernel time torch.profiler saw
-            divided by their wall time (`kernel_time_fraction`: how busy the GPU was).
-end_to_end  `--num-prompts` prompts of the offline workload (U[16, 256] prompt tokens, U[8, 128]
-            new tokens, EOS ignored), all submitted at once (256 running, 4096 tokens a step):
-            useful tok/s, start-up seconds (graph capture included), and every step's wall time
-            by kind (decode-only, or with prompt tokens) from the engine's step trace.
-exact       A tiny fp32 Llama (gpu_exact.py's shapes) greedy on 16 prompts of 1-600 tokens with
-            graphs on and off: token-exact expected; a mismatch fails the step.
---shape llama8b: Llama-3.1-8B's layers instead (gpu_throughput.LLAMA8B); gpu_check.sh runs it with
---sides on --no-exact as its step `engine_8b`. Every decode row also gives the step's bytes bound
-(gpu_decode_bound.py: weights + the K/V read, over the measured copy bandwidth) and the median's
-ratio to it; the end-to-end run gives its time window, over which
-gpu_check.sh reads the SMs' busy share from `nvidia-smi dmon`.
---smoke on the CPU: no graphs can be captured there, so "on" runs every step padded to its graph's
-sizes, eagerly (`ModelRunner.pad_steps`), which exercises the same inputs a graph would read.
+The two engines (same KV cache size, 16 GiB) are built one after the other. --smoke on the CPU:
+no graph can be captured there, so "on" runs every step padded to its graph's sizes, eagerly
+(`ModelRunner.pad_steps`), which exercises the same inputs a graph would read.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import random
 import statistics
 import time
 from collections import deque
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda  # noqa: E402
+from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda
 
 KV_BYTES = 16 << 30
+
+
+def copy_gbps(dev) -> float | None:
+    """Device-to-device copy of 1 GiB, bytes read + written per second (kernel_timing's measure)."""
+    if dev.type != "cuda":
+        return None
+    from orcaserve.bench import kernel_timing
+
+    return kernel_timing.copy_gbps(dev, kernel_timing.Timer(dev))
+
+
+def decode_bound(model, batch: int, context: int, gbps: float | None) -> dict:
+    """Bytes one decode step of `batch` requests at `context` tokens reads (the weights, tied ones
+    once, and the K/V), and the time they take at `gbps` (None without a measurement)."""
+    cfg = model.config
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    elem = next(model.parameters()).element_size()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv = batch * context * cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * elem
+    out = {"weight_bytes": weights, "kv_bytes": kv, "copy_gbps": gbps}
+    if gbps:
+        out["bound_ms"] = (weights + kv) / (gbps * 1e9) * 1e3
+    return out
 
 
 def build(model, on: bool, args, dev, **engine_args):
@@ -219,7 +223,6 @@ def run(args: argparse.Namespace) -> dict:
         args.min_out, args.max_out = 2, 5
         torch.set_num_threads(1)
     dev = torch.device("cuda" if cuda else "cpu")
-    from orcaserve.bench.gpu_decode_bound import copy_gbps, decode_bound
     from orcaserve.bench.gpu_throughput import SHAPES, SMOKE_SHAPE, smollm2_shaped
     from orcaserve.bench.serve_workload import workload_sha256
 

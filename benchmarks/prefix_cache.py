@@ -33,6 +33,7 @@ from functools import partial
 
 import torch
 
+from orcaserve.bench.result import pct, pyplot
 from orcaserve.bench.serve_workload import poisson_offsets
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
@@ -63,11 +64,6 @@ def ks_2samp(a: list[float], b: list[float]) -> tuple[float, float]:
     return d, min(1.0, max(0.0, p))
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def run_stream(loop: EngineLoop, work: list[tuple[list[int], int, str | None]], offsets: list[float]) -> dict:
     """Submit `work` ((prompt ids, output tokens, salt)) at `offsets`; TTFT and throughput."""
     ttft: list[float] = [0.0] * len(work)
@@ -96,8 +92,8 @@ def run_stream(loop: EngineLoop, work: list[tuple[list[int], int, str | None]], 
     return {
         "wall_s": round(wall, 2),
         "output_tok_s": round(sum(done) / wall, 1),
-        "ttft_p50_s": round(pct(ttft, 0.5), 3),
-        "ttft_p90_s": round(pct(ttft, 0.9), 3),
+        "ttft_p50_s": round(pct(ttft, 50), 3),
+        "ttft_p90_s": round(pct(ttft, 90), 3),
     }
 
 
@@ -126,11 +122,7 @@ def probe(loop: EngineLoop, n: int, prefix_len: int, seed: int) -> dict[str, lis
 
 
 def plot(times: dict[str, list[float]], tests: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for kind, xs in times.items():
         xs = sorted(x * 1000 for x in xs)

@@ -1,10 +1,12 @@
 """The one result writer: a subcommand's dict plus where and how it was measured (machine, CPU
-kind, commit, command line), as JSON at `--out`."""
+kind, commit, command line), as JSON at `--out`; and what the benchmarks' reports share:
+percentiles, Markdown tables, matplotlib without a display."""
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -82,3 +84,29 @@ class Table(list):
     def say(self, line: str) -> None:
         self.append(line)
         print(line, flush=True)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The `q`-th percentile (0-100) of `values`, linear between the two nearest ranks; None if empty."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def markdown_table(header: list[str], rows: list[list[Any]], align: str = "---") -> list[str]:
+    """A Markdown table's lines: `header`, then one line per row (cells as `str` gives them)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + f" {align} |" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

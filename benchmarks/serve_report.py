@@ -4,20 +4,12 @@ on the issue's two claims, the Markdown table, the latency-throughput plot and t
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 
+from orcaserve.bench.result import cpu_kind, markdown_table, pct, pyplot
+
 BEGIN, END = "<!-- serve-results:begin -->", "<!-- serve-results:end -->"
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    v = sorted(values)
-    k = (len(v) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def summarize(results: list, rate: float | None, concurrency: int | None) -> dict:
@@ -117,31 +109,30 @@ def _f(v, spec=".2f") -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [
-        f"Measured {report['date']} on {report['machine']['summary']}.",
-        "",
-        "```",
-        report["command"],
-        "```",
-        "",
-        f"Workload: {report['workload']['description']}.",
-        "",
-        "| system | rate (req/s) | done | errors | req/s | output tok/s | TTFT p50 / p99 (s) | TPOT p50 (s) "
-        "| e2e p50 / p90 / p99 (s) | saturated |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for s in report["summaries"]:
         load = s["rate"] if s["rate"] is not None else f"c={s['concurrency']}"
         if not s.get("completed"):
-            lines.append(f"| {s['system']} | {load} | 0 | {s['errors']} | - | - | - | - | - | - |")
+            rows.append([s["system"], load, 0, s["errors"], *["-"] * 6])
             continue
-        lines.append(
-            f"| {s['system']} | {load} | {s['completed']}/{s['requests']} | {s['errors']} "
-            f"| {_f(s['request_throughput'])} | {_f(s['output_tokens_per_s'], '.1f')} "
-            f"| {_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])} | {_f(s['tpot']['p50'], '.3f')} "
-            f"| {_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])} "
-            f"| {_SAT.get(s.get('saturated'), '-')} |"
+        rows.append(
+            [
+                s["system"],
+                load,
+                f"{s['completed']}/{s['requests']}",
+                s["errors"],
+                _f(s["request_throughput"]),
+                _f(s["output_tokens_per_s"], ".1f"),
+                f"{_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])}",
+                _f(s["tpot"]["p50"], ".3f"),
+                f"{_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])}",
+                _SAT.get(s.get("saturated"), "-"),
+            ]
         )
+    header = ["system", "rate (req/s)", "done", "errors", "req/s", "output tok/s", "TTFT p50 / p99 (s)"]
+    header += ["TPOT p50 (s)", "e2e p50 / p90 / p99 (s)", "saturated"]
+    lines = [f"Measured {report['date']} on {report['machine']['summary']}.", "", "```", report["command"], "```", ""]
+    lines += [f"Workload: {report['workload']['description']}.", "", *markdown_table(header, rows)]
     v = report.get("verdict")
     if v:
         ours, base = v["system"], v["baseline"]
@@ -171,11 +162,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
     colors = ["tab:blue", "tab:red", "tab:green", "tab:purple"]
     systems = list(dict.fromkeys(s["system"] for s in report["summaries"]))
@@ -220,25 +207,14 @@ def update_doc(path: str, text: str, begin: str = BEGIN, end: str = END) -> None
 
 
 def machine() -> dict:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = None
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    except (ValueError, OSError):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    """The machine a serving run was measured on, with a one-line `summary` for the report."""
+    kind = cpu_kind()
+    cpu, cores = kind.get("model_name") or kind["machine"], len(os.sched_getaffinity(0))
+    mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     info = {
         "cpu": cpu,
         "cores": cores,
-        "memory_gib": round(mem, 1) if mem else None,
+        "memory_gib": mem,
         "os": platform.platform(),
         "python": platform.python_version(),
     }
@@ -248,7 +224,7 @@ def machine() -> dict:
         info["torch"] = torch.__version__
     except ImportError:
         pass
-    info["summary"] = f"{cores} CPU cores ({cpu}), {info['memory_gib']} GiB, {info['os']}, torch {info.get('torch')}"
+    info["summary"] = f"{cores} CPU cores ({cpu}), {mem} GiB, {info['os']}, torch {info.get('torch')}"
     return info
 
 
