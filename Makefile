@@ -83,8 +83,7 @@ bench-offline: venv
 # orcaserve vs the baseline in one TorchServe started for the run, the same seeded Poisson sweep.
 bench-serving: venv
 	$(BENCH) serve --start-torchserve --rates 0.5,1,2,4,8 --num-requests 16,24,32,48,128 \
-		--out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png \
-		--update-doc docs/benchmark-serving.md
+		--out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png
 
 # Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
 compile-check: $(STAMP)

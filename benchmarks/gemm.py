@@ -2,26 +2,18 @@
 
     orcaserve-bench kernels gemm [--dtype bfloat16] [--rows 32,128,256,384,512]
     orcaserve-bench kernels gemm --dtype float32 --layers 30 --rows 1,8,32,128,512   # weights in DRAM
-    orcaserve-bench kernels gemm --dtype bfloat16 --layers 30   # on AVX2 CPUs: F.linear vs the project's
 
-Uses SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2) with random weights, the
-calls the lean decoder makes (`orcaserve.kernels.linear.Linear`): oneDNN's inner product on a
-pre-packed weight (`torch.ops.mkldnn._linear_pointwise`), `F.linear` on the plain one and, in fp32,
-MKL's packed GEMM (`torch.ops.mkl._mkl_linear`) and, in fp32 and bf16 where it is built (AVX2 and
-AVX-512), the project's own (`orcaserve::linear_packed`, kernels/cpu/csrc/gemm/gemm_fp32.cpp) and,
-in bf16 where the CPU has AVX-512 BF16, its `vdpbf16ps` GEMM (`orcaserve::linear_packed_bf16`,
-kernels/cpu/csrc/gemm/gemm_bf16.cpp); with `--inductor`, also `torch.compile` of the linear layer
-with max-autotune over inductor's C++ GEMM template and ATen (compiled per row count, 5-20 s each).
-Prints, per row count, oneDNN's first call (it compiles a kernel per new shape) and the median of 7
-rounds of 10 calls of each variant, alternated round by round (docs/performance-log.md:
-#2026-11-30-gemms-at-prefill-sizes-and-on-first-use-plain-copies-for-bf16-o-and-down,
-#2026-11-30-fp32-on-mkls-packed-gemm-the-fp32-norm-fused-bf16-padded-to-16-rows). Those calls reuse
-one weight, which stays in cache; `--layers N` instead calls each layer's four GEMMs in turn over N
-layers' weights, as a step does (30: SmolLM2, about 425 MB in fp32, read from DRAM), and prints ms
-per N layers, the minimum of `--rounds` rounds per library, alternated (docs/performance-log.md
-#2026-12-01-the-projects-own-fp32-gemm-on-avx2-cpus-zen-3). `--library` loads another build of the
-project's ops (an older kernel's .so from the build
-cache) in place of the current sources'."""
+SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2), random weights, the calls
+the lean decoder makes (`orcaserve.kernels.linear.Linear`): oneDNN on a pre-packed weight,
+`F.linear` on the plain one, in fp32 MKL's packed GEMM, and where built the project's own GEMMs
+(`orcaserve::linear_packed`, fp32 and bf16; `orcaserve::linear_packed_bf16`, `vdpbf16ps`). Per row
+count: oneDNN's first call (it compiles a kernel per new shape) and the median of `--rounds`
+rounds of 10 calls of each, alternated round by round; those reuse one weight, which stays in
+cache. `--layers N` calls each layer's four GEMMs in turn over N layers' weights, as a step does,
+and prints ms per N layers (the minimum of `--rounds`). `--library` loads another build of the
+project's ops (e.g. an older kernel's .so from the build cache). Runs that used it:
+docs/performance-log.md (2026-11-30 and 2026-12-01 GEMM sections).
+"""
 
 from __future__ import annotations
 
@@ -29,7 +21,6 @@ import argparse
 import statistics
 import sys
 import time
-from functools import partial
 from typing import Any
 
 import torch
@@ -49,19 +40,6 @@ def _ms(f, calls: int = 10) -> float:
     for _ in range(calls):
         f()
     return (time.perf_counter() - t) / calls * 1e3
-
-
-def _compiled(w: torch.Tensor, x: torch.Tensor):
-    """`F.linear(x, w)` compiled by inductor for x's shape, GEMM chosen by max-autotune (C++ or ATen)."""
-    import torch._inductor.config as inductor
-
-    layer = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=w.dtype).eval()
-    layer.weight.data.copy_(w)
-    patch = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN", "freezing": True}
-    with inductor.patch(patch), torch.no_grad():  # freezing folds the weight in as a constant
-        fn = torch.compile(layer, dynamic=False)
-        fn(x)
-    return fn
 
 
 def orca_op(name: str) -> Any:
@@ -147,7 +125,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rows", default="1,32,128,256,384,512")
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--inductor", action="store_true", help="also torch.compile (max-autotune) per row count")
     ap.add_argument("--layers", type=int, default=0, help="N layers' weights called in turn (weights in DRAM)")
     ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
 
@@ -183,22 +160,18 @@ def run(args: argparse.Namespace) -> dict:
         "mkl": "MKL packed",
         "orca": "orcaserve",
         "dot": "orcaserve vdpbf16ps",
-        "inductor": "inductor",
     }
-    skip = {"mkl": not use_mkl, "orca": not use_orca, "dot": not use_dot, "inductor": not args.inductor}
+    skip = {"mkl": not use_mkl, "orca": not use_orca, "dot": not use_dot}
     columns = [c for c in heads if not skip.get(c, False)]
     names = " | ".join(heads[c] for c in columns)
     say(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
-    with torch.no_grad():  # not inference_mode: torch.compile cannot trace inference tensors
+    with torch.no_grad():
         for m in (int(r) for r in args.rows.split(",")):
             cells = []
             for name, w in weights.items():
                 x = torch.randn(m, w.shape[1], dtype=dtype)
                 calls = _variants(x, w, packed[name], mkl.get(name), orca.get(name), dot.get(name))
                 first = _ms(calls["pre"], 1)
-                if args.inductor:  # after `first`: its autotuning may create oneDNN's kernel for this shape
-                    compiled = _compiled(w, x)
-                    calls["inductor"] = partial(compiled, x)
                 for c in columns[1:]:
                     calls[c]()
                 times: dict[str, list[float]] = {c: [] for c in columns}

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
+
+from orcaserve.bench.result import write
 
 
 class ByteTokenizer:
@@ -75,16 +76,15 @@ def free_cuda() -> None:
 
 
 class Results:
+    """A step's result, written (result.write) after every case, so a step cut short keeps it."""
+
     def __init__(self, path: str | None, **head):
         self.path = path
         self.data = dict(head, date=time.strftime("%Y-%m-%d %H:%M:%S"), versions=versions())
 
     def save(self) -> None:
         if self.path:
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.data, f, indent=1, default=str)
-            os.replace(tmp, self.path)
+            write(self.path, self.data)
 
 
 def device_name(dev) -> str:

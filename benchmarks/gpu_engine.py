@@ -63,5 +63,5 @@ def run(args: argparse.Namespace) -> dict:
     elif args.what == "throughput":
         from orcaserve.bench.gpu_throughput import run_throughput as step
     else:
-        from orcaserve.bench.gpu_real import run_real as step
+        from orcaserve.bench.gpu_exact import run_real as step
     return step(args, dev)

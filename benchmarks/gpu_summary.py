@@ -85,16 +85,7 @@ def run(args: argparse.Namespace) -> dict:
             key: fu.get(key) for key in ("device", "dtype", "all_ok", "truncated", "elapsed_s", "per_layer", "skipped")
         }
     engine = {}
-    for part in (
-        "exact",
-        "throughput",
-        "generate_batch",
-        "real",
-        "graphs",
-        "graphs_8b",
-        "generate_batch_8b",
-        "startup",
-    ):
+    for part in "exact throughput generate_batch real graphs graphs_8b generate_batch_8b startup".split():
         d = load(os.path.join(work, f"{part}.json"))
         if d is not None:
             engine[part] = d
@@ -102,22 +93,8 @@ def run(args: argparse.Namespace) -> dict:
         with open(os.path.join(results, "engine.json"), "w") as f:
             json.dump(engine, f, indent=1)
     if "exact" in engine:
-        fig["engine_exact"] = [
-            {
-                k: c.get(k)
-                for k in (
-                    "arch",
-                    "dtype",
-                    "backend",
-                    "verdict",
-                    "exact_sequences",
-                    "requests",
-                    "first_token_agreement",
-                    "steps_by_num_splits",
-                )
-            }
-            for c in engine["exact"].get("cases", [])
-        ]
+        keys = "arch dtype backend verdict exact_sequences requests first_token_agreement steps_by_num_splits".split()
+        fig["engine_exact"] = [{k: c.get(k) for k in keys} for c in engine["exact"].get("cases", [])]
     tp = {}
     for part in ("throughput", "generate_batch"):
         for r in (engine.get(part) or {}).get("runs", []):

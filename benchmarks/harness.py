@@ -109,16 +109,8 @@ class TorchServe:
             **self.env,
         )
         torchserve = str(Path(sys.executable).parent / "torchserve")
-        cmd = [
-            torchserve,
-            "--start",
-            "--foreground",
-            "--ncs",
-            "--ts-config",
-            str(config),
-            "--model-store",
-            str(self.model_store),
-        ]
+        cmd = [torchserve, "--start", "--foreground", "--ncs", "--ts-config", str(config)]
+        cmd += ["--model-store", str(self.model_store)]
         self._stdout = open(self.workdir / "torchserve.out", "wb")
         # Own session: stop() signals the group, which holds the frontend JVM and all workers.
         self.proc = subprocess.Popen(
@@ -214,13 +206,10 @@ class TorchServe:
             params={"min_worker": str(workers), "max_worker": str(workers), "synchronous": "true"},
         )
 
-    def describe(self, name: str) -> list[dict]:
+    def worker_pids(self, name: str) -> list[int]:
         r = requests.get(self.url(f"/models/{name}", "management"), headers=self.auth("management"), timeout=30)
         r.raise_for_status()
-        return r.json()
-
-    def worker_pids(self, name: str) -> list[int]:
-        return [int(w["pid"]) for m in self.describe(name) for w in m.get("workers", []) if w.get("pid")]
+        return [int(w["pid"]) for m in r.json() for w in m.get("workers", []) if w.get("pid")]
 
     def metrics(self) -> str:
         r = requests.get(self.url("/metrics", "metrics"), headers=self.auth("inference"), timeout=30)

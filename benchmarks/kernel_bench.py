@@ -1,30 +1,16 @@
 """Time the Triton attention kernels on a CUDA GPU: decode bandwidth, prefill throughput, split-K.
 
-    orcaserve-bench gpu kernels [--dtype bf16] [--shapes 32x8x128,9x3x64] [--block-size 16]
-                                 [--peak-gbps 4800] [--quick] [--out out.json] [--time-budget S]
+    orcaserve-bench gpu kernels [--dtype bf16] [--shapes 32x8x128,9x3x64] [--quick] [--time-budget S]
     orcaserve-bench gpu kernels --smoke      # CPU, TRITON_INTERPRET=1, tiny sizes: every code path
 
-Per head layout HxH_kvxD (`--shapes`; the first gets the full grid, the others the quick one):
-
-* decode: batch 1-256 x context 1k-32k (quick: 1/8/64/256 x 1k/4k/32k). Every split count in
-  {1, 2, 4, ..., 64} (up to context/256) is timed next to the one `choose_num_splits` picks, so
-  each shape gives the heuristic's time, the measured best and the ratio (the table that
-  `launch_config`'s decode rule was fitted to; tests/test_triton_split_heuristic.py replays it). Bandwidth counts the
-  minimum bytes a step must move (each request's K and V once per KV head, plus q and out),
-  as a share of the datasheet HBM peak (PEAK_GBPS by device name, or --peak-gbps) and of the
-  device-to-device copy bandwidth measured at the start (a realistic ceiling).
-* prefill: fresh prompts of 1k/4k/16k tokens, a batch of 8 x 2k, and a 2k chunk over a 14k
-  cache; causal attention TFLOP/s (4 * H * D * visible (query, key) pairs), next to PyTorch's
-  SDPA (flash) on the same fresh prompt as a yardstick.
-* mixed: ORCA's merged steps (running decodes plus one prefill chunk).
-* store_kv: a decode batch up to a long prefill chunk.
-* the PyTorch twin (`torch_attention.TorchAttentionPlan`, the CPU engine's path) for small decode shapes.
-
-Each timed call runs after a 256 MiB write that evicts the L2 (so small shapes are not served
-from the 50-60 MB L2), between CUDA events; the median is reported. The JSON (--json) is
-rewritten after every shape, so a run cut short by a timeout (or by --time-budget, which stops
-starting new shapes) still leaves what was measured. Without CUDA and without --smoke it says so
-and exits 0.
+Per head layout HxH_kvxD (the first gets the full grid, the others the quick one): decode at batch
+1-256 x context 1k-32k, every split count up to context/256 timed beside the one
+`choose_num_splits` picks (the table the heuristic was fitted to, docs/kernels.md "Split-K
+heuristic, refitted on the H200"), its bandwidth as a share of the datasheet peak and of the
+measured copy bandwidth; prefill TFLOP/s beside SDPA's; ORCA's mixed steps; store_kv; the PyTorch
+twin at small decode shapes (kernel_sections.py). Each timed call follows a 256 MiB write that
+evicts the L2; medians of CUDA events. The JSON is rewritten after every shape, so a run cut
+short (or stopped by --time-budget, which starts no new shape) keeps what it measured.
 """
 
 from __future__ import annotations
@@ -38,7 +24,7 @@ import torch
 
 from orcaserve.bench.cli import add_out
 from orcaserve.bench.gpu_common import skip_or_interpret
-from orcaserve.bench.kernel_timing import PEAK_BF16_TFLOPS, SPLIT_CANDIDATES, Timer, copy_gbps, lookup, peak_gbps
+from orcaserve.bench.kernel_timing import BLOCK_SIZE, PEAK_BF16_TFLOPS, Timer, copy_gbps, lookup, peak_gbps
 from orcaserve.bench.result import write
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -94,37 +80,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default="32x8x128",
         help="comma list of HxH_kvxD; the first gets the full grid, the rest the quick one",
     )
-    ap.add_argument("--heads", type=int, default=None, help="(old form) with --kv-heads/--head-dim: one layout")
-    ap.add_argument("--kv-heads", type=int, default=None)
-    ap.add_argument("--head-dim", type=int, default=None)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--peak-gbps", type=float, default=None)
+    ap.add_argument("--peak-gbps", type=float, default=None, help="HBM peak (default: the datasheet's by name)")
     ap.add_argument("--quick", action="store_true", help="quick grid for every layout")
-    ap.add_argument(
-        "--smoke",
-        action="store_true",
-        help="CPU (or GPU) tiny sizes; on CPU under TRITON_INTERPRET=1, fp32: proves the code paths",
-    )
-    ap.add_argument(
-        "--splits",
-        type=lambda s: tuple(int(x) for x in s.split(",")),
-        default=None,
-        help=f"split counts to time per decode shape (default {','.join(map(str, SPLIT_CANDIDATES))})",
-    )
-    ap.add_argument("--no-reference", action="store_true", help="skip the PyTorch timings")
-    ap.add_argument(
-        "--reference-max-tokens",
-        type=int,
-        default=1 << 18,
-        help="time the PyTorch twin only for decode steps with B * ctx <= this",
-    )
-    ap.add_argument("--max-cache-gib", type=float, default=40.0, help="cap on the K/V pool per layout")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes; on the CPU under TRITON_INTERPRET=1, fp32")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
     add_out(ap, help="write results here (rewritten after every shape)")
 
 
 def run(args: argparse.Namespace) -> dict:
-
     skipped = skip_or_interpret("kernel_bench.py", args.smoke)
     if skipped is not None:
         return skipped
@@ -144,9 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     peak = args.peak_gbps or (peak_gbps(name) if cuda else None)
     copy_bw = copy_gbps(dev, timer)
     peak_tf = lookup(PEAK_BF16_TFLOPS, name) if cuda and dtype != torch.float32 else None
-    if args.heads:
-        layouts = [(args.heads, args.kv_heads or args.heads, args.head_dim or 128)]
-    elif args.smoke and not cuda:
+    if args.smoke and not cuda:
         layouts = [(4, 2, 64)]
     else:
         layouts = [tuple(int(x) for x in s.split("x"))[:3] for s in args.shapes.split(",")]  # type: ignore[misc]
@@ -165,7 +126,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     print(
         f"device {name}, {args.dtype}, peak {peak or 'unknown'} GB/s (datasheet), copy "
-        f"{round(copy_bw) if copy_bw else '-'} GB/s (measured), block_size {args.block_size}"
+        f"{round(copy_bw) if copy_bw else '-'} GB/s (measured), block_size {BLOCK_SIZE}"
     )
 
     def save():

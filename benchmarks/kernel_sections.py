@@ -14,7 +14,15 @@ from dataclasses import dataclass
 
 import torch
 
-from orcaserve.bench.kernel_timing import SPLIT_CANDIDATES, CachePool, Timer, visible_pairs
+from orcaserve.bench.kernel_timing import (
+    BLOCK_SIZE,
+    MAX_CACHE_GIB,
+    REFERENCE_MAX_TOKENS,
+    SPLIT_CANDIDATES,
+    CachePool,
+    Timer,
+    visible_pairs,
+)
 from orcaserve.kernels.pytorch import attention as torch_attention
 from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, select_config, unified_attention
 from orcaserve.kernels.triton.store_kv import store_kv
@@ -104,7 +112,7 @@ def bench_layout(
     args: argparse.Namespace, h: int, h_kv: int, d: int, quick: bool, env: dict, out: dict, save: Callable[[], None]
 ) -> None:
     """Every section for one head layout; results accumulate in `out` (saved after each shape)."""
-    dev, dtype, bs = env["device"], env["dtype"], args.block_size
+    dev, dtype, bs = env["device"], env["dtype"], BLOCK_SIZE
     out.update(
         {
             "heads": h,
@@ -121,7 +129,7 @@ def bench_layout(
     batches, contexts = grid(quick, args.smoke)
     # One pool for the whole layout, sized for the largest decode step that fits in memory.
     token_bytes = 2 * h_kv * d * dtype.itemsize
-    budget = (args.max_cache_gib * (1 << 30)) if dev.type == "cuda" else (64 << 20)
+    budget = (MAX_CACHE_GIB * (1 << 30)) if dev.type == "cuda" else (64 << 20)
     if dev.type == "cuda":
         budget = min(budget, 0.6 * torch.cuda.mem_get_info(dev)[0])
     need = max(max(b * c for b in batches for c in contexts), 8 * 2048, 16384)
@@ -160,7 +168,7 @@ def decode(lay: Layout) -> bool:
             programs = (b // block_q + b) * h_kv
             o = torch.empty_like(q)
             max_split = 2 if args.smoke else c // 256  # smoke: still run the split-K kernels
-            cands = sorted({s for s in (args.splits or SPLIT_CANDIDATES) if s == 1 or s <= max_split} | {heur})
+            cands = sorted({s for s in SPLIT_CANDIDATES if s == 1 or s <= max_split} | {heur})
             times, first, max_diff = {}, None, 0.0
             for s in cands:
                 times[s] = lay.attend(q, cu, sl, bt, o, 1, c, s)
@@ -172,9 +180,9 @@ def decode(lay: Layout) -> bool:
             moved = 2 * b * c * h_kv * d * esz + 2 * q.numel() * esz
             gbps = moved / times[heur] / 1e6
             ref_ms = None
-            if not args.no_reference and b * c <= args.reference_max_tokens:
+            if b * c <= REFERENCE_MAX_TOKENS:
                 try:
-                    plan = torch_attention.TorchAttentionPlan(cu, sl, bt, args.block_size)
+                    plan = torch_attention.TorchAttentionPlan(cu, sl, bt, BLOCK_SIZE)
                     attend = functools.partial(plan.attend, q, lay.pool.k, lay.pool.v, d**-0.5, o)
                     ref_ms = lay.timer(attend, max_iters=5)
                 except torch.OutOfMemoryError:
@@ -302,7 +310,7 @@ def mixed(lay: Layout) -> bool:
 
 def store_kv_section(lay: Layout) -> bool:
     """The paged KV write, a decode batch up to a long prefill chunk, beside the PyTorch twin's."""
-    h, h_kv, d, dev, dtype, bs = lay.h, lay.h_kv, lay.d, lay.device, lay.dtype, lay.args.block_size
+    h, h_kv, d, dev, dtype, bs = lay.h, lay.h_kv, lay.d, lay.device, lay.dtype, BLOCK_SIZE
     print(f"\n[{lay.name}] store_kv")
     for t in (1, 16) if lay.args.smoke else (1, 64, 256, 4096):
         kc = torch.zeros(t // bs + 2, bs, h_kv, d, device=dev, dtype=dtype)

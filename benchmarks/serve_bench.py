@@ -1,26 +1,12 @@
 """Load generator for a running TorchServe (orcaserve vs the request-level baseline), or for any
-OpenAI completions endpoint (e.g. vLLM's server, benchmarks/peers/run.py).
+OpenAI completions endpoint (e.g. vLLM's server, benchmarks/peers/run.py). What it sends, what it
+measures and how saturation is judged: docs/benchmark-serving.md "Load generator".
 
     orcaserve-bench serve --url http://127.0.0.1:8080 --key-file key_file.json \\
         --model smollm2 --model smollm2-baseline --rates 0.25,0.5,1,2 --duration 40 \\
         --out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png
     orcaserve-bench serve --endpoint http://127.0.0.1:8000/v1/completions --key none \\
         --model vllm --model-name smollm2 --concurrency 32 --num-requests 96 --out vllm.json
-
-Every request is a streamed `POST /predictions/{model}/1.0/v1/completions` (or, with
-`--endpoint`, a POST to that URL, one for all `--model`s or one per `--model`; `--model` is then
-the system's label in the report and `--model-name` the body's `model` field) with token-id
-prompts (exact input lengths), `max_tokens` = the sampled output length, `ignore_eos: true`,
-greedy, and `stream_options.include_usage`. Arrivals are Poisson at each `--rates` value (the same
-seeded workload, scaled in time, for every system and rate), or a closed loop of
-`--concurrency` clients. Lengths come from `--input-len A:B` / `--output-len A:B` (uniform,
-inclusive) or from `--dataset file.jsonl` (lines `{"prompt": str | [ids], "max_tokens": int?}`).
-
-Per request: TTFT (send -> first non-empty text chunk), TPOT (mean time between tokens after the
-first: (e2e - ttft) / (tokens - 1)), end-to-end latency, tokens. Per system and rate: request
-throughput, output tokens/s, p50/p90/p99 of each latency, errors. Writes a JSON file, a PNG
-(p50 / p99 latency vs achieved output tokens/s, one curve per system) and optionally a Markdown
-results section into a doc between `<!-- serve-results:begin -->` / `<!-- serve-results:end -->`.
 """
 
 from __future__ import annotations

@@ -46,12 +46,12 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
 
 
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int, **generate_args: Any) -> list[int]:
-    """transformers generate() for one request, the reference every engine output is held to;
-    `generate_args` go to generate() (e.g. `sequence_bias`)."""
+    """transformers generate() for one request on the model's device, the reference every engine
+    output is held to; `generate_args` go to generate() (e.g. `sequence_bias`)."""
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt]),
-            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            torch.tensor([prompt], device=model.device),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=model.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             **generate_args,

@@ -82,20 +82,11 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
 
     import torch
 
+    from orcaserve.bench.gpu_exact import QUESTIONS as questions
     from orcaserve.scheduler import Engine
     from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
     model, _ = load_model_and_tokenizer(smollm2_path, torch.float32, torch.device("cpu"))
-    questions = [
-        "What is the capital of France?",
-        "Name three primary colors.",
-        "Write a haiku about the sea.",
-        "What is 12 times 12?",
-        "Who wrote Romeo and Juliet?",
-        "Explain gravity in one sentence.",
-        "List two programming languages.",
-        "What is the boiling point of water?",
-    ]
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in questions

@@ -1,27 +1,12 @@
-"""Request-level batching baseline: what TorchServe users run today.
+"""Request-level batching baseline: what TorchServe users run today (docs/benchmark-serving.md
+"The baseline").
 
-TorchServe's own dynamic batching (`batchSize`, `maxBatchDelay` in model-config.yaml, default
-worker mode) hands this handler a batch of up to `batchSize` requests; the handler left-pads the
-prompts, runs one transformers `generate()` on the padded batch with
-`max_new_tokens = max(max_tokens over the batch)`, cuts each output to its own `max_tokens`, and
-answers every request when the whole batch is done. Nothing joins a running batch and nothing
-leaves it early: that is the cost ORCA's iteration-level scheduling removes.
-
-Same request JSON and response shapes as the orcaserve handler (it reuses
-`orcaserve.handler.openai.protocol`): `POST /predictions/{model}/1.0/v1/completions` (and
-`v1/chat/completions`) with `prompt` (text or token ids), `max_tokens`, `temperature`, `top_p`,
-`top_k`, `stop`, `ignore_eos`, `stream`, `stream_options`. `stream: true` gets Server-Sent
-Events, all sent when the batch finishes (time to first token = end-to-end latency).
-Not supported here (400): `min_p`, repetition/presence/frequency penalties, `stop_token_ids`.
-`seed`, `priority` and `timeout` are accepted and ignored.
-
-A benchmark comparator, not part of the orcaserve package. Build the archive (model name
-`smollm2-baseline`, directory `model-store/smollm2-baseline/`) with `make archive-baseline`, or:
-
-    orcaserve-bench baseline --export-path model-store
-    orcaserve-bench baseline --batch-size 16 --max-batch-delay 50
-
-See docs/benchmark-serving.md.
+TorchServe's own dynamic batching (`batchSize`, `maxBatchDelay`, default worker mode) hands this
+handler a batch; it left-pads the prompts, runs one transformers `generate()` with
+`max_new_tokens` = the batch's largest `max_tokens`, cuts each output to its own, and answers
+every request when the whole batch is done. Same request and response shapes as the orcaserve
+handler (`orcaserve.handler.openai.protocol`). A benchmark comparator, not part of the orcaserve
+package; `orcaserve-bench baseline --export-path model-store` builds its archive.
 """
 
 from __future__ import annotations
