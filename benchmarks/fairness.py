@@ -22,7 +22,7 @@ Reported per phase: B's p50/p99 TTFT and end-to-end latency, output tokens/s in 
 tenant's token share over time (a request's tokens spread evenly over its decode time), and the
 engine's own per-tenant counters scraped from `:8082/metrics`; then, the server stopped, the bound
 on B's latency ratios: a decode step of 1 row against `max_num_seqs` rows in this process
-(fairness_step_bound.py; `--no-step-bound` skips it). JSON (`--out`) and PNG (`--plot`).
+(fairness_report.step_bound; `--no-step-bound` skips it). JSON (`--out`) and PNG (`--plot`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,7 @@ import time
 from pathlib import Path
 
 from orcaserve.bench import result
-from orcaserve.bench.fairness_report import engine_view, goals, markdown, plot, scrape, summarize
-from orcaserve.bench.fairness_step_bound import step_bound
+from orcaserve.bench.fairness_report import engine_view, goals, markdown, plot, scrape, step_bound, summarize
 from orcaserve.bench.harness import TorchServe
 from orcaserve.bench.serve_client import send
 from orcaserve.bench.serve_report import machine

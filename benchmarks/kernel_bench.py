@@ -24,7 +24,7 @@ import torch
 
 from orcaserve.bench.cli import add_out
 from orcaserve.bench.gpu_common import skip_or_interpret
-from orcaserve.bench.kernel_timing import BLOCK_SIZE, PEAK_BF16_TFLOPS, Timer, copy_gbps, lookup, peak_gbps
+from orcaserve.bench.kernel_timing import PEAK_BF16_TFLOPS, Timer, copy_gbps, lookup, peak_gbps
 from orcaserve.bench.result import write
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
             args.dtype = "fp32"
     import triton
 
-    from orcaserve.bench.kernel_sections import bench_layout  # after TRITON_INTERPRET
+    from orcaserve.bench.kernel_sections import BLOCK_SIZE, bench_layout  # after TRITON_INTERPRET
 
     dev = torch.device("cuda" if cuda else "cpu")
     name = torch.cuda.get_device_name(dev) if cuda else "cpu (TRITON_INTERPRET=1)"

@@ -14,18 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from orcaserve.bench.kernel_timing import (
-    BLOCK_SIZE,
-    MAX_CACHE_GIB,
-    REFERENCE_MAX_TOKENS,
-    SPLIT_CANDIDATES,
-    CachePool,
-    Timer,
-    visible_pairs,
-)
+from orcaserve.bench.kernel_timing import SPLIT_CANDIDATES, CachePool, Timer, visible_pairs
 from orcaserve.kernels.pytorch import attention as torch_attention
 from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, select_config, unified_attention
 from orcaserve.kernels.triton.store_kv import store_kv
+
+BLOCK_SIZE = 16  # tokens per KV cache block, the engine's default
+REFERENCE_MAX_TOKENS = 1 << 18  # the PyTorch twin is timed on decode steps of B * ctx <= this
+MAX_CACHE_GIB = 40.0  # the K/V pool of one layout, at most
 
 
 @dataclass
@@ -74,21 +70,9 @@ class Layout:
 
     def attend(self, q, cu, sl, bt, o, max_q: int, max_k: int, splits: int) -> float:
         """Median ms of one `unified_attention` call."""
-        call = functools.partial(
-            unified_attention,
-            q,
-            self.pool.k,
-            self.pool.v,
-            cu,
-            sl,
-            bt,
-            self.d**-0.5,
-            o,
-            max_seqlen_q=max_q,
-            max_seqlen_k=max_k,
-            num_splits=splits,
-        )
-        return self.timer(call)
+        pool, scale = self.pool, self.d**-0.5
+        call = functools.partial(unified_attention, q, pool.k, pool.v, cu, sl, bt, scale, o, num_splits=splits)
+        return self.timer(functools.partial(call, max_seqlen_q=max_q, max_seqlen_k=max_k))
 
     def splits(self, q, q_lens: list[int], ctx: list[int]) -> int:
         """The split count the engine would choose for this step."""
@@ -113,19 +97,8 @@ def bench_layout(
 ) -> None:
     """Every section for one head layout; results accumulate in `out` (saved after each shape)."""
     dev, dtype, bs = env["device"], env["dtype"], BLOCK_SIZE
-    out.update(
-        {
-            "heads": h,
-            "kv_heads": h_kv,
-            "head_dim": d,
-            "block_size": bs,
-            "grid": "smoke" if args.smoke else ("quick" if quick else "full"),
-            "decode": [],
-            "prefill": [],
-            "mixed": [],
-            "store_kv": [],
-        }
-    )
+    out.update(heads=h, kv_heads=h_kv, head_dim=d, block_size=bs, decode=[], prefill=[], mixed=[], store_kv=[])
+    out["grid"] = "smoke" if args.smoke else ("quick" if quick else "full")
     batches, contexts = grid(quick, args.smoke)
     # One pool for the whole layout, sized for the largest decode step that fits in memory.
     token_bytes = 2 * h_kv * d * dtype.itemsize

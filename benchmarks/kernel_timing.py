@@ -32,9 +32,6 @@ PEAK_BF16_TFLOPS = {
     "A100": 312.0,
 }  # dense, datasheet
 SPLIT_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # split-K counts timed per decode shape
-BLOCK_SIZE = 16  # tokens per KV cache block, the engine's default
-REFERENCE_MAX_TOKENS = 1 << 18  # the PyTorch twin is timed on decode steps of B * ctx <= this
-MAX_CACHE_GIB = 40.0  # the K/V pool of one layout, at most
 
 
 def lookup(table: dict, name: str) -> float | None:
