@@ -41,7 +41,7 @@ from orcaserve.bench.fairness_report import engine_view, goals, markdown, plot, 
 from orcaserve.bench.harness import TorchServe
 from orcaserve.bench.serve_client import send
 from orcaserve.bench.serve_report import machine
-from orcaserve.bench.serve_workload import make_workload
+from orcaserve.bench.serve_workload import _range, make_workload
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,8 +64,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase-seconds", type=float, default=75.0, help="length of each phase")
     p.add_argument("--flood-clients", type=int, default=24, help="tenant A's closed-loop clients")
     p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--input-len", default="32:128", help="prompt tokens A:B, uniform, both tenants")
-    p.add_argument("--output-len", default="32:128", help="max_tokens A:B, uniform, both tenants")
+    p.add_argument("--input-len", type=_range, default="32:128", help="prompt tokens A:B, uniform, both tenants")
+    p.add_argument("--output-len", type=_range, default="32:128", help="max_tokens A:B, uniform, both tenants")
     p.add_argument("--bin-seconds", type=float, default=5.0, help="width of the token-share bins")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more handler overrides")
@@ -73,12 +73,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=str(REPO / "benchmarks/results/fairness.json"))
     p.add_argument("--plot", default=str(REPO / "docs/fairness.png"))
     p.add_argument("--no-step-bound", action="store_true", help="skip the decode-step measurement after the phases")
-    p.add_argument("--replot", metavar="JSON", help="draw --plot and print the table from a saved report; no run")
-
-
-def _lengths(text: str) -> tuple[int, int]:
-    lo, _, hi = text.partition(":")
-    return int(lo), int(hi or lo)
 
 
 def start_server(args, work: Path) -> TorchServe:
@@ -113,7 +107,7 @@ def run_phase(server: TorchServe, phase: dict, args, seed: int) -> tuple[list[di
     url = server.url(f"/predictions/orca-{phase['model']}/1.0/v1/completions")
     records: list[dict] = []
     lock = threading.Lock()
-    lengths = (_lengths(args.input_len), _lengths(args.output_len))
+    lengths = (args.input_len, args.output_len)
     # Each client's own requests, made before the clock starts (more than a phase sends). Their
     # lengths are the same in every phase, so B's latencies compare; their tokens are the phase's
     # own, so no phase finds another's prompts in the prefix cache (B alone and fair share a worker).
@@ -170,12 +164,6 @@ def warm_up(server: TorchServe) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.replot:
-        saved = json.loads(Path(args.replot).read_text())
-        plot(saved["phases"], args.plot, saved["settings"]["bin_seconds"])
-        print(markdown(saved))
-        args.out = None  # nothing new to write
-        return saved
     work = Path(args.workdir or tempfile.mkdtemp(prefix="orcaserve-fairness-"))
     server = start_server(args, work)
     results = []
@@ -202,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "plot", "workdir", "replot")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "plot", "workdir")},
         "phases": results,
         "step_bound": None,
     }

@@ -82,18 +82,6 @@ def run_throughput(args, dev) -> dict:
     from orcaserve.bench import offline
     from orcaserve.bench.serve_workload import offline_workload_of, workload_sha256
 
-    class TritonEngine(offline.Engine):
-        """offline.run_orcaserve's engine, on the Triton backend also where it is not the default
-        (the CPU smoke run under the interpreter; on CUDA it is the default anyway)."""
-
-        @classmethod
-        def from_model(cls, model, tokenizer, config=None, **engine_args):
-            if config is None:
-                engine_args.setdefault("attention_backend", "triton")
-            return super().from_model(model, tokenizer, config, **engine_args)
-
-    offline.Engine = TritonEngine
-
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     model = smollm2_shaped(dev, dtype, args.smoke, args.shape)
     tok = ByteTokenizer()
@@ -127,7 +115,7 @@ def run_throughput(args, dev) -> dict:
             seqs, tokens, batch = 4, 64, 4
         ns = argparse.Namespace(**vars(args))
         ns.max_num_seqs, ns.max_num_batched_tokens, ns.batch = seqs, tokens, batch
-        ns.max_model_len = None
+        ns.max_model_len, ns.attention_backend = None, "triton"  # also under the CPU smoke run's interpreter
         for name in args.systems.split(","):
             if name == "generate_batch" and cfg_name != args.configs.split(",")[0]:
                 continue  # its own scheduler sizes itself; one run is enough

@@ -32,10 +32,10 @@ from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 
 
-def _quantized(args) -> dict:
-    """The engine's quantization and activations arguments (callers such as the GPU check pass
-    their own argument namespaces, without them)."""
-    return {"quantization": getattr(args, "quantization", None), "activations": getattr(args, "activations", None)}
+def _engine_args(args) -> dict:
+    """The engine's quantization, activations and attention backend arguments (callers such as the
+    GPU check pass their own argument namespaces, with or without them)."""
+    return {k: getattr(args, k, None) for k in ("quantization", "activations", "attention_backend")}
 
 
 def run_orcaserve(model, tokenizer, work, args) -> dict:
@@ -46,7 +46,7 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len,
         dtype=args.dtype,
-        **_quantized(args),
+        **_engine_args(args),
     )
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm-up
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
@@ -142,7 +142,7 @@ def step_time(model, tokenizer, args) -> dict:
         max_num_seqs=b,
         max_num_batched_tokens=max(512, c),
         dtype=args.dtype,
-        **_quantized(args),
+        **_engine_args(args),
     )
     for i, p in enumerate(prompts):
         engine.add_request(f"s{i}", p, SamplingParams(temperature=0, max_tokens=n + 1, ignore_eos=True))
