@@ -158,6 +158,10 @@ def derive_targets(args: argparse.Namespace) -> dict:
         from orcaserve.bench.slo_servers import ENGINE_ARGS
         from orcaserve.scheduler import Engine, default_model_path
 
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
         engine = Engine.from_pretrained(default_model_path(), **ENGINE_ARGS, enable_prefix_caching=False)
         step = decode_step(engine, args)
         del engine
