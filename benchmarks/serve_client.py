@@ -33,8 +33,16 @@ class Result:
 
 
 def send(
-    url: str, headers: dict, spec: Spec, system: str, rate: float | None, timeout: float, model_name: str | None = None
+    url: str,
+    headers: dict,
+    spec: Spec,
+    system: str,
+    rate: float | None,
+    timeout: float,
+    model_name: str | None = None,
+    extra: dict | None = None,
 ) -> Result:
+    """`extra`: more body fields (a server's own, such as vLLM's `priority`)."""
     body = {
         "prompt": spec.prompt,
         "max_tokens": spec.max_tokens,
@@ -45,6 +53,7 @@ def send(
     }
     if model_name:
         body["model"] = model_name
+    body.update(extra or {})
     res = Result(spec.index, system, rate, spec.input_len, spec.max_tokens)
     res.sent = time.time()
     t0 = time.perf_counter()

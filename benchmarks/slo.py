@@ -11,7 +11,9 @@ default to multiples of the decode step measured first with the flood alone (`--
 both), goodput by vLLM's definition (`request_goodput`: requests per second meeting every
 target, TPOT per request = (e2e - TTFT) / (output tokens - 1)) and the total output throughput.
 The first run serves the same requests without classes (`--policy`, fcfs by default; under fair
-each class is a tenant), judged against the same targets; the others with them.
+each class is a tenant), judged against the same targets; the others with them. `--alone` runs
+the interactive class without the flood first, and gives each run's p50 TPOT as a multiple of it
+(the light tenant's time per output token beside the flood against its time alone).
 """
 
 from __future__ import annotations
@@ -180,6 +182,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--goodput", nargs="*", default=None, help="extra vLLM-style targets ttft:MS tpot:MS e2el:MS")
     parser.add_argument("--policy", default="fcfs", choices=["fcfs", "priority", "fair"], help="scheduling_policy")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--alone", action="store_true", help="first run the interactive class without the flood: TPOT as x alone"
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -202,15 +207,28 @@ def run(args: argparse.Namespace) -> dict:
     print("decode step", json.dumps(result), flush=True)
     if args.goodput:
         result["goodput_targets"] = {k: v * 1000 for k, v in parse_goodput(args.goodput).items()}
+    alone_tpot = None
+    if args.alone:  # the light tenant's (interactive class's) time per output token without the flood
+        engine.slo_classes = check_slo_classes({"interactive": {"ttft_ms": ttft_ms, "tpot_ms": tpot_ms}, "batch": {}})
+        quiet = argparse.Namespace(**{**vars(args), "flood": 0})
+        records, out_rate, computed_rate = Workload(engine, quiet, seed=1).run(args.seconds, True)
+        result["interactive alone"] = summary(records, targets, args.seconds, (out_rate, computed_rate))
+        alone_tpot = result["interactive alone"]["interactive"]["p50_tpot_ms"]
+        print("interactive alone", json.dumps(result["interactive alone"]), flush=True)
     for name, classes, tpot in [(args.policy, False, tpot_ms), (f"{args.policy}+slo", True, tpot_ms)] + [
         (f"slo@tpot={float(x) * step * 1000:.0f}ms", True, float(x) * step * 1000) for x in args.sweep.split(",") if x
     ]:
         engine.slo_classes = check_slo_classes({"interactive": {"ttft_ms": ttft_ms, "tpot_ms": tpot}, "batch": {}})
+        late = getattr(engine.stats.slo.get("interactive"), "late", 0)
         records, out_rate, computed_rate = Workload(engine, args, seed=1).run(args.seconds, classes)
         row = summary(records, {**targets, "tpot": tpot / 1000.0}, args.seconds, (out_rate, computed_rate))
         if args.goodput:
             row["goodput_rps_extra"] = round(request_goodput(records, parse_goodput(args.goodput), args.seconds), 3)
         row["step_cost_relative_error"] = engine.scheduler.cost.relative_error
+        if classes:  # found unable to make their TTFT (then served best effort)
+            row["interactive_late"] = getattr(engine.stats.slo.get("interactive"), "late", 0) - late
+        if alone_tpot and "interactive" in row:
+            row["interactive"]["p50_tpot_x_alone"] = round(row["interactive"]["p50_tpot_ms"] / alone_tpot, 2)
         result[name] = row
         print(name, json.dumps(row), flush=True)
     return result

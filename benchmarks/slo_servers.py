@@ -1,0 +1,180 @@
+"""The servers `orcaserve-bench slo-http` (benchmarks/slo_http.py) drives, each a context manager
+that starts it, says how a request of a class is marked, and stops it whole: orcaserve inside a
+fresh TorchServe (orcaserve.bench.harness), vLLM's OpenAI server from its own venv
+(benchmarks/peers: its launcher's environment and process handling, its model conversion).
+Both run with the same engine limits (benchmarks/peers/parts.py ENGINE_LIMITS), bf16, prefix
+caching off."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+from orcaserve.bench.harness import TorchServe, free_ports, registered
+
+ENGINE_ARGS = {  # orcaserve's, as `orcaserve-bench slo` runs it offline
+    "dtype": "bfloat16",
+    "max_num_seqs": 32,
+    "max_num_batched_tokens": 512,
+    "max_model_len": 1024,
+    "kv_cache_memory": 512 << 20,
+}
+CLASS_HEADER, TENANT_HEADER = "X-Slo-Class", "X-Tenant-Id"
+MODEL = "smollm2"
+
+
+class Server:
+    """A started server: its completions URL, and what marks a request of a class."""
+
+    LABEL = ""
+    url = ""
+    model_name: str | None = None
+    startup_s = 0.0
+
+    def __init__(self, args: argparse.Namespace, targets: dict, work: Path) -> None:
+        """`targets`: {"ttft_ms", "tpot_ms"}; `work`: the scratch folder for its files and logs."""
+
+    def request_for(self, cls: str, classes: bool) -> tuple[dict, dict | None]:
+        """(headers, extra body fields) of a request of class `cls` ("interactive" or "batch");
+        `classes` False: the run without them."""
+        raise NotImplementedError
+
+    def label(self, classes: bool) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+    def __enter__(self) -> Server:
+        raise NotImplementedError
+
+    def __exit__(self, *exc) -> None:
+        raise NotImplementedError
+
+
+class Orcaserve(Server):
+    """The default model (SmolLM2's GGUF, served in bf16) archived with two classes: `interactive`
+    with the targets, `batch` without. A request names its class in the class header; under
+    `fair` each class is a tenant instead (the tenant header), and `tenant_slo_class` gives the
+    interactive tenant its class."""
+
+    LABEL = "orcaserve+slo"
+
+    def __init__(
+        self, args: argparse.Namespace, targets: dict, work: Path, model: str = "default", engine: dict | None = None
+    ) -> None:
+        """`model`, `engine`: what the archive serves and its engine arguments (tests: a tiny model)."""
+        self.policy, self.model = args.policy, model
+        self.overrides: dict = {
+            **(ENGINE_ARGS if engine is None else engine),
+            "enable_prefix_caching": False,
+            "scheduling_policy": args.policy,
+            "slo_classes": {"interactive": {"ttft_ms": targets["ttft_ms"], "tpot_ms": targets["tpot_ms"]}, "batch": {}},
+            "default_timeout": args.timeout,
+        }
+        if args.threads:
+            self.overrides["num_threads"] = args.threads
+        self.overrides["slo_class_header"] = CLASS_HEADER
+        if args.policy == "fair":  # each class a tenant; the interactive one's class is its tenant's
+            self.overrides.update(tenant_header=TENANT_HEADER, tenant_slo_class={"interactive": "interactive"})
+        self.root = work / f"orcaserve-{args.policy}"
+        self.timeout = args.server_timeout
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Orcaserve:
+        from orcaserve.handler.archive import build
+
+        store = self.root / "model-store"
+        build(self.model, MODEL, str(store), overrides=self.overrides, force=True)
+        server = TorchServe(
+            self.root / "work", store, extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}
+        )
+        t = time.perf_counter()
+        self.ts = self._stack.enter_context(registered(server, [f"{MODEL}.mar"]))
+        self.startup_s = time.perf_counter() - t
+        self.url = self.ts.url(f"/predictions/{MODEL}/1.0/v1/completions")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def request_for(self, cls: str, classes: bool) -> tuple[dict, dict | None]:
+        headers = dict(self.ts.auth())
+        if self.policy == "fair":  # each class is a tenant; without classes, tenants without one
+            headers[TENANT_HEADER] = cls if classes else f"{cls}-plain"
+        elif classes:
+            headers[CLASS_HEADER] = cls
+        return headers, None
+
+    def label(self, classes: bool) -> str:
+        return self.LABEL if classes else f"orcaserve-{self.policy}"
+
+    def describe(self) -> dict:
+        return {"overrides": self.overrides, "startup_s": round(self.startup_s, 1)}
+
+
+class Vllm(Server):
+    """vLLM's OpenAI server, `--scheduling-policy priority`, the same limits; the interactive
+    requests' `priority` 0, the flood's 1."""
+
+    LABEL = "vllm+priority"
+
+    def __init__(self, args: argparse.Namespace, targets: dict, work: Path) -> None:
+        from orcaserve.bench.peers.models import MODELS, prepare
+        from orcaserve.bench.peers.parts import VPY, limit_flags, vllm_env
+
+        self.env = vllm_env()  # fails early when setup_vllm.sh has not run
+        model = MODELS["smollm2"]
+        prepare(model, ["vllm"], ["bf16"], work)  # the HF conversion vLLM reads, made once
+        [self.port] = free_ports(1)
+        self.cmd = [
+            str(VPY),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model.hf_dir),
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dtype",
+            "bfloat16",
+            *limit_flags(),
+            "--scheduling-policy",
+            "priority",
+            "--no-enable-prefix-caching",
+            "--seed",
+            "0",
+        ]
+        self.model_name = MODEL
+        self.url = f"http://127.0.0.1:{self.port}/v1/completions"
+        self.work, self.timeout = work, args.server_timeout
+        self._stack = ExitStack()
+
+    def __enter__(self) -> Vllm:
+        from orcaserve.bench.peers.server import running
+
+        ready = f"http://127.0.0.1:{self.port}/v1/models"
+        logfile = self.work / "vllm-server.log"
+        self.startup_s = self._stack.enter_context(running(self.cmd, self.env, ready, logfile, self.timeout))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stack.close()
+
+    def request_for(self, cls: str, classes: bool) -> tuple[dict, dict | None]:
+        return {}, {"priority": (0 if cls == "interactive" else 1) if classes else 0}
+
+    def label(self, classes: bool) -> str:
+        return self.LABEL if classes else "vllm"
+
+    def describe(self) -> dict:
+        return {"command": shlex.join(self.cmd[1:]), "startup_s": round(self.startup_s, 1)}
+
+
+SERVERS: dict[str, type[Server]] = {"orcaserve": Orcaserve, "vllm": Vllm}
