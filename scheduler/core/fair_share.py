@@ -97,9 +97,12 @@ class TenantShares:
         counted; per tenant once (this runs every step, under every policy)."""
         got: dict[str | None, list[int]] = {}
         for req, n in scheduled:
-            prompt, output = self.tokens(req, n)
-            if prompt:
-                req.prompt_charged = min(req.num_computed_tokens + n, len(req.prompt_token_ids))
+            if req.prompt_charged >= len(req.prompt_token_ids):  # (`tokens`, its prompt charged in full)
+                prompt, output = 0, int(req.num_computed_tokens + n == len(req.all_token_ids))
+            else:
+                prompt, output = self.tokens(req, n)
+                if prompt:
+                    req.prompt_charged = min(req.num_computed_tokens + n, len(req.prompt_token_ids))
             if (g := got.get(req.tenant)) is None:
                 got[req.tenant] = [prompt, output]
             else:

@@ -3,7 +3,7 @@ release on finish/abort/preemption."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from orcaserve.scheduler.core.block_hash import extend_block_keys
 from orcaserve.scheduler.core.block_pool import BlockPool
@@ -31,6 +31,10 @@ class KVCacheManager:
 
     def blocks_of(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
+
+    def tables_of(self, request_ids: Iterable[str]) -> list[list[int]]:
+        """The block tables of requests that all hold blocks (a step's batch), in order."""
+        return list(map(self._blocks.__getitem__, request_ids))
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

@@ -10,7 +10,9 @@ attaches log-probabilities. Like the engine, it is used by the engine thread alo
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orcaserve.scheduler.core.choices import Choices
@@ -22,6 +24,9 @@ from orcaserve.scheduler.core.stats import EngineStats
 if TYPE_CHECKING:
     from orcaserve.scheduler.detokenizer import IncrementalDetokenizer
     from orcaserve.scheduler.model.logprobs import TokenLogprob
+
+log = logging.getLogger(__name__)
+FINISHED = RequestStatus.FINISHED
 
 
 class Postprocessor:
@@ -38,17 +43,43 @@ class Postprocessor:
     def add(self, request_id: str, detok: IncrementalDetokenizer) -> None:
         self._detok[request_id] = detok
 
+    def step(
+        self,
+        reqs: Sequence[Request],
+        ids: Sequence[int],
+        logprobs: Sequence[TokenLogprob | None] | None,
+        fail: Callable[[Request, Exception], RequestOutput],
+    ) -> list[RequestOutput]:
+        """A step's sampled `ids` given to its requests (`reqs`, in row order), in one pass: an
+        output for each; a request finished since the step was launched drops its token, and one
+        whose post-processing raises fails alone (`fail`)."""
+        now = time.time()
+        outputs: list[RequestOutput] = []
+        token = self.token
+        for i, (req, tok) in enumerate(zip(reqs, ids)):
+            if req.status is FINISHED:
+                continue
+            try:
+                outputs.append(token(req, tok, logprobs[i] if logprobs is not None else None, now))
+            except Exception as e:
+                log.exception("post-processing failed; failing request %s", req.request_id)
+                outputs.append(fail(req, e))
+        return outputs
+
     def token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
         """`req` sampled `token` in the step that ended at `now`; a stop or a limit finishes it.
-        Runs once per request and step: locals instead of repeated attribute reads
-        (docs/host-overlap.md "Cheaper host work per request")."""
+        Runs once per request and step: locals instead of repeated attribute reads, and a
+        running request's outputs share one copy of its times (docs/host-overlap.md "Cheaper
+        host work per request")."""
         grammar = req.grammar
         if grammar is not None:
             grammar.accept(token)  # raises if the token left the grammar: this request fails alone
         req.fill_token(token, logprob)
         times = req.times
-        if times.first_token is None:
+        shown = req.times_shown
+        if shown is None:  # its first token (and `times.first_token` is None)
             times.first_token = now
+            shown = req.times_shown = RequestTimes(times.arrival, times.first_scheduled, now, None)
         detok = self._detok[req.request_id]
         out_ids = req.output_token_ids
         hit_stop = detok.update(out_ids)
@@ -69,7 +100,7 @@ class Postprocessor:
                 None,
                 num_prompt,
                 num_out,
-                RequestTimes(times.arrival, times.first_scheduled, times.first_token, times.finished),
+                shown,  # until it finishes, they do not change
                 req.num_preemptions,
                 req.num_cached_tokens,
                 None,

@@ -63,6 +63,9 @@ class Request:
         self.priority = priority
         self.arrival_seq = next(_arrival_counter)  # FCFS tie-break, stable under equal times
         self.times = RequestTimes(arrival=arrival_time)
+        # `times` as the outputs of a running request show them, one copy shared by them all
+        # (set with the first token; they change again only when it finishes: postprocess.py).
+        self.times_shown: RequestTimes | None = None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0

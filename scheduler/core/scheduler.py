@@ -52,6 +52,7 @@ class Scheduler:
         shares: TenantShares | None = None,
         max_suspended: int | None = None,
         prefill_cap: int | None = DEFAULT_PREFILL_CAP,
+        step_costs: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {policy!r}")
@@ -86,6 +87,7 @@ class Scheduler:
         # tokens untargeted rows may still take in it (None: no limit), and requests refused
         # because they can no longer make their TTFT (`take_rejected`).
         self.cost = StepCostModel()
+        self.step_costs = step_costs  # False: no latency classes, so nothing reads the model (it is not fitted)
         self.plan = StepPlan(max_num_batched_tokens)
         self._untargeted_left: int | None = None
         self._untargeted: dict[str, int] = {}
@@ -171,18 +173,23 @@ class Scheduler:
         self._step_index += 1
         self._pending.clear()
         self._charges.clear()
-        # (a request whose token in flight is its last waits for it: docs/host-overlap.md)
-        decodes = [
-            r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1 and not r.final_in_flight
-        ]
-        catching_up = sorted(
-            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1),
-            key=lambda r: (not r.targeted, self.order_key(r)),
-        )
-        self.plan = plan_for(self, decodes, catching_up, time.time())
-        for req in decodes:
-            if req.request_id not in self.plan.sit_out:
-                self.continue_running(out, req)
+        # One pass over the running requests: decodes (a request whose token in flight is its
+        # last waits for it: docs/host-overlap.md), and those catching up.
+        decodes: list[Request] = []
+        behind: list[Request] = []
+        classed = False
+        for r in self.running.values():
+            left = len(r.all_token_ids) - r.num_computed_tokens
+            if left == 1:
+                if not r.final_in_flight:
+                    decodes.append(r)
+            elif left > 1:
+                behind.append(r)
+            if r.slo is not None:
+                classed = True
+        catching_up = sorted(behind, key=lambda r: (not r.targeted, self.order_key(r))) if behind else behind
+        self.plan = plan_for(self, decodes, catching_up, time.time(), classed)
+        self._continue_decodes(out, decodes)
         if self.fair:
             fill_fair(self, out, catching_up)
         else:
@@ -197,18 +204,44 @@ class Scheduler:
         # One pass over the batch: who samples, and the step in the step-cost model's terms.
         prompt = decode = 0
         context = 0.0
-        for rid, n in out.num_scheduled_tokens.items():
-            req = out.requests[rid]
+        nst, sampling = out.num_scheduled_tokens, out.sampling
+        for rid, req in out.requests.items():
+            n = nst[rid]
             computed = req.num_computed_tokens
-            if computed + n == req.num_tokens:
-                out.sampling.append(req)
-            if n == 1 and computed >= req.num_prompt_tokens:
+            if computed + n == len(req.all_token_ids):
+                sampling.append(req)
+            if n == 1 and computed >= len(req.prompt_token_ids):
                 decode += 1
             else:
                 prompt += n
             context += row_context(computed, n)
         out.shape = StepShape(prompt, decode, context)
         return out
+
+    def _continue_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
+        """`continue_running` for each running decode the plan does not sit out, in order; the
+        usual case inline (room in its last block, no tenants' charges to count): a decode is no
+        prompt row, so the step's only limit for it is the budget."""
+        sit_out = self.plan.sit_out
+        if self.fair:
+            for req in decodes:
+                if req.request_id not in sit_out:
+                    self.continue_running(out, req)
+            return
+        nst, reqs = out.num_scheduled_tokens, out.requests
+        allocate = self.kv.allocate_slots
+        for req in decodes:
+            rid = req.request_id
+            if rid in sit_out or req.status is not RequestStatus.RUNNING:  # (or preempted earlier)
+                continue
+            if self._budget <= 0:
+                return  # and it only grows back through a preemption, which needs budget to happen
+            if allocate(req, 1):
+                nst[rid] = 1
+                reqs[rid] = req
+                self._budget -= 1
+            else:
+                self.continue_running(out, req)  # preempting while the KV pool is short
 
     def limit_step(self, budget: int, untargeted_prompt: int | None) -> None:
         """Before the step is filled: at most `budget` tokens in all, of which rows computing the
@@ -224,9 +257,12 @@ class Scheduler:
         return rejected
 
     def record_step_time(self, out: SchedulerOutput, seconds: float) -> None:
-        """The engine ran `out` in `seconds`: the step-cost model learns from it."""
-        if out.shape is not None:
+        """The engine ran `out` in `seconds`: the step-cost model learns from it (without
+        `step_costs` it keeps the time alone, the measured step of the metrics)."""
+        if out.shape is not None and self.step_costs:
             self.cost.observe(out.shape, seconds)
+        elif out.shape is not None:
+            self.cost.last_measured = seconds
 
     def _can_admit(self) -> bool:
         return self._budget > 0 and len(self.running) < self.max_num_seqs
@@ -322,10 +358,18 @@ class Scheduler:
         """Advance every scheduled request by the tokens it computed this step, charge them to
         its tenant, and offer the blocks that step filled to the prefix cache (a request that
         failed the step holds none and is not charged)."""
-        scheduled = [(out.requests[rid], n) for rid, n in out.num_scheduled_tokens.items()]
-        self.shares.serve([(req, n) for req, n in scheduled if req.status == RequestStatus.RUNNING])
-        for req, n in scheduled:
-            req.num_computed_tokens += n
-            if req.status == RequestStatus.RUNNING:
-                self.kv.cache_full_blocks(req)
+        nst = out.num_scheduled_tokens
+        live = [(req, nst[rid]) for rid, req in out.requests.items() if req.status is RequestStatus.RUNNING]
+        self.shares.serve(live)
+        if len(live) < len(nst):  # a request that failed the step holds no blocks: only its count moves
+            for rid, req in out.requests.items():
+                if req.status is not RequestStatus.RUNNING:
+                    req.num_computed_tokens += nst[rid]
+        cache = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
+        block_size = self.kv.block_size
+        for req, n in live:
+            end = req.num_computed_tokens = req.num_computed_tokens + n
+            # A decode fills a block once in `block_size` steps; only then is there one to offer.
+            if cache is not None and (n > 1 or end % block_size == 0):
+                cache(req)
         self.shares.rebase()
