@@ -78,7 +78,7 @@ class IncrementalDetokenizer:
             self._pending = data
             return None
         self._pending = b""
-        self._prefix, self._read = self._read, num_ids
+        self._read = num_ids  # (`_prefix` is set when the table hands over: `_to_stream`)
         return piece
 
     def _to_stream(self, output_ids: list[int]) -> None:
@@ -86,6 +86,7 @@ class IncrementalDetokenizer:
         the last piece (none of which completed any text) before the newest."""
         assert self._fast is not None
         self._table = None
+        self._prefix = self._read  # the window starts after the last piece: its text is complete
         self._stream = stream = DecodeStream(skip_special_tokens=True)
         try:
             for token in output_ids[self._read : -1]:
@@ -118,17 +119,27 @@ class IncrementalDetokenizer:
         self._prefix, self._read = self._read, len(output_ids)
         return new_text[len(prefix_text) :]
 
-    def update(self, output_ids: list[int]) -> bool:
-        """Consume the newest token (the last of `output_ids`; one call per token); True if a stop
-        string was found (text is cut before it)."""
+    def step(self, output_ids: list[int]) -> str | None:
+        """`update` and `release(False)` in one call: the text to release after the newest token,
+        or None when a stop string ended the text (`release(True)` gives what is left)."""
         table = self._table
-        if table is not None and not self.stop:  # the common case, inline: a lookup, nothing to look for
+        if table is not None and not self.stop:  # the common case, inline: a lookup, nothing held back
             data = table.get(output_ids[-1])
             if data is not None:
                 piece = self._bytes_step(data, len(output_ids))
-                if piece:
-                    self._parts.append(piece)
-                return False
+                if not piece:
+                    return self.release(False)
+                parts = self._parts
+                parts.append(piece)
+                if self.emitted == len(parts) - 1:  # (nothing was left unreleased before it)
+                    self.emitted += 1
+                    return piece
+                return self.release(False)
+        return None if self.update(output_ids) else self.release(False)
+
+    def update(self, output_ids: list[int]) -> bool:
+        """Consume the newest token (the last of `output_ids`; one call per token); True if a stop
+        string was found (text is cut before it)."""
         piece = self._step(output_ids)
         if not piece:
             return False

@@ -249,7 +249,7 @@ class Engine:
         outputs += [self._fail(req, error) for req, error in failed]
         outputs += self._collect()  # the previous step's, while this one runs on the device
         self.scheduler.update_after_step(sched)  # before the placeholders: it counts sampled tokens
-        if launched is not None:
+        if launched is not None and self.async_scheduling:  # (the synchronous engine appends at once)
             launched.add_placeholders(self.max_model_len)
         self._inflight = launched
         if not self.async_scheduling:

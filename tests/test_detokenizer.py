@@ -63,6 +63,27 @@ def _run(detok: IncrementalDetokenizer, ids: list[int]) -> list[tuple[bool, str,
     return trace
 
 
+def _run_steps(detok: IncrementalDetokenizer, ids: list[int]) -> list[tuple[bool, str, str]]:
+    """`_run` through `step` (update and release in one call)."""
+    trace = []
+    for i in range(1, len(ids) + 1):
+        released = detok.step(ids[:i])
+        if released is None:  # a stop: what is left comes with the final call
+            trace.append((True, detok.text, detok.release(True)))
+            return trace
+        trace.append((False, detok.text, released))
+    trace.append((False, detok.text, detok.release(True)))
+    return trace
+
+
+def _merged(trace: list[tuple[bool, str, str]]) -> list[tuple[bool, str, str]]:
+    """`_run`'s trace as `_run_steps` gives it: on a stop, the two last releases in one."""
+    if len(trace) >= 2 and trace[-2][0]:
+        hit, text, first = trace[-2]
+        return [*trace[:-2], (hit, text, first + trace[-1][2])]
+    return trace
+
+
 def _ways(tokenizer) -> dict[str, object]:
     return {"table": fast_decoding(tokenizer), "stream": fast_decoding(tokenizer, byte_table=False), "decode": None}
 
@@ -76,6 +97,8 @@ def test_every_way_matches_decode(tokenizer, stop):
         traces = {name: _run(IncrementalDetokenizer(tokenizer, stop, fast), ids) for name, fast in ways.items()}
         assert traces["table"] == traces["decode"], ids
         assert traces["stream"] == traces["decode"], ids
+        for fast in ways.values():
+            assert _run_steps(IncrementalDetokenizer(tokenizer, stop, fast), ids) == _merged(traces["decode"]), ids
 
 
 def test_whole_text_is_decode(tokenizer):

@@ -64,6 +64,12 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
+    def have_room(self, requests: Sequence[Request]) -> list[bool]:
+        """For each request about to compute one more token: whether its last block has room for
+        it, so that `allocate_slots(request, 1)` would take nothing (the decodes of a step, at once)."""
+        get, size = self._blocks.get, self.block_size
+        return [(held := get(r.request_id)) is not None and r.num_computed_tokens < len(held) * size for r in requests]
+
     def allocate_slots(self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Make room for `num_new_tokens` more cached tokens of `request`.
 

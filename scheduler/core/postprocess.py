@@ -82,10 +82,10 @@ class Postprocessor:
             shown = req.times_shown = RequestTimes(times.arrival, times.first_scheduled, now, None)
         detok = self._detok[req.request_id]
         out_ids = req.output_token_ids
-        hit_stop = detok.update(out_ids)
+        new_text = detok.step(out_ids)  # None: a stop string ended the text
         num_out = len(out_ids)  # num_tokens may count a placeholder of a step in flight
         num_prompt = len(req.prompt_token_ids)
-        if hit_stop or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
+        if new_text is None or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
             reason = "stop"
         elif num_out >= req.params.max_tokens or num_prompt + num_out >= self.max_model_len:
             reason = "length"
@@ -94,7 +94,7 @@ class Postprocessor:
                 req.group_id,
                 [token],
                 [],
-                detok.release(False),
+                new_text,
                 "",
                 False,
                 None,
@@ -113,7 +113,7 @@ class Postprocessor:
             return out
         self.scheduler.finish_request(req, reason)
         times.finished = now
-        return self.finish(req, [token], [logprob] if logprob else None)
+        return self.finish(req, [token], [logprob] if logprob else None, new_text or "")
 
     def fail(self, req: Request, error: Exception) -> RequestOutput:
         """Finish `req` as failed; its output carries the error instead of text. The engine
@@ -126,24 +126,32 @@ class Postprocessor:
         error_text = f"{type(error).__name__}: {error}"
         return _request_output(req, [], "", "", finished=True, finish_reason="error", error=error_text)
 
-    def finish(self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
-        """The final output of `req`, already finished (by a stop or limit, or an abort)."""
+    def finish(
+        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None, released: str = ""
+    ) -> RequestOutput:
+        """The final output of `req`, already finished (by a stop or limit, or an abort);
+        `released`: text of its last token already taken from the detokenizer."""
         if req.times.finished is None:
             req.times.finished = time.time()
-        out = self._output(req, new_ids, new_logprobs, finished=True)
+        out = self._output(req, new_ids, new_logprobs, finished=True, released=released)
         del self._detok[req.request_id]
         self.choices.finished(req)
         self.stats.record_finish(req)
         return out
 
     def _output(
-        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None, finished: bool = False
+        self,
+        req: Request,
+        new_ids: list[int],
+        new_logprobs: list[TokenLogprob] | None,
+        finished: bool = False,
+        released: str = "",
     ) -> RequestOutput:
         detok = self._detok[req.request_id]
         return _request_output(
             req,
             new_ids,
-            detok.release(finished),
+            released + detok.release(finished),
             detok.text if finished else "",
             finished=finished,
             finish_reason=req.finish_reason if finished else None,

@@ -204,17 +204,17 @@ class Scheduler:
         # One pass over the batch: who samples, and the step in the step-cost model's terms.
         prompt = decode = 0
         context = 0.0
-        nst, sampling = out.num_scheduled_tokens, out.sampling
-        for rid, req in out.requests.items():
-            n = nst[rid]
+        sampling = out.sampling
+        for req, n in zip(out.requests.values(), out.num_scheduled_tokens.values()):  # (one order)
             computed = req.num_computed_tokens
             if computed + n == len(req.all_token_ids):
                 sampling.append(req)
             if n == 1 and computed >= len(req.prompt_token_ids):
                 decode += 1
+                context += (computed + 1.0) / 1000.0  # row_context(computed, 1), the same float
             else:
                 prompt += n
-            context += row_context(computed, n)
+                context += row_context(computed, n)
         out.shape = StepShape(prompt, decode, context)
         return out
 
@@ -228,15 +228,16 @@ class Scheduler:
                 if req.request_id not in sit_out:
                     self.continue_running(out, req)
             return
-        nst, reqs = out.num_scheduled_tokens, out.requests
+        nst, reqs, running = out.num_scheduled_tokens, out.requests, RequestStatus.RUNNING
         allocate = self.kv.allocate_slots
-        for req in decodes:
+        # (a request preempted in the loop is skipped; the others' blocks do not change meanwhile)
+        for req, room in zip(decodes, self.kv.have_room(decodes)):
             rid = req.request_id
-            if rid in sit_out or req.status is not RequestStatus.RUNNING:  # (or preempted earlier)
+            if rid in sit_out or req.status is not running:
                 continue
             if self._budget <= 0:
                 return  # and it only grows back through a preemption, which needs budget to happen
-            if allocate(req, 1):
+            if room or allocate(req, 1):
                 nst[rid] = 1
                 reqs[rid] = req
                 self._budget -= 1
@@ -358,13 +359,14 @@ class Scheduler:
         """Advance every scheduled request by the tokens it computed this step, charge them to
         its tenant, and offer the blocks that step filled to the prefix cache (a request that
         failed the step holds none and is not charged)."""
-        nst = out.num_scheduled_tokens
-        live = [(req, nst[rid]) for rid, req in out.requests.items() if req.status is RequestStatus.RUNNING]
+        running = RequestStatus.RUNNING
+        scheduled = zip(out.requests.values(), out.num_scheduled_tokens.values())  # (one order)
+        live = [(req, n) for req, n in scheduled if req.status is running]
         self.shares.serve(live)
-        if len(live) < len(nst):  # a request that failed the step holds no blocks: only its count moves
-            for rid, req in out.requests.items():
-                if req.status is not RequestStatus.RUNNING:
-                    req.num_computed_tokens += nst[rid]
+        if len(live) < len(out.requests):  # a request that failed the step holds no blocks: only its count moves
+            for req, n in zip(out.requests.values(), out.num_scheduled_tokens.values()):
+                if req.status is not running:
+                    req.num_computed_tokens += n
         cache = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
         block_size = self.kv.block_size
         for req, n in live:
