@@ -10,7 +10,7 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
 from orcaserve.scheduler.core.slo_budget import StepPlan, is_untargeted_prompt, plan_for
-from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
+from orcaserve.scheduler.core.step_cost import StepCostModel
 from orcaserve.scheduler.core.step_output import SchedulerOutput
 
 POLICIES = ("fcfs", "priority", "fair")
@@ -201,21 +201,7 @@ class Scheduler:
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
                 if not self.start_waiting(out, head):
                     break
-        # One pass over the batch: who samples, and the step in the step-cost model's terms.
-        prompt = decode = 0
-        context = 0.0
-        sampling = out.sampling
-        for req, n in zip(out.requests.values(), out.num_scheduled_tokens.values()):  # (one order)
-            computed = req.num_computed_tokens
-            if computed + n == len(req.all_token_ids):
-                sampling.append(req)
-            if n == 1 and computed >= len(req.prompt_token_ids):
-                decode += 1
-                context += (computed + 1.0) / 1000.0  # row_context(computed, 1), the same float
-            else:
-                prompt += n
-                context += row_context(computed, n)
-        out.shape = StepShape(prompt, decode, context)
+        out.seal()  # who samples, and the step in the step-cost model's terms
         return out
 
     def _continue_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
