@@ -20,7 +20,7 @@ from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.slo_budget import check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
-from orcaserve.scheduler.detokenizer import IncrementalDetokenizer, stream_backend
+from orcaserve.scheduler.detokenizer import IncrementalDetokenizer, fast_decoding
 from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.launch import Failures, Launched, needs_host, run_batch
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
@@ -65,6 +65,7 @@ class Engine:
             config.scheduling_policy,
             shares,
             prefill_cap=config.fair_prefill_cap,
+            step_costs=bool(config.slo_classes),  # the step-cost model serves latency targets alone
         )
         self.runner = runner_factory(
             model,
@@ -92,7 +93,7 @@ class Engine:
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         self.async_scheduling = config.resolved_async_scheduling()
         self._inflight: Launched | None = None  # the step on the device, not yet post-processed
-        self._detok_backend = stream_backend(tokenizer)
+        self._detok_fast = fast_decoding(tokenizer)  # one byte table per engine
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
@@ -174,7 +175,7 @@ class Engine:
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
         for req in reqs:
             self.postprocessor.add(
-                req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop, self._detok_backend)
+                req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop, self._detok_fast)
             )
         if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices,
             # a chunk per step (`step`); a chunk of max_num_batched_tokens rows costs about one full
@@ -248,7 +249,7 @@ class Engine:
         outputs += [self._fail(req, error) for req, error in failed]
         outputs += self._collect()  # the previous step's, while this one runs on the device
         self.scheduler.update_after_step(sched)  # before the placeholders: it counts sampled tokens
-        if launched is not None:
+        if launched is not None and self.async_scheduling:  # (the synchronous engine appends at once)
             launched.add_placeholders(self.max_model_len)
         self._inflight = launched
         if not self.async_scheduling:
@@ -280,19 +281,7 @@ class Engine:
         launched, self._inflight = self._inflight, None
         if launched is None:
             return []
-        ids = launched.host_ids()
-        now = time.time()
-        outputs = []
-        for i, (req, token) in enumerate(zip(launched.reqs, ids)):
-            if req.status == RequestStatus.FINISHED:
-                continue
-            try:
-                logprob = launched.logprobs[i] if launched.logprobs is not None else None
-                outputs.append(self.postprocessor.token(req, token, logprob, now))
-            except Exception as e:
-                log.exception("post-processing failed; failing request %s", req.request_id)
-                outputs.append(self._fail(req, e))
-        return outputs
+        return self.postprocessor.step(launched.reqs, launched.host_ids(), launched.logprobs, self._fail)
 
     def _advance_prompt_job(self) -> list[RequestOutput]:
         """One chunk of the oldest prompt log-probabilities job (core/prompt_jobs.py): once it is

@@ -62,15 +62,8 @@ class Launched:
 
 
 def needs_host(reqs: list[Request]) -> bool:
-    """Whether a row samples from host state its previous token changes: a grammar's mask, or
-    penalties over the tokens so far (docs/host-overlap.md "Synchronous rows")."""
-    return any(
-        r.params.structured_outputs is not None
-        or r.params.repetition_penalty != 1.0
-        or r.params.presence_penalty
-        or r.params.frequency_penalty
-        for r in reqs
-    )
+    """Whether a row samples from host state its previous token changes (`SamplingParams.needs_host`)."""
+    return any(r.needs_host for r in reqs)
 
 
 def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failures]:
@@ -91,7 +84,7 @@ def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failu
                 req.grammar = engine.grammars.state(req.params.structured_outputs, req.stop_token_ids)
         tokens = engine.sampler.sample(logits, sched.sampling)  # [S] on the device
         logprobs = None
-        if any(r.params.logprobs is not None for r in sched.sampling):  # they need the ids now
+        if any(r.logprobs is not None for r in sched.sampling):  # they asked for them: they need the ids now
             logprobs = token_logprobs(logits, sched.sampling, tokens.tolist())
         return [Part(sched.sampling, tokens, logprobs)], []
     except Exception as e:

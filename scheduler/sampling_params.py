@@ -112,6 +112,17 @@ class SamplingParams:
         # Temperatures this small only turn logits into overflowing infinities.
         return self.temperature < 1e-5
 
+    @property
+    def needs_host(self) -> bool:
+        """Whether a row samples from host state its previous token changes: a grammar's mask,
+        or penalties over the tokens so far (docs/host-overlap.md "Synchronous rows")."""
+        return (
+            self.structured_outputs is not None
+            or self.repetition_penalty != 1.0
+            or bool(self.presence_penalty)
+            or bool(self.frequency_penalty)
+        )
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
         """Build from a JSON-like dict; an unknown key raises ValueError naming it."""

@@ -59,13 +59,13 @@ def test_bucket_sizes_are_dense_where_decodes_are_and_pad_at_most_an_eighth_abov
 
 
 class _Blocks:
-    """Stands in for the KV cache manager: only `blocks_of` is read."""
+    """Stands in for the KV cache manager: only `tables_of` is read."""
 
     def __init__(self, tables: dict[str, list[int]]) -> None:
         self.tables = tables
 
-    def blocks_of(self, rid: str) -> list[int]:
-        return self.tables[rid]
+    def tables_of(self, rids) -> list[list[int]]:
+        return [self.tables[rid] for rid in rids]
 
 
 def _step() -> tuple[SchedulerOutput, _Blocks]:

@@ -97,14 +97,17 @@ class TenantShares:
         counted; per tenant once (this runs every step, under every policy)."""
         got: dict[str | None, list[int]] = {}
         for req, n in scheduled:
+            if (g := got.get(req.tenant)) is None:
+                g = got[req.tenant] = [0, 0]
+            if req.prompt_charged >= len(req.prompt_token_ids):  # (`tokens`, its prompt charged in full)
+                if req.num_computed_tokens + n == len(req.all_token_ids):
+                    g[1] += 1
+                continue
             prompt, output = self.tokens(req, n)
             if prompt:
                 req.prompt_charged = min(req.num_computed_tokens + n, len(req.prompt_token_ids))
-            if (g := got.get(req.tenant)) is None:
-                got[req.tenant] = [prompt, output]
-            else:
-                g[0] += prompt
-                g[1] += output
+            g[0] += prompt
+            g[1] += output
         for name, (prompt, output) in got.items():
             t = self.get(name)
             t.prompt_tokens += prompt

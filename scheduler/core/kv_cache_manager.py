@@ -3,7 +3,7 @@ release on finish/abort/preemption."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from orcaserve.scheduler.core.block_hash import extend_block_keys
 from orcaserve.scheduler.core.block_pool import BlockPool
@@ -32,6 +32,10 @@ class KVCacheManager:
     def blocks_of(self, request_id: str) -> list[int]:
         return self._blocks.get(request_id, [])
 
+    def tables_of(self, request_ids: Iterable[str]) -> list[list[int]]:
+        """The block tables of requests that all hold blocks (a step's batch), in order."""
+        return list(map(self._blocks.__getitem__, request_ids))
+
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -59,6 +63,12 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits
+
+    def have_room(self, requests: Sequence[Request]) -> list[bool]:
+        """For each request about to compute one more token: whether its last block has room for
+        it, so that `allocate_slots(request, 1)` would take nothing (the decodes of a step, at once)."""
+        get, size = self._blocks.get, self.block_size
+        return [(held := get(r.request_id)) is not None and r.num_computed_tokens < len(held) * size for r in requests]
 
     def allocate_slots(self, request: Request, num_new_tokens: int, cached: Sequence[int] = ()) -> bool:
         """Make room for `num_new_tokens` more cached tokens of `request`.

@@ -10,7 +10,9 @@ attaches log-probabilities. Like the engine, it is used by the engine thread alo
 
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orcaserve.scheduler.core.choices import Choices
@@ -22,6 +24,9 @@ from orcaserve.scheduler.core.stats import EngineStats
 if TYPE_CHECKING:
     from orcaserve.scheduler.detokenizer import IncrementalDetokenizer
     from orcaserve.scheduler.model.logprobs import TokenLogprob
+
+log = logging.getLogger(__name__)
+FINISHED = RequestStatus.FINISHED
 
 
 class Postprocessor:
@@ -38,23 +43,49 @@ class Postprocessor:
     def add(self, request_id: str, detok: IncrementalDetokenizer) -> None:
         self._detok[request_id] = detok
 
+    def step(
+        self,
+        reqs: Sequence[Request],
+        ids: Sequence[int],
+        logprobs: Sequence[TokenLogprob | None] | None,
+        fail: Callable[[Request, Exception], RequestOutput],
+    ) -> list[RequestOutput]:
+        """A step's sampled `ids` given to its requests (`reqs`, in row order), in one pass: an
+        output for each; a request finished since the step was launched drops its token, and one
+        whose post-processing raises fails alone (`fail`)."""
+        now = time.time()
+        outputs: list[RequestOutput] = []
+        token = self.token
+        for i, (req, tok) in enumerate(zip(reqs, ids)):
+            if req.status is FINISHED:
+                continue
+            try:
+                outputs.append(token(req, tok, logprobs[i] if logprobs is not None else None, now))
+            except Exception as e:
+                log.exception("post-processing failed; failing request %s", req.request_id)
+                outputs.append(fail(req, e))
+        return outputs
+
     def token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
         """`req` sampled `token` in the step that ended at `now`; a stop or a limit finishes it.
-        Runs once per request and step: locals instead of repeated attribute reads
-        (docs/host-overlap.md "Cheaper host work per request")."""
+        Runs once per request and step: locals instead of repeated attribute reads, and a
+        running request's outputs share one copy of its times (docs/host-overlap.md "Cheaper
+        host work per request")."""
         grammar = req.grammar
         if grammar is not None:
             grammar.accept(token)  # raises if the token left the grammar: this request fails alone
         req.fill_token(token, logprob)
         times = req.times
-        if times.first_token is None:
+        shown = req.times_shown
+        if shown is None:  # its first token (and `times.first_token` is None)
             times.first_token = now
+            shown = req.times_shown = RequestTimes(times.arrival, times.first_scheduled, now, None)
         detok = self._detok[req.request_id]
         out_ids = req.output_token_ids
-        hit_stop = detok.update(out_ids)
+        new_text = detok.step(out_ids)  # None: a stop string ended the text
         num_out = len(out_ids)  # num_tokens may count a placeholder of a step in flight
         num_prompt = len(req.prompt_token_ids)
-        if hit_stop or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
+        if new_text is None or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
             reason = "stop"
         elif num_out >= req.params.max_tokens or num_prompt + num_out >= self.max_model_len:
             reason = "length"
@@ -63,13 +94,13 @@ class Postprocessor:
                 req.group_id,
                 [token],
                 [],
-                detok.release(False),
+                new_text,
                 "",
                 False,
                 None,
                 num_prompt,
                 num_out,
-                RequestTimes(times.arrival, times.first_scheduled, times.first_token, times.finished),
+                shown,  # until it finishes, they do not change
                 req.num_preemptions,
                 req.num_cached_tokens,
                 None,
@@ -82,7 +113,7 @@ class Postprocessor:
             return out
         self.scheduler.finish_request(req, reason)
         times.finished = now
-        return self.finish(req, [token], [logprob] if logprob else None)
+        return self.finish(req, [token], [logprob] if logprob else None, new_text or "")
 
     def fail(self, req: Request, error: Exception) -> RequestOutput:
         """Finish `req` as failed; its output carries the error instead of text. The engine
@@ -95,24 +126,32 @@ class Postprocessor:
         error_text = f"{type(error).__name__}: {error}"
         return _request_output(req, [], "", "", finished=True, finish_reason="error", error=error_text)
 
-    def finish(self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None) -> RequestOutput:
-        """The final output of `req`, already finished (by a stop or limit, or an abort)."""
+    def finish(
+        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None = None, released: str = ""
+    ) -> RequestOutput:
+        """The final output of `req`, already finished (by a stop or limit, or an abort);
+        `released`: text of its last token already taken from the detokenizer."""
         if req.times.finished is None:
             req.times.finished = time.time()
-        out = self._output(req, new_ids, new_logprobs, finished=True)
+        out = self._output(req, new_ids, new_logprobs, finished=True, released=released)
         del self._detok[req.request_id]
         self.choices.finished(req)
         self.stats.record_finish(req)
         return out
 
     def _output(
-        self, req: Request, new_ids: list[int], new_logprobs: list[TokenLogprob] | None, finished: bool = False
+        self,
+        req: Request,
+        new_ids: list[int],
+        new_logprobs: list[TokenLogprob] | None,
+        finished: bool = False,
+        released: str = "",
     ) -> RequestOutput:
         detok = self._detok[req.request_id]
         return _request_output(
             req,
             new_ids,
-            detok.release(finished),
+            released + detok.release(finished),
             detok.text if finished else "",
             finished=finished,
             finish_reason=req.finish_reason if finished else None,

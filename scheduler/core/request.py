@@ -63,6 +63,9 @@ class Request:
         self.priority = priority
         self.arrival_seq = next(_arrival_counter)  # FCFS tie-break, stable under equal times
         self.times = RequestTimes(arrival=arrival_time)
+        # `times` as the outputs of a running request show them, one copy shared by them all
+        # (set with the first token; they change again only when it finishes: postprocess.py).
+        self.times_shown: RequestTimes | None = None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_preemptions = 0
@@ -86,6 +89,7 @@ class Request:
         self.slo = slo
         self.slo_missed = False
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+        self.needs_host = params.needs_host  # read once: the engine asks every step (launch.needs_host)
         # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
         self.grammar: GrammarState | None = None
         self.generator: torch.Generator | None = None
@@ -117,9 +121,15 @@ class Request:
         self.pending_row = row
 
     def fill_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
-        """The oldest placeholder's token has come back from the device."""
-        self.output_token_ids.append(token_id)
-        self.all_token_ids[len(self.prompt_token_ids) + len(self.output_token_ids) - 1] = token_id
+        """A sampled token has come back from the device: it takes the oldest placeholder's place
+        or, the synchronous engine's case, with none in flight, comes last."""
+        out, ids = self.output_token_ids, self.all_token_ids
+        out.append(token_id)
+        i = len(self.prompt_token_ids) + len(out) - 1
+        if i < len(ids):
+            ids[i] = token_id
+        else:
+            ids.append(token_id)
         if self.logprobs is not None and logprob is not None:
             self.logprobs.append(logprob)
 

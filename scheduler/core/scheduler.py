@@ -10,7 +10,7 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues, WaitingQueue
 from orcaserve.scheduler.core.slo_budget import StepPlan, is_untargeted_prompt, plan_for
-from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
+from orcaserve.scheduler.core.step_cost import StepCostModel
 from orcaserve.scheduler.core.step_output import SchedulerOutput
 
 POLICIES = ("fcfs", "priority", "fair")
@@ -52,6 +52,7 @@ class Scheduler:
         shares: TenantShares | None = None,
         max_suspended: int | None = None,
         prefill_cap: int | None = DEFAULT_PREFILL_CAP,
+        step_costs: bool = True,
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {policy!r}")
@@ -86,6 +87,7 @@ class Scheduler:
         # tokens untargeted rows may still take in it (None: no limit), and requests refused
         # because they can no longer make their TTFT (`take_rejected`).
         self.cost = StepCostModel()
+        self.step_costs = step_costs  # False: no latency classes, so nothing reads the model (it is not fitted)
         self.plan = StepPlan(max_num_batched_tokens)
         self._untargeted_left: int | None = None
         self._untargeted: dict[str, int] = {}
@@ -171,18 +173,23 @@ class Scheduler:
         self._step_index += 1
         self._pending.clear()
         self._charges.clear()
-        # (a request whose token in flight is its last waits for it: docs/host-overlap.md)
-        decodes = [
-            r for r in self.running.values() if r.num_tokens - r.num_computed_tokens == 1 and not r.final_in_flight
-        ]
-        catching_up = sorted(
-            (r for r in self.running.values() if r.num_tokens - r.num_computed_tokens > 1),
-            key=lambda r: (not r.targeted, self.order_key(r)),
-        )
-        self.plan = plan_for(self, decodes, catching_up, time.time())
-        for req in decodes:
-            if req.request_id not in self.plan.sit_out:
-                self.continue_running(out, req)
+        # One pass over the running requests: decodes (a request whose token in flight is its
+        # last waits for it: docs/host-overlap.md), and those catching up.
+        decodes: list[Request] = []
+        behind: list[Request] = []
+        classed = False
+        for r in self.running.values():
+            left = len(r.all_token_ids) - r.num_computed_tokens
+            if left == 1:
+                if not r.final_in_flight:
+                    decodes.append(r)
+            elif left > 1:
+                behind.append(r)
+            if r.slo is not None:
+                classed = True
+        catching_up = sorted(behind, key=lambda r: (not r.targeted, self.order_key(r))) if behind else behind
+        self.plan = plan_for(self, decodes, catching_up, time.time(), classed)
+        self._continue_decodes(out, decodes)
         if self.fair:
             fill_fair(self, out, catching_up)
         else:
@@ -194,21 +201,34 @@ class Scheduler:
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
                 if not self.start_waiting(out, head):
                     break
-        # One pass over the batch: who samples, and the step in the step-cost model's terms.
-        prompt = decode = 0
-        context = 0.0
-        for rid, n in out.num_scheduled_tokens.items():
-            req = out.requests[rid]
-            computed = req.num_computed_tokens
-            if computed + n == req.num_tokens:
-                out.sampling.append(req)
-            if n == 1 and computed >= req.num_prompt_tokens:
-                decode += 1
-            else:
-                prompt += n
-            context += row_context(computed, n)
-        out.shape = StepShape(prompt, decode, context)
+        out.seal()  # who samples, and the step in the step-cost model's terms
         return out
+
+    def _continue_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
+        """`continue_running` for each running decode the plan does not sit out, in order; the
+        usual case inline (room in its last block, no tenants' charges to count): a decode is no
+        prompt row, so the step's only limit for it is the budget."""
+        sit_out = self.plan.sit_out
+        if self.fair:
+            for req in decodes:
+                if req.request_id not in sit_out:
+                    self.continue_running(out, req)
+            return
+        nst, reqs, running = out.num_scheduled_tokens, out.requests, RequestStatus.RUNNING
+        allocate = self.kv.allocate_slots
+        # (a request preempted in the loop is skipped; the others' blocks do not change meanwhile)
+        for req, room in zip(decodes, self.kv.have_room(decodes)):
+            rid = req.request_id
+            if rid in sit_out or req.status is not running:
+                continue
+            if self._budget <= 0:
+                return  # and it only grows back through a preemption, which needs budget to happen
+            if room or allocate(req, 1):
+                nst[rid] = 1
+                reqs[rid] = req
+                self._budget -= 1
+            else:
+                self.continue_running(out, req)  # preempting while the KV pool is short
 
     def limit_step(self, budget: int, untargeted_prompt: int | None) -> None:
         """Before the step is filled: at most `budget` tokens in all, of which rows computing the
@@ -224,9 +244,12 @@ class Scheduler:
         return rejected
 
     def record_step_time(self, out: SchedulerOutput, seconds: float) -> None:
-        """The engine ran `out` in `seconds`: the step-cost model learns from it."""
-        if out.shape is not None:
+        """The engine ran `out` in `seconds`: the step-cost model learns from it (without
+        `step_costs` it keeps the time alone, the measured step of the metrics)."""
+        if out.shape is not None and self.step_costs:
             self.cost.observe(out.shape, seconds)
+        elif out.shape is not None:
+            self.cost.last_measured = seconds
 
     def _can_admit(self) -> bool:
         return self._budget > 0 and len(self.running) < self.max_num_seqs
@@ -322,10 +345,19 @@ class Scheduler:
         """Advance every scheduled request by the tokens it computed this step, charge them to
         its tenant, and offer the blocks that step filled to the prefix cache (a request that
         failed the step holds none and is not charged)."""
-        scheduled = [(out.requests[rid], n) for rid, n in out.num_scheduled_tokens.items()]
-        self.shares.serve([(req, n) for req, n in scheduled if req.status == RequestStatus.RUNNING])
-        for req, n in scheduled:
-            req.num_computed_tokens += n
-            if req.status == RequestStatus.RUNNING:
-                self.kv.cache_full_blocks(req)
+        running = RequestStatus.RUNNING
+        scheduled = zip(out.requests.values(), out.num_scheduled_tokens.values())  # (one order)
+        live = [(req, n) for req, n in scheduled if req.status is running]
+        self.shares.serve(live)
+        if len(live) < len(out.requests):  # a request that failed the step holds no blocks: only its count moves
+            for req, n in zip(out.requests.values(), out.num_scheduled_tokens.values()):
+                if req.status is not running:
+                    req.num_computed_tokens += n
+        cache = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
+        block_size = self.kv.block_size
+        for req, n in live:
+            end = req.num_computed_tokens = req.num_computed_tokens + n
+            # A decode fills a block once in `block_size` steps; only then is there one to offer.
+            if cache is not None and (n > 1 or end % block_size == 0):
+                cache(req)
         self.shares.rebase()

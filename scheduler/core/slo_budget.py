@@ -174,13 +174,17 @@ def plan_step(
     return plan
 
 
-def plan_for(s: Scheduler, decodes: list[Request], catching_up: list[Request], now: float) -> StepPlan:
+def plan_for(
+    s: Scheduler, decodes: list[Request], catching_up: list[Request], now: float, classed: bool = True
+) -> StepPlan:
     """Plan `s`'s step from the latency targets of its requests and set its limits (the policy
     surface's `limit_step`); a waiting request that can no longer make its TTFT is marked, and
-    refused (`s.rejected`) when its class says so and it has not started."""
+    refused (`s.rejected`) when its class says so and it has not started. `classed`: False when
+    no running request has a class (none then has a target to look for)."""
     waiting = s.waiting.targeted()
     most = s.max_num_batched_tokens
-    if s.arrival_limit is None and not (waiting or any(r.targeted for r in s.running.values())):
+    targeted = classed and any(r.targeted for r in s.running.values())
+    if s.arrival_limit is None and not (waiting or targeted):
         plan = StepPlan(most)
     else:
         plan = plan_step(s.cost, now, decodes, catching_up, waiting, most, s.arrival_limit)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from orcaserve.scheduler.core.request import Request
-from orcaserve.scheduler.core.step_cost import StepShape
+from orcaserve.scheduler.core.step_cost import StepShape, row_context
 
 
 @dataclass
@@ -14,13 +14,31 @@ class SchedulerOutput:
 
     # request -> tokens to compute this step, in batch order
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # the same requests in the same order (the two change together: Scheduler._give, take_back)
     requests: dict[str, Request] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     # Requests whose scheduled tokens reach the end of their sequence: they sample a token this
-    # step, in batch order. Decided here once; the runner and the engine read it.
+    # step, in batch order. Decided once (`seal`); the runner and the engine read it.
     sampling: list[Request] = field(default_factory=list)
-    # What the step computes, in the step-cost model's terms (set by `Scheduler.schedule`).
+    # What the step computes, in the step-cost model's terms (`seal`).
     shape: StepShape | None = None
+
+    def seal(self) -> None:
+        """The batch is decided (`Scheduler.schedule`): one pass over it sets `sampling` and `shape`."""
+        prompt = decode = 0
+        context = 0.0
+        sampling = self.sampling
+        for req, n in zip(self.requests.values(), self.num_scheduled_tokens.values()):  # (one order)
+            computed = req.num_computed_tokens
+            if computed + n == len(req.all_token_ids):
+                sampling.append(req)
+            if n == 1 and computed >= len(req.prompt_token_ids):
+                decode += 1
+                context += (computed + 1.0) / 1000.0  # row_context(computed, 1), the same float
+            else:
+                prompt += n
+                context += row_context(computed, n)
+        self.shape = StepShape(prompt, decode, context)
 
     @property
     def total_tokens(self) -> int:

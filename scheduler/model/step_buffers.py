@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
 
 _ALIGN = 64  # bytes: every region starts aligned, as Triton specialises its pointer arguments
+_computed = attrgetter("num_computed_tokens")
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,10 @@ class StepBuffers:
         if self._copied is not None:
             self._copied.synchronize()
         nst = sched.num_scheduled_tokens
-        reqs = [sched.requests[rid] for rid in nst]
+        reqs = list(sched.requests.values())  # in the batch's order, as `nst`
         counts = list(nst.values())
-        starts = [r.num_computed_tokens for r in reqs]
-        tables = [kv.blocks_of(rid) for rid in nst]
+        starts = list(map(_computed, reqs))
+        tables = kv.tables_of(nst)
         b = len(counts)
         t = sum(counts)
         if t == b:  # decodes only: one token each
