@@ -23,8 +23,11 @@ REPO = HERE.parents[1]
 VENV = HERE / ".venv-vllm"
 VPY = VENV / "bin" / "python"
 # "gguf": the GGUF file's own quantized weights (orcaserve: `quantization: gguf`, activations in
-# fp32; llama.cpp: the file as it is). vLLM has no such cell.
-TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32"}
+# fp32; llama.cpp: the file as it is). "gguf-a8": orcaserve only, the same file with int8
+# activations (docs/int8-activations.md); its peer is llama.cpp's gguf cell. vLLM has neither.
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32", "gguf-a8": "float32"}
+# orcaserve's engine arguments beyond the dtype, per cell dtype (offline flags, archive overrides).
+ENGINE_OPTIONS = {"gguf": {"quantization": "gguf"}, "gguf-a8": {"quantization": "gguf", "activations": "int8"}}
 # Both systems run every part with these (the JSON's settings["engine"]).
 ENGINE_LIMITS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024}
 
@@ -99,6 +102,7 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
 # ---- the parts -----------------------------------------------------------------------------
 def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"orcaserve-offline-{model.name}-{dtype}.json"
+    options = ENGINE_OPTIONS.get(dtype, {})
     run_logged(
         [
             *command("offline"),
@@ -106,7 +110,8 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
             "orcaserve",
             "--model",
             model.orcaserve_model(dtype),
-            *offline_flags(args, dtype, out),
+            *offline_flags(args, "fp32" if options else dtype, out),
+            *(x for k, v in options.items() for x in (f"--{k}", v)),
         ],
         out.with_suffix(".log"),
     )
@@ -120,6 +125,7 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
         "preemptions": r.get("preemptions"),
         "steps": r.get("steps"),
         "workload_sha256": data.get("workload_sha256"),
+        "model_runs": r.get("model_runs"),
     }
 
 
@@ -221,7 +227,7 @@ def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
 
     store = work / f"model-store-{model.name}-{dtype}"
     sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
-    sets += ["quantization=gguf"] if dtype == "gguf" else []
+    sets += [f"{k}={v}" for k, v in ENGINE_OPTIONS.get(dtype, {}).items()]
     cmd = [
         sys.executable,
         "-m",
@@ -333,10 +339,10 @@ PARTS = {
 
 def applies(system: str, workload: str, dtype: str) -> bool:
     """Whether the table has this cell: vLLM runs fp32 and bf16 checkpoints, llama.cpp the GGUF
-    file over HTTP only (it has no offline API like the others'); orcaserve runs every cell that a
-    peer runs."""
+    file over HTTP only (it has no offline API like the others'); orcaserve runs every cell, the
+    GGUF's offline ones (gguf, gguf-a8) without a peer."""
     if system == "llamacpp":
         return (workload, dtype) == ("http", "gguf")
-    if dtype == "gguf":
-        return (system, workload) == ("orcaserve", "http")
+    if system == "vllm":
+        return dtype in ("fp32", "bf16")
     return (system, workload) in PARTS
