@@ -4,6 +4,7 @@ and returns its figures as a dict."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -126,6 +127,7 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
         "steps": r.get("steps"),
         "workload_sha256": data.get("workload_sha256"),
         "model_runs": r.get("model_runs"),
+        "projection_gflop_s": r.get("projection_gflop_s"),
     }
 
 
@@ -263,11 +265,10 @@ def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
     return r
 
 
-def serve_and_load(
-    args, label: str, cmd: list[str], env: dict, port: int, ready: str, model_name: str, work: Path
-) -> dict:
-    """Start a peer's OpenAI-compatible server (its own process group), wait until `ready` answers
-    200, run the HTTP load against its /v1/completions, stop the whole group."""
+@contextlib.contextmanager
+def running(label: str, cmd: list[str], env: dict, port: int, ready: str, work: Path, timeout: float):
+    """A peer's server in its own process group, up once `ready` answers 200 (yields its start-up
+    seconds); the whole group stopped on exit."""
     logfile = work / f"{label}-server.log"
     log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
     t = time.perf_counter()
@@ -280,8 +281,8 @@ def serve_and_load(
                 raise RuntimeError(
                     f"{label} server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}"
                 )
-            if time.perf_counter() - t > args.server_timeout:
-                raise RuntimeError(f"{label} server not up after {args.server_timeout} s (log: {logfile})")
+            if time.perf_counter() - t > timeout:
+                raise RuntimeError(f"{label} server not up after {timeout} s (log: {logfile})")
             try:
                 if requests.get(f"http://127.0.0.1:{port}{ready}", timeout=2).status_code == 200:
                     break
@@ -290,9 +291,17 @@ def serve_and_load(
             time.sleep(1)
         startup = time.perf_counter() - t
         log(f"{label} server up in {startup:.0f} s")
-        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, model_name)
+        yield startup
     finally:
         stop_group(proc)
+
+
+def serve_and_load(
+    args, label: str, cmd: list[str], env: dict, port: int, ready: str, model_name: str, work: Path
+) -> dict:
+    """Start a peer's OpenAI-compatible server, run the HTTP load against its /v1/completions, stop it."""
+    with running(label, cmd, env, port, ready, work, args.server_timeout) as startup:
+        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, model_name)
     r.update(startup_s=startup, server_command=shlex.join(cmd))
     return r
 

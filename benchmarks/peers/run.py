@@ -220,6 +220,7 @@ def run_cell(args: argparse.Namespace, model, system: str, workload: str, dtype:
     log(
         f"   {'ERROR ' + entry['error'][:400] if entry.get('error') else 'ok'}: "
         f"{rep._f(entry.get('output_tok_s'))} output tok/s ({entry['elapsed_s']:.0f} s)"
+        + (f", projections {entry['projection_gflop_s']:.0f} GFLOP/s" if entry.get("projection_gflop_s") else "")
     )
     return entry
 
