@@ -153,3 +153,4 @@ def test_table_names_the_peer_of_each_cell():
     assert "| 1b | http | gguf | 90.0 | llama.cpp | 30.0 | 3.00x |" in text
     assert "| 1b | http | gguf-a8 | 150.0 | llama.cpp | 30.0 | 5.00x |" in text
     assert "| 1b | offline | gguf-a8 | 160.0 | - | - | - |" in text  # no peer offline
+    assert "| smollm2 | http | gguf-a8 |" not in text  # llama.cpp's gguf cell alone makes no gguf-a8 row

@@ -138,7 +138,7 @@ def markdown(report: dict) -> str:
         for w in WORKLOADS:
             for d in DTYPES:
                 a, (peer, b) = find(report["results"], "orcaserve", d, w, m), peer_of(report["results"], d, w, m)
-                if a is None and b is None:
+                if a is None and (b is None or d in PEER_DTYPE):  # no row for a peer's figure only
                     continue
                 ratio = rat.get(f"{m}/{w}/{d}")
                 lines.append(
