@@ -6,7 +6,8 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from orcaserve.kernels import get_backend
 from orcaserve.scheduler.config import EngineConfig
@@ -18,7 +19,7 @@ from orcaserve.scheduler.core.postprocess import Postprocessor
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
-from orcaserve.scheduler.core.slo_budget import check_slo_classes
+from orcaserve.scheduler.core.slo_budget import SloClass, check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
 from orcaserve.scheduler.detokenizer import IncrementalDetokenizer, fast_decoding
 from orcaserve.scheduler.errors import InvalidRequest
@@ -65,7 +66,6 @@ class Engine:
             config.scheduling_policy,
             shares,
             prefill_cap=config.fair_prefill_cap,
-            step_costs=bool(config.slo_classes),  # the step-cost model serves latency targets alone
         )
         self.runner = runner_factory(
             model,
@@ -88,7 +88,7 @@ class Engine:
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
-        self.slo_classes = check_slo_classes(config.slo_classes)  # docs/latency-targets.md
+        self.slo_classes = config.slo_classes  # docs/latency-targets.md
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         self.async_scheduling = config.resolved_async_scheduling()
@@ -120,6 +120,19 @@ class Engine:
         config = config or EngineConfig(**engine_args)
         sizing = prepare_model(model, config)  # checks, device and dtype, the cache's size (model/build.py)
         return cls(model, tokenizer, config, sizing.num_blocks, sizing.max_model_len)
+
+    @property
+    def slo_classes(self) -> dict[str, SloClass]:
+        return self._slo_classes
+
+    @slo_classes.setter
+    def slo_classes(self, classes: Mapping[str, Any] | None) -> None:
+        """The latency classes, as `slo_classes` in the config or already checked; the step-cost
+        model is fitted only while there are some, since nothing else reads it
+        (docs/host-overlap.md "Cheaper host work per request")."""
+        checked = classes is not None and all(isinstance(c, SloClass) for c in classes.values())
+        self._slo_classes = dict(classes) if checked and classes is not None else check_slo_classes(classes)
+        self.scheduler.step_costs = bool(self._slo_classes)
 
     # ---- requests ----------------------------------------------------------------------------
     def add_request(

@@ -44,3 +44,18 @@ def test_classes_mixed_keep_greedy_outputs_exact(policy, engine_for):
     assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
     assert engine.stats.slo["loose"].good == engine.stats.slo["loose"].requests > 0
     assert engine.scheduler.cost.coefficients is not None  # the cost model learned from the steps
+
+
+def test_step_cost_model_fitted_while_classes_are_set(engine_for):
+    """The step-cost model learns only while the engine has latency classes: given at
+    construction, or set later (as `orcaserve-bench slo` does between its runs)."""
+    engine = engine_for(tiny_model("llama"), max_num_seqs=4, max_num_batched_tokens=32)
+    assert engine.slo_classes == {} and not engine.scheduler.step_costs
+    engine.slo_classes = CLASSES
+    assert set(engine.slo_classes) == set(CLASSES) and engine.scheduler.step_costs
+    engine.slo_classes = dict(engine.slo_classes)  # already checked: kept as they are
+    assert engine.scheduler.step_costs
+    engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert engine.scheduler.cost.num_observed > 0
+    engine.slo_classes = None
+    assert engine.slo_classes == {} and not engine.scheduler.step_costs
