@@ -124,44 +124,24 @@ class Vllm(Server):
 
     def __init__(self, args: argparse.Namespace, targets: dict, work: Path) -> None:
         from orcaserve.bench.peers.models import MODELS, prepare
-        from orcaserve.bench.peers.parts import VPY, limit_flags, vllm_env
+        from orcaserve.bench.peers.parts import vllm_env, vllm_server_cmd
 
         self.env = vllm_env()  # fails early when setup_vllm.sh has not run
         model = MODELS["smollm2"]
         prepare(model, ["vllm"], ["bf16"], work)  # the HF conversion vLLM reads, made once
         [self.port] = free_ports(1)
-        self.cmd = [
-            str(VPY),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model.hf_dir),
-            "--served-model-name",
-            MODEL,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dtype",
-            "bfloat16",
-            *limit_flags(),
-            "--scheduling-policy",
-            "priority",
-            "--no-enable-prefix-caching",
-            "--seed",
-            "0",
-        ]
+        policy = ["--scheduling-policy", "priority", "--no-enable-prefix-caching"]
+        self.cmd = vllm_server_cmd(model.hf_dir, MODEL, self.port, "bfloat16", 0, *policy)
         self.model_name = MODEL
         self.url = f"http://127.0.0.1:{self.port}/v1/completions"
         self.work, self.timeout = work, args.server_timeout
         self._stack = ExitStack()
 
     def __enter__(self) -> Vllm:
-        from orcaserve.bench.peers.server import running
+        from orcaserve.bench.peers.parts import running
 
-        ready = f"http://127.0.0.1:{self.port}/v1/models"
-        logfile = self.work / "vllm-server.log"
-        self.startup_s = self._stack.enter_context(running(self.cmd, self.env, ready, logfile, self.timeout))
+        server = running("vllm", self.cmd, self.env, self.port, "/v1/models", self.work, self.timeout)
+        self.startup_s = self._stack.enter_context(server)
         return self
 
     def __exit__(self, *exc) -> None:

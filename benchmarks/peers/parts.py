@@ -306,28 +306,19 @@ def serve_and_load(
     return r
 
 
+def vllm_server_cmd(hf_dir: Path, name: str, port: int, dtype: str, seed: int, *extra: str) -> list[str]:
+    """vLLM's OpenAI server on 127.0.0.1:`port` with the peers' engine limits (docs/peers.md,
+    "vLLM recipe"); `extra` flags go before the seed."""
+    api = "vllm.entrypoints.openai.api_server"
+    served = ["--model", str(hf_dir), "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port)]
+    return [str(VPY), "-m", api, *served, "--dtype", dtype, *limit_flags(), *extra, "--seed", str(seed)]
+
+
 def vllm_http(args, model, dtype: str, work: Path) -> dict:
     from orcaserve.bench.harness import free_ports
 
     [port] = free_ports(1)
-    cmd = [
-        str(VPY),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model.hf_dir),
-        "--served-model-name",
-        model.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        TORCH_DTYPE[dtype],
-        *limit_flags(),
-        "--seed",
-        str(args.seed),
-    ]
+    cmd = vllm_server_cmd(model.hf_dir, model.name, port, TORCH_DTYPE[dtype], args.seed)
     return serve_and_load(args, f"vllm-{model.name}-{dtype}", cmd, vllm_env(), port, "/v1/models", model.name, work)
 
 
