@@ -39,8 +39,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 STEPS: dict[str, dict[str, tuple[str, str]]] = {
     "kernels": {
         "gemm": ("orcaserve.bench.gemm", "bf16/fp32 GEMMs at SmolLM2's shapes, ms per call"),
-        "quant": ("orcaserve.bench.gemm_quant", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
-        "int8": ("orcaserve.bench.gemm_int8", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
+        "quant": ("orcaserve.bench.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
+        "int8": ("orcaserve.bench.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
     },
     "gpu": {
         "preflight": ("orcaserve.bench.gpu_preflight", "versions, GPU, API probes; whether the steps can run"),

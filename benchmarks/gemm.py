@@ -1,26 +1,39 @@
-"""The decoder's GEMM shapes on this CPU: first call against later calls, pre-packed against plain.
+"""The CPU GEMMs the decoder runs, against each other and torch's, in one timing loop.
 
-    orcaserve-bench kernels gemm [--dtype bfloat16] [--rows 32,128,256,384,512]
-    orcaserve-bench kernels gemm --dtype float32 --layers 30 --rows 1,8,32,128,512   # weights in DRAM
+    orcaserve-bench kernels gemm  [--dtype bfloat16] [--rows 1,32,128,256,384,512]
+    orcaserve-bench kernels quant [--kernels fp32,bf16,q8_0,q4_0,q4_1,q4_k,q6_k,t_int8,t_int4,t_w8a8]
+    orcaserve-bench kernels int8  [--formats q4_0,q8_0,q4_1,q4_k,q6_k] [--no-bitwise] [--isa avx2]
+    ... [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down] [--threads N] [--clock cpu] [--stat min]
 
-SmolLM2-135M's shapes (hidden 576, q/k/v 960, intermediate 1536 x 2), random weights, the calls
-the lean decoder makes (`orcaserve.kernels.linear.Linear`): oneDNN on a pre-packed weight,
-`F.linear` on the plain one, in fp32 MKL's packed GEMM, and where built the project's own GEMMs
-(`orcaserve::linear_packed`, fp32 and bf16; `orcaserve::linear_packed_bf16`, `vdpbf16ps`). Per row
-count: oneDNN's first call (it compiles a kernel per new shape) and the median of `--rounds`
-rounds of 10 calls of each, alternated round by round; those reuse one weight, which stays in
-cache. `--layers N` calls each layer's four GEMMs in turn over N layers' weights, as a step does,
-and prints ms per N layers (the minimum of `--rounds`). `--library` loads another build of the
-project's ops (e.g. an older kernel's .so from the build cache). Runs that used it:
-docs/performance-log.md (2026-11-30 and 2026-12-01 GEMM sections).
+The steps differ in shapes, kernels and figure (docs/kernels.md, docs/int8-activations.md):
+- gemm: SmolLM2-135M's shapes, the dense GEMMs the lean decoder may pick (`kernels/linear.py`):
+  oneDNN on a pre-packed weight (`pre`), `F.linear` (`plain`), in fp32 MKL's packed GEMM (`mkl`),
+  the project's packed GEMM (`orca`) and in bf16 its `vdpbf16ps` GEMM (`dot`); GFLOP/s.
+- quant: Llama-3.2-1B's shapes, the dense GEMMs (`fp32`, `bf16`: `Linear`), the GGUF block formats
+  served bitwise (`q8_0` ... `q6_k`: `QuantLinear`) and torch's packed int8 / int4 ops and dynamic
+  int8 linear (`t_int8`, `t_int4`, `t_w8a8`); weight GB/s.
+- int8: Llama-3.2-1B's shapes, bf16 beside each format bitwise and with int8 activations
+  (`<fmt>+a8`); GFLOP/s against this CPU's nominal peaks.
+The K-quants' codes are made from q4_1's and q8_0's (the speed does not depend on the values).
+Quant and int8 cycle each kernel over copies of its weight, at least `--min-mb` a round (48 MB: 3x
+a Zen 2's L3), so the weight streams from DRAM as in a decode step; gemm reuses one weight (0).
+Per row count: the median (`--stat min`: the fastest) of `--rounds` rounds of `--calls` calls
+(fewer from 64 rows on), the kernels alternated round by round. `--clock cpu --threads 1` times
+the thread's CPU time, for a machine shared with other work. Peaks are nominal: cores x GHz x
+operations per cycle and core from the CPU's flags (bf16: vdpbf16ps 64, AMX 1024; int8: vpdpbusd
+128, AMX-INT8 2048).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import statistics
-import sys
 import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,157 +41,212 @@ import torch.nn.functional as F
 
 from orcaserve.bench import result
 from orcaserve.kernels.cpu import build
-from orcaserve.kernels.linear import MKL_PACK_ROWS
+from orcaserve.kernels.linear import MKL_PACK_ROWS, Linear
+from orcaserve.kernels.quant import BlockCodes, QuantLinear, quantize
 
-LINES = result.Table()  # what run() printed
-say = LINES.say
-SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
+SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
+LLAMA1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
+FORMATS = ("q4_0", "q8_0", "q4_1", "q4_k", "q6_k")
+# step: (shapes, default kernels, default rows, MB of weight copies a round, figure)
+STEPS: dict[str, tuple[dict[str, tuple[int, int]], str, str, int, str]] = {
+    "gemm": (SMOLLM2, "pre,plain,mkl,orca,dot", "1,32,128,256,384,512", 0, "GFLOP/s"),
+    "quant": (LLAMA1B, "fp32,bf16,q8_0,q4_0,q4_1,q4_k,q6_k,t_int8,t_int4,t_w8a8", "1,4,8,16,32,64,512", 48, "GB/s"),
+    "int8": (LLAMA1B, "", "1,4,8,16,32,64,512", 48, "GFLOP/s"),
+}
+Kernel = tuple[Callable[[torch.Tensor], Any], int, torch.dtype, str]  # (call, weight bytes, x dtype, what runs)
 
 
-def _ms(f, calls: int = 10) -> float:
-    t = time.perf_counter()
-    for _ in range(calls):
-        f()
-    return (time.perf_counter() - t) / calls * 1e3
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def nominal_ghz() -> float:
+    """The highest frequency the OS reports (cpufreq's maximum, else /proc/cpuinfo's current)."""
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) / 1e6
+    except (OSError, ValueError):
+        text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+        mhz = [float(x.split(":")[1]) for x in text.splitlines() if x.startswith("cpu MHz")]
+        return max(mhz) / 1e3 if mhz else 0.0
+
+
+def peaks(cores: int, ghz: float) -> dict[str, float]:
+    """Nominal GFLOP/s (GOP/s for int8): operations per cycle and core times cores and GHz."""
+    f = cpu_flags()
+    bf16 = 1024 if "amx_bf16" in f else 64 if "avx512_bf16" in f or "avx512f" in f else 32
+    int8 = 2048 if "amx_int8" in f else 128 if "avx512_vnni" in f or "avx512bw" in f else 64
+    return {"bf16_flop_per_cycle": bf16, "int8_op_per_cycle": int8, "bf16_gflops": cores * ghz * bf16,
+            "int8_gops": cores * ghz * int8}  # fmt: skip
 
 
 def orca_op(name: str) -> Any:
     """`torch.ops.orcaserve.<name>` in the widest ISA variant loaded here, None where none is."""
-    build.load(build=True)
     packet = getattr(torch.ops.orcaserve, name, None)
     found = [v for v in build.built_variants() if packet is not None and hasattr(packet, v)]
     return getattr(packet, found[-1]) if found else None
 
 
-def _variants(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    onednn: torch.Tensor,
-    mkl: torch.Tensor | None,
-    orca: torch.Tensor | None,
-    dot: torch.Tensor | None = None,
-) -> dict:
-    """The calls to time for one weight and input: oneDNN on its pre-packed copy, F.linear, and in
-    fp32 MKL's packed GEMM (one copy, packed for MKL_PACK_ROWS, serving every row count) and the
-    project's GEMM on its 24-column panels; in bf16 its `vdpbf16ps` GEMM on 48-column pair panels."""
-    calls = {
-        "pre": lambda: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], ""),
-        "plain": lambda: F.linear(x, w),
-    }
-    if mkl is not None:
-        calls["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, mkl, w, None, x.shape[0])
-    if orca is not None:
-        calls["orca"] = lambda: orca_op("linear_packed")(x, orca, None, w.shape[0])
-    if dot is not None:
-        calls["dot"] = lambda: orca_op("linear_packed_bf16")(x, dot, None, w.shape[0])
-    return calls
+def codes_for(w: torch.Tensor, fmt: str) -> BlockCodes:
+    """Codes of `fmt`; a K-quant's in its served layout from the quantizers there are (timing only)."""
+    if fmt == "q4_k":
+        c = quantize(w, "q4_1")
+        return BlockCodes(fmt, c.q, c.scale, c.offset)
+    if fmt == "q6_k":
+        c = quantize(w, "q8_0")
+        return BlockCodes(fmt, c.q >> 2, c.scale.repeat_interleave(2, dim=1) * 4, None)
+    return quantize(w, fmt)
 
 
-def layers_in_dram(
-    args, dtype: torch.dtype, use_mkl: bool, use_orca: bool, onednn: bool, use_dot: bool = False
-) -> None:
-    """Each library over `args.layers` layers' own weights, four GEMMs per layer, as a step calls them;
-    F.linear in oneDNN's place where it cannot pack the dtype (bf16 on AVX2-only CPUs)."""
-    libs = ["pre" if onednn else "plain", *(["mkl"] if use_mkl else []), *(["orca"] if use_orca else [])]
-    libs += ["dot"] if use_dot else []
-    layers: list[dict[str, Any]] = []
-    for _ in range(args.layers):
-        weights = {n: torch.randn(shape, dtype=dtype) * 0.02 for n, shape in SHAPES.items()}
-        layers.append(
-            {
-                n: {
-                    "pre": torch.ops.mkldnn._reorder_linear_weight(w, None) if onednn else None,
-                    "mkl": torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) if use_mkl else None,
-                    "orca": orca_op("pack_linear_weight")(w) if use_orca else None,
-                    "dot": orca_op("pack_linear_weight_bf16")(w) if use_dot else None,
-                    "plain": w,
-                }
-                for n, w in weights.items()
-            }
-        )
-    say(f"{args.dtype}, {torch.get_num_threads()} threads, {args.layers} layers' weights; ms per {args.layers} layers")
-    with torch.inference_mode():
-        for m in (int(r) for r in args.rows.split(",")):
-            xs = {n: torch.randn(m, shape[1], dtype=dtype) for n, shape in SHAPES.items()}
-            steps = {
-                lib: [
-                    _variants(xs[n], c["plain"], c["pre"], c["mkl"], c["orca"], c["dot"])[lib]
-                    for c0 in layers
-                    for n, c in c0.items()
-                ]
-                for lib in libs
-            }
-            times: dict[str, list[float]] = {lib: [] for lib in libs}
-            for r in range(args.rounds + 1):
-                for lib in libs if r % 2 == 0 else libs[::-1]:
-                    t = time.perf_counter()
-                    for call in steps[lib]:
-                        call()
-                    if r:  # the first round compiles oneDNN's kernels for this row count
-                        times[lib].append((time.perf_counter() - t) * 1e3)
-            flops = 2 * m * sum(o * i for o, i in SHAPES.values()) * args.layers
-            cells = [f"{lib} {min(times[lib]):.1f} ({flops / min(times[lib]) / 1e6:.0f} GFLOP/s)" for lib in libs]
-            say(f"M={m:4d}: " + "   ".join(cells))
+def torch_kernel(kernel: str, w: torch.Tensor) -> Kernel:
+    """torch's own: packed int8 (per channel) or int4 (group 32) weights, or the dynamic int8 linear."""
+    n, k = w.shape
+    scale = w.abs().amax(1) / 127
+    if kernel == "t_int8":
+        q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        s = scale.bfloat16()
+        mm8 = torch.ops.aten._weight_int8pack_mm
+        return (lambda x: mm8(x, q, s)), q.numel() + 2 * s.numel(), torch.bfloat16, kernel
+    if kernel == "t_int4":
+        g = w.view(n, k // 32, 32)
+        lo, hi = g.amin(-1), g.amax(-1)
+        sc = ((hi - lo) / 15).clamp(min=1e-8)
+        q4 = torch.round((g - lo[..., None]) / sc[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q4, 8)
+        sz = torch.stack([sc, lo + 8 * sc], -1).transpose(0, 1).contiguous().bfloat16()  # [K / 32, N, 2]
+        mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+        return (lambda x: mm(x, packed, 32, sz)), packed.numel() + 2 * sz.numel(), torch.bfloat16, kernel
+    lin = torch.ao.nn.quantized.dynamic.Linear(k, n, bias_=False, dtype=torch.qint8)
+    with warnings.catch_warnings():  # quantized tensor constructors are deprecated, the op is not gone
+        warnings.simplefilter("ignore")
+        zeros = torch.zeros(n, dtype=torch.long)
+        lin.set_weight_bias(torch.quantize_per_channel(w, scale, zeros, 0, torch.qint8), None)
+    return lin, n * k + 4 * n, torch.float32, f"{kernel} ({torch.backends.quantized.engine})"
+
+
+def make(kernel: str, w: torch.Tensor, args: argparse.Namespace) -> Kernel:
+    """One copy of weight `w` [N, K] ready for `kernel`."""
+    dt = getattr(torch, args.dtype)
+    size = w.numel() * w.element_size()
+    if kernel == "pre":
+        onednn = torch.ops.mkldnn._reorder_linear_weight(w.to(dt), None)
+        return (lambda x: torch.ops.mkldnn._linear_pointwise(x, onednn, None, "none", [], "")), size, dt, "oneDNN"
+    if kernel == "plain":
+        wd = w.to(dt)
+        return (lambda x: F.linear(x, wd)), size, dt, "F.linear"
+    if kernel == "mkl":
+        wd, mkl = w.to(dt), torch.ops.mkl._mkl_reorder_linear_weight(w.to(dt), MKL_PACK_ROWS)
+        return (lambda x: torch.ops.mkl._mkl_linear(x, mkl, wd, None, x.shape[0])), size, dt, "MKL packed"
+    if kernel in ("orca", "dot"):
+        name = "linear_packed" if kernel == "orca" else "linear_packed_bf16"
+        op, packed = orca_op(name), orca_op("pack_linear_weight" + name[13:])(w.to(dt))
+        return (lambda x: op(x, packed, None, w.shape[0])), size, dt, f"orcaserve::{name}"
+    if kernel in ("fp32", "bf16"):
+        lin = Linear(w if kernel == "fp32" else w.bfloat16(), None, pack=True)
+        x_dt = torch.float32 if kernel == "fp32" else torch.bfloat16
+        return lin, lin.weight.numel() * lin.weight.element_size(), x_dt, lin.kernel
+    if kernel.startswith("t_"):
+        return torch_kernel(kernel, w)
+    fmt, _, act = kernel.partition("+")
+    forced = f"orcaserve.{'linear_int8' if act else 'linear_quant'}.{args.isa}" if args.isa else None
+    q = QuantLinear(codes_for(w, fmt), None, kernel=forced, activations="int8" if act else None)
+    return q, q.nbytes(), torch.bfloat16, q.kernel
+
+
+def bench_shape(name: str, n: int, k: int, kernels: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every kernel at every row count for one weight shape; prints a table, returns its cells."""
+    torch.manual_seed(0)
+    w = torch.randn(n, k) * 0.02
+    built: dict[str, list[Kernel]] = {}
+    for kern in kernels:
+        first = make(kern, w, args)
+        built[kern] = [first] + [make(kern, w, args) for _ in range(math.ceil((args.min_mb << 20) / first[1]) - 1)]
+    figure = STEPS[args.step][4]
+    say(f"\n{name} [{n} x {k}]: " + ", ".join(f"{kn}={built[kn][0][3]}" for kn in kernels))
+    say("| rows | " + " | ".join(f"{kn} ms ({figure})" for kn in kernels) + " |")
+    say("|" + " --- |" * (len(kernels) + 1))
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    cells = []
+    for m in args.rows:
+        xs = {dt: torch.randn(m, k).to(dt) for dt in {c[2] for copies in built.values() for c in copies}}
+        with torch.inference_mode():
+            for kern in kernels:  # warm-up: first calls (oneDNN compiles per shape), page faults
+                for fn, _, dt, _ in built[kern]:
+                    fn(xs[dt])
+            times: dict[str, list[float]] = {kern: [] for kern in kernels}
+            n_calls = max(1, args.calls * 32 // max(m, 32))  # prefill sizes: fewer calls, each is long
+            for r in range(args.rounds):
+                for kern in kernels if r % 2 == 0 else kernels[::-1]:  # alternated round by round
+                    copies = built[kern]
+                    t = clock()
+                    for i in range(n_calls):
+                        fn, _, dt, _ = copies[i % len(copies)]
+                        fn(xs[dt])
+                    times[kern].append((clock() - t) / n_calls * 1e3)
+        row = []
+        for kern in kernels:
+            ms = min(times[kern]) if args.stat == "min" else statistics.median(times[kern])
+            cell = {"shape": name, "rows": m, "kernel": kern, "runs": built[kern][0][3], "ms": ms}
+            cell.update(gflops=2 * m * n * k / ms / 1e6, gbps=built[kern][0][1] / ms / 1e6)
+            cells.append(cell)
+            row.append(f"{ms:.3f} ({cell['gbps' if figure == 'GB/s' else 'gflops']:.0f})")
+        say(f"| {m} | " + " | ".join(row) + " |")
+    return cells
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--rows", default="1,32,128,256,384,512")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--layers", type=int, default=0, help="N layers' weights called in turn (weights in DRAM)")
-    ap.add_argument("--library", default=None, help="compiled orcaserve CPU ops (.so) to load instead")
+    ap.add_argument("--rows", default=None, help="row counts (default per step: " + "; ".join(
+        f"{s} {v[2]}" for s, v in STEPS.items()) + ")")  # fmt: skip
+    ap.add_argument("--shapes", default="qkv,o,gate_up,down")
+    per_step = "; ".join(f"{s} {v[1]}" for s, v in STEPS.items())
+    ap.add_argument("--kernels", default=None, help=f"default per step: {per_step}")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="int8: each as <fmt> and <fmt>+a8")
+    ap.add_argument("--no-bitwise", action="store_true", help="int8: skip the bitwise quantized path")
+    ap.add_argument("--dtype", default="bfloat16", help="gemm: the weight's and x's dtype")
+    ap.add_argument("--isa", default="", help="force the quantized GEMMs' variant (avx2: the fallback)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--min-mb", type=int, default=None, help="weight copies read a round (default per step)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument("--ghz", type=float, default=0.0, help="the clock for the nominal peak (default: the OS's)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: this thread's CPU time")
+    ap.add_argument("--stat", choices=("median", "min"), default="median", help="min: on a loaded machine")
 
 
-def run(args: argparse.Namespace) -> dict:
+LINES = result.Table()  # what run() printed
+say = LINES.say
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     LINES.clear()
-    if args.library:  # an older build of the ops, e.g. from the build cache, against the current one
-        from pathlib import Path
-
-        build.library_path = lambda variants=None: Path(args.library)
-    dtype = getattr(torch, args.dtype)
-    onednn = dtype == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if not (onednn or args.layers):
-        sys.exit(
-            "oneDNN cannot pack bf16 on this CPU (needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT): "
-            "try --dtype float32, or --layers N (F.linear against the project's GEMM)"
-        )
-    torch.manual_seed(0)
-    use_mkl = dtype == torch.float32 and torch.backends.mkl.is_available()
-    use_orca = dtype in (torch.float32, torch.bfloat16) and orca_op("linear_packed") is not None
-    use_dot = dtype == torch.bfloat16 and orca_op("linear_packed_bf16") is not None
-    if args.layers:
-        layers_in_dram(args, dtype, use_mkl, use_orca, onednn, use_dot)
-        return {"table": list(LINES)}
-    weights = {n: torch.randn(shape, dtype=dtype) for n, shape in SHAPES.items()}
-    packed = {n: torch.ops.mkldnn._reorder_linear_weight(w, None) for n, w in weights.items()}
-    mkl = {n: torch.ops.mkl._mkl_reorder_linear_weight(w, MKL_PACK_ROWS) for n, w in weights.items() if use_mkl}
-    orca = {n: orca_op("pack_linear_weight")(w) for n, w in weights.items() if use_orca}
-    dot = {n: orca_op("pack_linear_weight_bf16")(w) for n, w in weights.items() if use_dot}
-    heads = {
-        "pre": "oneDNN pre-packed",
-        "plain": "F.linear",
-        "mkl": "MKL packed",
-        "orca": "orcaserve",
-        "dot": "orcaserve vdpbf16ps",
-    }
-    skip = {"mkl": not use_mkl, "orca": not use_orca, "dot": not use_dot}
-    columns = [c for c in heads if not skip.get(c, False)]
-    names = " | ".join(heads[c] for c in columns)
-    say(f"{args.dtype}, {torch.get_num_threads()} threads; ms per call: first | {names}")
-    with torch.no_grad():
-        for m in (int(r) for r in args.rows.split(",")):
-            cells = []
-            for name, w in weights.items():
-                x = torch.randn(m, w.shape[1], dtype=dtype)
-                calls = _variants(x, w, packed[name], mkl.get(name), orca.get(name), dot.get(name))
-                first = _ms(calls["pre"], 1)
-                for c in columns[1:]:
-                    calls[c]()
-                times: dict[str, list[float]] = {c: [] for c in columns}
-                for r in range(args.rounds):
-                    for c in columns if r % 2 == 0 else columns[::-1]:
-                        times[c].append(_ms(calls[c]))
-                medians = " | ".join(f"{statistics.median(times[c]):.2f}" for c in columns)
-                cells.append(f"{name} {first:.2f} | {medians}")
-            say(f"M={m:4d}: " + "   ".join(cells))
-    return {"table": list(LINES)}
+    shapes, kernels, rows, min_mb, _ = STEPS[args.step]
+    args.rows = [int(r) for r in (args.rows or rows).split(",")]
+    args.min_mb = min_mb if args.min_mb is None else args.min_mb
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and torch.get_num_threads() != 1:
+        raise SystemExit("--clock cpu times the calling thread: run it with --threads 1")
+    ok, why = build.load(build=False)
+    if args.step == "int8":
+        kernels = "bf16," + ",".join(("" if args.no_bitwise else f"{f},") + f"{f}+a8" for f in args.formats.split(","))
+    chosen = (args.kernels or kernels).split(",")
+    if args.step == "gemm":  # what this CPU and build have
+        dt = getattr(torch, args.dtype)
+        have = {"pre": dt == torch.float32 or torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                "mkl": dt == torch.float32 and torch.backends.mkl.is_available(),
+                "orca": ok and orca_op("linear_packed") is not None,
+                "dot": dt == torch.bfloat16 and ok and orca_op("linear_packed_bf16") is not None}  # fmt: skip
+        chosen = [c for c in chosen if have.get(c, True)]
+    cores, ghz = torch.get_num_threads(), args.ghz or nominal_ghz()
+    peak = peaks(cores, ghz)
+    say(f"threads {cores} (cpus {os.cpu_count()}), {ghz:.2f} GHz, library: {why}")
+    bf16, int8 = peak["bf16_flop_per_cycle"], peak["int8_op_per_cycle"]
+    say(f"nominal peaks: bf16 {peak['bf16_gflops']:.0f} GFLOP/s ({cores} x {ghz:.2f} GHz x {bf16}), "
+        f"int8 {peak['int8_gops']:.0f} GOP/s (x {int8})")  # fmt: skip
+    cells = []
+    for name in args.shapes.split(","):
+        cells += bench_shape(name, *shapes[name], chosen, args)
+    return {"threads": cores, "ghz": ghz, "peaks": peak, "library": why if ok else None, "cells": cells,
+            "table": list(LINES)}  # fmt: skip
