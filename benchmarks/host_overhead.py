@@ -210,11 +210,3 @@ def run(args: argparse.Namespace) -> dict:
             overlap[mode][str(d)] = {"step_ms": step, "host_ms": base, "bound_ms": bound}
             print(f"{mode:5s} D={d:g} ms, {n} seqs: step mean {step:.3f} ms (max(host, D) = {bound:.3f})", flush=True)
     return {"host_per_step": host, "overlap": overlap, "steps": args.steps}
-
-
-if __name__ == "__main__":
-    import sys
-
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["host", *sys.argv[1:]]))

@@ -172,11 +172,3 @@ def one_model(path: str, tokens: int, llamacpp: bool = False) -> dict[str, Any]:
     result = {"model": Path(path).name, "formats": fmts, "projections": len(list(linears(model))), "tokens": tokens,
               "variants": rows, "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
     return result
-
-
-if __name__ == "__main__":
-    import sys
-
-    from orcaserve.bench import cli
-
-    sys.exit(cli.main(["quality", *sys.argv[1:]]))
