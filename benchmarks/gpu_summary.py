@@ -32,6 +32,9 @@ def run(args: argparse.Namespace) -> dict:
         except Exception:
             return None
 
+    def pick(d: dict, keys: str) -> dict:
+        return {k: d.get(k) for k in keys.split()}
+
     pre = load(os.path.join(work, "preflight.json")) or {}
     steps = {}
     for line in open(os.path.join(work, "steps.tsv")):
@@ -63,10 +66,7 @@ def run(args: argparse.Namespace) -> dict:
             fig["tests"] = {"error": f"{type(e).__name__}: {e}"}
     k = load(os.path.join(results, "kernels.json"))
     if k:
-        fig["kernels"] = {
-            key: k.get(key)
-            for key in ("device", "dtype", "copy_gbps_measured", "peak_gbps_datasheet", "num_sms", "elapsed_s")
-        }
+        fig["kernels"] = pick(k, "device dtype copy_gbps_measured peak_gbps_datasheet num_sms elapsed_s")
         fig["kernels"]["layouts"] = {
             f"{r.get('heads')}x{r.get('kv_heads')}x{r.get('head_dim')}": dict(
                 r.get("summary", {}), truncated=r.get("truncated", False)
@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> dict:
         }
     fu = load(os.path.join(results, "gpu-fused.json"))
     if fu:
-        fig["fused"] = {
-            key: fu.get(key) for key in ("device", "dtype", "all_ok", "truncated", "elapsed_s", "per_layer", "skipped")
-        }
+        fig["fused"] = pick(fu, "device dtype all_ok truncated elapsed_s per_layer skipped")
     engine = {}
     for part in "exact throughput generate_batch real graphs graphs_8b generate_batch_8b startup".split():
         d = load(os.path.join(work, f"{part}.json"))
@@ -87,8 +85,8 @@ def run(args: argparse.Namespace) -> dict:
         with open(os.path.join(results, "engine.json"), "w") as f:
             json.dump(engine, f, indent=1)
     if "exact" in engine:
-        keys = "arch dtype backend verdict exact_sequences requests first_token_agreement steps_by_num_splits".split()
-        fig["engine_exact"] = [{k: c.get(k) for k in keys} for c in engine["exact"].get("cases", [])]
+        keys = "arch dtype backend verdict exact_sequences requests first_token_agreement steps_by_num_splits"
+        fig["engine_exact"] = [pick(c, keys) for c in engine["exact"].get("cases", [])]
     tp = {}
     for part in ("throughput", "generate_batch"):
         for r in (engine.get(part) or {}).get("runs", []):
@@ -111,15 +109,11 @@ def run(args: argparse.Namespace) -> dict:
             fig["throughput_workload"] = w
     if "graphs" in engine:  # CUDA graphs on vs off (gpu_graphs.py)
         g = engine["graphs"]
-        fig["graphs"] = {k: g.get(k) for k in ("speedup_end_to_end", "speedup_decode", "exact_fp32", "skipped")}
+        fig["graphs"] = pick(g, "speedup_end_to_end speedup_decode exact_fp32 skipped")
         for side in ("on", "off"):
             d = g.get(side) or {}
-            fig["graphs"][side] = {
-                "decode_median_ms": {str(r["batch"]): r["median_ms"] for r in d.get("decode", [])},
-                "startup_s": d.get("startup_s"),
-                "graphs_captured": d.get("graphs_captured"),
-                "end_to_end": d.get("end_to_end"),
-            }
+            fig["graphs"][side] = pick(d, "startup_s graphs_captured end_to_end")
+            fig["graphs"][side]["decode_median_ms"] = {str(r["batch"]): r["median_ms"] for r in d.get("decode", [])}
     samples: list[tuple[float, float]] = []  # (epoch second, SM busy %) from nvidia-smi dmon -o DT
     if os.path.exists(os.path.join(work, "dmon.txt")):
         for line in open(os.path.join(work, "dmon.txt")):
@@ -151,20 +145,15 @@ def run(args: argparse.Namespace) -> dict:
     }
     if "real" in engine:
         r = engine["real"]
-        fig["real_model"] = r.get("skipped") or [
-            {k: c.get(k) for k in ("dtype", "verdict", "exact_sequences", "first_answer")} for c in r.get("cases", [])
-        ]
+        keys = "dtype verdict exact_sequences first_answer"
+        fig["real_model"] = r.get("skipped") or [pick(c, keys) for c in r.get("cases", [])]
     summary = {
         "gpu": pre.get("gpu", "none (dry run on CPU)" if dry else None),
         "dry_run": dry,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "elapsed_s": elapsed,
         "budget_s": budget,
-        "python": pre.get("python"),
-        "versions": pre.get("versions"),
-        "capability": pre.get("capability"),
-        "sms": pre.get("sms"),
-        "gpu_mem_gib": pre.get("gpu_mem_gib"),
+        **pick(pre, "python versions capability sms gpu_mem_gib"),
         "api_probes": pre.get("probes"),
         "ready": pre.get("ready"),
         "not_ready_reason": pre.get("not_ready_reason") or None,
