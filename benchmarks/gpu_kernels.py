@@ -41,13 +41,17 @@ REFERENCE_MAX_TOKENS = 1 << 18  # the PyTorch twin is timed on decode steps of B
 MAX_CACHE_GIB = 40.0  # the K/V pool of one layout, at most
 
 
-def grid(quick: bool, smoke: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Decode batches and contexts."""
-    if smoke:
-        return (1, 2), (64, 160)
-    if quick:
-        return (1, 8, 64, 256), (1024, 4096, 32768)
-    return (1, 2, 4, 8, 16, 32, 64, 128, 256), (1024, 2048, 4096, 8192, 16384, 32768)
+MIXED, STORE_KV = [(32, 2048, 512), (64, 4096, 512), (128, 1024, 2048)], (1, 64, 256, 4096)
+FRESH_4K, CHUNK_2K = ("fresh 4k", [4096], [4096]), ("chunk 2k @ 16k", [2048], [16384])
+# grid: (decode batches, decode contexts, prefills (label, new tokens, contexts), mixed steps
+# (decodes, their context, the chunk), store_kv's tokens)
+GRIDS = {
+    "smoke": ((1, 2), (64, 160), [("fresh 32", [32], [32]), ("chunk 16 @ 80", [16], [80])], [(2, 80, 16)], (1, 16)),
+    "quick": ((1, 8, 64, 256), (1024, 4096, 32768), [FRESH_4K, CHUNK_2K], MIXED, STORE_KV),
+    "full": ((1, 2, 4, 8, 16, 32, 64, 128, 256), (1024, 2048, 4096, 8192, 16384, 32768),
+             [("fresh 1k", [1024], [1024]), FRESH_4K, ("fresh 16k", [16384], [16384]),
+              ("batch 8 x 2k", [2048] * 8, [2048] * 8), CHUNK_2K], MIXED, STORE_KV),
+}  # fmt: skip
 
 
 def visible_pairs(q_lens, ctx) -> int:
@@ -59,12 +63,14 @@ class Layout:
     """One head layout (H x H_kv x D): its K/V pool, big enough for the largest step (each step gets
     shuffled blocks of it), the timings it records into `out` and the run's yardsticks."""
 
-    def __init__(self, h: int, h_kv: int, d: int, quick: bool, env: dict[str, Any], out: dict[str, Any]):
+    def __init__(self, h: int, h_kv: int, d: int, quick: bool, run: argparse.Namespace, out: dict[str, Any]):
         import torch
 
-        self.h, self.h_kv, self.d, self.quick, self.out, self.env = h, h_kv, d, quick, out, env
-        self.dev, self.dtype, self.smoke = env["device"], env["dtype"], env["smoke"]
-        self.batches, self.contexts = grid(quick, self.smoke)
+        self.h, self.h_kv, self.d, self.quick, self.out = h, h_kv, d, quick, out
+        self.dev, self.dtype, self.smoke, self.timer = run.dev, run.dtype, run.smoke, run.timer
+        self.res, self.budget, self.save = run.res, run.budget, run.save
+        out["grid"] = "smoke" if self.smoke else ("quick" if quick else "full")
+        self.batches, self.contexts, self.prefills, self.mixed_steps, self.store_tokens = GRIDS[out["grid"]]
         cuda = self.dev.type == "cuda"
         budget = min(MAX_CACHE_GIB * (1 << 30), 0.6 * torch.cuda.mem_get_info(self.dev)[0]) if cuda else 64 << 20
         need = max(max(b * c for b in self.batches for c in self.contexts), 8 * 2048, 16384)
@@ -73,7 +79,7 @@ class Layout:
         self.k = torch.randn(blocks, BLOCK_SIZE, h_kv, d, device=self.dev, dtype=self.dtype)
         self.v = torch.randn_like(self.k)
         out.update(heads=h, kv_heads=h_kv, head_dim=d, block_size=BLOCK_SIZE, decode=[], prefill=[], mixed=[])
-        out.update(store_kv=[], grid="smoke" if self.smoke else ("quick" if quick else "full"))
+        out.update(store_kv=[])
         out["pool_gib"] = round(self.k.numel() * 2 * self.dtype.itemsize / (1 << 30), 2)
 
     def step(self, q_lens: list[int], ctx: list[int]):
@@ -114,20 +120,22 @@ class Layout:
             )
         o = torch.empty_like(q)
         call = functools.partial(unified_attention, q, self.k, self.v, cu, sl, bt, self.d**-0.5, o, num_splits=splits)
-        return self.env["timer"](functools.partial(call, max_seqlen_q=max(q_lens), max_seqlen_k=max(ctx))), splits, q, o
+        return self.timer(functools.partial(call, max_seqlen_q=max(q_lens), max_seqlen_k=max(ctx))), splits, q, o
 
     def record(self, section: str, row: dict[str, Any]) -> bool:
         """Appends and prints `row`, saves the run; False once --time-budget has passed."""
         self.out[section].append(row)
         cells = (f"{k}={round(v, 4) if isinstance(v, float) else v}" for k, v in row.items() if not isinstance(v, dict))
         print(f"[{self.h}x{self.h_kv}x{self.d}] {section}: " + " ".join(cells))
-        self.env["save"]()
-        if self.env["results"].over(self.env["budget"]):
+        self.save()
+        if self.res.over(self.budget):
             self.out["truncated"] = True
         return not self.out.get("truncated")
 
-    def pct(self, value: float, ceiling: float | None) -> float | None:
-        return round(100 * value / ceiling, 1) if ceiling else None
+    def pct(self, value: float, ceiling: str) -> float | None:
+        """`value` as a percentage of the run's figure `ceiling` (a datasheet peak, the copy bandwidth)."""
+        top = self.res.data[ceiling]
+        return round(100 * value / top, 1) if top else None
 
 
 def decode(lay: Layout) -> bool:
@@ -153,30 +161,18 @@ def decode(lay: Layout) -> bool:
             best = min(times, key=lambda s: times[s])
             moved = 2 * b * c * lay.h_kv * lay.d * esz + 2 * q.numel() * esz
             gbps, ref_ms = moved / times[heur] / 1e6, None
+            programs = (b // (select_config(1, group, lay.dtype)["block_m"] // group) + b) * lay.h_kv
             if b * c <= REFERENCE_MAX_TOKENS:
                 try:
                     plan = torch_attention.TorchAttentionPlan(*step[1:], BLOCK_SIZE)
-                    ref_ms = lay.env["timer"](functools.partial(plan.attend, q, lay.k, lay.v, lay.d**-0.5, o), 5)
+                    ref_ms = lay.timer(functools.partial(plan.attend, q, lay.k, lay.v, lay.d**-0.5, o), 5)
                 except torch.OutOfMemoryError:
                     torch.cuda.empty_cache()
-            row = dict(
-                batch=b,
-                context=c,
-                programs=(b // (select_config(1, group, lay.dtype)["block_m"] // group) + b) * lay.h_kv,
-                heuristic_splits=heur,
-                best_splits=best,
-                heuristic_ms=times[heur],
-                best_ms=times[best],
-                heuristic_over_best=times[heur] / times[best],
-                ms_by_splits={str(k): v for k, v in sorted(times.items())},
-                bytes=moved,
-                gbps=gbps,
-                pct_peak=lay.pct(gbps, lay.env["peak_gbps"]),
-                pct_copy=lay.pct(gbps, lay.env["copy_gbps"]),
-                best_gbps=moved / times[best] / 1e6,
-                torch_ms=ref_ms,
-                max_diff_across_splits=max_diff,
-            )
+            row = dict(batch=b, context=c, programs=programs, heuristic_splits=heur, best_splits=best)
+            row.update(heuristic_ms=times[heur], best_ms=times[best], heuristic_over_best=times[heur] / times[best])
+            row.update(ms_by_splits={str(k): v for k, v in sorted(times.items())}, bytes=moved, gbps=gbps)
+            row.update(pct_peak=lay.pct(gbps, "peak_gbps_datasheet"), pct_copy=lay.pct(gbps, "copy_gbps_measured"))
+            row.update(best_gbps=moved / times[best] / 1e6, torch_ms=ref_ms, max_diff_across_splits=max_diff)
             if not lay.record("decode", row):
                 return False
     return True
@@ -187,19 +183,7 @@ def prefill(lay: Layout) -> bool:
     import torch
 
     h, h_kv, d = lay.h, lay.h_kv, lay.d
-    if lay.smoke:
-        prefills = [("fresh 32", [32], [32]), ("chunk 16 @ 80", [16], [80])]
-    elif lay.quick:
-        prefills = [("fresh 4k", [4096], [4096]), ("chunk 2k @ 16k", [2048], [16384])]
-    else:
-        prefills = [
-            ("fresh 1k", [1024], [1024]),
-            ("fresh 4k", [4096], [4096]),
-            ("fresh 16k", [16384], [16384]),
-            ("batch 8 x 2k", [2048] * 8, [2048] * 8),
-            ("chunk 2k @ 16k", [2048], [16384]),
-        ]
-    for label, q_lens, ctx in prefills:
+    for label, q_lens, ctx in lay.prefills:
         ms, splits, q, _ = lay.attend(q_lens, ctx)
         flops = 4 * h * d * visible_pairs(q_lens, ctx)
         sdpa_ms = None
@@ -208,21 +192,13 @@ def prefill(lay: Layout) -> bool:
             ks = torch.randn(1, h_kv, q_lens[0], d, device=lay.dev, dtype=lay.dtype)
             sdpa = functools.partial(torch.nn.functional.scaled_dot_product_attention, qs, ks, torch.randn_like(ks))
             try:
-                sdpa_ms = lay.env["timer"](functools.partial(sdpa, is_causal=True, scale=d**-0.5, enable_gqa=h != h_kv))
+                sdpa_ms = lay.timer(functools.partial(sdpa, is_causal=True, scale=d**-0.5, enable_gqa=h != h_kv))
             except Exception as e:  # noqa: BLE001 - a yardstick only
                 print(f"  sdpa failed: {type(e).__name__}: {e}")
-        row = dict(
-            label=label,
-            q_lens=q_lens if len(q_lens) <= 8 else len(q_lens),
-            context=max(ctx),
-            splits=splits,
-            ms=ms,
-            flops=flops,
-            tflops=flops / ms / 1e9,
-            pct_peak=lay.pct(flops / ms / 1e9, lay.env["peak_tf"]),
-            sdpa_ms=sdpa_ms,
-            sdpa_tflops=flops / sdpa_ms / 1e9 if sdpa_ms else None,
-        )
+        tflops, sdpa_tf = flops / ms / 1e9, flops / sdpa_ms / 1e9 if sdpa_ms else None
+        row = dict(label=label, q_lens=q_lens if len(q_lens) <= 8 else len(q_lens), context=max(ctx), splits=splits)
+        row.update(ms=ms, flops=flops, tflops=tflops, pct_peak=lay.pct(tflops, "peak_tflops_datasheet"))
+        row.update(sdpa_ms=sdpa_ms, sdpa_tflops=sdpa_tf)
         if not lay.record("prefill", row):
             return False
     return True
@@ -231,16 +207,13 @@ def prefill(lay: Layout) -> bool:
 def mixed(lay: Layout) -> bool:
     """ORCA's merged steps: running decodes plus one prefill chunk."""
     esz = lay.dtype.itemsize
-    for b, c, chunk in [(2, 80, 16)] if lay.smoke else [(32, 2048, 512), (64, 4096, 512), (128, 1024, 2048)]:
+    for b, c, chunk in lay.mixed_steps:
         q_lens, ctx = [1] * b + [chunk], [c] * b + [chunk]
         ms, splits, q, _ = lay.attend(q_lens, ctx)
         gbps = (2 * sum(ctx) * lay.h_kv * lay.d * esz + 2 * q.numel() * esz) / ms / 1e6
-        row = dict(
-            label=f"{b}x1@{c} + {chunk}",
-            splits=splits,
-            ms=ms,
-            gbps=gbps,
-            pct_peak=lay.pct(gbps, lay.env["peak_gbps"]),
+        row = dict(label=f"{b}x1@{c} + {chunk}", splits=splits, ms=ms, gbps=gbps)
+        row.update(
+            pct_peak=lay.pct(gbps, "peak_gbps_datasheet"),
             tflops=4 * lay.h * lay.d * visible_pairs(q_lens, ctx) / ms / 1e9,
         )
         if not lay.record("mixed", row):
@@ -256,16 +229,16 @@ def store_kv(lay: Layout) -> bool:
     from orcaserve.kernels.triton.store_kv import store_kv as triton_store_kv
 
     h, h_kv, d, dev, bs = lay.h, lay.h_kv, lay.d, lay.dev, BLOCK_SIZE
-    for t in (1, 16) if lay.smoke else (1, 64, 256, 4096):
+    for t in lay.store_tokens:
         kc = torch.zeros(t // bs + 2, bs, h_kv, d, device=dev, dtype=lay.dtype)
         vc = torch.zeros_like(kc)
         qkv = torch.randn(t, (h + 2 * h_kv) * d, device=dev, dtype=lay.dtype)
         kv = (qkv[:, h * d : (h + h_kv) * d].view(t, h_kv, d), qkv[:, (h + h_kv) * d :].view(t, h_kv, d))
         slots = torch.randperm(kc.shape[0] * bs, device=dev)[:t]
-        ms = lay.env["timer"](functools.partial(triton_store_kv, *kv, kc, vc, slots))
-        ref_ms = lay.env["timer"](functools.partial(torch_attention.store_kv, *kv, kc, vc, slots), max_iters=5)
+        ms = lay.timer(functools.partial(triton_store_kv, *kv, kc, vc, slots))
+        ref_ms = lay.timer(functools.partial(torch_attention.store_kv, *kv, kc, vc, slots), max_iters=5)
         gbps = 4 * t * h_kv * d * lay.dtype.itemsize / ms / 1e6
-        row = dict(tokens=t, ms=ms, torch_ms=ref_ms, gbps=gbps, pct_peak=lay.pct(gbps, lay.env["peak_gbps"]))
+        row = dict(tokens=t, ms=ms, torch_ms=ref_ms, gbps=gbps, pct_peak=lay.pct(gbps, "peak_gbps_datasheet"))
         if not lay.record("store_kv", row):
             return False
     return True
@@ -294,17 +267,11 @@ def run(args: argparse.Namespace) -> dict:
         if args.smoke and not cuda
         else [tuple(int(x) for x in s.split("x")[:3]) for s in args.shapes.split(",")]
     )
-    res = Results(
-        args.out,
-        device=name,
-        dtype=args.dtype,
-        smoke=args.smoke,
-        runs=[],
-        peak_gbps_datasheet=args.peak_gbps or (lookup(PEAK_GBPS, name) if cuda else None),
-        copy_gbps_measured=copy_gbps(dev, timer),
-        peak_tflops_datasheet=lookup(PEAK_BF16_TFLOPS, name) if cuda and args.dtype != "fp32" else None,
-        num_sms=torch.cuda.get_device_properties(dev).multi_processor_count if cuda else None,
-    )
+    res = Results(args.out, device=name, dtype=args.dtype, smoke=args.smoke, runs=[])
+    res.data["peak_gbps_datasheet"] = args.peak_gbps or (lookup(PEAK_GBPS, name) if cuda else None)
+    res.data["copy_gbps_measured"] = copy_gbps(dev, timer)
+    res.data["peak_tflops_datasheet"] = lookup(PEAK_BF16_TFLOPS, name) if cuda and args.dtype != "fp32" else None
+    res.data["num_sms"] = torch.cuda.get_device_properties(dev).multi_processor_count if cuda else None
 
     def save():
         for one in res.data["runs"]:
@@ -312,23 +279,13 @@ def run(args: argparse.Namespace) -> dict:
         res.save()
 
     d = res.data
-    env = dict(
-        device=dev,
-        dtype=dtype,
-        smoke=args.smoke,
-        timer=timer,
-        peak_gbps=d["peak_gbps_datasheet"],
-        copy_gbps=d["copy_gbps_measured"],
-        peak_tf=d["peak_tflops_datasheet"],
-        save=save,
-        results=res,
-        budget=args.time_budget,
-    )
+    run = argparse.Namespace(dev=dev, dtype=dtype, smoke=args.smoke, timer=timer, res=res, budget=args.time_budget)
+    run.save = save
     print(f"device {name}, {args.dtype}: {json.dumps({k: v for k, v in d.items() if 'peak' in k or 'copy' in k})}")
     for i, (h, h_kv, hd) in enumerate(layouts):
         one: dict = {}
         d["runs"].append(one)
-        lay = Layout(h, h_kv, hd, args.quick or i > 0, env, one)
+        lay = Layout(h, h_kv, hd, args.quick or i > 0, run, one)
         all(section(lay) for section in (decode, prefill, mixed, store_kv))
         del lay
         if cuda:
