@@ -3,7 +3,8 @@
 A subcommand is a module exposing `add_arguments(parser)` and `run(args) -> dict`; the dict is
 the result, written by `--out FILE.json` with the machine, CPU kind, commit and command line
 (result.py). Registering one is one line in SUBCOMMANDS (a subcommand made of steps, `kernels`
-and `gpu`: one line in its STEPS table, each step a module of the same shape). How to read the figures:
+and `gpu`: one line in its STEPS table, each step a module of the same shape; a module that serves
+several steps reads `args.step`). How to read the figures:
 docs/benchmark-serving.md; current figures: docs/results.md; dated runs: docs/performance-log.md.
 """
 
