@@ -1,13 +1,11 @@
-"""Aggregation and reporting for benchmarks/serve_bench.py: percentiles, per-run summaries, the verdict
-on the issue's two claims, the Markdown table, the latency-throughput plot and the machine record.
-"""
+"""The report of benchmarks/serve_bench.py: per-run summaries, the verdict on ORCA's two claims,
+the Markdown table and the latency-throughput plot."""
 
 from __future__ import annotations
 
 import os
-import platform
 
-from orcaserve.bench.result import cpu_kind, markdown_table, pct, pyplot
+from orcaserve.bench.result import markdown_table, pct, pyplot
 
 BEGIN, END = "<!-- serve-results:begin -->", "<!-- serve-results:end -->"
 
@@ -194,49 +192,10 @@ def plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
-def update_doc(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace what stands between the markers `begin` and `end` of the doc at `path` with `text`."""
-    with open(path) as f:
-        doc = f.read()
-    if begin not in doc or end not in doc:
-        raise ValueError(f"{path} has no {begin} ... {end} section")
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    with open(path, "w") as f:
-        f.write(head + begin + "\n" + text + end + tail)
-
-
-def machine() -> dict:
-    """The machine a serving run was measured on, with a one-line `summary` for the report."""
-    kind = cpu_kind()
-    cpu, cores = kind.get("model_name") or kind["machine"], len(os.sched_getaffinity(0))
-    mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    info = {
-        "cpu": cpu,
-        "cores": cores,
-        "memory_gib": mem,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-    }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-    except ImportError:
-        pass
-    info["summary"] = f"{cores} CPU cores ({cpu}), {mem} GiB, {info['os']}, torch {info.get('torch')}"
-    return info
-
-
 def command_line(argv: list[str]) -> str:
     """This run's command, with the inference key replaced by `$KEY`."""
-    shown, hide = [], False
-    for a in argv:
-        if hide:
-            shown.append("$KEY")
-        elif a.startswith("--key="):
-            shown.append("--key=$KEY")
-        else:
-            shown.append(a if " " not in a else repr(a))
-        hide = a == "--key"
-    return "orcaserve-bench " + " ".join(shown)
+    shown = [
+        "$KEY" if prev == "--key" else "--key=$KEY" if a.startswith("--key=") else a
+        for prev, a in zip(["", *argv], argv)
+    ]
+    return "orcaserve-bench " + " ".join(a if " " not in a else repr(a) for a in shown)

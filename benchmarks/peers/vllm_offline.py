@@ -24,14 +24,8 @@ import time
 
 from orcaserve.bench.serve_workload import add_offline_args, offline_workload_of, workload_sha256
 
-DTYPES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES.update({v: v for v in DTYPES.values()})
 
 
 def main() -> int:
