@@ -72,20 +72,11 @@ def verdict(summaries: list[dict], ours: str, baseline: str) -> dict | None:
     peak_a = max(s["output_tokens_per_s"] for s in a)
     peak_b = max(s["output_tokens_per_s"] for s in b)
     rows = []
-    for sb in b:
-        if sb.get("rate") is None or sb.get("saturated") is not False:
-            continue
+    for sb in b:  # the rates where the baseline kept up
         sa = next((s for s in a if s.get("rate") == sb["rate"]), None)
-        if sa is None:
-            continue
-        rows.append(
-            {
-                "rate": sb["rate"],
-                ours: sa["e2e"]["p50"],
-                baseline: sb["e2e"]["p50"],
-                "lower": sa["e2e"]["p50"] < sb["e2e"]["p50"],
-            }
-        )
+        if sb.get("rate") is not None and sb.get("saturated") is False and sa is not None:
+            x, y = sa["e2e"]["p50"], sb["e2e"]["p50"]
+            rows.append({"rate": sb["rate"], ours: x, baseline: y, "lower": x < y})
     errors = sum(s["errors"] for s in summaries)
     return {
         "system": ours,
@@ -113,20 +104,14 @@ def markdown(report: dict) -> str:
         if not s.get("completed"):
             rows.append([s["system"], load, 0, s["errors"], *["-"] * 6])
             continue
-        rows.append(
-            [
-                s["system"],
-                load,
-                f"{s['completed']}/{s['requests']}",
-                s["errors"],
-                _f(s["request_throughput"]),
-                _f(s["output_tokens_per_s"], ".1f"),
-                f"{_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])}",
-                _f(s["tpot"]["p50"], ".3f"),
-                f"{_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])}",
-                _SAT.get(s.get("saturated"), "-"),
-            ]
+        ttft, e2e = (
+            " / ".join(_f(s[m][q]) for q in qs) for m, qs in (("ttft", ("p50", "p99")), ("e2e", ("p50", "p90", "p99")))
         )
+        done = f"{s['completed']}/{s['requests']}"
+        rows.append(
+            [s["system"], load, done, s["errors"], _f(s["request_throughput"]), _f(s["output_tokens_per_s"], ".1f")]
+        )
+        rows[-1] += [ttft, _f(s["tpot"]["p50"], ".3f"), e2e, _SAT.get(s.get("saturated"), "-")]
     header = ["system", "rate (req/s)", "done", "errors", "req/s", "output tok/s", "TTFT p50 / p99 (s)"]
     header += ["TPOT p50 (s)", "e2e p50 / p90 / p99 (s)", "saturated"]
     lines = [f"Measured {report['date']} on {report['machine']['summary']}.", "", "```", report["command"], "```", ""]
@@ -140,19 +125,16 @@ def markdown(report: dict) -> str:
             f"Peak output tokens/s: {ours} {peak[ours]:.1f}, {base} {peak[base]:.1f}: "
             f"**{_f(v['peak_ratio'])}x** (target >= 3x: {'met' if v['peak_ratio_at_least_3x'] else 'NOT met'}).",
         ]
-        rows = v["p50_e2e_at_unsaturated_baseline_rates"]
-        if rows:
-            parts = [f"{r['rate']} req/s: {r[ours]:.2f} s vs {r[base]:.2f} s" for r in rows]
-            lines.append(
-                f"p50 e2e where {base} is not saturated ({ours} vs {base}): "
-                + "; ".join(parts)
-                + f" (lower at every such rate: {'yes' if v['p50_e2e_lower_at_all_unsaturated'] else 'NO'})."
-            )
-        else:
-            lines.append(
-                f"{base} was saturated (or had too few requests to tell) at every rate of this sweep: "
-                "no p50 comparison below saturation."
-            )
+        parts = [
+            f"{r['rate']} req/s: {r[ours]:.2f} s vs {r[base]:.2f} s" for r in v["p50_e2e_at_unsaturated_baseline_rates"]
+        ]
+        lower = "yes" if v["p50_e2e_lower_at_all_unsaturated"] else "NO"
+        where = f"p50 e2e where {base} is not saturated ({ours} vs {base}): "
+        lines.append(
+            f"{where}{'; '.join(parts)} (lower at every such rate: {lower})."
+            if parts
+            else f"{base} was saturated (or had too few requests to tell) at every rate: no p50 comparison below it."
+        )
         lines.append(f"Errors: {v['errors']}.")
     if report.get("plot"):
         lines += ["", f"![latency vs throughput]({os.path.basename(report['plot'])})"]

@@ -97,39 +97,18 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
 
 def settings_of(args: argparse.Namespace) -> dict:
     """What both systems run with; results of an earlier run count only under the same settings."""
+    lengths = {"prompt_len": [16, 256], "output_len": [8, 128], "seed": args.seed}
+    http = {k: getattr(args, k) for k in ("num_requests", "concurrency", "warmup", "warmup_load")}
+    http.update(token_ids=[args.token_ids[0], args.token_ids[1] - 1], stream=True, ignore_eos=True, temperature=0)
+    env_keys = ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+    llamacpp = "llama-server -np 32 -c 32768 -b 512 -ub 512 -t <cores> (llamacpp.py)"
     return {
         "engine": dict(ENGINE_LIMITS),
-        "offline": {
-            "num_prompts": args.num_prompts,
-            "prompt_len": [16, 256],
-            "output_len": [8, 128],
-            "token_ids": "[100, the model's vocabulary)",
-            "seed": args.seed,
-        },
-        "http": {
-            "num_requests": args.num_requests,
-            "concurrency": args.concurrency,
-            "warmup": args.warmup,
-            "warmup_load": args.warmup_load,
-            "prompt_len": [16, 256],
-            "output_len": [8, 128],
-            "token_ids": [args.token_ids[0], args.token_ids[1] - 1],
-            "seed": args.seed,
-            "stream": True,
-            "ignore_eos": True,
-            "temperature": 0,
-        },
-        "vllm_env": {
-            k: v
-            for k, v in vllm_env().items()
-            if k in ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
-        }
-        if "vllm" in args.systems
-        else None,
+        "offline": {"num_prompts": args.num_prompts, **lengths, "token_ids": "[100, the model's vocabulary)"},
+        "http": {**http, **lengths},
+        "vllm_env": {k: v for k, v in vllm_env().items() if k in env_keys} if "vllm" in args.systems else None,
         "models": {name: describe(MODELS[name]) for name in args.models},
-        "llamacpp": "llama-server -np 32 -c 32768 -b 512 -ub 512 -t <cores> (llamacpp.py)"
-        if "llamacpp" in args.systems
-        else None,
+        "llamacpp": llamacpp if "llamacpp" in args.systems else None,
     }
 
 
