@@ -170,6 +170,7 @@ def plot(report: dict, path: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("orcaserve vs request-level batching (labels: offered req/s)", fontsize=10)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # plotted before --out is written
     fig.savefig(path)
     plt.close(fig)
 

@@ -23,11 +23,15 @@ import time
 
 import torch
 
+from orcaserve.bench.peers.parts import ENGINE_LIMITS
 from orcaserve.bench.result import pct
 from orcaserve.bench.serve_client import Result
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.core.slo_budget import check_slo_classes
 from orcaserve.scheduler.model.loader import default_model_path
+
+# The engine of every run, and of orcaserve's server in slo-http: the peers' limits, bf16.
+ENGINE_ARGS = {**ENGINE_LIMITS, "dtype": "bfloat16", "kv_cache_memory": 512 << 20}
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -193,14 +197,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
+    # every run computes the same prompts in full; under fair, each class is a tenant
     engine = Engine.from_pretrained(
-        default_model_path(),
-        dtype="bfloat16",
-        max_num_seqs=32,
-        kv_cache_memory=512 << 20,
-        max_num_batched_tokens=512,
-        enable_prefix_caching=False,  # every run computes the same prompts in full
-        scheduling_policy=args.policy,  # under fair, each class is a tenant
+        default_model_path(), **ENGINE_ARGS, enable_prefix_caching=False, scheduling_policy=args.policy
     )
     step = decode_step(engine, args)
     tpot_ms = args.tpot_ms or round(1000 * step * args.tpot_x, 1)

@@ -80,8 +80,7 @@ def derive_targets(args: argparse.Namespace) -> dict:
     if args.tpot_ms is None or args.ttft_ms is None:
         import gc
 
-        from orcaserve.bench.slo import decode_step
-        from orcaserve.bench.slo_servers import ENGINE_ARGS
+        from orcaserve.bench.slo import ENGINE_ARGS, decode_step
         from orcaserve.scheduler import Engine, default_model_path
 
         if args.threads:

@@ -1,9 +1,7 @@
 """The servers `orcaserve-bench slo-http` (benchmarks/slo_http.py) drives, each a context manager
 that starts it, says how a request of a class is marked, and stops it whole: orcaserve inside a
-fresh TorchServe (orcaserve.bench.harness), vLLM's OpenAI server from its own venv
-(benchmarks/peers: its launcher's environment and process handling, its model conversion).
-Both run with the same engine limits (benchmarks/peers/parts.py ENGINE_LIMITS), bf16, prefix
-caching off."""
+fresh TorchServe (serve_local.torchserve), vLLM's OpenAI server from its own venv (peers/parts.py
+`running`). Both run with slo.ENGINE_ARGS (the peers' limits, bf16), prefix caching off."""
 
 from __future__ import annotations
 
@@ -16,14 +14,8 @@ from typing import Protocol
 
 from orcaserve.bench.harness import free_ports
 from orcaserve.bench.serve_local import orcaserve_archive, torchserve
+from orcaserve.bench.slo import ENGINE_ARGS
 
-ENGINE_ARGS = {  # orcaserve's, as `orcaserve-bench slo` runs it offline
-    "dtype": "bfloat16",
-    "max_num_seqs": 32,
-    "max_num_batched_tokens": 512,
-    "max_model_len": 1024,
-    "kv_cache_memory": 512 << 20,
-}
 CLASS_HEADER, TENANT_HEADER = "X-Slo-Class", "X-Tenant-Id"
 MODEL = "smollm2"
 

@@ -145,9 +145,9 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
     """`orcaserve-bench serve` against `endpoint`: the same seeded requests for every system."""
     out = work / f"{label}-http.json"
     cmd = [*command("serve"), "--endpoint", endpoint, f"--key={key or 'none'}", "--model", label]
-    cmd += f"--concurrency {args.concurrency} --num-requests {args.num_requests} --input-len 16:256 --output-len 8:128"
-    cmd += f" --token-range {args.token_ids[0]}:{args.token_ids[1]} --seed {args.seed} --warmup {args.warmup}"
-    cmd += f" --warmup-load {args.warmup_load} --timeout 900 --out {out} --no-progress".split()
+    flags = f"--concurrency {args.concurrency} --num-requests {args.num_requests} --input-len 16:256 --output-len 8:128"
+    flags += f" --token-range {args.token_ids[0]}:{args.token_ids[1]} --seed {args.seed} --warmup {args.warmup}"
+    cmd += f"{flags} --warmup-load {args.warmup_load} --timeout 900 --out {out} --no-progress".split()
     cmd += ["--model-name", model_name] if model_name else []
     run_logged(cmd, out.with_suffix(".log"), timeout=3600, ok=(0, 1))  # 1: some requests failed (counted below)
     data = json.loads(out.read_text())
