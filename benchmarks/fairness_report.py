@@ -7,102 +7,62 @@ time per output token beside a full batch is at least that ratio times its time 
 from __future__ import annotations
 
 import random
-import re
 import statistics
-import time
+from dataclasses import asdict
 
 from orcaserve.bench.result import markdown_table, pct, pyplot
+from orcaserve.bench.serve_client import Result
 
 # VTC's default costs, as the archives use them: a prompt token 1, an output token 2.
 PROMPT_COST, OUTPUT_COST = 1.0, 2.0
-_SERIES = re.compile(r"^(orca_tenant_\w+)\{([^}]*)\}\s+([-\d.eE+]+)", re.MULTILINE)
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def _spread(r: dict, lo: float, hi: float) -> float:
+def _spread(r: Result, lo: float, hi: float) -> float:
     """Output tokens of request `r` that arrived in [lo, hi), spread evenly from its first token
     to its end (the rate of decode is steady; the first token at TTFT)."""
-    first, end = r["sent"] + r["ttft"], r["sent"] + r["e2e"]
-    n = r["output_tokens"]
+    assert r.ttft is not None and r.e2e is not None
+    first, end, n = r.sent + r.ttft, r.sent + r.e2e, r.output_tokens
     if n <= 1 or end <= first:
         return float(n) if lo <= end < hi else 0.0
     inside = max(0.0, min(hi, end) - max(lo, first))
     return (1 if lo <= first < hi else 0) + (n - 1) * inside / (end - first)
 
 
-def summarize(phase: dict, records: list[dict], start: float, seconds: float, bin_s: float) -> dict:
-    ok = [r for r in records if r["error"] is None and r["e2e"] is not None]
+def summarize(phase: dict, records: list[Result], start: float, seconds: float, bin_s: float) -> dict:
+    """One phase's figures; a request's tenant is its `system`."""
+    ok = [r for r in records if r.error is None and r.e2e is not None and r.ttft is not None]
     end = start + seconds
     tenants = sorted(phase["clients"])
-    tokens = {t: sum(_spread(r, start, end) for r in ok if r["tenant"] == t) for t in tenants}
+    tokens = {t: sum(_spread(r, start, end) for r in ok if r.system == t) for t in tenants}
     # Weighted service in the window: prompt tokens when the first token came, outputs as spread.
-    service = {
-        t: PROMPT_COST * sum(r["input_len"] for r in ok if r["tenant"] == t and start <= r["sent"] + r["ttft"] < end)
-        + OUTPUT_COST * tokens[t]
-        for t in tenants
+    prompts = {
+        t: sum(r.input_len for r in ok if r.system == t and start <= r.sent + (r.ttft or 0) < end) for t in tenants
     }
+    service = {t: PROMPT_COST * prompts[t] + OUTPUT_COST * tokens[t] for t in tenants}
     bins = []
     for i in range(int(seconds // bin_s)):
         lo = start + i * bin_s
-        bins.append({t: round(sum(_spread(r, lo, lo + bin_s) for r in ok if r["tenant"] == t), 1) for t in tenants})
-    b = [r for r in ok if r["tenant"] == "B"]
+        bins.append({t: round(sum(_spread(r, lo, lo + bin_s) for r in ok if r.system == t), 1) for t in tenants})
+    b = [r for r in ok if r.system == "B"]
     total = sum(tokens.values())
     return {
         "name": phase["name"],
         "model": phase["model"],
         "clients": phase["clients"],
-        "requests": {t: sum(r["tenant"] == t for r in ok) for t in tenants},
-        "errors": sum(r["error"] is not None for r in records),
+        "requests": {t: sum(r.system == t for r in ok) for t in tenants},
+        "errors": sum(r.error is not None for r in records),
         "B": {
             "n": len(b),
-            "ttft_p50": pct([r["ttft"] for r in b], 50),
-            "ttft_p99": pct([r["ttft"] for r in b], 99),
-            "e2e_p50": pct([r["e2e"] for r in b], 50),
-            "e2e_p99": pct([r["e2e"] for r in b], 99),
-            "tpot_p50": pct([r["tpot"] for r in b if r.get("tpot") is not None], 50),
-            "output_tokens_mean": statistics.mean(r["output_tokens"] for r in b) if b else None,
+            **{f"{m}_p{q}": pct([getattr(r, m) for r in b], q) for m in ("ttft", "e2e") for q in (50, 99)},
+            "tpot_p50": pct([r.tpot for r in b if r.tpot is not None], 50),
+            "output_tokens_mean": statistics.mean(r.output_tokens for r in b) if b else None,
         },
         "throughput_tok_s": round(total / seconds, 1),
         "tokens": {t: round(v, 1) for t, v in tokens.items()},
         "service": {t: round(v, 1) for t, v in service.items()},
         "share": {t: round(v / total, 4) if total else None for t, v in tokens.items()},
         "bins": bins,
-        "records": records,
-    }
-
-
-def scrape(server) -> dict:
-    """The engine's per-tenant series from `:8082/metrics`: {(name, model, tenant): value}."""
-    try:
-        text = server.metrics()
-    except Exception as e:  # a figure of the report, never a reason to lose the run
-        return {"error": f"{type(e).__name__}: {e}"}
-    now: dict = {}
-    for name, labels, value in _SERIES.findall(text):
-        tags = dict(_LABEL.findall(labels))
-        now[(name, tags.get("ModelName"), tags.get("Tenant"))] = float(value)
-    return now
-
-
-def engine_view(samples: list[tuple[float, dict]], model: str) -> dict:
-    """From metrics scraped every few seconds (the first before the phase, the last after it):
-    the tokens each tenant's counters added over the phase and per interval, and the fairness
-    index as it went."""
-    samples = [(t, snap) for t, snap in samples if "error" not in snap]
-    if len(samples) < 2:
-        return {"error": "too few metrics samples"}
-
-    def delta(a: dict, b: dict, name: str) -> dict:
-        return {k[2]: v - a.get(k, 0.0) for k, v in b.items() if k[0] == name and k[1] == model and v - a.get(k, 0.0)}
-
-    gen = "orca_tenant_generation_tokens_total"
-    return {
-        "prompt_tokens": delta(samples[0][1], samples[-1][1], "orca_tenant_prompt_tokens_total"),
-        "generation_tokens": delta(samples[0][1], samples[-1][1], gen),
-        "generation_bins": [
-            {"t": round(b[0] - samples[0][0], 1), **delta(a[1], b[1], gen)} for a, b in zip(samples, samples[1:])
-        ],
-        "fairness_index": [snap.get(("orca_tenant_fairness_index", model, None)) for _, snap in samples[1:]],
+        "records": [asdict(r) for r in records],
     }
 
 
@@ -191,32 +151,11 @@ def plot(phases: list[dict], path: str, bin_s: float) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _decode_steps(engine, rows: int, context: int, steps: int, rng: random.Random) -> list[float]:
-    """Seconds of each of `steps` whole engine steps while `rows` requests of `context` tokens
-    decode; their prefill runs first, untimed, and they are aborted after."""
-    from orcaserve.scheduler import SamplingParams
-
-    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
-    ids = [f"r{rng.randrange(1 << 30)}-{i}" for i in range(rows)]
-    for rid in ids:
-        engine.add_request(rid, [rng.randrange(1000, 40000) for _ in range(context)], params)
-    started: set[str] = set()
-    while len(started) < rows:  # prefill (chunked by the token budget), one token each
-        started.update(out.request_id for out in engine.step())
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t0)
-    for rid in ids:
-        engine.abort(rid)
-    return times
-
-
 def step_bound(max_num_seqs: int = 16, context: int = 120, steps: int = 20, rounds: int = 3) -> dict:
     """Median decode step (ms) with 1 row and with `max_num_seqs` rows, and their ratio: the default
     model as the archives run it, `context` near the benchmark's mean (80 + 40 tokens decoded
     halfway); the two sizes alternate over `rounds`, so a drift of the machine falls on both."""
+    from orcaserve.bench.slo import decode_steps
     from orcaserve.scheduler import Engine
     from orcaserve.scheduler.model.loader import default_model_path
 
@@ -224,11 +163,11 @@ def step_bound(max_num_seqs: int = 16, context: int = 120, steps: int = 20, roun
         default_model_path(), max_num_seqs=max_num_seqs, kv_cache_memory=256 << 20, enable_prefix_caching=False
     )
     rng = random.Random(0)
-    _decode_steps(engine, max_num_seqs, context, 3, rng)  # warm-up: lazy initialisation, caches
+    decode_steps(engine, max_num_seqs, context, 3, rng)  # warm-up: lazy initialisation, caches
     times: dict[int, list[float]] = {1: [], max_num_seqs: []}
     for _ in range(rounds):
         for rows in times:
-            times[rows] += _decode_steps(engine, rows, context, steps, rng)
+            times[rows] += decode_steps(engine, rows, context, steps, rng)
     one, full = (statistics.median(times[r]) * 1e3 for r in (1, max_num_seqs))
     return {
         "max_num_seqs": max_num_seqs,

@@ -23,8 +23,6 @@ import argparse
 import copy
 import json
 import math
-import os
-import platform
 import random
 import statistics
 import threading
@@ -33,18 +31,16 @@ from functools import partial
 
 import torch
 
-from orcaserve.bench.result import pct, pyplot
+from orcaserve.bench.result import machine, pct, pyplot
 from orcaserve.bench.serve_workload import poisson_offsets
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 
-TOKENS = (100, 40000)
-SERVER_ARGS = {
-    "max_num_seqs": 64,
-    "max_num_batched_tokens": 512,
-}  # handler/model-config.yaml  # token ids drawn from here: plain vocabulary, no special tokens
+TOKENS = (100, 40000)  # token ids drawn from here: plain vocabulary, no special tokens
+SERVER_ARGS = {"max_num_seqs": 64, "max_num_batched_tokens": 512}  # handler/model-config.yaml
+SYSTEM_LEN, PREFIX_LEN, PROBE_SAMPLES, REPEATS = 600, 512, 40, 2  # on/off runs alternate REPEATS times
 
 
 def ks_2samp(a: list[float], b: list[float]) -> tuple[float, float]:
@@ -141,21 +137,16 @@ def plot(times: dict[str, list[float]], tests: dict, path: str) -> None:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--num-requests", type=int, default=64)
-    ap.add_argument("--system-len", type=int, default=600)
-    ap.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second")
-    ap.add_argument("--unshared-rate", type=float, default=1000.0, help="default: all at once, as offline.py")
-    ap.add_argument("--probe-samples", type=int, default=40)
+    ap.add_argument("--rate", type=float, default=4.0, help="Poisson arrivals per second of the shared workload")
     ap.add_argument("--dtype", default=None, help="default: the server's (bf16 where the CPU has it)")
-    ap.add_argument("--repeats", type=int, default=2, help="on/off runs alternate this many times")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None)
 
 
 def run(args: argparse.Namespace) -> dict:
-
     model, tok = load_model_and_tokenizer(default_model_path(), torch.float32, torch.device("cpu"))
     rng = random.Random(args.seed)
-    system = [rng.randrange(*TOKENS) for _ in range(args.system_len)]
+    system = [rng.randrange(*TOKENS) for _ in range(SYSTEM_LEN)]
     shared: list[tuple[list[int], int, str | None]] = [
         (system + [rng.randrange(*TOKENS) for _ in range(rng.randint(8, 24))], rng.randint(16, 48), None)
         for _ in range(args.num_requests)
@@ -165,15 +156,15 @@ def run(args: argparse.Namespace) -> dict:
         for _ in range(args.num_requests)
     ]
     arrivals = poisson_offsets(args.num_requests, args.rate, args.seed)
-    arrivals_unshared = poisson_offsets(args.num_requests, args.unshared_rate, args.seed)
+    arrivals_unshared = [0.0] * args.num_requests  # all at once, as offline.py
 
     results: dict = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": machine(),
         "torch_threads": torch.get_num_threads(),
         "args": vars(args),
         "runs": [],
     }
-    for rep in range(args.repeats):
+    for rep in range(REPEATS):
         for caching in (True, False) if rep % 2 == 0 else (False, True):
             build = partial(
                 Engine.from_model,
@@ -202,7 +193,7 @@ def run(args: argparse.Namespace) -> dict:
                     "unshared": run_stream(loop, unshared, arrivals_unshared),
                 }
                 if caching and rep == 0:
-                    times = probe(loop, args.probe_samples, 512, args.seed)
+                    times = probe(loop, PROBE_SAMPLES, PREFIX_LEN, args.seed)
                     uncached = times["A, never seen"]
                     tests = {
                         k: dict(zip(("D", "p"), ks_2samp(v, uncached)))

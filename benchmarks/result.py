@@ -1,6 +1,6 @@
 """The one result writer: a subcommand's dict plus where and how it was measured (machine, CPU
 kind, commit, command line), as JSON at `--out`; and what the benchmarks' reports share:
-percentiles, Markdown tables, matplotlib without a display."""
+percentiles, Markdown tables and doc sections, matplotlib without a display."""
 
 from __future__ import annotations
 
@@ -110,3 +110,28 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def update_doc(path: str, text: str, begin: str, end: str) -> None:
+    """Replace what stands between the markers `begin` and `end` of the doc at `path` with `text`."""
+    doc = Path(path).read_text()
+    if begin not in doc or end not in doc:
+        raise ValueError(f"{path} has no {begin} ... {end} section")
+    head, rest = doc.split(begin, 1)
+    Path(path).write_text(head + begin + "\n" + text + end + rest.split(end, 1)[1])
+
+
+def machine() -> dict:
+    """The machine a run was measured on, with a one-line `summary` for a report."""
+    kind = cpu_kind()
+    cpu, cores = kind.get("model_name") or kind["machine"], len(os.sched_getaffinity(0))
+    mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    info = {"cpu": cpu, "cores": cores, "memory_gib": mem, "os": platform.platform(), "torch": None}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    info["summary"] = f"{cores} CPU cores ({cpu}), {mem} GiB, {info['os']}, torch {info['torch']}"
+    return info

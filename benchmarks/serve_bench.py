@@ -19,18 +19,9 @@ import sys
 from dataclasses import asdict, dataclass
 
 from orcaserve.bench import cli, serve_local
-from orcaserve.bench.serve_client import Result, run_one, send
-from orcaserve.bench.serve_report import (
-    BEGIN,
-    END,
-    command_line,
-    machine,
-    markdown,
-    plot,
-    summarize,
-    update_doc,
-    verdict,
-)
+from orcaserve.bench.result import machine, update_doc
+from orcaserve.bench.serve_client import Result, run_one
+from orcaserve.bench.serve_report import BEGIN, END, command_line, markdown, plot, summarize, verdict
 from orcaserve.bench.serve_workload import Spec, _counts, _range, make_workload
 
 
@@ -47,41 +38,18 @@ def read_key(args) -> str | None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8080", help="TorchServe inference address")
+    p.add_argument("--endpoint", action="append", default=[], help="OpenAI completions URL (once, or once per --model)")
     p.add_argument(
-        "--endpoint",
-        action="append",
-        default=[],
-        help="full OpenAI completions URL instead of TorchServe's path; once for all --model, or once per --model",
+        "--model", action="append", default=[], help="model (label with --endpoint); first ours, second baseline"
     )
-    p.add_argument(
-        "--model",
-        action="append",
-        default=[],
-        help="model name (with --endpoint: the system's label); repeat to compare systems "
-        "(first = orcaserve, second = baseline)",
-    )
-    p.add_argument(
-        "--model-name",
-        default=None,
-        help="the body's `model` field (default: none for TorchServe, the --model value with --endpoint)",
-    )
-    p.add_argument(
-        "--key", help="inference key, or `none` for no Authorization header (else $ORCASERVE_KEY, else --key-file)"
-    )
+    p.add_argument("--model-name", default=None, help="the body's `model` (default: none, or --model with --endpoint)")
+    p.add_argument("--key", help="inference key, `none`: no header (else $ORCASERVE_KEY, else --key-file)")
     p.add_argument("--key-file", default="key_file.json", help="TorchServe's key_file.json")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="one Poisson arrival rate (req/s)")
     load.add_argument("--rates", help="comma-separated Poisson rates (a sweep)")
-    load.add_argument(
-        "--concurrency", type=int, help="closed loop: this many clients back to back, --num-requests requests in all"
-    )
-    p.add_argument(
-        "--num-requests",
-        type=_counts,
-        default=None,
-        help="requests per rate: N, or N1,N2,... one per rate (default: rate x --duration, "
-        "at least 8; concurrency: 32 in all)",
-    )
+    load.add_argument("--concurrency", type=int, help="closed loop of this many clients, --num-requests in all")
+    p.add_argument("--num-requests", type=_counts, help="N, or N1,N2,... per rate (default: rate x --duration, >= 8)")
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per rate")
     p.add_argument("--input-len", type=_range, default=(8, 128), help="prompt tokens A:B, uniform")
     p.add_argument("--output-len", type=_range, default=(1, 128), help="max_tokens A:B, uniform")
@@ -89,13 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", help="JSONL prompts instead of synthetic ones")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=2, help="unrecorded requests per system first")
-    p.add_argument(
-        "--warmup-load",
-        type=int,
-        default=0,
-        help="then N unrecorded requests of the measured lengths (another seed, so no prompt is cached) "
-        "from the closed loop of --concurrency clients, or from one client with --rate(s) (default 0)",
-    )
+    p.add_argument("--warmup-load", type=int, default=0, help="then N unrecorded requests of the measured kind")
     p.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s)")
     p.add_argument("--out", default="benchmark-serving.json")
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
@@ -132,19 +94,17 @@ def _plan(args: argparse.Namespace) -> Plan:
         raise SystemExit(f"serve: --endpoint: give one URL or one per --model ({len(args.model)})")
     if args.num_requests and len(args.num_requests) not in (1, len(rates)):
         raise SystemExit(f"serve: --num-requests: give one count or one per rate ({len(rates)})")
-    counts = {}
-    for i, rate in enumerate(rates):
-        if args.num_requests:
-            counts[rate] = args.num_requests[i if len(args.num_requests) > 1 else 0]
-        else:
-            counts[rate] = 32 if rate is None else max(8, round(rate * args.duration))
+    n = args.num_requests or []
+    counts = {
+        r: n[i % len(n)] if n else 32 if r is None else max(8, round(r * args.duration)) for i, r in enumerate(rates)
+    }
     base = args.url.rstrip("/")
-    targets = []
-    for i, model in enumerate(args.model):
-        if args.endpoint:
-            targets.append((model, args.endpoint[i if len(args.endpoint) > 1 else 0], args.model_name or model))
-        else:
-            targets.append((model, f"{base}/predictions/{model}/1.0/v1/completions", args.model_name))
+    targets = [
+        (m, args.endpoint[i % len(args.endpoint)], args.model_name or m)
+        if args.endpoint
+        else (m, f"{base}/predictions/{m}/1.0/v1/completions", args.model_name)
+        for i, m in enumerate(args.model)
+    ]
     key = read_key(args)
     return Plan(rates, counts, targets, {"Authorization": f"Bearer {key}"} if key else {}, base)
 
@@ -174,19 +134,14 @@ def _warm_up(args: argparse.Namespace, plan: Plan) -> bool:
     of chunks, and a 2-request warm-up left its JIT compiler threads on up to 0.15 of 2 cores
     during the measurement (docs/performance-log.md#reading-the-table-above-intel-xeon-with-amx-2026-12-04)."""
     for model, url, name in plan.targets:
-        for spec in make_workload(args.warmup, args.seed + 1, (8, 16), (2, 4), args.token_range):
-            r = send(url, plan.headers, spec, model, None, args.timeout, name)
-            if r.error:
-                print(f"warm-up request to {model} failed: {r.error}", file=sys.stderr)
-                return False
+        first = make_workload(args.warmup, args.seed + 1, (8, 16), (2, 4), args.token_range)
+        load = make_workload(args.warmup_load, args.seed + 2, args.input_len, args.output_len, args.token_range)
+        results = run_one(url, model, plan.headers, first, None, 1, 0, args.timeout, None, name)
         if args.warmup_load:
-            specs = make_workload(args.warmup_load, args.seed + 2, args.input_len, args.output_len, args.token_range)
-            clients = args.concurrency or 1
-            results = run_one(url, model, plan.headers, specs, None, clients, 0, args.timeout, None, name)
-            failed = [r for r in results if r.error]
-            if failed:
-                print(f"warm-up load on {model}: {len(failed)} requests failed: {failed[0].error}", file=sys.stderr)
-                return False
+            results += run_one(url, model, plan.headers, load, None, args.concurrency or 1, 0, args.timeout, None, name)
+        if failed := [r for r in results if r.error]:
+            print(f"warm-up of {model}: {len(failed)} requests failed: {failed[0].error}", file=sys.stderr)
+            return False
     return True
 
 
@@ -198,26 +153,16 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
         bar = tqdm(total=sum(plan.counts.values()) * len(plan.targets), unit="req", dynamic_ncols=True)
     results: list[Result] = []
     summaries = []
-    try:
-        for rate in plan.rates:  # interleave systems per rate: drifting machine load hits both alike
-            for model, url, name in plan.targets:
-                res = run_one(
-                    url,
-                    model,
-                    plan.headers,
-                    specs[: plan.counts[rate]],
-                    rate,
-                    args.concurrency,
-                    args.seed,
-                    args.timeout,
-                    bar,
-                    name,
-                )
-                results += res
-                summaries.append(summarize(res, rate, args.concurrency))
-    finally:
-        if bar is not None:
-            bar.close()
+    for rate in plan.rates:  # interleave systems per rate: drifting machine load hits both alike
+        for model, url, name in plan.targets:
+            n = plan.counts[rate]
+            res = run_one(
+                url, model, plan.headers, specs[:n], rate, args.concurrency, args.seed, args.timeout, bar, name
+            )
+            results += res
+            summaries.append(summarize(res, rate, args.concurrency))
+    if bar is not None:
+        bar.close()
     return results, summaries
 
 
@@ -265,7 +210,7 @@ def _measure(args: argparse.Namespace) -> dict:
     plot(report, plot_path)
     text = markdown(report)
     if args.update_doc:
-        update_doc(args.update_doc, text)
+        update_doc(args.update_doc, text, BEGIN, END)
     print(text)
     errors = sum(s["errors"] for s in summaries)
     for r in [r for r in all_results if r.error][:5]:

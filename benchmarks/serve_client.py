@@ -1,11 +1,14 @@
-"""The load generator's client (benchmarks/serve_bench.py): one streamed OpenAI completions request with
-its timings, and one rate's (or one closed loop's) worth of them."""
+"""The one client of every HTTP benchmark (serve, fair, slo-http, peers): one streamed OpenAI
+completions request and its timings (`Result`, the one per-request record), and the two ways to
+load a server with them: closed-loop clients (`clients`) and Poisson arrivals (`arrivals`)."""
 
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -104,7 +107,31 @@ def send(
     return res
 
 
-# ---- one run (system x rate) -----------------------------------------------------------------
+# ---- loads -----------------------------------------------------------------------------------
+def clients(n: int, take: Callable[[int], Spec | None], one: Callable[[int, Spec], None], until: float = math.inf):
+    """`n` closed-loop clients, started: client k sends `take(k)` (None: it stops) with `one(k, spec)`
+    and takes the next when it is answered, until time.time() passes `until`. Join the threads."""
+
+    def client(k: int) -> None:
+        while time.time() < until and (spec := take(k)) is not None:
+            one(k, spec)
+
+    threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(n)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def arrivals(specs: list[Spec], offsets: list[float], one: Callable[[Spec], None]) -> None:
+    """`one(spec)` for each spec at its offset (s) from now, each in its own thread; returns when
+    all are answered."""
+    with ThreadPoolExecutor(max_workers=max(1, min(len(specs), 512))) as pool:
+        start = time.time()
+        for spec, off in zip(specs, offsets):
+            time.sleep(max(0.0, start + off - time.time()))
+            pool.submit(one, spec)
+
+
 def run_one(
     url: str,
     model: str,
@@ -122,40 +149,24 @@ def run_one(
     results: list[Result] = []
     lock = threading.Lock()
 
-    def task(spec: Spec) -> None:
+    def one(spec: Spec, *_) -> None:
         res = send(url, headers, spec, model, rate, timeout, model_name)
         with lock:
             results.append(res)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(
-                    f"{model} rate={rate if rate is not None else f'c{concurrency}'} "
-                    f"errors={sum(r.error is not None for r in results)}"
-                )
+                bar.set_postfix_str(f"{model} errors={sum(r.error is not None for r in results)}")
 
     if concurrency:
-        queue = list(specs)
+        queue = list(reversed(specs))
 
-        def client() -> None:
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    spec = queue.pop(0)
-                task(spec)
+        def take(_: int) -> Spec | None:
+            with lock:
+                return queue.pop() if queue else None
 
-        threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
-        for t in threads:
-            t.start()
-        for t in threads:
+        for t in clients(concurrency, take, lambda _, spec: one(spec)):
             t.join()
     else:
-        offsets = poisson_offsets(len(specs), rate, seed)
-        with ThreadPoolExecutor(max_workers=min(len(specs), 512)) as pool:
-            start = time.perf_counter()
-            for spec, off in zip(specs, offsets):
-                delay = start + off - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                pool.submit(task, spec)
+        assert rate is not None
+        arrivals(specs, poisson_offsets(len(specs), rate, seed), one)
     return sorted(results, key=lambda r: r.index)

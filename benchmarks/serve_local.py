@@ -1,7 +1,9 @@
-"""`orcaserve-bench serve --start-torchserve`: orcaserve and the request-level baseline side by side
-in one TorchServe started for the run (free loopback ports, token auth, its own scratch folder),
-then stopped. Archives: orcaserve `smollm2` (with `--set` overrides) and the baseline
-`smollm2-baseline` (`--batch-size`, `--max-batch-delay`), both at `--dtype` when given."""
+"""The one TorchServe launcher of the HTTP benchmarks (serve, fair, slo-http, peers): archives of
+orcaserve (any model, handler overrides) and of the request-level baseline built into a scratch
+folder, served by a fresh TorchServe (free loopback ports, token auth, a job queue deep enough
+for a flood), stopped whole after. `orcaserve-bench serve --start-torchserve` starts orcaserve
+`smollm2` (with `--set` overrides) and the baseline `smollm2-baseline` (`--batch-size`,
+`--max-batch-delay`) side by side, both at `--dtype` when given."""
 
 from __future__ import annotations
 
@@ -13,7 +15,26 @@ from pathlib import Path
 
 import yaml
 
+from orcaserve.bench.harness import TorchServe, registered
+
 ORCA, BASELINE = "smollm2", "smollm2-baseline"
+
+
+def orcaserve_archive(work: Path, name: str, overrides: dict, model: str = "default") -> str:
+    """orcaserve's archive `name` of `model` (default: the bundled SmolLM2) in `work`'s model store."""
+    from orcaserve.handler.archive import build
+
+    build(model, name, str(work / "model-store"), fmt="no-archive", overrides=overrides, force=True)
+    return name
+
+
+@contextmanager
+def torchserve(work: Path, names: list[str], queue: int = 1000) -> Iterator[TorchServe]:
+    """TorchServe serving the archives `names` of `work`'s model store, registered; its logs are
+    printed if start-up fails."""
+    config = {"job_queue_size": str(queue), "default_response_timeout": "900"}
+    with registered(TorchServe(work / "ts", work / "model-store", extra_config=config), names) as ts:
+        yield ts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,24 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None]]:
     """TorchServe serving `args.model` (default: both systems); yields its URL and inference key."""
     from orcaserve.bench.baseline.baseline_archive import build_archive
-    from orcaserve.bench.harness import TorchServe
-    from orcaserve.handler.archive import build
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="orcaserve-serve-"))
-    store = work / "model-store"
-    if not args.model:
-        args.model = [ORCA, BASELINE]
+    args.model = args.model or [ORCA, BASELINE]
     overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
-    if args.dtype:
-        overrides["dtype"] = args.dtype
+    overrides.update({"dtype": args.dtype} if args.dtype else {})
     if ORCA in args.model:
-        build("default", ORCA, str(store), "no-archive", overrides=overrides, force=True)
+        orcaserve_archive(work, ORCA, overrides)
     if BASELINE in args.model:
-        build_archive(str(store), BASELINE, args.batch_size, args.max_batch_delay, dtype=args.dtype)
+        build_archive(str(work / "model-store"), BASELINE, args.batch_size, args.max_batch_delay, dtype=args.dtype)
     print(f"== TorchServe in {work}", flush=True)
-    with TorchServe(
-        work / "ts", store, extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}
-    ) as ts:
-        for name in args.model:
-            ts.register(name)
+    with torchserve(work, args.model) as ts:
         yield ts.url(""), ts.keys.get("inference")

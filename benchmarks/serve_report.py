@@ -1,13 +1,11 @@
-"""Aggregation and reporting for benchmarks/serve_bench.py: percentiles, per-run summaries, the verdict
-on the issue's two claims, the Markdown table, the latency-throughput plot and the machine record.
-"""
+"""The report of benchmarks/serve_bench.py: per-run summaries, the verdict on ORCA's two claims,
+the Markdown table and the latency-throughput plot."""
 
 from __future__ import annotations
 
 import os
-import platform
 
-from orcaserve.bench.result import cpu_kind, markdown_table, pct, pyplot
+from orcaserve.bench.result import markdown_table, pct, pyplot
 
 BEGIN, END = "<!-- serve-results:begin -->", "<!-- serve-results:end -->"
 
@@ -74,20 +72,11 @@ def verdict(summaries: list[dict], ours: str, baseline: str) -> dict | None:
     peak_a = max(s["output_tokens_per_s"] for s in a)
     peak_b = max(s["output_tokens_per_s"] for s in b)
     rows = []
-    for sb in b:
-        if sb.get("rate") is None or sb.get("saturated") is not False:
-            continue
+    for sb in b:  # the rates where the baseline kept up
         sa = next((s for s in a if s.get("rate") == sb["rate"]), None)
-        if sa is None:
-            continue
-        rows.append(
-            {
-                "rate": sb["rate"],
-                ours: sa["e2e"]["p50"],
-                baseline: sb["e2e"]["p50"],
-                "lower": sa["e2e"]["p50"] < sb["e2e"]["p50"],
-            }
-        )
+        if sb.get("rate") is not None and sb.get("saturated") is False and sa is not None:
+            x, y = sa["e2e"]["p50"], sb["e2e"]["p50"]
+            rows.append({"rate": sb["rate"], ours: x, baseline: y, "lower": x < y})
     errors = sum(s["errors"] for s in summaries)
     return {
         "system": ours,
@@ -115,20 +104,14 @@ def markdown(report: dict) -> str:
         if not s.get("completed"):
             rows.append([s["system"], load, 0, s["errors"], *["-"] * 6])
             continue
-        rows.append(
-            [
-                s["system"],
-                load,
-                f"{s['completed']}/{s['requests']}",
-                s["errors"],
-                _f(s["request_throughput"]),
-                _f(s["output_tokens_per_s"], ".1f"),
-                f"{_f(s['ttft']['p50'])} / {_f(s['ttft']['p99'])}",
-                _f(s["tpot"]["p50"], ".3f"),
-                f"{_f(s['e2e']['p50'])} / {_f(s['e2e']['p90'])} / {_f(s['e2e']['p99'])}",
-                _SAT.get(s.get("saturated"), "-"),
-            ]
+        ttft, e2e = (
+            " / ".join(_f(s[m][q]) for q in qs) for m, qs in (("ttft", ("p50", "p99")), ("e2e", ("p50", "p90", "p99")))
         )
+        done = f"{s['completed']}/{s['requests']}"
+        rows.append(
+            [s["system"], load, done, s["errors"], _f(s["request_throughput"]), _f(s["output_tokens_per_s"], ".1f")]
+        )
+        rows[-1] += [ttft, _f(s["tpot"]["p50"], ".3f"), e2e, _SAT.get(s.get("saturated"), "-")]
     header = ["system", "rate (req/s)", "done", "errors", "req/s", "output tok/s", "TTFT p50 / p99 (s)"]
     header += ["TPOT p50 (s)", "e2e p50 / p90 / p99 (s)", "saturated"]
     lines = [f"Measured {report['date']} on {report['machine']['summary']}.", "", "```", report["command"], "```", ""]
@@ -142,19 +125,16 @@ def markdown(report: dict) -> str:
             f"Peak output tokens/s: {ours} {peak[ours]:.1f}, {base} {peak[base]:.1f}: "
             f"**{_f(v['peak_ratio'])}x** (target >= 3x: {'met' if v['peak_ratio_at_least_3x'] else 'NOT met'}).",
         ]
-        rows = v["p50_e2e_at_unsaturated_baseline_rates"]
-        if rows:
-            parts = [f"{r['rate']} req/s: {r[ours]:.2f} s vs {r[base]:.2f} s" for r in rows]
-            lines.append(
-                f"p50 e2e where {base} is not saturated ({ours} vs {base}): "
-                + "; ".join(parts)
-                + f" (lower at every such rate: {'yes' if v['p50_e2e_lower_at_all_unsaturated'] else 'NO'})."
-            )
-        else:
-            lines.append(
-                f"{base} was saturated (or had too few requests to tell) at every rate of this sweep: "
-                "no p50 comparison below saturation."
-            )
+        parts = [
+            f"{r['rate']} req/s: {r[ours]:.2f} s vs {r[base]:.2f} s" for r in v["p50_e2e_at_unsaturated_baseline_rates"]
+        ]
+        lower = "yes" if v["p50_e2e_lower_at_all_unsaturated"] else "NO"
+        where = f"p50 e2e where {base} is not saturated ({ours} vs {base}): "
+        lines.append(
+            f"{where}{'; '.join(parts)} (lower at every such rate: {lower})."
+            if parts
+            else f"{base} was saturated (or had too few requests to tell) at every rate: no p50 comparison below it."
+        )
         lines.append(f"Errors: {v['errors']}.")
     if report.get("plot"):
         lines += ["", f"![latency vs throughput]({os.path.basename(report['plot'])})"]
@@ -190,53 +170,15 @@ def plot(report: dict, path: str) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("orcaserve vs request-level batching (labels: offered req/s)", fontsize=10)
     fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # plotted before --out is written
     fig.savefig(path)
     plt.close(fig)
 
 
-def update_doc(path: str, text: str, begin: str = BEGIN, end: str = END) -> None:
-    """Replace what stands between the markers `begin` and `end` of the doc at `path` with `text`."""
-    with open(path) as f:
-        doc = f.read()
-    if begin not in doc or end not in doc:
-        raise ValueError(f"{path} has no {begin} ... {end} section")
-    head, rest = doc.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    with open(path, "w") as f:
-        f.write(head + begin + "\n" + text + end + tail)
-
-
-def machine() -> dict:
-    """The machine a serving run was measured on, with a one-line `summary` for the report."""
-    kind = cpu_kind()
-    cpu, cores = kind.get("model_name") or kind["machine"], len(os.sched_getaffinity(0))
-    mem = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    info = {
-        "cpu": cpu,
-        "cores": cores,
-        "memory_gib": mem,
-        "os": platform.platform(),
-        "python": platform.python_version(),
-    }
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-    except ImportError:
-        pass
-    info["summary"] = f"{cores} CPU cores ({cpu}), {mem} GiB, {info['os']}, torch {info.get('torch')}"
-    return info
-
-
 def command_line(argv: list[str]) -> str:
     """This run's command, with the inference key replaced by `$KEY`."""
-    shown, hide = [], False
-    for a in argv:
-        if hide:
-            shown.append("$KEY")
-        elif a.startswith("--key="):
-            shown.append("--key=$KEY")
-        else:
-            shown.append(a if " " not in a else repr(a))
-        hide = a == "--key"
-    return "orcaserve-bench " + " ".join(shown)
+    shown = [
+        "$KEY" if prev == "--key" else "--key=$KEY" if a.startswith("--key=") else a
+        for prev, a in zip(["", *argv], argv)
+    ]
+    return "orcaserve-bench " + " ".join(a if " " not in a else repr(a) for a in shown)

@@ -1,50 +1,37 @@
 """Latency targets and goodput: a two-class workload through the engine in one process, fcfs
-against the latency-target step (docs/latency-targets.md), and a sweep over the TPOT target.
+against the latency-target step, and a sweep over the TPOT target (docs/latency-targets.md).
 
     orcaserve-bench slo [--seconds 40] [--rate 2] [--flood 8] [--sweep 2,3,4,6] [--out out.json]
 
-Interactive requests (prompts of `--short` random tokens, `--short-out` tokens out) arrive as a
-Poisson process of `--rate` per second with targets; a batch flood keeps `--flood` requests of
-`--long`-token prompts in flight (closed loop: a new one the moment one ends) with none. Targets
-default to multiples of the decode step measured first with the flood alone (`--tpot-x` 4,
-`--ttft-x` 10), or are given in ms. Each run reports per class the attainment (TTFT, TPOT,
-both), goodput by vLLM's definition (`request_goodput`: requests per second meeting every
-target, TPOT per request = (e2e - TTFT) / (output tokens - 1)) and the total output throughput.
-The first run serves the same requests without classes (`--policy`, fcfs by default; under fair
-each class is a tenant), judged against the same targets; the others with them. `--alone` runs
-the interactive class without the flood first, and gives each run's p50 TPOT as a multiple of it
-(the light tenant's time per output token beside the flood against its time alone).
+Interactive requests (`--short` prompt tokens, `--short-out` out) arrive as a Poisson process of
+`--rate` per second with targets; a batch flood keeps `--flood` requests of `--long` tokens in
+flight with none. Targets default to multiples of the decode step measured first with the flood
+alone (`--tpot-x`, `--ttft-x`), or are given in ms. Per class and run: attainment, goodput by
+vLLM's definition (requests per second meeting every target, TPOT = (e2e - TTFT) / (output
+tokens - 1)), output throughput. The first run serves the same requests without classes
+(`--policy`); `--alone` first runs the interactive class without the flood, and gives each run's
+p50 TPOT as a multiple of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
+from orcaserve.bench.peers.parts import ENGINE_LIMITS
+from orcaserve.bench.result import pct
+from orcaserve.bench.serve_client import Result
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.core.slo_budget import check_slo_classes
 from orcaserve.scheduler.model.loader import default_model_path
 
-
-@dataclass
-class Record:
-    """One finished request, in seconds from its arrival."""
-
-    cls: str
-    ttft: float
-    e2e: float
-    output_tokens: int
-
-    @property
-    def tpot(self) -> float:
-        return (self.e2e - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+# The engine of every run, and of orcaserve's server in slo-http: the peers' limits, bf16.
+ENGINE_ARGS = {**ENGINE_LIMITS, "dtype": "bfloat16", "kv_cache_memory": 512 << 20}
 
 
 def parse_goodput(items: list[str]) -> dict[str, float]:
@@ -58,14 +45,36 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
     return targets
 
 
-def meets(r: Record, targets: dict[str, float]) -> bool:
-    got = {"ttft": r.ttft, "tpot": r.tpot, "e2el": r.e2e}
-    return all(got[name] <= limit for name, limit in targets.items())
+def meets(r: Result, targets: dict[str, float]) -> bool:
+    """Whether a request that completed met every target (TPOT of one output token: 0)."""
+    got = {"ttft": r.ttft, "tpot": r.tpot or 0.0, "e2el": r.e2e}
+    return r.error is None and all((got[name] or 0.0) <= limit for name, limit in targets.items())
 
 
-def request_goodput(records: list[Record], targets: dict[str, float], duration: float) -> float:
-    """vLLM's goodput: completed requests per second that meet every target."""
-    return sum(meets(r, targets) for r in records) / duration
+def by_class(records: list[Result], targets: dict[str, float], seconds: float) -> dict:
+    """Per class (`Result.system`): attainment of the interactive class's `targets` (seconds),
+    goodput (requests per second meeting every target of their class: the batch class has none,
+    each completed one counts), TTFT/TPOT percentiles in ms."""
+    out: dict = {}
+    for cls in ("interactive", "batch"):
+        rs = [r for r in records if r.system == cls]
+        ok = [r for r in rs if r.error is None]
+        if not rs:
+            continue
+        judged = targets if cls == "interactive" else {}
+        row: dict = {"requests": len(rs), "errors": len(rs) - len(ok)}
+        row["goodput_rps"] = round(sum(meets(r, judged) for r in ok) / seconds, 3)
+        if judged:
+            row["attainment"] = round(sum(meets(r, judged) for r in ok) / len(rs), 3)
+            for name in judged:
+                row[f"{name}_attainment"] = round(sum(meets(r, {name: judged[name]}) for r in ok) / len(rs), 3)
+        ttft, tpot = [r.ttft or 0.0 for r in ok], [r.tpot or 0.0 for r in ok]
+        for name, vals in (("ttft", ttft), ("tpot", tpot)):
+            for q in (50, 99, 100):
+                v = pct(vals, q)
+                row[f"{'max' if q == 100 else f'p{q}'}_{name}_ms"] = None if v is None else round(1000 * v, 1)
+        out[cls] = row
+    return out
 
 
 class Workload:
@@ -75,7 +84,7 @@ class Workload:
         self.engine, self.args = engine, args
         self.rng = random.Random(seed)
         self.open: dict[str, tuple[str, float, list[float]]] = {}  # id -> (class, arrival, token times)
-        self.records: list[Record] = []
+        self.records: list[Result] = []
         self.count = 0
 
     def add(self, cls: str, slo_class: str | None, now: float) -> None:
@@ -89,7 +98,7 @@ class Workload:
         self.engine.add_request(rid, prompt, params, arrival_time=now, tenant=cls, slo_class=slo_class)
         self.open[rid] = (cls, now, [])
 
-    def run(self, seconds: float, classes: bool) -> tuple[list[Record], float, float]:
+    def run(self, seconds: float, classes: bool) -> tuple[list[Result], float, float]:
         """Run for `seconds`; (records of requests that arrived in the window, output tokens/s,
         tokens computed (prompt and output) per second), the rates over the window."""
         start = time.time()
@@ -122,8 +131,10 @@ class Workload:
                 if out.finished:
                     del self.open[out.request_id]
                     if out.finish_reason in ("stop", "length") and out.times.first_token is not None:
-                        first, done = out.times.first_token, out.times.finished or stamp
-                        self.records.append(Record(cls, first - arrival, done - arrival, out.completion_tokens))
+                        first, done, n = out.times.first_token, out.times.finished or stamp, out.completion_tokens
+                        r = Result(len(self.records), cls, None, 0, n, arrival, first - arrival, done - arrival)
+                        r.output_tokens, r.tpot = n, (done - first) / (n - 1) if n > 1 else None
+                        self.records.append(r)
                     if cls == "batch" and stamp < end:
                         self.add("batch", "batch" if classes else None, stamp)
         for rid in list(self.open):  # the flood's last requests
@@ -132,38 +143,34 @@ class Workload:
         return self.records, tokens / seconds, computed / seconds
 
 
+def decode_steps(engine: Engine, rows: int, context: int, steps: int, rng: random.Random) -> list[float]:
+    """Seconds of each of `steps` whole engine steps while `rows` requests of `context` tokens
+    decode; their prefill runs first, untimed, and they are aborted after."""
+    params = SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True)
+    ids = [f"r{rng.randrange(1 << 30)}-{i}" for i in range(rows)]
+    for rid in ids:
+        engine.add_request(rid, [rng.randrange(1000, 40000) for _ in range(context)], params)
+    started: set[str] = set()
+    while len(started) < rows:  # prefill (chunked by the token budget), one token each
+        started.update(out.request_id for out in engine.step())
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+    for rid in ids:
+        engine.abort(rid)
+    return times
+
+
 def decode_step(engine: Engine, args: argparse.Namespace) -> float:
     """Median seconds of a step of the flood's decodes alone (the unit the targets scale)."""
-    w = Workload(engine, args, seed=0)
-    for _ in range(args.flood):
-        w.add("batch", None, time.time())
-    times = []
-    while engine.has_unfinished():
-        t = time.perf_counter()
-        outs = engine.step()
-        if all(len(o.new_token_ids) == 1 for o in outs) and len(outs) == args.flood:
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return statistics.median(decode_steps(engine, args.flood, args.long, args.long_out, random.Random(0)))
 
 
-def summary(records: list[Record], targets: dict[str, float], seconds: float, rates: tuple[float, float]) -> dict:
-    out: dict = {"output_tokens_per_s": round(rates[0], 2), "computed_tokens_per_s": round(rates[1], 1)}
-    for cls in ("interactive", "batch"):
-        rs = [r for r in records if r.cls == cls]
-        if not rs:
-            continue
-        judged = targets if cls == "interactive" else {}
-        row = {"requests": len(rs), "goodput_rps": round(request_goodput(rs, judged, seconds), 3)}
-        if judged:
-            row["attainment"] = round(sum(meets(r, judged) for r in rs) / len(rs), 3)
-            for name in judged:
-                row[f"{name}_attainment"] = round(sum(meets(r, {name: judged[name]}) for r in rs) / len(rs), 3)
-        row["p50_ttft_ms"] = round(1000 * statistics.median(r.ttft for r in rs), 1)
-        row["p99_ttft_ms"] = round(1000 * sorted(r.ttft for r in rs)[math.ceil(0.99 * len(rs)) - 1], 1)
-        row["p50_tpot_ms"] = round(1000 * statistics.median(r.tpot for r in rs), 1)
-        row["max_tpot_ms"] = round(1000 * max(r.tpot for r in rs), 1)
-        out[cls] = row
-    return out
+def summary(records: list[Result], targets: dict[str, float], seconds: float, rates: tuple[float, float]) -> dict:
+    out = {"output_tokens_per_s": round(rates[0], 2), "computed_tokens_per_s": round(rates[1], 1)}
+    return {**out, **by_class(records, targets, seconds)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,14 +197,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
+    # every run computes the same prompts in full; under fair, each class is a tenant
     engine = Engine.from_pretrained(
-        default_model_path(),
-        dtype="bfloat16",
-        max_num_seqs=32,
-        kv_cache_memory=512 << 20,
-        max_num_batched_tokens=512,
-        enable_prefix_caching=False,  # every run computes the same prompts in full
-        scheduling_policy=args.policy,  # under fair, each class is a tenant
+        default_model_path(), **ENGINE_ARGS, enable_prefix_caching=False, scheduling_policy=args.policy
     )
     step = decode_step(engine, args)
     tpot_ms = args.tpot_ms or round(1000 * step * args.tpot_x, 1)
@@ -223,7 +225,8 @@ def run(args: argparse.Namespace) -> dict:
         records, out_rate, computed_rate = Workload(engine, args, seed=1).run(args.seconds, classes)
         row = summary(records, {**targets, "tpot": tpot / 1000.0}, args.seconds, (out_rate, computed_rate))
         if args.goodput:
-            row["goodput_rps_extra"] = round(request_goodput(records, parse_goodput(args.goodput), args.seconds), 3)
+            extra = parse_goodput(args.goodput)
+            row["goodput_rps_extra"] = round(sum(meets(r, extra) for r in records) / args.seconds, 3)
         row["step_cost_relative_error"] = engine.scheduler.cost.relative_error
         if classes:  # found unable to make their TTFT (then served best effort)
             row["interactive_late"] = getattr(engine.stats.slo.get("interactive"), "late", 0) - late

@@ -1,86 +1,48 @@
 """Latency targets over HTTP: `orcaserve-bench slo`'s two-class workload driven through real
 servers, one after the other: orcaserve inside TorchServe with its classes (`slo_classes`, the
 class header) and vLLM's OpenAI server with its priority policy (docs/latency-targets.md,
-"Over HTTP").
+"Over HTTP", says what each system is sent and what is reported).
 
     orcaserve-bench slo-http [--systems orcaserve,vllm] [--seconds 40] [--rate 0.5] [--flood 4]
                              [--plain] [--policy fair] [--out out.json]
 
 The targets are derived once, from orcaserve's step of the flood's decodes measured in this
-process first (as `slo` does; `--tpot-ms`/`--ttft-ms` give them instead), printed, and are the
-same numbers for every system. Each system gets the very same requests: streamed completions of
-token-id prompts with `ignore_eos`, interactive ones (`--short` tokens in, `--short-out` out) at
-Poisson arrivals of `--rate` per second over `--seconds`, beside `--flood` closed-loop clients
-sending `--long`-token prompts (`--long-out` out) until the window ends. orcaserve: the
-interactive requests carry `X-Slo-Class: interactive`, the flood's `batch` (a class without
-targets); under `--policy fair` they carry a tenant header instead, and `tenant_slo_class` gives
-the interactive tenant its class. vLLM (`--scheduling-policy priority`): `priority` 0 for the
-interactive requests, 1 for the flood's (lower is served first). `--plain` also runs each server
-without the classes (orcaserve: no header; vLLM: every `priority` 0), judged by the same targets.
-Reported per run: interactive attainment and goodput (requests per second meeting both targets,
-TPOT per request = (e2e - TTFT) / (output tokens - 1)), the flood's completed requests per
-second (no targets: each counts), TTFT/TPOT percentiles, output tokens per second.
-
-Needs benchmarks/peers/setup_vllm.sh for vLLM (and converts the model for it once).
+process first (as `slo` does; `--tpot-ms`/`--ttft-ms` give them instead), and are the same for
+every system; every system gets the very same requests. `--plain` also runs each server without
+the classes, judged by the same targets. Needs benchmarks/peers/setup_vllm.sh for vLLM.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from orcaserve.bench.serve_client import Result, send
-from orcaserve.bench.serve_workload import Spec
+from orcaserve.bench.serve_client import Result, arrivals, clients, send
+from orcaserve.bench.serve_workload import Spec, _range
+from orcaserve.bench.slo import by_class
 from orcaserve.bench.slo_servers import SERVERS, Server
-
-
-def token_range(text: str) -> tuple[int, int]:
-    """`A:B` -> the prompts' token ids, drawn from [A, B)."""
-    a, _, b = text.partition(":")
-    if not (a.isdigit() and b.isdigit() and int(a) < int(b)):
-        raise argparse.ArgumentTypeError(f"want A:B with A < B, got {text!r}")
-    return int(a), int(b)
-
-
-class Workload:
-    """The requests both systems get: the interactive arrivals and prompts, and the flood's
-    prompts in the order its clients take them."""
-
-    def __init__(self, args: argparse.Namespace, seed: int) -> None:
-        rng = random.Random(seed)
-        self.args = args
-        self.arrivals: list[float] = []  # offsets from the start, s
-        t = rng.expovariate(args.rate)
-        while t < args.seconds:
-            self.arrivals.append(t)
-            t += rng.expovariate(args.rate)
-        self.interactive = [self._spec(rng, i, args.short, args.short_out) for i in range(len(self.arrivals))]
-        self.rng = rng  # the flood's prompts, drawn as its clients ask
-        self.lock = threading.Lock()
-        self.flood_count = 0
-
-    def _spec(self, rng: random.Random, index: int, n: int, out: int) -> Spec:
-        return Spec(index, [rng.randrange(*self.args.token_range) for _ in range(n)], n, out)
-
-    def next_flood(self) -> Spec:
-        with self.lock:
-            self.flood_count += 1
-            return self._spec(self.rng, 100000 + self.flood_count, self.args.long, self.args.long_out)
 
 
 def drive(server: Server, args: argparse.Namespace, classes: bool, seed: int = 1) -> dict:
     """One run against a started server: {"records": results by class, "duration_s": seconds from
-    the first send to the last answer}."""
-    work = Workload(args, seed)
-    start = time.time()
-    end = start + args.seconds
+    the first send to the last answer}. Every system gets the same requests: the interactive
+    arrivals and prompts, and the flood's prompts in the order its clients take them."""
+    rng = random.Random(seed)
+    offsets = list(
+        itertools.takewhile(
+            lambda t: t < args.seconds, itertools.accumulate(rng.expovariate(args.rate) for _ in itertools.count())
+        )
+    )
+    ids = lambda n: [rng.randrange(*args.token_range) for _ in range(n)]  # noqa: E731
+    interactive = [Spec(i, ids(args.short), args.short, args.short_out) for i in range(len(offsets))]
     records: dict[str, list[Result]] = {"interactive": [], "batch": []}
+    flood = itertools.count(100001)
     lock = threading.Lock()
 
     def one(cls: str, spec: Spec) -> None:
@@ -89,59 +51,23 @@ def drive(server: Server, args: argparse.Namespace, classes: bool, seed: int = 1
         with lock:
             records[cls].append(res)
 
-    def flood_client() -> None:
-        while time.time() < end:
-            one("batch", work.next_flood())
+    def take(_: int) -> Spec:
+        with lock:
+            return Spec(next(flood), ids(args.long), args.long, args.long_out)
 
-    flood = [threading.Thread(target=flood_client, daemon=True) for _ in range(args.flood)]
-    for t in flood:
-        t.start()
-    with ThreadPoolExecutor(max_workers=max(1, min(len(work.interactive), 256))) as pool:
-        for spec, offset in zip(work.interactive, work.arrivals):
-            delay = start + offset - time.time()
-            if delay > 0:
-                time.sleep(delay)
-            pool.submit(one, "interactive", spec)
-    for t in flood:
+    start = time.time()
+    threads = clients(args.flood, take, lambda _, spec: one("batch", spec), until=start + args.seconds)
+    arrivals(interactive, offsets, lambda spec: one("interactive", spec))
+    for t in threads:
         t.join()
     return {"records": records, "duration_s": time.time() - start}
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return round(1000 * values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))], 1)
-
-
 def summarize(run: dict, targets: dict[str, float], seconds: float) -> dict:
-    """Per class figures of one run; the interactive class judged against `targets` (seconds)."""
-    out: dict = {}
-    tokens = 0
-    for cls, rs in run["records"].items():
-        ok = [r for r in rs if r.error is None and r.ttft is not None]
-        tokens += sum(r.output_tokens for r in ok)
-        row: dict = {"requests": len(rs), "errors": len(rs) - len(ok)}
-        if cls == "interactive":
-            good = [r for r in ok if r.ttft <= targets["ttft"] and (r.tpot or 0.0) <= targets["tpot"]]
-            row["attainment"] = round(len(good) / len(rs), 3) if rs else None
-            row["ttft_attainment"] = round(sum(r.ttft <= targets["ttft"] for r in ok) / len(rs), 3) if rs else None
-            row["tpot_attainment"] = (
-                round(sum((r.tpot or 0.0) <= targets["tpot"] for r in ok) / len(rs), 3) if rs else None
-            )
-            row["goodput_rps"] = round(len(good) / seconds, 3)
-        else:
-            row["completed_rps"] = round(len(ok) / seconds, 3)
-        ttfts, tpots = [r.ttft for r in ok], [r.tpot for r in ok if r.tpot is not None]
-        row.update(
-            p50_ttft_ms=_pct(ttfts, 0.5),
-            p99_ttft_ms=_pct(ttfts, 0.99),
-            p50_tpot_ms=_pct(tpots, 0.5),
-            p99_tpot_ms=_pct(tpots, 0.99),
-            max_tpot_ms=_pct(tpots, 1.0),
-        )
-        out[cls] = row
-    out["total_goodput_rps"] = round(out["interactive"]["goodput_rps"] + out["batch"]["completed_rps"], 3)
+    """Per class figures of one run (slo.by_class), the total goodput and output tokens/s."""
+    out = by_class([r for rs in run["records"].values() for r in rs], targets, seconds)
+    tokens = sum(r.output_tokens for rs in run["records"].values() for r in rs if r.error is None)
+    out["total_goodput_rps"] = round(sum(row["goodput_rps"] for row in out.values()), 3)
     out["output_tokens_per_s"] = round(tokens / run["duration_s"], 2)
     out["duration_s"] = round(run["duration_s"], 1)
     return out
@@ -154,8 +80,7 @@ def derive_targets(args: argparse.Namespace) -> dict:
     if args.tpot_ms is None or args.ttft_ms is None:
         import gc
 
-        from orcaserve.bench.slo import decode_step
-        from orcaserve.bench.slo_servers import ENGINE_ARGS
+        from orcaserve.bench.slo import ENGINE_ARGS, decode_step
         from orcaserve.scheduler import Engine, default_model_path
 
         if args.threads:
@@ -179,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slo_arguments(parser)  # the workload's and the targets' options, the same meaning
     parser.set_defaults(rate=0.5, flood=4, sweep="")
     parser.add_argument(
-        "--token-range", type=token_range, default=(100, 49152), help="prompt ids from [A, B) (SmolLM2's, no specials)"
+        "--token-range", type=_range, default=(100, 49152), help="prompt ids from [A, B) (SmolLM2's, no specials)"
     )
     parser.add_argument("--systems", default="orcaserve,vllm", help="which servers, in this order")
     parser.add_argument("--plain", action="store_true", help="also run each server without the classes")

@@ -1,9 +1,7 @@
 """The servers `orcaserve-bench slo-http` (benchmarks/slo_http.py) drives, each a context manager
 that starts it, says how a request of a class is marked, and stops it whole: orcaserve inside a
-fresh TorchServe (orcaserve.bench.harness), vLLM's OpenAI server from its own venv
-(benchmarks/peers: its launcher's environment and process handling, its model conversion).
-Both run with the same engine limits (benchmarks/peers/parts.py ENGINE_LIMITS), bf16, prefix
-caching off."""
+fresh TorchServe (serve_local.torchserve), vLLM's OpenAI server from its own venv (peers/parts.py
+`running`). Both run with slo.ENGINE_ARGS (the peers' limits, bf16), prefix caching off."""
 
 from __future__ import annotations
 
@@ -12,56 +10,40 @@ import shlex
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Protocol
 
-from orcaserve.bench.harness import TorchServe, free_ports, registered
+from orcaserve.bench.harness import free_ports
+from orcaserve.bench.serve_local import orcaserve_archive, torchserve
+from orcaserve.bench.slo import ENGINE_ARGS
 
-ENGINE_ARGS = {  # orcaserve's, as `orcaserve-bench slo` runs it offline
-    "dtype": "bfloat16",
-    "max_num_seqs": 32,
-    "max_num_batched_tokens": 512,
-    "max_model_len": 1024,
-    "kv_cache_memory": 512 << 20,
-}
 CLASS_HEADER, TENANT_HEADER = "X-Slo-Class", "X-Tenant-Id"
 MODEL = "smollm2"
 
 
-class Server:
-    """A started server: its completions URL, and what marks a request of a class."""
+class Server(Protocol):
+    """A started server (a context manager): its completions URL, and what marks a request of a
+    class: `request_for(cls, classes)` -> (headers, extra body fields) of a request of class `cls`
+    ("interactive" or "batch"; `classes` False: the run without them)."""
 
-    LABEL = ""
-    url = ""
-    model_name: str | None = None
-    startup_s = 0.0
+    LABEL: str
+    url: str
+    model_name: str | None
 
-    def __init__(self, args: argparse.Namespace, targets: dict, work: Path) -> None:
-        """`targets`: {"ttft_ms", "tpot_ms"}; `work`: the scratch folder for its files and logs."""
+    def request_for(self, cls: str, classes: bool) -> tuple[dict, dict | None]: ...
 
-    def request_for(self, cls: str, classes: bool) -> tuple[dict, dict | None]:
-        """(headers, extra body fields) of a request of class `cls` ("interactive" or "batch");
-        `classes` False: the run without them."""
-        raise NotImplementedError
+    def label(self, classes: bool) -> str: ...
 
-    def label(self, classes: bool) -> str:
-        raise NotImplementedError
-
-    def describe(self) -> dict:
-        raise NotImplementedError
-
-    def __enter__(self) -> Server:
-        raise NotImplementedError
-
-    def __exit__(self, *exc) -> None:
-        raise NotImplementedError
+    def describe(self) -> dict: ...
 
 
-class Orcaserve(Server):
+class Orcaserve:
     """The default model (SmolLM2's GGUF, served in bf16) archived with two classes: `interactive`
     with the targets, `batch` without. A request names its class in the class header; under
     `fair` each class is a tenant instead (the tenant header), and `tenant_slo_class` gives the
     interactive tenant its class."""
 
     LABEL = "orcaserve+slo"
+    model_name = None
 
     def __init__(
         self, args: argparse.Namespace, targets: dict, work: Path, model: str = "default", engine: dict | None = None
@@ -85,15 +67,9 @@ class Orcaserve(Server):
         self._stack = ExitStack()
 
     def __enter__(self) -> Orcaserve:
-        from orcaserve.handler.archive import build
-
-        store = self.root / "model-store"
-        build(self.model, MODEL, str(store), overrides=self.overrides, force=True)
-        server = TorchServe(
-            self.root / "work", store, extra_config={"job_queue_size": "1000", "default_response_timeout": "900"}
-        )
+        orcaserve_archive(self.root, MODEL, self.overrides, self.model)
         t = time.perf_counter()
-        self.ts = self._stack.enter_context(registered(server, [f"{MODEL}.mar"]))
+        self.ts = self._stack.enter_context(torchserve(self.root, [MODEL]))
         self.startup_s = time.perf_counter() - t
         self.url = self.ts.url(f"/predictions/{MODEL}/1.0/v1/completions")
         return self
@@ -116,7 +92,7 @@ class Orcaserve(Server):
         return {"overrides": self.overrides, "startup_s": round(self.startup_s, 1)}
 
 
-class Vllm(Server):
+class Vllm:
     """vLLM's OpenAI server, `--scheduling-policy priority`, the same limits; the interactive
     requests' `priority` 0, the flood's 1."""
 
@@ -157,4 +133,4 @@ class Vllm(Server):
         return {"command": shlex.join(self.cmd[1:]), "startup_s": round(self.startup_s, 1)}
 
 
-SERVERS: dict[str, type[Server]] = {"orcaserve": Orcaserve, "vllm": Vllm}
+SERVERS: dict[str, type] = {"orcaserve": Orcaserve, "vllm": Vllm}

@@ -30,31 +30,6 @@ _UNSUPPORTED: tuple[tuple[str, Any], ...] = (
 )
 
 
-def _row_sampler(temps: list[float], top_ks: list[int], top_ps: list[float]):
-    """A logits processor applying each row's own temperature / top-k / top-p (0 = greedy row),
-    with the engine's filter, so both systems sample alike.
-
-    Built inside a function so that this module defines exactly one class (TorchServe loads the
-    single class of a handler file).
-    """
-    import torch
-    from transformers import LogitsProcessor
-
-    from orcaserve.scheduler.model.sampler import filter_logits
-
-    class RowSampler(LogitsProcessor):
-        def __call__(self, input_ids, scores):  # noqa: ARG002
-            scores = scores.float()  # [B, V]
-            scale = torch.tensor([t or 1.0 for t in temps], device=scores.device)[:, None]
-            out = filter_logits(scores / scale, top_ks, top_ps, [0.0] * len(temps))
-            for i, t in enumerate(temps):
-                if t == 0.0:  # greedy row: only its argmax survives sampling
-                    out[i] = torch.full_like(out[i], -float("inf")).index_fill_(0, scores[i].argmax(), 0.0)
-            return out
-
-    return RowSampler()
-
-
 class BaselineHandler:
     """TorchServe handler (default worker mode): one padded `generate()` per TorchServe batch."""
 
@@ -111,8 +86,9 @@ class BaselineHandler:
         for name, neutral in _UNSUPPORTED:
             if getattr(p, name) != neutral:
                 raise ProtocolError(f"{name} is not supported by the request-level baseline", name)
-        if p.stop_token_ids:
-            raise ProtocolError("stop_token_ids is not supported by the request-level baseline", "stop_token_ids")
+        if p.stop_token_ids or not p.greedy:  # the benchmarks compare greedy decoding only
+            field = "stop_token_ids" if p.stop_token_ids else "temperature"
+            raise ProtocolError(f"{field} is not supported by the request-level baseline (greedy only)", field)
         # raises InvalidRequest naming the field
         ids = encode_prompt(self.tokenizer, req.prompt, self.model.config.vocab_size, self.max_model_len)
         # Like the engine: generation stops at the context limit.
@@ -181,22 +157,10 @@ class BaselineHandler:
         gc.pad_token_id = self.pad_id
         # EOS may end the batch early only if no request in it ignores EOS.
         gc.eos_token_id = None if any(p.ignore_eos for p in params) else sorted(self.eos_ids) or None
-        gc.temperature, gc.top_k, gc.top_p = None, None, None
-        kwargs: dict = {}
-        if all(p.greedy for p in params):
-            gc.do_sample = False
-        else:
-            gc.do_sample = True
-            kwargs["logits_processor"] = [
-                _row_sampler(
-                    [0.0 if p.greedy else p.temperature for p in params],
-                    [p.top_k for p in params],
-                    [p.top_p for p in params],
-                )
-            ]
+        gc.temperature, gc.top_k, gc.top_p, gc.do_sample = None, None, None, False
         start = time.time()
         with torch.inference_mode():
-            seqs = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gc, **kwargs)
+            seqs = self.model.generate(input_ids=input_ids, attention_mask=mask, generation_config=gc)
         rows = []
         for (req, _), gen in zip(batch, seqs[:, width:].tolist()):
             p = req.params

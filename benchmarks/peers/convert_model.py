@@ -1,14 +1,11 @@
 """GGUF -> HF checkpoint directory for vLLM (which does not read the project's Q4_1 GGUF).
 
     convert(["--out", DIR])   # default model; `orcaserve-bench peers` calls it for vLLM
-    convert(["--gguf", "X.gguf", "--out", DIR, "--force"])
 
-Run with the project's venv. Loads the GGUF with transformers (dequantized to fp32, the same
-loader orcaserve uses), saves model (safetensors, fp32) and tokenizer into `--out`, makes sure
-`config.json` names `LlamaForCausalLM`, then checks that the converted checkpoint and the
-GGUF-loaded model agree: the same greedy tokens for "The capital of France is" (which must start
-with " Paris") and the same next-token argmax on a few random token-id prompts. Idempotent: a
-directory that already holds a verified conversion of the same GGUF is left as it is.
+Loads the GGUF with transformers (dequantized to fp32, the loader orcaserve uses), saves model and
+tokenizer into `--out` as `LlamaForCausalLM`, then checks that both agree: the same greedy tokens
+for "The capital of France is" (" Paris ...") and the same next-token argmax on random prompts.
+A directory that already holds a verified conversion of the same GGUF is left as it is.
 """
 
 from __future__ import annotations

@@ -26,31 +26,9 @@ def llamacpp_env() -> dict:
 
 
 def server_command(gguf: str, port: int, threads: int) -> list[str]:
-    seqs, batch, ctx = (
-        ENGINE_LIMITS["max_num_seqs"],
-        ENGINE_LIMITS["max_num_batched_tokens"],
-        ENGINE_LIMITS["max_model_len"],
-    )
-    return [
-        str(BIN / "llama-server"),
-        "-m",
-        gguf,
-        "-np",
-        str(seqs),
-        "-c",
-        str(seqs * ctx),
-        "-t",
-        str(threads),
-        "-b",
-        str(batch),
-        "-ub",
-        str(batch),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-ui",
-    ]
+    seqs, batch, ctx = (ENGINE_LIMITS[k] for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"))
+    flags = f"-np {seqs} -c {seqs * ctx} -t {threads} -b {batch} -ub {batch} --host 127.0.0.1 --port {port} --no-ui"
+    return [str(BIN / "llama-server"), "-m", gguf, *flags.split()]
 
 
 def llamacpp_http(args, model, dtype: str, work: Path) -> dict:

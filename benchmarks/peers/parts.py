@@ -104,31 +104,17 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
 def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"orcaserve-offline-{model.name}-{dtype}.json"
     options = ENGINE_OPTIONS.get(dtype, {})
-    run_logged(
-        [
-            *command("offline"),
-            "--systems",
-            "orcaserve",
-            "--model",
-            model.orcaserve_model(dtype),
-            *offline_flags(args, "fp32" if options else dtype, out),
-            *(x for k, v in options.items() for x in (f"--{k}", v)),
-        ],
-        out.with_suffix(".log"),
-    )
+    cmd = [*command("offline"), "--systems", "orcaserve", "--model", model.orcaserve_model(dtype)]
+    cmd += [
+        *offline_flags(args, "fp32" if options else dtype, out),
+        *(x for k, v in options.items() for x in (f"--{k}", v)),
+    ]
+    run_logged(cmd, out.with_suffix(".log"))
     data = json.loads(out.read_text())
     r = data["orcaserve"]
-    return {
-        "output_tok_s": r["useful_tok_s"],
-        "wall_s": r["wall_s"],
-        "useful_tokens": r["useful_tokens"],
-        "engine_dtype": r.get("dtype"),
-        "preemptions": r.get("preemptions"),
-        "steps": r.get("steps"),
-        "workload_sha256": data.get("workload_sha256"),
-        "model_runs": r.get("model_runs"),
-        "projection_gflop_s": r.get("projection_gflop_s"),
-    }
+    keys = ("wall_s", "useful_tokens", "preemptions", "steps", "model_runs", "projection_gflop_s")
+    out_ = {"output_tok_s": r["useful_tok_s"], "engine_dtype": r.get("dtype"), **{k: r.get(k) for k in keys}}
+    return {**out_, "workload_sha256": data.get("workload_sha256")}
 
 
 def bench_only(work: Path) -> Path:
@@ -145,123 +131,52 @@ def bench_only(work: Path) -> Path:
 
 def vllm_offline(args, model, dtype: str, work: Path) -> dict:
     out = work / f"vllm-offline-{model.name}-{dtype}.json"
+    cmd = [str(VPY), "-m", "orcaserve.bench.peers.vllm_offline", "--model", str(model.hf_dir)]
+    env = {**vllm_env(), "PYTHONPATH": str(bench_only(work))}
     run_logged(
-        [
-            str(VPY),
-            "-m",
-            "orcaserve.bench.peers.vllm_offline",
-            "--model",
-            str(model.hf_dir),
-            *offline_flags(args, dtype, out),
-        ],
-        out.with_suffix(".log"),
-        env={**vllm_env(), "PYTHONPATH": str(bench_only(work))},
-        cwd=work,  # not the repository root (run_logged)
-    )
+        [*cmd, *offline_flags(args, dtype, out)], out.with_suffix(".log"), env=env, cwd=work
+    )  # not the repo root
     r = json.loads(out.read_text())
-    return {
-        "output_tok_s": r["useful_tok_s"],
-        "wall_s": r["wall_s"],
-        "useful_tokens": r["useful_tokens"],
-        "startup_s": r["startup_s"],
-        "engine_dtype": r["dtype"],
-        "workload_sha256": r["workload_sha256"],
-        "versions": r["versions"],
-    }
+    keys = ("wall_s", "useful_tokens", "startup_s", "workload_sha256", "versions")
+    return {"output_tok_s": r["useful_tok_s"], "engine_dtype": r["dtype"], **{k: r[k] for k in keys}}
 
 
 def load_http(args, label: str, endpoint: str, key: str | None, work: Path, model_name: str | None = None) -> dict:
     """`orcaserve-bench serve` against `endpoint`: the same seeded requests for every system."""
     out = work / f"{label}-http.json"
-    cmd = [
-        *command("serve"),
-        "--endpoint",
-        endpoint,
-        f"--key={key or 'none'}",
-        "--model",
-        label,
-        "--concurrency",
-        str(args.concurrency),
-        "--num-requests",
-        str(args.num_requests),
-        "--input-len",
-        "16:256",
-        "--output-len",
-        "8:128",
-        "--token-range",
-        f"{args.token_ids[0]}:{args.token_ids[1]}",
-        "--seed",
-        str(args.seed),
-        "--warmup",
-        str(args.warmup),
-        "--warmup-load",
-        str(args.warmup_load),
-        "--timeout",
-        "900",
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
-    if model_name:
-        cmd += ["--model-name", model_name]
+    cmd = [*command("serve"), "--endpoint", endpoint, f"--key={key or 'none'}", "--model", label]
+    flags = f"--concurrency {args.concurrency} --num-requests {args.num_requests} --input-len 16:256 --output-len 8:128"
+    flags += f" --token-range {args.token_ids[0]}:{args.token_ids[1]} --seed {args.seed} --warmup {args.warmup}"
+    cmd += f"{flags} --warmup-load {args.warmup_load} --timeout 900 --out {out} --no-progress".split()
+    cmd += ["--model-name", model_name] if model_name else []
     run_logged(cmd, out.with_suffix(".log"), timeout=3600, ok=(0, 1))  # 1: some requests failed (counted below)
     data = json.loads(out.read_text())
     [s] = data["summaries"]
     shape = [(r["input_len"], r["max_tokens"]) for r in sorted(data["requests"], key=lambda r: r["index"])]
+    lat = {f"{m}_{q}": (s.get(m) or {}).get(q) for m in ("ttft", "e2e", "tpot") for q in ("p50", "p99")}
     return {
         "output_tok_s": s.get("output_tokens_per_s"),
         "duration_s": s.get("duration_s"),
-        "requests": s["requests"],
-        "completed": s["completed"],
-        "errors": s["errors"],
-        "ttft_p50": (s.get("ttft") or {}).get("p50"),
-        "e2e_p50": (s.get("e2e") or {}).get("p50"),
-        "tpot_p50": (s.get("tpot") or {}).get("p50"),
-        "ttft_p99": (s.get("ttft") or {}).get("p99"),
-        "e2e_p99": (s.get("e2e") or {}).get("p99"),
+        **{k: s[k] for k in ("requests", "completed", "errors")},
+        **lat,
         "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(),
         "raw": str(out),
     }
 
 
 def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
-    from orcaserve.bench.harness import TorchServe
+    from orcaserve.bench.serve_local import orcaserve_archive, torchserve
 
-    store = work / f"model-store-{model.name}-{dtype}"
-    sets = [f"{k}={v}" for k, v in ENGINE_LIMITS.items()] + [f"dtype={TORCH_DTYPE[dtype]}"]
-    sets += [f"{k}={v}" for k, v in ENGINE_OPTIONS.get(dtype, {}).items()]
-    cmd = [
-        sys.executable,
-        "-m",
-        "orcaserve.handler.archive",
-        "--model",
-        model.orcaserve_model(dtype),
-        "--name",
-        model.name,
-        "--export-path",
-        str(store),
-        "--format",
-        "no-archive",
-        "--force",
-    ]
-    run_logged(cmd + [a for kv in sets for a in ("--set", kv)], work / f"archive-{model.name}-{dtype}.log")
+    overrides = {**ENGINE_LIMITS, "dtype": TORCH_DTYPE[dtype], **ENGINE_OPTIONS.get(dtype, {})}
+    root = work / f"torchserve-{model.name}-{dtype}"
+    orcaserve_archive(root, model.name, overrides, model.orcaserve_model(dtype))
     t = time.perf_counter()
-    with TorchServe(
-        work / f"torchserve-{model.name}-{dtype}",
-        store,
-        extra_config={"job_queue_size": "1000", "default_response_timeout": "900"},
-    ) as ts:
-        ts.register(model.name)
+    with torchserve(root, [model.name]) as ts:
         startup = time.perf_counter() - t
         log(f"TorchServe up, {model.name} ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
-        r = load_http(
-            args,
-            f"orcaserve-{model.name}-{dtype}",
-            ts.url(f"/predictions/{model.name}/1.0/v1/completions"),
-            ts.keys.get("inference"),
-            work,
-        )
-    r.update(startup_s=startup, archive_overrides=sets)
+        url = ts.url(f"/predictions/{model.name}/1.0/v1/completions")
+        r = load_http(args, f"orcaserve-{model.name}-{dtype}", url, ts.keys.get("inference"), work)
+    r.update(startup_s=startup, archive_overrides=overrides)
     return r
 
 

