@@ -112,6 +112,7 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
             "--model",
             model.orcaserve_model(dtype),
             *offline_flags(args, "fp32" if options else dtype, out),
+            *(["--ghz", str(args.ghz)] if getattr(args, "ghz", None) else []),
             *(x for k, v in options.items() for x in (f"--{k}", v)),
         ],
         out.with_suffix(".log"),
@@ -128,6 +129,7 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
         "workload_sha256": data.get("workload_sha256"),
         "model_runs": r.get("model_runs"),
         "projection_gflop_s": r.get("projection_gflop_s"),
+        "projection_peak": r.get("projection_peak"),
     }
 
 
