@@ -68,7 +68,25 @@ def run_orcaserve(model, tokenizer, work, args) -> dict:
         # The projections' work over the model runs' time (attention and norms included in the
         # time, not in the work): a lower bound of the GEMMs' rate.
         "projection_gflop_s": flop / model_s / 1e9 if model_s else None,
+        "projection_peak": projection_peak(str(engine.dtype), args),
     }
+
+
+def projection_peak(dtype: str, args) -> dict | None:
+    """The nominal peak the projections run against: threads x GHz (`--ghz`, else the OS's maximum)
+    x operations per cycle of the GEMM in use (vpdpbusd's int8 with int8 activations, vdpbf16ps's or
+    AMX's bf16 with bf16 weights); None for the fp32 GEMMs (their rate per cycle is not in the flags)."""
+    from orcaserve.bench.gemm import nominal_ghz, peaks
+
+    cores, ghz = torch.get_num_threads(), getattr(args, "ghz", None) or nominal_ghz()
+    p = peaks(cores, ghz)
+    if getattr(args, "activations", None) == "int8":
+        kind, per_cycle, gflops = "int8", p["int8_op_per_cycle"], p["int8_gops"]
+    elif dtype == "torch.bfloat16" and not getattr(args, "quantization", None):
+        kind, per_cycle, gflops = "bf16", p["bf16_flop_per_cycle"], p["bf16_gflops"]
+    else:
+        return None
+    return {"kind": kind, "gflop_s": gflops, "formula": f"{cores} x {ghz:.2f} GHz x {per_cycle:g}"}
 
 
 def projection_flop(config) -> tuple[int, int]:
@@ -200,6 +218,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--quantization", default=None, help="orcaserve: gguf | int8 | int4 (the model loads in fp32)")
     ap.add_argument("--activations", default=None, help="orcaserve, with --quantization: int8")
+    ap.add_argument(
+        "--ghz", type=float, default=None, help="clock of the projections' nominal peak (default: the OS's)"
+    )
     ap.add_argument("--batch", type=int, default=32, help="padded generate batch size")
     ap.add_argument("--systems", default="orcaserve,generate,generate_batch,step")
     ap.add_argument("--step-batch", type=int, default=32)
@@ -233,7 +254,14 @@ def run(args: argparse.Namespace) -> dict:
             results[name] = r
             print(f"{name:>15}: {r['useful_tok_s']:7.1f} useful tok/s  wall {r['wall_s']:7.1f} s", file=sys.stderr)
             if r.get("projection_gflop_s"):
-                print(f"{'':>15}  projections {r['projection_gflop_s']:.0f} GFLOP/s in model runs", file=sys.stderr)
+                peak = r.get("projection_peak")
+                of = (
+                    f", {100 * r['projection_gflop_s'] / peak['gflop_s']:.0f} % of the nominal {peak['kind']}"
+                    f" peak {peak['gflop_s']:.0f} ({peak['formula']})"
+                    if peak
+                    else ""
+                )
+                print(f"{'':>15}  projections {r['projection_gflop_s']:.0f} GFLOP/s in model runs{of}", file=sys.stderr)
             for kind, k in r.get("model_runs", {}).items():
                 print(
                     f"{'':>15}  {kind}: {k['steps']} steps, {k['tokens']} tokens, model {k['model_s']:.1f} s"

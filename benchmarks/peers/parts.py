@@ -107,12 +107,13 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     cmd = [*command("offline"), "--systems", "orcaserve", "--model", model.orcaserve_model(dtype)]
     cmd += [
         *offline_flags(args, "fp32" if options else dtype, out),
+        *(["--ghz", str(args.ghz)] if getattr(args, "ghz", None) else []),
         *(x for k, v in options.items() for x in (f"--{k}", v)),
     ]
     run_logged(cmd, out.with_suffix(".log"))
     data = json.loads(out.read_text())
     r = data["orcaserve"]
-    keys = ("wall_s", "useful_tokens", "preemptions", "steps", "model_runs", "projection_gflop_s")
+    keys = ("wall_s", "useful_tokens", "preemptions", "steps", "model_runs", "projection_gflop_s", "projection_peak")
     out_ = {"output_tok_s": r["useful_tok_s"], "engine_dtype": r.get("dtype"), **{k: r.get(k) for k in keys}}
     return {**out_, "workload_sha256": data.get("workload_sha256")}
 

@@ -62,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=32, help="HTTP closed-loop clients")
     p.add_argument("--smoke", action="store_true", help="16 prompts and 16 requests: proves every part works")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ghz", type=float, default=None, help="clock of the projections' nominal peak (default: the OS's)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell, in alternating order; the table: medians")
     p.add_argument("--warmup", type=int, default=2, help="unrecorded HTTP requests per system first")
     p.add_argument("--warmup-load", type=int, default=96, help="then unrecorded HTTP requests of the measured kind")
@@ -160,6 +161,7 @@ def run_cell(args: argparse.Namespace, model, system: str, workload: str, dtype:
         f"   {'ERROR ' + entry['error'][:400] if entry.get('error') else 'ok'}: "
         f"{rep._f(entry.get('output_tok_s'))} output tok/s ({entry['elapsed_s']:.0f} s)"
         + (f", projections {entry['projection_gflop_s']:.0f} GFLOP/s" if entry.get("projection_gflop_s") else "")
+        + (f" of {entry['projection_peak']['gflop_s']:.0f} nominal" if entry.get("projection_peak") else "")
     )
     return entry
 
