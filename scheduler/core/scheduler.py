@@ -207,19 +207,23 @@ class Scheduler(StepBuilder):
             return
         nst, reqs, running = out.num_scheduled_tokens, out.requests, RequestStatus.RUNNING
         allocate = self.kv.allocate_slots
+        budget = self._budget  # a local in the loop, the attribute around `continue_running`
         # (a request preempted in the loop is skipped; the others' blocks do not change meanwhile)
         for req, room in zip(decodes, self.kv.have_room(decodes)):
             rid = req.request_id
-            if rid in sit_out or req.status is not running:
+            if (sit_out and rid in sit_out) or req.status is not running:
                 continue
-            if self._budget <= 0:
-                return  # and it only grows back through a preemption, which needs budget to happen
+            if budget <= 0:
+                break  # and it only grows back through a preemption, which needs budget to happen
             if room or allocate(req, 1):
                 nst[rid] = 1
                 reqs[rid] = req
-                self._budget -= 1
+                budget -= 1
             else:
+                self._budget = budget
                 self.continue_running(out, req)  # preempting while the KV pool is short
+                budget = self._budget
+        self._budget = budget
 
     def take_rejected(self) -> list[Request]:
         """Requests refused since the last call (finished, reason "rejected"): the engine answers them."""
