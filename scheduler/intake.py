@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.core.choices import Choices
@@ -30,7 +31,7 @@ class RequestIntake:
 
     # The engine's state this part reads and writes (set in `Engine.__init__`).
     config: EngineConfig
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
