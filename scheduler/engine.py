@@ -21,16 +21,15 @@ from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.slo_budget import SloClass, check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
-from orcaserve.scheduler.detokenizer import IncrementalDetokenizer, fast_decoding
-from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.detokenizer import fast_decoding
+from orcaserve.scheduler.intake import RequestIntake
 from orcaserve.scheduler.launch import Failures, Launched, needs_host, run_batch
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
-from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 from orcaserve.scheduler.model.sampler import Sampler
-from orcaserve.scheduler.prompt import Prompt, encode_prompt
+from orcaserve.scheduler.prompt import Prompt
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 TRACE_STEPS = 100_000
 
 
-class Engine:
+class Engine(RequestIntake):
     """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
 
     def __init__(
@@ -133,99 +132,6 @@ class Engine:
         checked = classes is not None and all(isinstance(c, SloClass) for c in classes.values())
         self._slo_classes = dict(classes) if checked and classes is not None else check_slo_classes(classes)
         self.scheduler.step_costs = bool(self._slo_classes)
-
-    # ---- requests ----------------------------------------------------------------------------
-    def add_request(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        arrival_time: float | None = None,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        slo_class: str | None = None,
-    ) -> None:
-        """Queue a request; raises InvalidRequest (a ValueError naming the parameter) for an
-        empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
-        queued unless everything succeeded. A text or chat prompt is tokenized here, on the
-        caller's thread: `EngineLoop` passes token ids, tokenized off the engine thread
-        (`admission.py`).
-
-        `cache_salt`: requests share cached prefix blocks only with requests of the same salt
-        (None is a salt of its own); the serving layer derives it per tenant. `tenant`: whom the
-        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant.
-        `slo_class`: one of `slo_classes`, whose latency targets the scheduler keeps; None: no
-        target; an unknown class raises InvalidRequest (param "slo_class")."""
-        if slo_class is not None and slo_class not in self.slo_classes:
-            known = ", ".join(sorted(self.slo_classes)) or "none"
-            raise InvalidRequest(f"slo_class {slo_class!r} is not a class of this server (known: {known})", "slo_class")
-        slo = self.slo_classes.get(slo_class) if slo_class is not None else None
-        params = params or SamplingParams()
-        ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
-        if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
-            raise InvalidRequest(
-                f"logit_bias token ids must be below the vocabulary size {self.vocab_size}", param="logit_bias"
-            )
-        if params.structured_outputs is not None:  # a cache hit when admission compiled it
-            self.grammars.compile(params.structured_outputs)  # raises GrammarError (an InvalidRequest)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidRequest(f"priority must be an integer, got {priority!r}", param="priority")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise InvalidRequest(f"cache_salt must be a string, got {type(cache_salt).__name__}", param="cache_salt")
-        if tenant is not None and not isinstance(tenant, str):
-            raise InvalidRequest(f"tenant must be a string, got {type(tenant).__name__}")
-        arrival = arrival_time or time.time()
-
-        def make(rid: str, p: SamplingParams) -> Request:
-            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant, slo)
-
-        if request_id in self.choices or request_id in self.scheduler.requests or request_id in self.prompt_jobs:
-            raise InvalidRequest(f"request id {request_id!r} is already in use")
-        if params.n == 1:
-            now = reqs = [make(request_id, params)]
-        else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
-            now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
-        for req in reqs:
-            self.postprocessor.add(
-                req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop, self._detok_fast)
-            )
-        if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices,
-            # a chunk per step (`step`); a chunk of max_num_batched_tokens rows costs about one full
-            # step (the forward of as many tokens, plus every row's logits), so no step takes double.
-            job = PromptLogprobs(self.runner, ids, params.prompt_logprobs, self.config.max_num_batched_tokens)
-            self.prompt_jobs.hold(request_id, job, reqs, now)
-            return
-        for req in now:
-            self.scheduler.add_request(req)
-
-    def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
-        """Stop a request and free its blocks; returns its final output (None if unknown; with
-        n > 1 the last choice's, see `abort_all`). `reason` becomes its finish reason ("abort", or
-        "timeout" for a deadline)."""
-        outs = self.abort_all(request_id, reason)
-        return outs[-1] if outs else None
-
-    def abort_all(self, request_id: str, reason: str = "abort") -> list[RequestOutput]:
-        """Stop every unfinished choice of a request; their final outputs, by index."""
-        group = self.choices.members(request_id)
-        single = self.scheduler.requests.get(request_id)
-        waiting_job = self.prompt_jobs.drop(request_id)  # its job is dropped with it
-        reqs = group if group is not None else [single] if single is not None else waiting_job
-        held = {id(r) for r in self.choices.take_held(request_id) + waiting_job}
-        outs = []
-        for req in reqs:
-            if req.status == RequestStatus.FINISHED:
-                continue
-            if id(req) in held:  # never scheduled: nothing to free
-                req.status, req.finish_reason = RequestStatus.FINISHED, reason
-            else:
-                self.scheduler.finish_request(req, reason)
-            self.stats.num_aborted += 1
-            outs.append(self.postprocessor.finish(req, []))
-        if outs:
-            self._record_occupancy()
-        return outs
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or len(self.prompt_jobs) > 0 or self._inflight is not None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_not
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from orcaserve.scheduler.engine import Engine
 
 log = logging.getLogger(__name__)
+_needs_host = attrgetter("needs_host")
+_logprobs = attrgetter("logprobs")
 Failures = list[tuple[Request, Exception]]
 
 
@@ -46,7 +50,7 @@ class Launched:
 
     @classmethod
     def of(cls, parts: list[Part], to_host: Callable[[torch.Tensor], Callable[[], list[int]]]) -> Launched:
-        reqs = [req for part in parts for req in part.reqs]
+        reqs = parts[0].reqs if len(parts) == 1 else [req for part in parts for req in part.reqs]
         tokens = parts[0].tokens if len(parts) == 1 else torch.cat([part.tokens for part in parts])  # [S]
         want = any(part.logprobs is not None for part in parts)
         logprobs = [lp for p in parts for lp in (p.logprobs or [None] * len(p.reqs))] if want else None
@@ -63,7 +67,7 @@ class Launched:
 
 def needs_host(reqs: list[Request]) -> bool:
     """Whether a row samples from host state its previous token changes (`SamplingParams.needs_host`)."""
-    return any(r.needs_host for r in reqs)
+    return any(map(_needs_host, reqs))  # (C-level passes: these run over every row of every step)
 
 
 def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failures]:
@@ -79,13 +83,15 @@ def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failu
         if engine.fault_hook is not None:
             engine.fault_hook(sched)
         logits: Any = engine.runner.execute(sched, engine.kv)
-        for req in sched.sampling:  # a constrained request's matcher starts at its first token
-            if req.grammar is None and req.params.structured_outputs is not None:
-                req.grammar = engine.grammars.state(req.params.structured_outputs, req.stop_token_ids)
-        tokens = engine.sampler.sample(logits, sched.sampling)  # [S] on the device
+        sampling = sched.sampling
+        if needs_host(sampling):  # (a constrained request is one) its matcher starts at its first token
+            for req in sampling:
+                if req.grammar is None and req.params.structured_outputs is not None:
+                    req.grammar = engine.grammars.state(req.params.structured_outputs, req.stop_token_ids)
+        tokens = engine.sampler.sample(logits, sampling)  # [S] on the device
         logprobs = None
-        if any(r.logprobs is not None for r in sched.sampling):  # they asked for them: they need the ids now
-            logprobs = token_logprobs(logits, sched.sampling, tokens.tolist())
+        if any(map(is_not, map(_logprobs, sampling), repeat(None))):  # asked for: they need the ids now
+            logprobs = token_logprobs(logits, sampling, tokens.tolist())
         return [Part(sched.sampling, tokens, logprobs)], []
     except Exception as e:
         ids = list(sched.num_scheduled_tokens)

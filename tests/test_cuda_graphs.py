@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from array import array
 
 import pytest
 import torch
@@ -59,13 +60,13 @@ def test_bucket_sizes_are_dense_where_decodes_are_and_pad_at_most_an_eighth_abov
 
 
 class _Blocks:
-    """Stands in for the KV cache manager: only `tables_of` is read."""
+    """Stands in for the KV cache manager: only `tables_of` is read (int64 arrays, as its own)."""
 
     def __init__(self, tables: dict[str, list[int]]) -> None:
         self.tables = tables
 
-    def tables_of(self, rids) -> list[list[int]]:
-        return [self.tables[rid] for rid in rids]
+    def tables_of(self, rids) -> list[array[int]]:
+        return [array("q", self.tables[rid]) for rid in rids]
 
 
 def _step() -> tuple[SchedulerOutput, _Blocks]:

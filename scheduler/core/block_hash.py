@@ -22,16 +22,15 @@ def block_key(parent: bytes | None, token_ids: Sequence[int], salt: str | None) 
     would silently serve another prompt's K/V; `hash()` is 64 bits and can be collided on purpose.
     The encoding is injective: fixed tag, length-prefixed salt, fixed-width token ids.
     """
-    h = hashlib.sha256()
+    tokens = array("q", token_ids).tobytes()
     if parent is not None:
-        h.update(_CHILD + parent)
+        head = _CHILD + parent
     elif salt is None:
-        h.update(_FIRST_UNSALTED)
+        head = _FIRST_UNSALTED
     else:
         s = salt.encode("utf-8", "surrogatepass")
-        h.update(_FIRST_SALTED + len(s).to_bytes(8, "little") + s)
-    h.update(array("q", token_ids).tobytes())
-    return h.digest()
+        head = _FIRST_SALTED + len(s).to_bytes(8, "little") + s
+    return hashlib.sha256(head + tokens).digest()  # the preimage in one piece: one call into hashlib
 
 
 def extend_block_keys(

@@ -3,6 +3,7 @@ release on finish/abort/preemption."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
 
 from orcaserve.scheduler.core.block_hash import extend_block_keys
@@ -25,15 +26,18 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
-        self._blocks: dict[str, list[int]] = {}
+        # Each request's block table as machine integers (int64): a step's tables are joined as
+        # bytes, not read an int at a time (docs/host-overlap.md "Cheaper host work per request").
+        self._blocks: dict[str, array[int]] = {}
         # Leading blocks of each request already offered to the cache (hits count as offered).
         self._num_offered: dict[str, int] = {}
 
     def blocks_of(self, request_id: str) -> list[int]:
-        return self._blocks.get(request_id, [])
+        return list(self._blocks.get(request_id, ()))
 
-    def tables_of(self, request_ids: Iterable[str]) -> list[list[int]]:
-        """The block tables of requests that all hold blocks (a step's batch), in order."""
+    def tables_of(self, request_ids: Iterable[str]) -> list[array[int]]:
+        """The block tables of requests that all hold blocks (a step's batch), in order; each an
+        `array('q')` (its bytes are the int64 block ids), read-only to the caller."""
         return list(map(self._blocks.__getitem__, request_ids))
 
     def blocks_needed(self, num_tokens: int) -> int:
@@ -82,7 +86,7 @@ class KVCacheManager:
             if request.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
                 return True
         else:
-            held = self._blocks.setdefault(request.request_id, [])
+            held = self._blocks.setdefault(request.request_id, array("q"))
         if cached and (held or request.num_computed_tokens):
             raise RuntimeError(f"request {request.request_id} already holds blocks; cached blocks start a table")
         tokens = request.num_computed_tokens + len(cached) * self.block_size + num_new_tokens

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from orcaserve.scheduler.core.choices import Choices
@@ -55,64 +56,63 @@ class Postprocessor:
         whose post-processing raises fails alone (`fail`)."""
         now = time.time()
         outputs: list[RequestOutput] = []
-        token = self.token
-        for i, (req, tok) in enumerate(zip(reqs, ids)):
+        append, detoks, max_model_len = outputs.append, self._detok, self.max_model_len
+        # The loop body is a request's whole postprocess, inline: it runs for every request every
+        # step, so without a call it can do without (docs/host-overlap.md "Cheaper host work per request").
+        for req, token, logprob in zip(reqs, ids, logprobs if logprobs is not None else repeat(None)):
             if req.status is FINISHED:
                 continue
             try:
-                outputs.append(token(req, tok, logprobs[i] if logprobs is not None else None, now))
+                grammar = req.grammar
+                if grammar is not None:
+                    grammar.accept(token)  # raises if the token left the grammar: this request fails alone
+                req.fill_token(token, logprob)
+                shown = req.times_shown
+                if shown is None:  # its first token: its outputs share one copy of its times until it finishes
+                    times = req.times
+                    times.first_token = now
+                    shown = req.times_shown = RequestTimes(times.arrival, times.first_scheduled, now, None)
+                out_ids = req.output_token_ids
+                new_text = detoks[req.request_id].step(out_ids)  # None: a stop string ended the text
+                num_out = len(out_ids)  # num_tokens may count a placeholder of a step in flight
+                num_prompt = len(req.prompt_token_ids)
+                if new_text is None or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
+                    append(self._stop(req, "stop", token, logprob, new_text, now))
+                elif num_out >= req.params.max_tokens or num_prompt + num_out >= max_model_len:
+                    append(self._stop(req, "length", token, logprob, new_text, now))
+                else:  # the common case, built directly: one object per request and step
+                    out = RequestOutput(
+                        req.group_id,
+                        [token],
+                        [],
+                        new_text,
+                        "",
+                        False,
+                        None,
+                        num_prompt,
+                        num_out,
+                        shown,  # until it finishes, they do not change
+                        req.num_preemptions,
+                        req.num_cached_tokens,
+                        None,
+                        ([logprob] if logprob else []) if req.logprobs is not None else None,
+                        None,
+                        req.index,
+                    )
+                    if req.prompt_logprobs is not None and num_out <= 1:  # a choice's first output
+                        out.prompt_token_ids, out.prompt_logprobs = req.prompt_token_ids, req.prompt_logprobs
+                    append(out)
             except Exception as e:
                 log.exception("post-processing failed; failing request %s", req.request_id)
-                outputs.append(fail(req, e))
+                append(fail(req, e))
         return outputs
 
-    def token(self, req: Request, token: int, logprob: TokenLogprob | None, now: float) -> RequestOutput:
-        """`req` sampled `token` in the step that ended at `now`; a stop or a limit finishes it.
-        Runs once per request and step: locals instead of repeated attribute reads, and a
-        running request's outputs share one copy of its times (docs/host-overlap.md "Cheaper
-        host work per request")."""
-        grammar = req.grammar
-        if grammar is not None:
-            grammar.accept(token)  # raises if the token left the grammar: this request fails alone
-        req.fill_token(token, logprob)
-        times = req.times
-        shown = req.times_shown
-        if shown is None:  # its first token (and `times.first_token` is None)
-            times.first_token = now
-            shown = req.times_shown = RequestTimes(times.arrival, times.first_scheduled, now, None)
-        detok = self._detok[req.request_id]
-        out_ids = req.output_token_ids
-        new_text = detok.step(out_ids)  # None: a stop string ended the text
-        num_out = len(out_ids)  # num_tokens may count a placeholder of a step in flight
-        num_prompt = len(req.prompt_token_ids)
-        if new_text is None or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
-            reason = "stop"
-        elif num_out >= req.params.max_tokens or num_prompt + num_out >= self.max_model_len:
-            reason = "length"
-        else:  # the common case, built directly: one object per request and step
-            out = RequestOutput(
-                req.group_id,
-                [token],
-                [],
-                new_text,
-                "",
-                False,
-                None,
-                num_prompt,
-                num_out,
-                shown,  # until it finishes, they do not change
-                req.num_preemptions,
-                req.num_cached_tokens,
-                None,
-                ([logprob] if logprob else []) if req.logprobs is not None else None,
-                None,
-                req.index,
-            )
-            if req.prompt_logprobs is not None and num_out <= 1:  # a choice's first output
-                out.prompt_token_ids, out.prompt_logprobs = req.prompt_token_ids, req.prompt_logprobs
-            return out
+    def _stop(
+        self, req: Request, reason: str, token: int, logprob: TokenLogprob | None, new_text: str | None, now: float
+    ) -> RequestOutput:
+        """`req` met a stop or a limit with `token`, sampled in the step that ended at `now`."""
         self.scheduler.finish_request(req, reason)
-        times.finished = now
+        req.times.finished = now
         return self.finish(req, [token], [logprob] if logprob else None, new_text or "")
 
     def fail(self, req: Request, error: Exception) -> RequestOutput:

@@ -153,7 +153,7 @@ class StepBuffers:
         pos = npb["positions"][:t]
         pos[:] = np.arange(t)
         pos += np.repeat(start_np - cu[:b], q)
-        flat = np.fromiter(chain.from_iterable(tables), dtype=np.int64, count=int(nb.sum()))
+        flat = np.frombuffer(b"".join(tables), dtype=np.int64)  # [sum(nb)] the tables are int64 arrays
         first_block = np.cumsum(nb) - nb  # where each request's blocks start in `flat`
         npb["slots"][:t] = flat[np.repeat(first_block, q) + pos // bs] * bs + pos % bs
         table = npb["table"][: b * width].reshape(b, width)
