@@ -11,6 +11,9 @@ KL(p_fp32 || p_variant) in nats. Variants:
 - "file codes, fp32 activations": the bitwise path (equal to fp32 by construction: KL 0);
 - "file codes, int8 activations": each projection run by QuantLinear(codes, activations="int8"),
   the engine's GEMM (the C++ kernel where built, else its twin: the same bits);
+- "file codes, int8 activations, bf16 rows": the same, the rest of the model in bf16 (as the engine
+  runs `activations: int8` with `dtype: bfloat16`: the codes from the file, everything else cast to
+  bf16; the GEMM takes bf16 rows, sums in fp32 and rounds its output once to bf16);
 - "int8 activations per token": one scale per row instead of per 32 (simulated: x rounded to
   d * round(x / d) with d = max|x_row| / 127, then the fp32 GEMM), to compare the two granularities;
 - "bf16": the model cast to bf16 (weights and activations), for scale;
@@ -74,8 +77,12 @@ def compare(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict[str, float
     return {"top1_agreement": agree / total, "mean_kl_nats": kl / total, "positions": total}
 
 
-def with_codes(model: Any, path: str, activations: str | None) -> tuple[Any, dict[str, int]]:
-    """A copy of `model` whose projections with file codes run QuantLinear over them."""
+def with_codes(
+    model: Any, path: str, activations: str | None, dtype: torch.dtype = torch.float32
+) -> tuple[Any, dict[str, int]]:
+    """A copy of `model` in `dtype` whose projections with file codes run QuantLinear over them. As
+    the engine does (build.py prepare_model), the codes are matched on the fp32 copy and the cast to
+    `dtype` comes after; the QuantLinears then take and return rows in `dtype`."""
     out = copy.deepcopy(model)
     named = list(linears(out))
     found = match_gguf_blocks(path, named)
@@ -85,9 +92,10 @@ def with_codes(model: Any, path: str, activations: str | None) -> tuple[Any, dic
         if codes is None:
             continue
         fmts[codes.fmt] = fmts.get(codes.fmt, 0) + 1
-        lin = QuantLinear(codes, None if module.bias is None else module.bias.detach(), activations=activations)
+        bias = None if module.bias is None else module.bias.detach().to(dtype)  # the engine's, cast with the model
+        lin = QuantLinear(codes, bias, activations=activations)
         module.forward = lambda x, lin=lin: lin(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
-    return out, fmts
+    return out.to(dtype), fmts
 
 
 def per_token(model: Any) -> Any:
@@ -130,11 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     names = [args.model] if args.model else args.models.split(",")
     results = [one_model(gguf_of(name), args.tokens, args.llamacpp) for name in names]
-    print(f"\n{'model':<34}{'variant':<32}{'top-1 agree':>12}{'mean KL':>12}")
+    print(f"\n{'model':<34}{'variant':<42}{'top-1 agree':>12}{'mean KL':>12}")
     for r in results:
         for n, v in r["variants"].items():
             kl = "-" if v.get("mean_kl_nats") is None else f"{v['mean_kl_nats']:.5f}"
-            print(f"{r['model']:<34}{n:<32}{v['top1_agreement']:>12.4f}{kl:>12}")
+            print(f"{r['model']:<34}{n:<42}{v['top1_agreement']:>12.4f}{kl:>12}")
     return results[0] if len(results) == 1 else {"models": results}
 
 
@@ -163,6 +171,8 @@ def one_model(path: str, tokens: int, llamacpp: bool = False) -> dict[str, Any]:
     bitwise, fmts = with_codes(model, path, None)
     rows["file codes, fp32 activations"] = compare(ref, log_probs(bitwise, seqs))
     rows["file codes, int8 activations"] = compare(ref, log_probs(with_codes(model, path, "int8")[0], seqs))
+    bf16_rows = with_codes(model, path, "int8", torch.bfloat16)[0]
+    rows["file codes, int8 activations, bf16 rows"] = compare(ref, log_probs(bf16_rows, seqs))
     rows["int8 activations per token"] = compare(ref, log_probs(per_token(model), seqs))
     rows["bf16"] = compare(ref, log_probs(copy.deepcopy(model).to(torch.bfloat16), seqs))
     if llamacpp:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from orcaserve.bench.peers import parts, run
 
@@ -100,12 +101,12 @@ def test_systems_must_have_run_the_same_requests():
 
 def test_each_cell_has_one_peer():
     """vLLM takes the checkpoints (fp32, bf16), llama.cpp the GGUF over HTTP; orcaserve runs every
-    cell, the GGUF's offline ones (gguf, and gguf-a8 with int8 activations) without a peer."""
+    cell, the GGUF's offline ones (gguf, and gguf-a8(-bf16) with int8 activations) without a peer."""
     cells = [
         (s, w, d)
         for s in ("orcaserve", "vllm", "llamacpp")
         for w in ("offline", "http")
-        for d in ("fp32", "bf16", "gguf", "gguf-a8")
+        for d in ("fp32", "bf16", "gguf", "gguf-a8", "gguf-a8-bf16")
     ]
     ran = {c for c in cells if parts.applies(*c)}
     assert {c for c in cells if c[0] == "orcaserve"} <= ran
@@ -131,6 +132,40 @@ def test_int8_activations_reach_the_engine(tmp_path, monkeypatch):
     assert EngineConfig(dtype=parts.TORCH_DTYPE["gguf-a8"], **options).activations == "int8"
 
 
+def test_int8_activations_with_bf16_rows_reach_the_engine(tmp_path, monkeypatch):
+    """gguf-a8-bf16 is gguf-a8 with dtype bf16: the offline run's --dtype, the archive's dtype."""
+    from orcaserve.bench import serve_local
+    from orcaserve.scheduler.config import EngineConfig
+
+    calls = []
+    monkeypatch.setattr(parts, "run_logged", lambda cmd, *a, **k: calls.append(cmd))
+    args = argparse.Namespace(num_prompts=7, seed=3, token_ids=(100, 49152))
+    model = run.MODELS["1b-q4_0"]
+    with pytest.raises(FileNotFoundError):
+        parts.orcaserve_offline(args, model, "gguf-a8-bf16", tmp_path)
+    flags = calls[0][calls[0].index("--dtype") :]
+    assert flags[:2] == ["--dtype", "bf16"] and model.orcaserve_model("gguf-a8-bf16") == str(model.gguf)
+    assert flags[-4:] == ["--quantization", "gguf", "--activations", "int8"]
+    assert parts.ROW_DTYPE["gguf-a8"] == "fp32"  # the first cell keeps its fp32 rows
+    config = EngineConfig(dtype=parts.TORCH_DTYPE["gguf-a8-bf16"], **parts.ENGINE_OPTIONS["gguf-a8-bf16"])
+    assert (config.activations, config.resolved_dtype()) == ("int8", torch.bfloat16)
+    archived = []
+
+    class Stop(Exception):
+        pass
+
+    def archive(root, name, overrides, path):
+        archived.append((overrides, path))
+        raise Stop  # before TorchServe starts
+
+    monkeypatch.setattr(serve_local, "orcaserve_archive", archive)
+    with pytest.raises(Stop):
+        parts.orcaserve_http(args, model, "gguf-a8-bf16", tmp_path)
+    [(overrides, path)] = archived
+    assert path == str(model.gguf) and overrides["dtype"] == "bfloat16"
+    assert (overrides["quantization"], overrides["activations"]) == ("gguf", "int8")
+
+
 def test_table_names_the_peer_of_each_cell():
     report = run.rep
 
@@ -144,11 +179,13 @@ def test_table_names_the_peer_of_each_cell():
     rows.append(dict(_entry("llamacpp", "gguf", "http"), output_tok_s=30.0, model="1b"))
     rows.append(dict(_entry("orcaserve", "gguf-a8", "http"), output_tok_s=150.0, model="1b"))
     rows.append(dict(_entry("orcaserve", "gguf-a8", "offline"), output_tok_s=160.0, model="1b"))
+    rows.append(dict(_entry("orcaserve", "gguf-a8-bf16", "http"), output_tok_s=180.0, model="1b"))
     assert report.ratios(rows) == {
         "smollm2/http/bf16": 2.0,
         "smollm2/http/gguf": 3.0,
         "1b/http/gguf": 3.0,
         "1b/http/gguf-a8": 5.0,  # against llama.cpp's gguf cell
+        "1b/http/gguf-a8-bf16": 6.0,  # that one too
     }
     text = report.markdown(
         {
@@ -170,4 +207,5 @@ def test_table_names_the_peer_of_each_cell():
     assert "| 1b | http | gguf | 90.0 | llama.cpp | 30.0 | 3.00x |" in text
     assert "| 1b | http | gguf-a8 | 150.0 | llama.cpp | 30.0 | 5.00x |" in text
     assert "| 1b | offline | gguf-a8 | 160.0 | - | - | - |" in text  # no peer offline
+    assert "| 1b | http | gguf-a8-bf16 | 180.0 | llama.cpp | 30.0 | 6.00x |" in text
     assert "| smollm2 | http | gguf-a8 |" not in text  # llama.cpp's gguf cell alone makes no gguf-a8 row

@@ -25,10 +25,14 @@ VENV = HERE / ".venv-vllm"
 VPY = VENV / "bin" / "python"
 # "gguf": the GGUF file's own quantized weights (orcaserve: `quantization: gguf`, activations in
 # fp32; llama.cpp: the file as it is). "gguf-a8": orcaserve only, the same file with int8
-# activations (docs/int8-activations.md); its peer is llama.cpp's gguf cell. vLLM has neither.
-TORCH_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "gguf": "float32", "gguf-a8": "float32"}
+# activations (docs/int8-activations.md); "gguf-a8-bf16": that with the rest of the model (attention,
+# element-wise work, KV cache) in bf16. Their peer is llama.cpp's gguf cell. vLLM has none of them.
+# ROW_DTYPE: the engine's dtype per cell dtype, as `orcaserve-bench offline --dtype` spells it.
+ROW_DTYPE = {"fp32": "fp32", "bf16": "bf16", "gguf": "fp32", "gguf-a8": "fp32", "gguf-a8-bf16": "bf16"}
+TORCH_DTYPE = {cell: {"fp32": "float32", "bf16": "bfloat16"}[row] for cell, row in ROW_DTYPE.items()}
 # orcaserve's engine arguments beyond the dtype, per cell dtype (offline flags, archive overrides).
-ENGINE_OPTIONS = {"gguf": {"quantization": "gguf"}, "gguf-a8": {"quantization": "gguf", "activations": "int8"}}
+_A8 = {"quantization": "gguf", "activations": "int8"}
+ENGINE_OPTIONS = {"gguf": {"quantization": "gguf"}, "gguf-a8": _A8, "gguf-a8-bf16": _A8}
 # Both systems run every part with these (the JSON's settings["engine"]).
 ENGINE_LIMITS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024}
 
@@ -106,7 +110,7 @@ def orcaserve_offline(args, model, dtype: str, work: Path) -> dict:
     options = ENGINE_OPTIONS.get(dtype, {})
     cmd = [*command("offline"), "--systems", "orcaserve", "--model", model.orcaserve_model(dtype)]
     cmd += [
-        *offline_flags(args, "fp32" if options else dtype, out),
+        *offline_flags(args, ROW_DTYPE[dtype], out),
         *(["--ghz", str(args.ghz)] if getattr(args, "ghz", None) else []),
         *(x for k, v in options.items() for x in (f"--{k}", v)),
     ]
@@ -256,7 +260,7 @@ PARTS = {
 def applies(system: str, workload: str, dtype: str) -> bool:
     """Whether the table has this cell: vLLM runs fp32 and bf16 checkpoints, llama.cpp the GGUF
     file over HTTP only (it has no offline API like the others'); orcaserve runs every cell, the
-    GGUF's offline ones (gguf, gguf-a8) without a peer."""
+    GGUF's offline ones (gguf, gguf-a8, gguf-a8-bf16) without a peer."""
     if system == "llamacpp":
         return (workload, dtype) == ("http", "gguf")
     if system == "vllm":

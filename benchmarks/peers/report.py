@@ -13,10 +13,10 @@ SYSTEMS = ("orcaserve", "vllm", "llamacpp")
 PEERS = SYSTEMS[1:]  # a cell has one peer: vLLM for fp32/bf16, llama.cpp for gguf (parts.applies)
 LABEL = {"orcaserve": "orcaserve", "vllm": "vLLM", "llamacpp": "llama.cpp", None: "-"}
 WORKLOADS = ("offline", "http")
-DTYPES = ("fp32", "bf16", "gguf", "gguf-a8")
-# orcaserve's gguf-a8 cell (the GGUF with int8 activations) is compared with its peer's gguf cell:
-# llama.cpp computes with 8-bit activations on the same file too.
-PEER_DTYPE = {"gguf-a8": "gguf"}
+DTYPES = ("fp32", "bf16", "gguf", "gguf-a8", "gguf-a8-bf16")
+# orcaserve's gguf-a8 cells (the GGUF with int8 activations; -bf16: the rest of the model in bf16)
+# are compared with their peer's gguf cell: llama.cpp computes with 8-bit activations on the file too.
+PEER_DTYPE = {"gguf-a8": "gguf", "gguf-a8-bf16": "gguf"}
 
 
 def _f(v, spec=".1f") -> str:
@@ -114,7 +114,11 @@ def markdown(report: dict) -> str:
                 rows.append([m, w, d, _tps(a), LABEL[peer], _tps(b), ratio_s, _lat(a, w), _lat(b, w)])
     lines += markdown_table(header, rows)
     if any(r["dtype"] in PEER_DTYPE for r in results):
-        lines += ["", "gguf-a8: orcaserve on the GGUF with `activations: int8`; its peer is the gguf cell's."]
+        lines += [
+            "",
+            "gguf-a8: orcaserve on the GGUF with `activations: int8` (dtype fp32); gguf-a8-bf16: the same with "
+            "dtype bf16 (attention, element-wise work and KV cache in bf16); their peer is the gguf cell's.",
+        ]
     if errors := [
         f"{model_of(r)} {r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}"
         for r in results
@@ -153,7 +157,7 @@ def _bars(ax, results: list[dict], rat: dict, m: str, w: str, colors: dict, widt
                 fontsize=8,
                 color="dimgray",
             )
-    ax.set_xticks(range(len(DTYPES)), DTYPES)
+    ax.set_xticks(range(len(DTYPES)), DTYPES, fontsize=8)  # five cells: "gguf-a8-bf16" the longest
     ax.set_ylabel("output tokens/s")
     ax.margins(y=0.15)
     ax.grid(True, axis="y", alpha=0.3)

@@ -9,7 +9,8 @@ time (`make bench-peers`; docs/peers.md says what each cell runs and how to read
 Needs benchmarks/peers/setup_vllm.sh and setup_llamacpp.sh. A cell is (size, dtype, workload):
 orcaserve offline (`orcaserve-bench offline`) and over HTTP (its archive in a fresh TorchServe),
 vLLM offline (vllm_offline.py in its venv) and over HTTP (its OpenAI server), llama.cpp's server
-on the GGUF (`gguf`; orcaserve's `gguf-a8` adds int8 activations). The HTTP load is
+on the GGUF (`gguf`; orcaserve's `gguf-a8` adds int8 activations, `gguf-a8-bf16` runs that with
+the rest of the model in bf16). The HTTP load is
 `orcaserve-bench serve` for all; every server is stopped whole before the next starts. Writes the
 JSON (an earlier run's parts with the same settings are kept), the PNG and the table (printed,
 and into `--doc`'s marked section). Exit 1 if any part failed.
@@ -55,7 +56,8 @@ def versions() -> dict:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="smollm2,1b", help="sizes (models.py): smollm2, 1b, 1b-q4_0, 1b-q4_k_m")
     p.add_argument("--systems", default="orcaserve,vllm,llamacpp")
-    p.add_argument("--dtypes", default="fp32,bf16,gguf", help="gguf: the file's own weights; gguf-a8: int8 activations")
+    dtypes_help = "gguf: the file's own weights; gguf-a8: int8 activations; gguf-a8-bf16: those in bf16"
+    p.add_argument("--dtypes", default="fp32,bf16,gguf", help=dtypes_help)
     p.add_argument("--workloads", default="offline,http")
     p.add_argument("--num-prompts", type=int, default=128, help="offline prompts")
     p.add_argument("--num-requests", type=int, default=96, help="HTTP requests")
