@@ -126,16 +126,6 @@ class IncrementalDetokenizer:
         if table is not None and not self.stop:  # the common case, inline: a lookup, nothing held back
             data = table.get(output_ids[-1])
             if data is not None:
-                if not self._pending and self.emitted == len(self._parts):  # `_bytes_step`'s usual case
-                    try:
-                        piece = data.decode()
-                    except UnicodeDecodeError:
-                        piece = ""  # (`_bytes_step` below decodes it with replacements)
-                    if piece and piece[-1] != "\ufffd":  # a complete piece, all released
-                        self._read = len(output_ids)
-                        self._parts.append(piece)
-                        self.emitted += 1
-                        return piece
                 piece = self._bytes_step(data, len(output_ids))
                 if not piece:
                     return self.release(False)
