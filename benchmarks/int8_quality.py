@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from orcaserve.kernels.pytorch import int8_activations
 from orcaserve.kernels.quant import QuantLinear
 from orcaserve.scheduler import default_model_path
 from orcaserve.scheduler.model.gguf_blocks import match_gguf_blocks
@@ -78,11 +79,12 @@ def compare(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict[str, float
 
 
 def with_codes(
-    model: Any, path: str, activations: str | None, dtype: torch.dtype = torch.float32
+    model: Any, path: str, activations: str | None, dtype: torch.dtype = torch.float32, pow2: bool | None = None
 ) -> tuple[Any, dict[str, int]]:
     """A copy of `model` in `dtype` whose projections with file codes run QuantLinear over them. As
     the engine does (build.py prepare_model), the codes are matched on the fp32 copy and the cast to
-    `dtype` comes after; the QuantLinears then take and return rows in `dtype`."""
+    `dtype` comes after; the QuantLinears then take and return rows in `dtype`. `pow2` set: the
+    int8 twin instead, with that activation scale (power of two or not)."""
     out = copy.deepcopy(model)
     named = list(linears(out))
     found = match_gguf_blocks(path, named)
@@ -93,7 +95,10 @@ def with_codes(
             continue
         fmts[codes.fmt] = fmts.get(codes.fmt, 0) + 1
         bias = None if module.bias is None else module.bias.detach().to(dtype)  # the engine's, cast with the model
-        lin = QuantLinear(codes, bias, activations=activations)
+        lin: Any = QuantLinear(codes, bias, activations=activations)
+        if pow2 is not None:
+            b32 = None if bias is None else bias.float()
+            lin = lambda x, c=codes, b=b32: int8_activations.linear_int8(x, c.q, c.scale, c.offset, b, pow2)  # noqa: E731
         module.forward = lambda x, lin=lin: lin(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
     return out.to(dtype), fmts
 
@@ -171,6 +176,8 @@ def one_model(path: str, tokens: int, llamacpp: bool = False) -> dict[str, Any]:
     bitwise, fmts = with_codes(model, path, None)
     rows["file codes, fp32 activations"] = compare(ref, log_probs(bitwise, seqs))
     rows["file codes, int8 activations"] = compare(ref, log_probs(with_codes(model, path, "int8")[0], seqs))
+    fp32_scale = with_codes(model, path, "int8", pow2=False)[0]
+    rows["int8 activations, fp32 scale (twin)"] = compare(ref, log_probs(fp32_scale, seqs))
     bf16_rows = with_codes(model, path, "int8", torch.bfloat16)[0]
     rows["file codes, int8 activations, bf16 rows"] = compare(ref, log_probs(bf16_rows, seqs))
     rows["int8 activations per token"] = compare(ref, log_probs(per_token(model), seqs))

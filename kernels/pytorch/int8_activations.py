@@ -26,17 +26,33 @@ GROUP = 32
 _ROWS = 64  # rows per chunk: bounds the [blocks, rows, N] integer sums held at once
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[M, K] fp32/bf16 -> (codes int8 [M, K], scales fp32 [M, K / 32], code sums int32 [M, K / 16])."""
+def quantize_rows(x: torch.Tensor, pow2: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[M, K] fp32/bf16 -> (codes int8 [M, K], scales fp32 [M, K / 32], code sums int32 [M, K / 16]).
+    pow2: the scale a power of two, 2^e (docs/int8-activations.md, "How")."""
     m, k = x.shape
     xb = x.float().reshape(m, k // GROUP, GROUP)
     amax = xb.abs().amax(-1)
     d = torch.div(amax, torch.full_like(amax, 127.0))  # a tensor divisor: a true IEEE division
-    safe = torch.where(d == 0, torch.ones_like(d), d)
-    inv = torch.where(d == 0, torch.zeros_like(d), torch.div(torch.ones_like(d), safe))
+    if pow2:
+        d, inv = pow2_scale(d)
+    else:
+        safe = torch.where(d == 0, torch.ones_like(d), d)
+        inv = torch.where(d == 0, torch.zeros_like(d), torch.div(torch.ones_like(d), safe))
     q = torch.round(xb * inv.unsqueeze(-1)).clamp(-127, 127)
     sums = q.reshape(m, k // 16, 16).sum(-1).to(torch.int32)  # exact: integers below 2^11
     return q.to(torch.int8).reshape(m, k), d, sums
+
+
+E_MIN, E_MAX = -100, 100  # the power-of-two scale's exponent range (docs/int8-activations.md, "How")
+
+
+def pow2_scale(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """d = max|x| / 127 fp32 [...] -> (2^e, 2^-e) with e = ceil(log2(d)) read off d's bits (exponent,
+    plus one where the mantissa is not 0), clamped to [E_MIN, E_MAX] (d = 0 gives E_MIN)."""
+    bits = d.view(torch.int32)
+    e = (bits >> 23) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    e = e.clamp(E_MIN, E_MAX)
+    return ((e + 127) << 23).view(torch.float32), ((127 - e) << 23).view(torch.float32)
 
 
 def block_sums(qa: torch.Tensor, qw: torch.Tensor, span: int) -> torch.Tensor:
@@ -55,6 +71,7 @@ def linear_int8(
     scale: torch.Tensor,
     offset: torch.Tensor | None,
     bias: torch.Tensor | None,
+    pow2: bool = True,
 ) -> torch.Tensor:
     """y = x W^T (+ b) in the fixed order above: x [M, K] fp32/bf16; W's codes q int8 [N, K], scale
     fp32 [N, K / span] (span 32, or 16 for q6_k), offset fp32 [N, K / 32] or None. -> [M, N] in x's dtype."""
@@ -62,7 +79,7 @@ def linear_int8(
     n = q.shape[0]
     per_block = scale.shape[1] // (k // GROUP)  # spans per block: 2 for q6_k
     span = GROUP // per_block
-    qa, sa, sums = quantize_rows(x)
+    qa, sa, sums = quantize_rows(x, pow2)
     msum = sa * sums.reshape(m, k // GROUP, 2).sum(-1).float()  # [M, K / 32]
     out = torch.empty(m, n, dtype=torch.float32)
     sw = scale.t().contiguous()  # [K / span, N]

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -40,7 +41,7 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
   const float* ss = sc.data_ptr<float>();
   const float* os = has_offset ? oc.data_ptr<float>() : nullptr;
   uint8_t* dst = packed.data_ptr<uint8_t>();
-  std::atomic<bool> bad{false};
+  std::atomic<bool> bad{false}, bad_scale{false};
   at::parallel_for(0, P * nb, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = i / nb, b = i % nb;
@@ -49,7 +50,11 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
       uint8_t* codes = block + fmt.head_bytes();
       for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
         const int64_t n = p * kPanel + j;
-        for (int64_t s = 0; s < S; ++s) heads[s * kPanel + j] = ss[(n * nb + b) * S + s];
+        for (int64_t s = 0; s < S; ++s) {
+          const float v = ss[(n * nb + b) * S + s], a = std::fabs(v);
+          if (v != 0.0f && !(a >= kScaleMin && a <= kScaleMax)) bad_scale = true;  // NaN too
+          heads[s * kPanel + j] = v;
+        }
         if (has_offset) heads[S * kPanel + j] = os[n * nb + b];
         for (int64_t k = 0; k < kBlock; ++k) {
           const int v = qs[n * K + b * kBlock + k];
@@ -66,6 +71,8 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
     }
   });
   TORCH_CHECK(!bad, "pack_int8_weight: codes outside the format's range");
+  TORCH_CHECK(!bad_scale, "pack_int8_weight: scales must be 0 or of magnitude in [2^-26, 2^27] (the tile's sw * sa "
+              "is an exponent add: docs/int8-activations.md, \"How\")");
   return packed;
 }
 
