@@ -150,7 +150,7 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
       if constexpr (kSplit)
         for (int r = 0; r < R; ++r)
           for (int c = 0; c < kC; ++c) sum[r][c] = iadd(sum[r][c], sum2[r][c]);
-      Pow2Times sw[kC];  // sw * sa without a multiply (sa a power of two)
+      Pow2Times sw[kC];  // sw * sa: on AVX-512 an exponent add, no multiply (sa a power of two)
       for (int c = 0; c < kC; ++c) sw[c] = Pow2Times(fload(heads + s * kPanel + c * kL));
       for (int r = 0; r < R; ++r) {
         const float* sa = a.scale + (m + r) * a.nb + b;

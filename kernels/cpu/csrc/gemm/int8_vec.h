@@ -57,20 +57,18 @@ inline vi dot_signed(vi acc, vi w, vi absw, vi s) {
   return dot(acc, absw, _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s));
 }
 // w * sa for a power of two sa = 2^e, as an integer add of e to w's exponent field: no multiply,
-// and exact, so the same bits as the fp32 product, while every w is 0 or of magnitude in
-// [2^-26, 2^27] (pack_int8_weight checks) and e in [kEMin, kEMax]; a masked add keeps w = +-0.
+// and exact, so the same bits as the fp32 product, while w is of magnitude in [2^-26, 2^27] and e
+// in [kEMin, kEMax]. w = 0 would not stay 0: pack_int8_weight stores no zero scale (a zero scale's
+// span gets scale 1 and codes 0 instead, the same zero in every sum). Unmasked: a masked add, or a
+// multiply, costs the tile what the add saves.
 struct Pow2Times {
-  vi bits, biased;
-  __mmask16 nonzero;
+  vi biased;  // w's bits less 127 << 23, so that adding sa's bits ((e + 127) << 23) adds e
   Pow2Times() = default;
-  explicit Pow2Times(vf w)
-      : bits(_mm512_castps_si512(w)),
-        biased(_mm512_sub_epi32(bits, _mm512_set1_epi32(127 << 23))),
-        nonzero(_mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7FFFFFFF))) {}
-  vf times(const float* sa) const {  // sa's bits are (e + 127) << 23
+  explicit Pow2Times(vf w) : biased(_mm512_sub_epi32(_mm512_castps_si512(w), _mm512_set1_epi32(127 << 23))) {}
+  vf times(const float* sa) const {
     int32_t v;
     std::memcpy(&v, sa, 4);
-    return _mm512_castsi512_ps(_mm512_mask_add_epi32(bits, nonzero, biased, _mm512_set1_epi32(v)));
+    return _mm512_castsi512_ps(_mm512_add_epi32(biased, _mm512_set1_epi32(v)));
   }
 };
 #else

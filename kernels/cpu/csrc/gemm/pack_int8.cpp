@@ -50,16 +50,21 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
       uint8_t* codes = block + fmt.head_bytes();
       for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
         const int64_t n = p * kPanel + j;
+        // A zero scale (either sign) becomes scale 1 over codes 0: its span's term (sw * sa) * isum
+        // stays a zero (+0 for -0, the same sum: acc is never -0), and the tile's exponent add,
+        // which would make 0 * 2^e nonzero, never sees a 0 (gemm/int8_vec.h, Pow2Times).
+        bool zero[2] = {false, false};
         for (int64_t s = 0; s < S; ++s) {
           const float v = ss[(n * nb + b) * S + s], a = std::fabs(v);
-          if (v != 0.0f && !(a >= kScaleMin && a <= kScaleMax)) bad_scale = true;  // NaN too
-          heads[s * kPanel + j] = v;
+          zero[s] = v == 0.0f;
+          if (!zero[s] && !(a >= kScaleMin && a <= kScaleMax)) bad_scale = true;  // NaN too
+          heads[s * kPanel + j] = zero[s] ? 1.0f : v;
         }
         if (has_offset) heads[S * kPanel + j] = os[n * nb + b];
         for (int64_t k = 0; k < kBlock; ++k) {
           const int v = qs[n * K + b * kBlock + k];
           if (v < lo || v >= lo + span) bad = true;
-          const uint8_t u = static_cast<uint8_t>(v + fmt.shift());
+          const uint8_t u = static_cast<uint8_t>((zero[k * S / kBlock] ? 0 : v) + fmt.shift());
           if (bits == 8) {
             codes[((k / 4) * kPanel + j) * 4 + k % 4] = u;
           } else {  // k < 16 in the low nibbles of groups 0..3, k >= 16 in the high
