@@ -18,23 +18,37 @@ ROWS = [*range(1, 18), 31, 64, 97, 512]
 
 
 def test_activation_quantization_by_hand():
-    """sa = 2^ceil(log2(max|x| / 127)), codes x / sa rounded half to even, clamped; an all-zero block
-    all zero (its scale 2^E_MIN); the sums per 16."""
+    """d = max|x| / 127, codes rounded half to even, clamped, an all-zero block all zero; the sums per 16."""
+    x = torch.zeros(1, 64)
+    x[0, :4] = torch.tensor([127.0, -63.5, 0.5, 1.5])  # d = 1: -63.5 -> -64, 0.5 -> 0, 1.5 -> 2
+    q, d, sums = twin.quantize_rows(x)
+    assert d.tolist() == [[1.0, 0.0]]
+    assert q[0, :4].tolist() == [127, -64, 0, 2] and not q[0, 4:].any()
+    assert sums.tolist() == [[127 - 64 + 2, 0, 0, 0]]
+
+
+def test_power_of_two_scale_by_hand():
+    """The quality benchmark's variant: sa = 2^ceil(log2(max|x| / 127)), clamped to 2^[E_MIN, E_MAX]
+    (an all-zero block 2^E_MIN), codes x / sa rounded half to even; the GEMM otherwise the same."""
     x = torch.zeros(4, 64)
     x[0, :4] = torch.tensor([127.0, -63.5, 0.5, 1.5])  # sa = 1: -63.5 -> -64, 0.5 -> 0, 1.5 -> 2
     x[1, :3] = torch.tensor([254.0, 3.0, -5.0])  # d = 2 exactly: sa = 2, 1.5 -> 2, -2.5 -> -2
     x[2, :2] = torch.tensor([254.5, 1.0])  # d just above 2: sa = 4, 63.625 -> 64, 0.25 -> 0
     x[3, :2] = torch.tensor([0.75, 0.375])  # d = 0.0059: sa = 2^-7, 96 and 48
     x[3, 32:34] = torch.tensor([1e-35, 1e35])  # e clamped to E_MAX: 1e35 / 2^100 = 78886 -> 127
-    q, d, sums = twin.quantize_rows(x)
+    q, d, sums = twin.quantize_rows(x, pow2=True)
     tiny = 2.0**twin.E_MIN
     assert d.tolist() == [[1.0, tiny], [2.0, tiny], [4.0, tiny], [2.0**-7, 2.0**twin.E_MAX]]
     assert q[0, :4].tolist() == [127, -64, 0, 2] and not q[0, 4:].any()
     assert q[1, :3].tolist() == [127, 2, -2] and q[2, :2].tolist() == [64, 0]
     assert q[3, :2].tolist() == [96, 48] and q[3, 32:34].tolist() == [0, 127]
     assert sums.tolist()[0] == [127 - 64 + 2, 0, 0, 0]
-    q32, d32, _ = twin.quantize_rows(x, pow2=False)  # the per-block fp32 scale d itself, for comparison
-    assert d32[1, 0] == 2.0 and q32[2, :2].tolist() == [127, 0] and d32[0, 1] == 0
+    codes = random_codes("q4_0", 8, 64, 5)
+    xs = torch.randn(3, 64)
+    got = twin.linear_int8(xs, codes.q, codes.scale, codes.offset, None, pow2=True)
+    qa, sa, _ = twin.quantize_rows(xs, pow2=True)
+    want = (qa.float() * sa.repeat_interleave(32, 1)) @ dequantize(codes).t()  # the same roundings, other order
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant", INT8)
@@ -43,11 +57,6 @@ def test_kernel_quantizes_activations_as_the_twin(variant):
     x = torch.randn(37, 320) * torch.logspace(-3, 3, 320)
     x[3] = 0.0
     x[5, :32] = torch.tensor([2.5, -2.5] * 16)  # halves after the scale: ties
-    x[6] *= 1e-38  # scales clamped to 2^E_MIN, subnormal x
-    x[7] *= 1e36  # to 2^E_MAX
-    x[8, 7] = float("inf")
-    x[9] = 127.0 * 2.0 ** torch.arange(-40, 40).repeat(4)  # d exactly a power of two
-    x[10] = x[9] * (1 + 2.0**-23)  # just above
     for xx in (x, x.bfloat16()):
         for a, b in zip(op(xx), twin.quantize_rows(xx)):
             assert torch.equal(a, b)
@@ -100,30 +109,6 @@ def test_extreme_codes_and_activations(variant):
         x[2, ::2] = -1
         lin = QuantLinear(codes, None, kernel=f"orcaserve.linear_int8.{variant}", activations="int8")
         assert torch.equal(lin(x), twin.linear_int8(x, codes.q, codes.scale, codes.offset, None)), fmt
-
-
-@pytest.mark.parametrize("variant", INT8)
-def test_scale_ends_and_zero_scales(variant):
-    """sw * sa is an exponent add in the AVX-512 tiles: exact for weight scales 0, -0 and of magnitude
-    2^-26 .. 2^27 against activation scales 2^E_MIN .. 2^E_MAX; other scales are refused at packing."""
-    n, k = 64, 96
-    for fmt in FORMATS:
-        codes = random_codes(fmt, n, k, 2)
-        ends = torch.tensor([0.0, -0.0, 2.0**-26, -(2.0**-26), 2.0**27, -(2.0**27), 1.0, -3.0])
-        scale = ends[torch.arange(codes.scale.numel()) % len(ends)].reshape(codes.scale.shape)
-        codes = type(codes)(fmt, codes.q, scale, codes.offset)
-        x = torch.randn(6, k)
-        x[1] *= 1e-36
-        x[2] *= 1e26  # e = 84: sw * sa up to 2^111, the sums finite
-        x[3, :32] = 0.0
-        lin = QuantLinear(codes, None, kernel=f"orcaserve.linear_int8.{variant}", activations="int8")
-        want = twin.linear_int8(x, codes.q, codes.scale, codes.offset, None)
-        assert torch.equal(lin(x), want), fmt
-        for bad in (2.0**-27, 2.0**28, float("inf"), float("nan")):
-            scale[3, 1] = bad
-            with pytest.raises(RuntimeError, match="scales must be 0 or of magnitude"):
-                QuantLinear(type(codes)(fmt, codes.q, scale, codes.offset), None, kernel=lin.kernel, activations="int8")
-            scale[3, 1] = 1.0
 
 
 def test_dispatch_and_fallback():

@@ -26,9 +26,10 @@ GROUP = 32
 _ROWS = 64  # rows per chunk: bounds the [blocks, rows, N] integer sums held at once
 
 
-def quantize_rows(x: torch.Tensor, pow2: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[M, K] fp32/bf16 -> (codes int8 [M, K], scales fp32 [M, K / 32], code sums int32 [M, K / 16]).
-    pow2: the scale a power of two, 2^e (docs/int8-activations.md, "How")."""
+    pow2: the scale a power of two, 2^e, instead (a variant `orcaserve-bench quality` measures; the C++
+    kernels do not run it: docs/int8-activations.md, "A power-of-two activation scale")."""
     m, k = x.shape
     xb = x.float().reshape(m, k // GROUP, GROUP)
     amax = xb.abs().amax(-1)
@@ -43,7 +44,7 @@ def quantize_rows(x: torch.Tensor, pow2: bool = True) -> tuple[torch.Tensor, tor
     return q.to(torch.int8).reshape(m, k), d, sums
 
 
-E_MIN, E_MAX = -100, 100  # the power-of-two scale's exponent range (docs/int8-activations.md, "How")
+E_MIN, E_MAX = -100, 100  # the power-of-two scale's exponent range
 
 
 def pow2_scale(d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +72,7 @@ def linear_int8(
     scale: torch.Tensor,
     offset: torch.Tensor | None,
     bias: torch.Tensor | None,
-    pow2: bool = True,
+    pow2: bool = False,
 ) -> torch.Tensor:
     """y = x W^T (+ b) in the fixed order above: x [M, K] fp32/bf16; W's codes q int8 [N, K], scale
     fp32 [N, K / span] (span 32, or 16 for q6_k), offset fp32 [N, K / 32] or None. -> [M, N] in x's dtype."""

@@ -10,10 +10,8 @@
 
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 
 namespace orcaserve::ORCA_ISA {
 namespace {
@@ -56,21 +54,6 @@ inline vi wabs(vi w) { return _mm512_abs_epi8(w); }
 inline vi dot_signed(vi acc, vi w, vi absw, vi s) {
   return dot(acc, absw, _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s));
 }
-// w * sa for a power of two sa = 2^e, as an integer add of e to w's exponent field: no multiply,
-// and exact, so the same bits as the fp32 product, while w is of magnitude in [2^-26, 2^27] and e
-// in [kEMin, kEMax]. w = 0 would not stay 0: pack_int8_weight stores no zero scale (a zero scale's
-// span gets scale 1 and codes 0 instead, the same zero in every sum). Unmasked: a masked add, or a
-// multiply, costs the tile what the add saves.
-struct Pow2Times {
-  vi biased;  // w's bits less 127 << 23, so that adding sa's bits ((e + 127) << 23) adds e
-  Pow2Times() = default;
-  explicit Pow2Times(vf w) : biased(_mm512_sub_epi32(_mm512_castps_si512(w), _mm512_set1_epi32(127 << 23))) {}
-  vf times(const float* sa) const {
-    int32_t v;
-    std::memcpy(&v, sa, 4);
-    return _mm512_castsi512_ps(_mm512_add_epi32(biased, _mm512_set1_epi32(v)));
-  }
-};
 #else
 using vi = __m256i;
 using vf = __m256;
@@ -101,14 +84,6 @@ inline vi dot(vi acc, vi u, vi s) {
 }
 inline vi wabs(vi w) { return _mm256_abs_epi8(w); }
 inline vi dot_signed(vi acc, vi w, vi absw, vi s) { return dot(acc, absw, _mm256_sign_epi8(s, w)); }
-// w * sa for a power of two sa: the fp32 product (exact, as the AVX-512 form's exponent add; AVX2
-// has no masked add to keep w = 0, and this variant is not bound by its multiplier pipes).
-struct Pow2Times {
-  vf w;
-  Pow2Times() = default;
-  explicit Pow2Times(vf v) : w(v) {}
-  vf times(const float* sa) const { return fmul(w, fbcast(*sa)); }
-};
 #endif
 
 constexpr int kC = 2;  // column vectors per panel
@@ -133,27 +108,6 @@ struct Int8Format {
   constexpr int64_t head_bytes() const { return (spans() + (offset ? 1 : 0)) * kPanel * 4; }
   constexpr int64_t block_bytes() const { return head_bytes() + kBlock * kPanel * bits / 8; }
 };
-
-// The activation scale's exponent range: sw * 2^e is a normal fp32, so exact, for every weight scale
-// sw of magnitude in [2^-26, 2^27] (fp16 scales, and the K-quants' products of one with a 6- or
-// 8-bit sub-scale, are) and 2^-e too (docs/int8-activations.md, "How").
-constexpr int kEMin = -100, kEMax = 100;
-constexpr float kScaleMin = 0x1p-26f, kScaleMax = 0x1p27f;
-
-inline float from_bits(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// (2^e, 2^-e) for d >= 0, e = ceil(log2(d)) read off d's bits (its exponent, plus one where the
-// mantissa is not 0), clamped to [kEMin, kEMax]: d = 0 gives kEMin.
-inline std::pair<float, float> pow2_scale(float d) {
-  uint32_t u;
-  std::memcpy(&u, &d, 4);
-  const int e = std::clamp(static_cast<int>(u >> 23) - 127 + ((u & 0x7FFFFF) != 0), kEMin, kEMax);
-  return {from_bits(static_cast<uint32_t>(e + 127) << 23), from_bits(static_cast<uint32_t>(127 - e) << 23)};
-}
 
 }  // namespace
 }  // namespace orcaserve::ORCA_ISA

@@ -6,7 +6,6 @@
 #include <ATen/Parallel.h>
 
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -41,7 +40,7 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
   const float* ss = sc.data_ptr<float>();
   const float* os = has_offset ? oc.data_ptr<float>() : nullptr;
   uint8_t* dst = packed.data_ptr<uint8_t>();
-  std::atomic<bool> bad{false}, bad_scale{false};
+  std::atomic<bool> bad{false};
   at::parallel_for(0, P * nb, 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t p = i / nb, b = i % nb;
@@ -50,21 +49,12 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
       uint8_t* codes = block + fmt.head_bytes();
       for (int64_t j = 0; j < kPanel && p * kPanel + j < N; ++j) {
         const int64_t n = p * kPanel + j;
-        // A zero scale (either sign) becomes scale 1 over codes 0: its span's term (sw * sa) * isum
-        // stays a zero (+0 for -0, the same sum: acc is never -0), and the tile's exponent add,
-        // which would make 0 * 2^e nonzero, never sees a 0 (gemm/int8_vec.h, Pow2Times).
-        bool zero[2] = {false, false};
-        for (int64_t s = 0; s < S; ++s) {
-          const float v = ss[(n * nb + b) * S + s], a = std::fabs(v);
-          zero[s] = v == 0.0f;
-          if (!zero[s] && !(a >= kScaleMin && a <= kScaleMax)) bad_scale = true;  // NaN too
-          heads[s * kPanel + j] = zero[s] ? 1.0f : v;
-        }
+        for (int64_t s = 0; s < S; ++s) heads[s * kPanel + j] = ss[(n * nb + b) * S + s];
         if (has_offset) heads[S * kPanel + j] = os[n * nb + b];
         for (int64_t k = 0; k < kBlock; ++k) {
           const int v = qs[n * K + b * kBlock + k];
           if (v < lo || v >= lo + span) bad = true;
-          const uint8_t u = static_cast<uint8_t>((zero[k * S / kBlock] ? 0 : v) + fmt.shift());
+          const uint8_t u = static_cast<uint8_t>(v + fmt.shift());
           if (bits == 8) {
             codes[((k / 4) * kPanel + j) * 4 + k % 4] = u;
           } else {  // k < 16 in the low nibbles of groups 0..3, k >= 16 in the high
@@ -76,8 +66,6 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
     }
   });
   TORCH_CHECK(!bad, "pack_int8_weight: codes outside the format's range");
-  TORCH_CHECK(!bad_scale, "pack_int8_weight: scales must be 0 or of magnitude in [2^-26, 2^27] (the tile's sw * sa "
-              "is an exponent add: docs/int8-activations.md, \"How\")");
   return packed;
 }
 
