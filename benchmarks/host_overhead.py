@@ -22,14 +22,17 @@ import statistics
 import time
 import zlib
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
+import numpy as np
 import torch
 
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.model.step_buffers import StepBuffers
 
 PROMPT_LEN = 16
 
@@ -39,10 +42,13 @@ def _id_hash(request_id: str) -> int:
     return zlib.crc32(request_id.encode())
 
 
-def stub_tokens(reqs: list[Request]) -> list[int]:
-    """The stub's samples: for each request a plain vocabulary entry picked from its id and length
-    (the id's hash once per request: what the benchmark measures is the engine's work, not the stub's)."""
-    return [300 + (len(r.all_token_ids) * 7919 + _id_hash(r.request_id)) % 20000 for r in reqs]
+_request_id = attrgetter("request_id")
+
+
+def stub_tokens(lengths: np.ndarray, id_hashes: np.ndarray) -> np.ndarray:  # [S] int64 -> [S] int64
+    """The stub's samples: for each row a plain vocabulary entry picked from its request's length
+    (tokens including the one being sampled from) and its id's hash."""
+    return 300 + (lengths * 7919 + id_hashes) % 20000
 
 
 class StubDevice:
@@ -66,13 +72,28 @@ class StubDevice:
 
 class StubSampler:
     """The sampler's place: ids from `stub_tokens`, on the "device" (`sample`), or read back at
-    once after waiting for the step (`__call__`, the synchronous contract)."""
+    once after waiting for the step (`__call__`, the synchronous contract).
 
-    def __init__(self, device: StubDevice, pending: list[float]) -> None:
-        self.device, self.pending = device, pending
+    As a GPU's sampler, it reads the step's inputs as arrays, not the requests: each sampling
+    row's length is its request's `seq_lens` entry in the step buffers `prepare` just wrote. The
+    ids' hashes are per request, computed again only when the batch's requests change (a
+    comparison by identity, in C): what the benchmark measures is the engine's work, not the
+    stub's (a GPU's sampling is a few kernel launches)."""
+
+    def __init__(self, device: StubDevice, pending: list[float], buffers: StepBuffers) -> None:
+        self.device, self.pending, self.buffers = device, pending, buffers
+        self.num_seqs = 0  # B of the step `prepare` wrote last (set by the stub's `execute`)
+        self._reqs: list[Request] = []
+        self._hashes = np.zeros(0, dtype=np.int64)
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:  # [S] int64
-        return torch.tensor(stub_tokens(reqs), dtype=torch.long)
+        if reqs != self._reqs:
+            self._reqs = list(reqs)
+            self._hashes = np.fromiter(map(_id_hash, map(_request_id, reqs)), dtype=np.int64, count=len(reqs))
+        npb, s, b = self.buffers.np, len(reqs), self.num_seqs
+        # Each sampling row's request: the one whose tokens end at the row (cu_seqlens_q).
+        owner = np.searchsorted(npb["cu"][1 : b + 1], npb["rows"][:s] + 1)  # [S]
+        return torch.from_numpy(stub_tokens(npb["seq_lens"][owner].astype(np.int64), self._hashes))
 
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         self.device.wait(self.pending.pop(0))
@@ -83,9 +104,11 @@ def install_stub(engine: Engine, device: StubDevice) -> None:
     """Replace the engine's forward and sampler by the stub device; the step buffers still fill."""
     runner = engine.runner
     pending: list[float] = []  # when each launched step is done, oldest first
+    sampler = StubSampler(device, pending, runner.buffers)
 
     def execute(sched: SchedulerOutput, kv: KVCacheManager, *rest: Any, **kw: Any) -> torch.Tensor:
         shape = runner.buffers.prepare(sched, kv)  # the real host-side input building
+        sampler.num_seqs = shape.num_seqs
         runner.buffers.upload(shape)  # on the CPU: the placeholders' patch only
         pending.append(device.launch())
         return torch.empty(len(sched.sampling), 0)  # [S, 0] no logits: the stub samples alone
@@ -101,7 +124,7 @@ def install_stub(engine: Engine, device: StubDevice) -> None:
 
     runner.execute = execute
     runner.to_host = to_host
-    engine.sampler = StubSampler(device, pending)
+    engine.sampler = sampler
 
 
 @functools.cache

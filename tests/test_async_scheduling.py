@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from orcaserve.bench import host_overhead
 from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
@@ -151,6 +152,33 @@ def test_stub_device_async_matches_sync(tokenizer):
     got = _summary(_drive(_stub_engine(tokenizer, True, 1.0), work))
     assert got == expected
     assert any(v[2] == "stop" for v in got.values()) and any(v[2] == "length" for v in got.values())
+
+
+def test_stub_sampler_reads_lengths_from_step_buffers(tokenizer):
+    """The stub samples from the step's arrays (its rows' `seq_lens`); each id is still the one
+    its request's own length and id give, in steps mixing prompt chunks and decodes."""
+    import zlib
+
+    engine = _stub_engine(tokenizer, False)
+    sampler = engine.sampler
+    seen: list[tuple[list[int], list[int]]] = []
+    sample = sampler.sample
+
+    def spy(logits, reqs):
+        ids = sample(logits, reqs).tolist()
+        seen.append(
+            (ids, [300 + (len(r.all_token_ids) * 7919 + zlib.crc32(r.request_id.encode())) % 20000 for r in reqs])
+        )
+        return torch.tensor(ids)
+
+    sampler.sample = spy
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    for i, n in enumerate([3, 40, 1, 17]):
+        engine.add_request(f"b{i}", [300 + i] * n, params)
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    assert len(seen) > 4 and all(got == want for got, want in seen)
 
 
 def test_host_overhead_benchmark_smoke(tokenizer, monkeypatch):

@@ -116,22 +116,10 @@ class Request:
             self.logprobs.append(logprob)
 
     def add_placeholder(self, row: int) -> None:
-        """A launched step samples this request's next token, in `row` of its ids."""
+        """A launched step samples this request's next token, in `row` of its ids; the token
+        takes the placeholder's place when it comes back (`Postprocessor.step`)."""
         self.all_token_ids.append(PLACEHOLDER)
         self.pending_row = row
-
-    def fill_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
-        """A sampled token has come back from the device: it takes the oldest placeholder's place
-        or, the synchronous engine's case, with none in flight, comes last."""
-        out, ids = self.output_token_ids, self.all_token_ids
-        out.append(token_id)
-        i = len(self.prompt_token_ids) + len(out) - 1
-        if i < len(ids):
-            ids[i] = token_id
-        else:
-            ids.append(token_id)
-        if self.logprobs is not None and logprob is not None:
-            self.logprobs.append(logprob)
 
     @property
     def targeted(self) -> bool:

@@ -192,7 +192,7 @@ class Scheduler(StepBuilder):
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
                 if not self.start_waiting(out, head):
                     break
-        out.seal()  # who samples, and the step in the step-cost model's terms
+        out.seal(self.step_costs)  # who samples, and the step in the step-cost model's terms if it learns
         return out
 
     def _continue_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
@@ -235,7 +235,7 @@ class Scheduler(StepBuilder):
         `step_costs` it keeps the time alone, the measured step of the metrics)."""
         if out.shape is not None and self.step_costs:
             self.cost.observe(out.shape, seconds)
-        elif out.shape is not None:
+        elif not out.is_empty:
             self.cost.last_measured = seconds
 
     def update_after_step(self, out: SchedulerOutput) -> None:
