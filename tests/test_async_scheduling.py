@@ -4,6 +4,7 @@ without the GIL as a GPU step does."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -112,6 +113,27 @@ def test_real_model_async_matches_sync(engine_for, policy):
     assert charged[0] == charged[1] and charged[0][1] > 0
     assert asyn.stats.num_preemptions > 0 and sync.stats.num_preemptions > 0
     assert asyn.stats.prefix_cache_hits > 0
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_final_only_output_is_the_streams_last(engine_for, on):
+    """A FINAL_ONLY request gets its final output alone, the same in every field as the last
+    output of the same request streamed (DELTA), its times aside (wall clock, set alike)."""
+    model = tiny_model("llama")
+    args = dict(max_num_seqs=8, max_num_batched_tokens=64, kv_cache_memory=14 * BLOCK_BYTES, async_scheduling=on)
+    probe = engine_for(model, **args).generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=30))[0]
+    work = _workload(1, probe.text[len(probe.text) // 2 :][:3] or None)
+    delta = _drive(engine_for(model, **args), work)
+    final_only = [(rid, prompt, dataclasses.replace(p, output_kind="final_only")) for rid, prompt, p in work]
+    got = _drive(engine_for(model, **args), final_only)
+    assert set(got) == set(delta) and len(delta) > len(work)  # every choice of every request
+    for key, outs in got.items():
+        assert len(outs) == 1 and outs[0].finished
+        mine, streamed = dataclasses.asdict(outs[0]), dataclasses.asdict(delta[key][-1])
+        times, streamed_times = mine.pop("times"), streamed.pop("times")
+        assert mine == streamed
+        assert [t is None for t in times.values()] == [t is None for t in streamed_times.values()]
+    assert {o[0].finish_reason for o in got.values()} >= {"stop", "length"}
 
 
 def test_abort_mid_stream(engine_for):

@@ -89,6 +89,8 @@ class Postprocessor:
                     append(self._stop(req, "stop", token, logprob, new_text, now))
                 elif num_out >= req.params.max_tokens or num_prompt + num_out >= max_model_len:
                     append(self._stop(req, "length", token, logprob, new_text, now))
+                elif req.final_only:  # its consumer reads the final output alone: nothing to build
+                    continue
                 else:  # the common case, built directly: one object per request and step
                     out = RequestOutput(
                         req.group_id,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from orcaserve.scheduler.core.outputs import RequestTimes
-from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.slo_budget import SloClass
@@ -90,6 +90,8 @@ class Request:
         self.slo_missed = False
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         self.needs_host = params.needs_host  # read once: the engine asks every step (launch.needs_host)
+        # Its consumer reads its final output alone: postprocess builds no other (read once, as above).
+        self.final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
         # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
         self.grammar: GrammarState | None = None
         self.generator: torch.Generator | None = None
