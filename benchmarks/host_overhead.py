@@ -1,6 +1,6 @@
 """The engine's host work per step, measured without a GPU: the model and sampler are a stub device.
 
-    orcaserve-bench host [--seqs 32 64 128 256 512] [--device-ms 1 2 5] [--steps 100]
+    orcaserve-bench host [--seqs 32 64 128 256 512] [--device-ms 1 2 5] [--steps 100] [--final-only 0.5]
 
 The real `Engine` (scheduler, KV manager, step buffers, postprocess, detokenizer, SmolLM2's
 tokenizer) runs with its model forward and sampler replaced by `StubDevice`: a step launched on it
@@ -10,7 +10,9 @@ host free). With D = 0 the step's wall time is the host work a GPU would wait on
 achieved step time (mean) is printed beside max(host, D), what a perfect overlap gives, for the engine
 as configured (`--async-scheduling on|off|both`). Every request decodes (`ignore_eos`, a long
 `max_tokens`); the stub samples a token from the request's length and arrival, so its answer
-does not depend on the batch nor on the overlap. See docs/host-overlap.md.
+does not depend on the batch nor on the overlap. By default every request streams (an output
+per step, the most host work); `--final-only` makes a share of them non-streaming clients'.
+See docs/host-overlap.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler import Engine, RequestOutputKind, SamplingParams, default_model_path
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
@@ -163,12 +165,16 @@ def build_engine(num_seqs: int, max_steps: int, tokenizer: Any = None, **engine_
     )
 
 
-def measure(engine: Engine, num_seqs: int, steps: int) -> tuple[list[float], list[float]]:
+def measure(engine: Engine, num_seqs: int, steps: int, final_only: float = 0.0) -> tuple[list[float], list[float]]:
     """Wall times and the engine thread's CPU times (ms) of `steps` steps with all `num_seqs`
-    requests decoding. CPU time is what the host spent whatever else the machine runs; wall
-    time includes waiting for the stub device (and, on a loaded machine, for a core)."""
-    params = SamplingParams(max_tokens=100_000, ignore_eos=True)
+    requests decoding, the share `final_only` of them (spread evenly) asking for their final
+    output alone (`RequestOutputKind.FINAL_ONLY`, a non-streaming client), the others for one
+    per step. CPU time is what the host spent whatever else the machine runs; wall time
+    includes waiting for the stub device (and, on a loaded machine, for a core)."""
+    streamed = SamplingParams(max_tokens=100_000, ignore_eos=True)
+    answered = SamplingParams(max_tokens=100_000, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
     for i in range(num_seqs):
+        params = answered if int((i + 1) * final_only) > int(i * final_only) else streamed
         engine.add_request(f"h{i}", [300 + (i * 31 + j) % 5000 for j in range(PROMPT_LEN)], params)
     sched = engine.scheduler
     while len(sched.waiting) or any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running.values()):
@@ -194,6 +200,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overlap-seqs", type=int, default=256, help="sequences of the D > 0 runs")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--async-scheduling", choices=("on", "off", "both"), default="both")
+    parser.add_argument(
+        "--final-only",
+        type=float,
+        default=0.0,
+        help="share of the requests answered once finished (FINAL_ONLY: no output per step); 0: all stream",
+    )
 
 
 def _modes(choice: str) -> list[bool]:
@@ -201,7 +213,10 @@ def _modes(choice: str) -> list[bool]:
 
 
 def run(args: argparse.Namespace) -> dict:
+    if not 0.0 <= args.final_only <= 1.0:
+        raise SystemExit(f"--final-only is a share in [0, 1], got {args.final_only}")
     torch.set_num_threads(1)
+    print(f"requests streaming: {1 - args.final_only:.0%}, answered once finished (final only): {args.final_only:.0%}")
     host: dict[str, dict[int, dict[str, float]]] = {}
     overlap: dict[str, dict[str, dict[str, float]]] = {}
     for on in _modes(args.async_scheduling):
@@ -211,7 +226,7 @@ def run(args: argparse.Namespace) -> dict:
         for n in args.seqs:
             engine = build_engine(n, args.steps + 16, **extra)
             install_stub(engine, StubDevice(0.0))
-            wall, cpu = measure(engine, n, args.steps)
+            wall, cpu = measure(engine, n, args.steps, args.final_only)
             host[mode][n] = {"wall_ms": statistics.median(wall), "cpu_ms": statistics.median(cpu)}
             print(
                 f"{mode:5s} host work per step, {n:4d} seqs: p50 wall {host[mode][n]['wall_ms']:.3f} ms, "
@@ -223,13 +238,13 @@ def run(args: argparse.Namespace) -> dict:
         engine = build_engine(n, (args.steps + 16) * (len(args.device_ms) + 1), **extra)
         device = StubDevice(0.0)
         install_stub(engine, device)
-        base = statistics.fmean(measure(engine, n, args.steps)[0])
+        base = statistics.fmean(measure(engine, n, args.steps, args.final_only)[0])
         for d in args.device_ms:
             device.step_s = d / 1e3
             # The mean, not the median: with the overlap a step that waited long is followed by
             # one that finds its ids ready, and only the mean is the rate steps complete at.
-            step = statistics.fmean(measure(engine, n, args.steps)[0])
+            step = statistics.fmean(measure(engine, n, args.steps, args.final_only)[0])
             bound = max(base, d)
             overlap[mode][str(d)] = {"step_ms": step, "host_ms": base, "bound_ms": bound}
             print(f"{mode:5s} D={d:g} ms, {n} seqs: step mean {step:.3f} ms (max(host, D) = {bound:.3f})", flush=True)
-    return {"host_per_step": host, "overlap": overlap, "steps": args.steps}
+    return {"host_per_step": host, "overlap": overlap, "steps": args.steps, "final_only": args.final_only}
