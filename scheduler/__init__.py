@@ -5,7 +5,7 @@ from orcaserve.scheduler.core.outputs import RequestOutput, RequestTimes
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, Overloaded, ShuttingDown, TimedOut
 from orcaserve.scheduler.model.loader import default_model_path
-from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 from orcaserve.scheduler.serving.request_stream import RequestStream
 
@@ -18,6 +18,7 @@ __all__ = [
     "InvalidRequest",
     "Overloaded",
     "RequestOutput",
+    "RequestOutputKind",
     "RequestStream",
     "RequestTimes",
     "SamplingParams",

@@ -63,6 +63,17 @@ class ByteTable:
             else:
                 table[token] = string.encode()
         self.get = table.get
+        # The text of each id whose bytes alone are a whole piece (valid UTF-8, not empty, not
+        # ending in U+FFFD): with nothing pending, the incremental step's piece is this string.
+        whole: dict[int, str] = {}
+        for token, data in table.items():
+            try:
+                text = data.decode()
+            except UnicodeDecodeError:
+                continue
+            if text and text[-1] != "\ufffd":
+                whole[token] = text
+        self.whole = whole.get
 
     @staticmethod
     def char_of(byte: int) -> str:

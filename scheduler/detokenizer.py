@@ -124,17 +124,24 @@ class IncrementalDetokenizer:
         or None when a stop string ended the text (`release(True)` gives what is left)."""
         table = self._table
         if table is not None and not self.stop:  # the common case, inline: a lookup, nothing held back
-            data = table.get(output_ids[-1])
-            if data is not None:
+            token = output_ids[-1]
+            # A token whose bytes are a whole piece, nothing pending before it: `_bytes_step`'s
+            # piece is its text, looked up.
+            piece = None if self._pending else table.whole(token)
+            if piece is not None:
+                self._read = len(output_ids)
+            elif (data := table.get(token)) is not None:
                 piece = self._bytes_step(data, len(output_ids))
                 if not piece:
                     return self.release(False)
-                parts = self._parts
-                parts.append(piece)
-                if self.emitted == len(parts) - 1:  # (nothing was left unreleased before it)
-                    self.emitted += 1
-                    return piece
-                return self.release(False)
+            else:
+                return None if self.update(output_ids) else self.release(False)
+            parts = self._parts
+            parts.append(piece)
+            if self.emitted == len(parts) - 1:  # (nothing was left unreleased before it)
+                self.emitted += 1
+                return piece
+            return self.release(False)
         return None if self.update(output_ids) else self.release(False)
 
     def update(self, output_ids: list[int]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -30,11 +31,12 @@ from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_token
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.prompt import Prompt
-from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
 
 log = logging.getLogger(__name__)
 
 TRACE_STEPS = 100_000
+FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
 class Engine(RequestIntake):
@@ -141,7 +143,8 @@ class Engine(RequestIntake):
 
     # ---- the step ----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one iteration; returns an output for every request that produced a token.
+        """Run one iteration; returns an output for every request that produced a token (one that
+        asked for `RequestOutputKind.FINAL_ONLY`: its final output alone).
 
         With `async_scheduling` the step launches its batch and then post-processes the previous
         one, whose ids the device sampled meanwhile: outputs come a step later, and are exactly
@@ -237,6 +240,8 @@ class Engine(RequestIntake):
             params = [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        # Only the final outputs are read here: the others need not be built.
+        params = [p if p.output_kind is FINAL_ONLY else dataclasses.replace(p, output_kind=FINAL_ONLY) for p in params]
         ids = [f"generate-{next(self._ids)}" for _ in prompts]
         try:
             for rid, prompt, p in zip(ids, prompts, params):

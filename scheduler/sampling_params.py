@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,16 @@ MAX_LOGIT_BIAS = 100.0
 
 # Most sequences one request may ask for (`n`): each is a request of its own in the batch.
 MAX_N = 16
+
+
+class RequestOutputKind(enum.Enum):
+    """Which outputs a request's consumer reads (vLLM's `RequestOutputKind`, less its
+    cumulative kind): DELTA, one after every step that gave it a token (a streaming client);
+    FINAL_ONLY, its final output alone (a client answered once it finished): the engine builds no
+    output for its other steps, and the final one is the same as DELTA's last."""
+
+    DELTA = "delta"
+    FINAL_ONLY = "final_only"
 
 
 @dataclass
@@ -58,6 +69,8 @@ class SamplingParams:
     # The prompt's log-probabilities with this many alternatives each (0 to MAX_LOGPROBS; `echo`).
     prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputs | None = None
+    # Which of the request's outputs the engine builds (a string is taken as the kind's value).
+    output_kind: RequestOutputKind = RequestOutputKind.DELTA
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -99,6 +112,14 @@ class SamplingParams:
             _check_int("prompt_logprobs", self.prompt_logprobs, low=0, high=MAX_LOGPROBS + 1)
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequest(f"ignore_eos must be a boolean, got {self.ignore_eos!r}", param="ignore_eos")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            try:
+                self.output_kind = RequestOutputKind(self.output_kind)
+            except ValueError:
+                kinds = ", ".join(repr(k.value) for k in RequestOutputKind)
+                raise InvalidRequest(
+                    f"output_kind must be one of {kinds}, got {self.output_kind!r}", param="output_kind"
+                ) from None
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):

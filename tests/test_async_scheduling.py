@@ -4,9 +4,11 @@ without the GIL as a GPU step does."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
+import torch
 
 from orcaserve.bench import host_overhead
 from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
@@ -113,6 +115,27 @@ def test_real_model_async_matches_sync(engine_for, policy):
     assert asyn.stats.prefix_cache_hits > 0
 
 
+@pytest.mark.parametrize("on", [False, True])
+def test_final_only_output_is_the_streams_last(engine_for, on):
+    """A FINAL_ONLY request gets its final output alone, the same in every field as the last
+    output of the same request streamed (DELTA), its times aside (wall clock, set alike)."""
+    model = tiny_model("llama")
+    args = dict(max_num_seqs=8, max_num_batched_tokens=64, kv_cache_memory=14 * BLOCK_BYTES, async_scheduling=on)
+    probe = engine_for(model, **args).generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=30))[0]
+    work = _workload(1, probe.text[len(probe.text) // 2 :][:3] or None)
+    delta = _drive(engine_for(model, **args), work)
+    final_only = [(rid, prompt, dataclasses.replace(p, output_kind="final_only")) for rid, prompt, p in work]
+    got = _drive(engine_for(model, **args), final_only)
+    assert set(got) == set(delta) and len(delta) > len(work)  # every choice of every request
+    for key, outs in got.items():
+        assert len(outs) == 1 and outs[0].finished
+        mine, streamed = dataclasses.asdict(outs[0]), dataclasses.asdict(delta[key][-1])
+        times, streamed_times = mine.pop("times"), streamed.pop("times")
+        assert mine == streamed
+        assert [t is None for t in times.values()] == [t is None for t in streamed_times.values()]
+    assert {o[0].finish_reason for o in got.values()} >= {"stop", "length"}
+
+
 def test_abort_mid_stream(engine_for):
     model = tiny_model("llama")
     work = [(f"r{i}", [3 + i, 9, 11 + i], SamplingParams(temperature=0, max_tokens=30)) for i in range(4)]
@@ -151,6 +174,33 @@ def test_stub_device_async_matches_sync(tokenizer):
     got = _summary(_drive(_stub_engine(tokenizer, True, 1.0), work))
     assert got == expected
     assert any(v[2] == "stop" for v in got.values()) and any(v[2] == "length" for v in got.values())
+
+
+def test_stub_sampler_reads_lengths_from_step_buffers(tokenizer):
+    """The stub samples from the step's arrays (its rows' `seq_lens`); each id is still the one
+    its request's own length and id give, in steps mixing prompt chunks and decodes."""
+    import zlib
+
+    engine = _stub_engine(tokenizer, False)
+    sampler = engine.sampler
+    seen: list[tuple[list[int], list[int]]] = []
+    sample = sampler.sample
+
+    def spy(logits, reqs):
+        ids = sample(logits, reqs).tolist()
+        seen.append(
+            (ids, [300 + (len(r.all_token_ids) * 7919 + zlib.crc32(r.request_id.encode())) % 20000 for r in reqs])
+        )
+        return torch.tensor(ids)
+
+    sampler.sample = spy
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    for i, n in enumerate([3, 40, 1, 17]):
+        engine.add_request(f"b{i}", [300 + i] * n, params)
+        engine.step()
+    while engine.has_unfinished():
+        engine.step()
+    assert len(seen) > 4 and all(got == want for got, want in seen)
 
 
 def test_host_overhead_benchmark_smoke(tokenizer, monkeypatch):

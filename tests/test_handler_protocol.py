@@ -14,6 +14,7 @@ from orcaserve.handler.openai import body as B
 from orcaserve.handler.openai import protocol as P
 from orcaserve.handler.openai import responses as R
 from orcaserve.handler.torchserve import socket_lock
+from orcaserve.scheduler import RequestOutputKind
 from orcaserve.scheduler.serving.prompt import ChatPrompt
 
 
@@ -73,6 +74,7 @@ def test_completion_defaults_and_extensions():
     r = parse({"prompt": "hello", "model": "m", "user": "u"})
     assert r.prompt == "hello" and r.params.max_tokens == 16 and r.params.temperature == 1.0
     assert not r.stream and r.timeout is None and r.priority == 0
+    assert r.params.output_kind is RequestOutputKind.FINAL_ONLY  # answered once: the final output alone
     r = parse(
         {
             "prompt": [1, 2, 3],
@@ -97,6 +99,7 @@ def test_completion_defaults_and_extensions():
     assert r.prompt == [1, 2, 3] and p.max_tokens == 5 and p.greedy and p.top_p == 0.5 and p.seed == 7
     assert p.stop == ["x"] and p.top_k == 4 and p.min_p == 0.1 and p.repetition_penalty == 1.1 and p.ignore_eos
     assert r.stream and r.include_usage and r.priority == 3 and r.timeout == 2.5
+    assert p.output_kind is RequestOutputKind.DELTA  # streamed: an output per step
 
 
 def test_single_prompt_batch_and_server_defaults():

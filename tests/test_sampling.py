@@ -30,6 +30,7 @@ from orcaserve.scheduler.model.sampler import _apply_penalties, filter_logits
         ("seed", "x"),
         ("stop", [""]),
         ("ignore_eos", "yes"),
+        ("output_kind", "cumulative"),
     ],
 )
 def test_invalid_values_name_the_field(field, value):

@@ -15,7 +15,7 @@ from typing import Any
 
 from orcaserve.handler.openai import structured, tools
 from orcaserve.scheduler.errors import InvalidRequest
-from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, RequestOutputKind, SamplingParams
 from orcaserve.scheduler.serving.prompt import ChatPrompt
 
 log = logging.getLogger(__name__)
@@ -344,6 +344,8 @@ def parse_request(
     logprobs = _logprobs(body, kind)
     params = _sampling_params(body, max_tokens, logprobs, n, logprobs if echo else None)
     params.structured_outputs = constraint
+    # A client answered once the request finished reads its final output alone.
+    params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
     return ParsedRequest(
         kind,
         prompt,

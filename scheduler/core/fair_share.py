@@ -81,10 +81,12 @@ class TenantShares:
 
     # ---- costs -------------------------------------------------------------------------------
     @staticmethod
-    def tokens(req: Request, n: int) -> tuple[int, int]:
-        """(prompt tokens, output tokens) charged when `req` computes its next `n` tokens: prompt
-        tokens never computed for it before, and the token it samples if it catches up."""
-        start, end = req.num_computed_tokens, req.num_computed_tokens + n
+    def tokens(req: Request, n: int, start: int | None = None) -> tuple[int, int]:
+        """(prompt tokens, output tokens) charged when `req` computes its next `n` tokens (from
+        `start`, by default its computed tokens): prompt tokens never computed for it before,
+        and the token it samples if it catches up."""
+        start = req.num_computed_tokens if start is None else start
+        end = start + n
         charged, num_prompt = req.prompt_charged, len(req.prompt_token_ids)
         prompt = min(end, num_prompt) - max(start, charged) if charged < end and charged < num_prompt else 0
         return prompt, int(end == len(req.all_token_ids))
@@ -93,19 +95,20 @@ class TenantShares:
         return (self.prompt_weight * prompt + self.output_weight * output) / tenant.weight
 
     def serve(self, scheduled: Iterable[tuple[Request, int]]) -> None:
-        """Charge the tenants of a step's (request, tokens computed) before the tokens are
-        counted; per tenant once (this runs every step, under every policy)."""
+        """Charge the tenants of a step's (request, tokens computed), the tokens already counted
+        in `num_computed_tokens`; per tenant once (this runs every step, under every policy)."""
         got: dict[str | None, list[int]] = {}
         for req, n in scheduled:
             if (g := got.get(req.tenant)) is None:
                 g = got[req.tenant] = [0, 0]
+            end = req.num_computed_tokens
             if req.prompt_charged >= len(req.prompt_token_ids):  # (`tokens`, its prompt charged in full)
-                if req.num_computed_tokens + n == len(req.all_token_ids):
+                if end == len(req.all_token_ids):
                     g[1] += 1
                 continue
-            prompt, output = self.tokens(req, n)
+            prompt, output = self.tokens(req, n, end - n)
             if prompt:
-                req.prompt_charged = min(req.num_computed_tokens + n, len(req.prompt_token_ids))
+                req.prompt_charged = min(end, len(req.prompt_token_ids))
             g[0] += prompt
             g[1] += output
         for name, (prompt, output) in got.items():

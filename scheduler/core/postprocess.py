@@ -66,20 +66,31 @@ class Postprocessor:
                 grammar = req.grammar
                 if grammar is not None:
                     grammar.accept(token)  # raises if the token left the grammar: this request fails alone
-                req.fill_token(token, logprob)
+                # The token takes its placeholder's place (the oldest: a step in flight holds
+                # one) or, the synchronous engine's case, with none in flight, comes last.
+                out_ids = req.output_token_ids
+                out_ids.append(token)
+                num_out = len(out_ids)  # num_tokens may count a placeholder of a step in flight
+                num_prompt = len(req.prompt_token_ids)
+                all_ids = req.all_token_ids
+                if num_prompt + num_out > len(all_ids):
+                    all_ids.append(token)
+                else:
+                    all_ids[num_prompt + num_out - 1] = token
+                if logprob is not None and req.logprobs is not None:
+                    req.logprobs.append(logprob)
                 shown = req.times_shown
                 if shown is None:  # its first token: its outputs share one copy of its times until it finishes
                     times = req.times
                     times.first_token = now
                     shown = req.times_shown = RequestTimes(times.arrival, times.first_scheduled, now, None)
-                out_ids = req.output_token_ids
                 new_text = detoks[req.request_id].step(out_ids)  # None: a stop string ended the text
-                num_out = len(out_ids)  # num_tokens may count a placeholder of a step in flight
-                num_prompt = len(req.prompt_token_ids)
                 if new_text is None or token in req.stop_token_ids or (grammar is not None and grammar.terminated):
                     append(self._stop(req, "stop", token, logprob, new_text, now))
                 elif num_out >= req.params.max_tokens or num_prompt + num_out >= max_model_len:
                     append(self._stop(req, "length", token, logprob, new_text, now))
+                elif req.final_only:  # its consumer reads the final output alone: nothing to build
+                    continue
                 else:  # the common case, built directly: one object per request and step
                     out = RequestOutput(
                         req.group_id,

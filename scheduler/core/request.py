@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from orcaserve.scheduler.core.outputs import RequestTimes
-from orcaserve.scheduler.sampling_params import SamplingParams
+from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.slo_budget import SloClass
@@ -90,6 +90,8 @@ class Request:
         self.slo_missed = False
         self.stop_token_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         self.needs_host = params.needs_host  # read once: the engine asks every step (launch.needs_host)
+        # Its consumer reads its final output alone: postprocess builds no other (read once, as above).
+        self.final_only = params.output_kind is RequestOutputKind.FINAL_ONLY
         # Structured outputs: the matcher the sampler masks this row by (the engine sets it).
         self.grammar: GrammarState | None = None
         self.generator: torch.Generator | None = None
@@ -116,22 +118,10 @@ class Request:
             self.logprobs.append(logprob)
 
     def add_placeholder(self, row: int) -> None:
-        """A launched step samples this request's next token, in `row` of its ids."""
+        """A launched step samples this request's next token, in `row` of its ids; the token
+        takes the placeholder's place when it comes back (`Postprocessor.step`)."""
         self.all_token_ids.append(PLACEHOLDER)
         self.pending_row = row
-
-    def fill_token(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
-        """A sampled token has come back from the device: it takes the oldest placeholder's place
-        or, the synchronous engine's case, with none in flight, comes last."""
-        out, ids = self.output_token_ids, self.all_token_ids
-        out.append(token_id)
-        i = len(self.prompt_token_ids) + len(out) - 1
-        if i < len(ids):
-            ids[i] = token_id
-        else:
-            ids.append(token_id)
-        if self.logprobs is not None and logprob is not None:
-            self.logprobs.append(logprob)
 
     @property
     def targeted(self) -> bool:

@@ -192,7 +192,7 @@ class Scheduler(StepBuilder):
             while not out.preempted and self._can_admit() and (head := queue.peek()) is not None:
                 if not self.start_waiting(out, head):
                     break
-        out.seal()  # who samples, and the step in the step-cost model's terms
+        out.seal(self.step_costs)  # who samples, and the step in the step-cost model's terms if it learns
         return out
 
     def _continue_decodes(self, out: SchedulerOutput, decodes: list[Request]) -> None:
@@ -235,26 +235,27 @@ class Scheduler(StepBuilder):
         `step_costs` it keeps the time alone, the measured step of the metrics)."""
         if out.shape is not None and self.step_costs:
             self.cost.observe(out.shape, seconds)
-        elif out.shape is not None:
+        elif not out.is_empty:
             self.cost.last_measured = seconds
 
     def update_after_step(self, out: SchedulerOutput) -> None:
-        """Advance every scheduled request by the tokens it computed this step, charge them to
-        its tenant, and offer the blocks that step filled to the prefix cache (a request that
-        failed the step holds none and is not charged)."""
+        """Advance every scheduled request by the tokens it computed this step, offer the blocks
+        that step filled to the prefix cache and charge the tokens to its tenant (a request that
+        failed the step holds no blocks and is not charged), in one pass over the rows and the
+        tenants' own."""
         running = RequestStatus.RUNNING
-        scheduled = zip(out.requests.values(), out.num_scheduled_tokens.values())  # (one order)
-        live = [(req, n) for req, n in scheduled if req.status is running]
-        self.shares.serve(live)
-        if len(live) < len(out.requests):  # a request that failed the step holds no blocks: only its count moves
-            for req, n in zip(out.requests.values(), out.num_scheduled_tokens.values()):
-                if req.status is not running:
-                    req.num_computed_tokens += n
         cache = self.kv.cache_full_blocks if self.kv.enable_prefix_caching else None
         block_size = self.kv.block_size
-        for req, n in live:
+        reqs, counts = out.requests.values(), out.num_scheduled_tokens.values()  # (one order)
+        failed = False
+        for req, n in zip(reqs, counts):
             end = req.num_computed_tokens = req.num_computed_tokens + n
+            if req.status is not running:  # it failed the step: only its count moves
+                failed = True
             # A decode fills a block once in `block_size` steps; only then is there one to offer.
-            if cache is not None and (n > 1 or end % block_size == 0):
+            elif cache is not None and (n > 1 or end % block_size == 0):
                 cache(req)
+        self.shares.serve(
+            [(r, n) for r, n in zip(reqs, counts) if r.status is running] if failed else zip(reqs, counts)
+        )
         self.shares.rebase()

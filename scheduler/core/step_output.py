@@ -20,15 +20,21 @@ class SchedulerOutput:
     # Requests whose scheduled tokens reach the end of their sequence: they sample a token this
     # step, in batch order. Decided once (`seal`); the runner and the engine read it.
     sampling: list[Request] = field(default_factory=list)
-    # What the step computes, in the step-cost model's terms (`seal`).
+    # What the step computes, in the step-cost model's terms (`seal`; None where nothing reads it).
     shape: StepShape | None = None
 
-    def seal(self) -> None:
-        """The batch is decided (`Scheduler.schedule`): one pass over it sets `sampling` and `shape`."""
+    def seal(self, shape: bool = True) -> None:
+        """The batch is decided (`Scheduler.schedule`): one pass over it sets `sampling` and, when
+        asked for (`shape`: the step-cost model reads it), `shape`."""
+        sampling = self.sampling
+        if not shape:
+            for req, n in zip(self.requests.values(), self.num_scheduled_tokens.values()):  # (one order)
+                if req.num_computed_tokens + n == len(req.all_token_ids):
+                    sampling.append(req)
+            return
         prompt = decode = 0
         context = 0.0
-        sampling = self.sampling
-        for req, n in zip(self.requests.values(), self.num_scheduled_tokens.values()):  # (one order)
+        for req, n in zip(self.requests.values(), self.num_scheduled_tokens.values()):
             computed = req.num_computed_tokens
             if computed + n == len(req.all_token_ids):
                 sampling.append(req)
