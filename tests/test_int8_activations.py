@@ -37,6 +37,9 @@ def test_kernel_quantizes_activations_as_the_twin(variant):
     for xx in (x, x.bfloat16(), strided, torch.cat([x, x], dim=1).bfloat16()[:, 320:]):
         for a, b in zip(op(xx), twin.quantize_rows(xx)):
             assert torch.equal(a, b)
+    long = torch.randn(3, 33 * 32) * torch.logspace(-2, 2, 33 * 32)  # bf16 rows go by chunks of 16 blocks
+    for a, b in zip(op(long.bfloat16()), twin.quantize_rows(long.bfloat16())):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

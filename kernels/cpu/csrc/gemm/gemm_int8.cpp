@@ -23,7 +23,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
-#include <vector>
+#include <climits>
 
 #include "gemm/panels.h"
 #include "ops.h"
@@ -107,11 +107,16 @@ void quantize_rows(const In* x, int64_t lda, int64_t M, int64_t K, int8_t* q, fl
                    const Int8Format* fmt, int32_t* corr, float* msum) {
   const int64_t nb = K / kBlock;
   at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    std::vector<float> tmp(std::is_same_v<In, float> ? 0 : K);
+    // bf16 rows a chunk of blocks at a time (blocks are independent): the widened copy stays in L1.
+    constexpr int64_t kChunk = std::is_same_v<In, float> ? INT64_MAX : 16 * kBlock;
+    alignas(64) float tmp[std::is_same_v<In, float> ? 1 : kChunk];
     for (int64_t m = m0; m < m1; ++m) {
       const float* sp = scale + m * nb;
       const int32_t* up = sums + m * 2 * nb;
-      quantize_row(widen(x + m * lda, tmp.data(), K), q + m * K, scale + m * nb, sums + m * 2 * nb, K);
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t n = std::min(kChunk, K - k0), b0 = k0 / kBlock;
+        quantize_row(widen(x + m * lda + k0, tmp, n), q + m * K + k0, scale + m * nb + b0, sums + (m * nb + b0) * 2, n);
+      }
       if (corr == nullptr) continue;
       const int S = fmt->spans(), shift = fmt->shift();
       for (int64_t b = 0; b < nb; ++b) {
