@@ -18,12 +18,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <tuple>
 #include <type_traits>
-#include <climits>
 
 #include "gemm/panels.h"
 #include "ops.h"
@@ -267,7 +267,7 @@ void run(const Rows& a, const uint8_t* packed, const float* bias, Out* y, int64_
     const float* bias_p = bias ? bias + p * kPanel : nullptr;
     // The panel this thread computes next is requested into L2 during this one's first row tile: at
     // decode row counts a panel's compute is too short for the hardware prefetcher to hide DRAM
-    // (docs/int8-activations.md, "Where the time goes").
+    // (docs/int8-activations.md, "The engine against the tile").
     const uint8_t* pf = next < P ? packed + next * panel_bytes : nullptr;
     tiles.each([&](int64_t t, int64_t m, auto rows) {
       constexpr int R = decltype(rows)::value;
