@@ -57,9 +57,13 @@ def test_kernel_quantizes_activations_as_the_twin(variant):
     x = torch.randn(37, 320) * torch.logspace(-3, 3, 320)
     x[3] = 0.0
     x[5, :32] = torch.tensor([2.5, -2.5] * 16)  # halves after the scale: ties
-    for xx in (x, x.bfloat16()):
+    strided = torch.cat([x, x], dim=1)[:, 320:]  # rows 640 apart: read in place
+    for xx in (x, x.bfloat16(), strided, torch.cat([x, x], dim=1).bfloat16()[:, 320:]):
         for a, b in zip(op(xx), twin.quantize_rows(xx)):
             assert torch.equal(a, b)
+    long = torch.randn(3, 33 * 32) * torch.logspace(-2, 2, 33 * 32)  # bf16 rows go by chunks of 16 blocks
+    for a, b in zip(op(long.bfloat16()), twin.quantize_rows(long.bfloat16())):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -89,6 +93,9 @@ def test_kernel_is_the_twin_bit_for_bit(variant, fmt):
                     want = twin.linear_int8(xx, codes.q, codes.scale, codes.offset, bias)
                     got = lin(xx)
                     assert got.dtype == xx.dtype and torch.equal(got, want), (rows, xx.dtype)
+            wide = torch.randn(33, 2 * k) * 3  # rows strided, as a view of a wider tensor
+            for xx in (wide[:, k:], wide.bfloat16()[:, :k]):
+                assert torch.equal(lin(xx), twin.linear_int8(xx, codes.q, codes.scale, codes.offset, bias))
 
 
 @pytest.mark.parametrize("variant", INT8)

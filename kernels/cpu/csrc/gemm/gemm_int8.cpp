@@ -18,10 +18,12 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 #include "gemm/panels.h"
 #include "ops.h"
@@ -84,8 +86,61 @@ struct Rows {
   int64_t K, nb;
 };
 
+// One row's fp32 values: fp32 rows as they are, bf16 rows widened into `tmp` (exact).
+inline const float* widen(const float* x, float*, int64_t) { return x; }
+inline const float* widen(const at::BFloat16* x, float* tmp, int64_t K) {
+  int64_t k = 0;
+#if defined(__AVX512F__)
+  for (; k + 16 <= K; k += 16) {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k)));
+    _mm512_storeu_ps(tmp + k, _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)));
+  }
+#endif
+  for (; k < K; ++k) tmp[k] = static_cast<float>(x[k]);
+  return tmp;
+}
+
+// Rows of x (row stride lda) quantized (quantize_row), in parallel; where `corr` is given, each row's
+// shift correction and msum for the tiles (Rows) too, in the same pass (not a serial loop after it).
+template <typename In>
+void quantize_rows(const In* x, int64_t lda, int64_t M, int64_t K, int8_t* q, float* scale, int32_t* sums,
+                   const Int8Format* fmt, int32_t* corr, float* msum) {
+  const int64_t nb = K / kBlock;
+  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
+    // bf16 rows a chunk of blocks at a time (blocks are independent): the widened copy stays in L1.
+    constexpr int64_t kChunk = std::is_same_v<In, float> ? INT64_MAX : 16 * kBlock;
+    alignas(64) float tmp[std::is_same_v<In, float> ? 1 : kChunk];
+    for (int64_t m = m0; m < m1; ++m) {
+      const float* sp = scale + m * nb;
+      const int32_t* up = sums + m * 2 * nb;
+      for (int64_t k0 = 0; k0 < K; k0 += kChunk) {
+        const int64_t n = std::min(kChunk, K - k0), b0 = k0 / kBlock;
+        quantize_row(widen(x + m * lda + k0, tmp, n), q + m * K + k0, scale + m * nb + b0, sums + (m * nb + b0) * 2, n);
+      }
+      if (corr == nullptr) continue;
+      const int S = fmt->spans(), shift = fmt->shift();
+      for (int64_t b = 0; b < nb; ++b) {
+        const int32_t total = up[2 * b] + up[2 * b + 1];
+        if (S == 2) {
+          corr[(m * nb + b) * 2] = shift * up[2 * b];
+          corr[(m * nb + b) * 2 + 1] = shift * up[2 * b + 1];
+        } else {
+          corr[m * nb + b] = shift * total;
+        }
+        msum[m * nb + b] = sp[b] * static_cast<float>(total);
+      }
+    }
+  });
+}
+
+// Bytes [p, p + Bytes) requested into L2, a cache line at a time.
+template <int64_t Bytes>
+inline void prefetch_block(const uint8_t* p) {
+  for (int64_t l = 0; l < Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T1);
+}
+
 template <int Bits, bool Offset, bool Wide, int R>
-__attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out) {
+__attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   constexpr int S = fmt.spans(), G = 8 / S;
   vf acc[R][kC];
@@ -93,6 +148,7 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
     for (int c = 0; c < kC; ++c) acc[r][c] = fzero();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = panel + b * fmt.block_bytes();
+    if (pf != nullptr) prefetch_block<fmt.block_bytes()>(pf + b * fmt.block_bytes());
     const float* heads = reinterpret_cast<const float*>(blk);
     const uint8_t* codes = blk + fmt.head_bytes();
     const int8_t* x = a.q + m * a.K + b * kBlock;
@@ -172,46 +228,81 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
     for (int c = 0; c < kC; ++c) fstore(out + r * kPanel + c * kL, acc[r][c]);
 }
 
+// One tile row's ncols results (+ bias) into y: fp32 as they are, bf16 rounded to nearest even with
+// NaN made 0x7FC0 (c10::BFloat16's rounding, lane by lane on AVX-512, bit for bit the scalar cast).
 inline void put(float v, float* dst) { *dst = v; }
-inline void put(float v, at::BFloat16* dst) { *dst = static_cast<at::BFloat16>(v); }  // to nearest even
+inline void put(float v, at::BFloat16* dst) { *dst = static_cast<at::BFloat16>(v); }
+
+template <typename Out>
+inline void store_row(const float* src, const float* bias, Out* dst, int64_t ncols) {
+  int64_t j = 0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  for (; j < ncols; j += kL) {
+    const __mmask16 live = static_cast<__mmask16>(ncols - j >= kL ? 0xFFFF : (1u << (ncols - j)) - 1);
+    __m512 v = _mm512_loadu_ps(src + j);  // the tile's buffer holds a whole panel
+    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, bias + j));
+    if constexpr (std::is_same_v<Out, float>) {
+      _mm512_mask_storeu_ps(dst + j, live, v);
+    } else {
+      const __m512i u = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+      _mm256_mask_storeu_epi16(dst + j, live, _mm512_cvtepi32_epi16(r));
+    }
+  }
+#endif
+  for (; j < ncols; ++j) put(bias ? src[j] + bias[j] : src[j], dst + j);
+}
 
 template <int Bits, bool Offset, bool Wide, typename Out>
 void run(const Rows& a, const uint8_t* packed, const float* bias, Out* y, int64_t M, int64_t N, int64_t P) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   const RowTiles<kTileRows> tiles(M);
-  for_each_panel(P, false, [&](int64_t p, int64_t) {
+  const int64_t panel_bytes = a.nb * fmt.block_bytes();
+  for_each_panel(P, true, [&](int64_t p, int64_t next) {
     alignas(64) float buf[kTileRows * kPanel];
-    const uint8_t* panel = packed + p * a.nb * fmt.block_bytes();
+    const uint8_t* panel = packed + p * panel_bytes;
     const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);
-    tiles.each([&](int64_t, int64_t m, auto rows) {
+    const float* bias_p = bias ? bias + p * kPanel : nullptr;
+    // The panel this thread computes next is requested into L2 during this one's first row tile: at
+    // decode row counts a panel's compute is too short for the hardware prefetcher to hide DRAM
+    // (docs/int8-activations.md, "The engine against the tile").
+    const uint8_t* pf = next < P ? packed + next * panel_bytes : nullptr;
+    tiles.each([&](int64_t t, int64_t m, auto rows) {
       constexpr int R = decltype(rows)::value;
-      tile<Bits, Offset, Wide, R>(a, m, panel, buf);
-      for (int r = 0; r < R; ++r) {
-        Out* dst = y + (m + r) * N + p * kPanel;
-        for (int64_t j = 0; j < ncols; ++j) put(bias ? buf[r * kPanel + j] + bias[p * kPanel + j] : buf[r * kPanel + j], dst + j);
-      }
+      tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr);
+      for (int r = 0; r < R; ++r) store_row(buf + r * kPanel, bias_p, y + (m + r) * N + p * kPanel, ncols);
     });
   });
+}
+
+// x's rows as fp32 or bf16 values with unit stride (rows may be strided): the op's checks.
+at::Tensor rows_of(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(1) % kBlock == 0 &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              op, ": x must be an fp32 or bf16 [rows, K] CPU tensor, K a multiple of 32");
+  return x.stride(1) == 1 ? x : x.contiguous();
+}
+
+void quantize_any(const at::Tensor& xc, int8_t* q, float* scale, int32_t* sums, const Int8Format* fmt, int32_t* corr,
+                  float* msum) {
+  const int64_t M = xc.size(0), K = xc.size(1), lda = xc.stride(0);
+  if (xc.scalar_type() == at::kFloat)
+    quantize_rows(xc.data_ptr<float>(), lda, M, K, q, scale, sums, fmt, corr, msum);
+  else
+    quantize_rows(xc.data_ptr<at::BFloat16>(), lda, M, K, q, scale, sums, fmt, corr, msum);
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.size(1) % kBlock == 0 &&
-                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
-              "quantize_rows_int8: x must be an fp32 or bf16 [rows, K] CPU tensor, K a multiple of 32");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const at::Tensor xc = rows_of(x, "quantize_rows_int8");
   const int64_t M = x.size(0), K = x.size(1), nb = K / kBlock;
   at::Tensor q = at::empty({M, K}, x.options().dtype(at::kChar));
   at::Tensor scale = at::empty({M, nb}, x.options().dtype(at::kFloat));
   at::Tensor sums = at::empty({M, 2 * nb}, x.options().dtype(at::kInt));
-  const float* xp = xf.data_ptr<float>();
-  int8_t* qp = q.data_ptr<int8_t>();
-  float* sp = scale.data_ptr<float>();
-  int32_t* up = sums.data_ptr<int32_t>();
-  at::parallel_for(0, M, 1, [&](int64_t m0, int64_t m1) {
-    for (int64_t m = m0; m < m1; ++m) quantize_row(xp + m * K, qp + m * K, sp + m * nb, up + m * 2 * nb, K);
-  });
+  quantize_any(xc, q.data_ptr<int8_t>(), scale.data_ptr<float>(), sums.data_ptr<int32_t>(), nullptr, nullptr, nullptr);
   return {q, scale, sums};
 }
 
@@ -219,6 +310,7 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std:
                        int64_t out_features, int64_t bits, bool has_offset, bool wide) {
   TORCH_CHECK((bits == 8 && !has_offset) || (bits == 4 && !wide) || (bits == 4 && has_offset),
               "linear_int8: q8_0 or q6_k (8 bits), q4_0, q4_1 or q4_k (4 bits)");
+  const at::Tensor xc = rows_of(x, "linear_int8");
   const int64_t M = x.size(0), K = x.size(1), N = out_features, nb = K / kBlock;
   const Int8Format fmt{static_cast<int>(bits), has_offset, wide && bits == 8};
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
@@ -227,27 +319,19 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std:
               "linear_int8: packed must come from pack_int8_weight of an [out_features, in] weight in this format");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N),
               "linear_int8: bias must be fp32 [out_features]");
-  auto [q, scale, sums] = quantize_rows_int8(x);
   at::Tensor y = at::empty({M, N}, x.options());
   if (M == 0) return y;
-  const int S = fmt.spans(), shift = fmt.shift();
-  at::Tensor corr = at::empty({M, nb, S}, sums.options());
-  at::Tensor msum = at::empty({M, nb}, scale.options());
-  const int32_t* up = sums.data_ptr<int32_t>();
-  const float* sp = scale.data_ptr<float>();
-  int32_t* cp = corr.data_ptr<int32_t>();
-  float* mp = msum.data_ptr<float>();
-  for (int64_t i = 0; i < M * nb; ++i) {
-    const int32_t total = up[2 * i] + up[2 * i + 1];
-    if (S == 2) {
-      cp[2 * i] = shift * up[2 * i];
-      cp[2 * i + 1] = shift * up[2 * i + 1];
-    } else {
-      cp[i] = shift * total;
-    }
-    mp[i] = sp[i] * static_cast<float>(total);
-  }
-  const Rows a{q.data_ptr<int8_t>(), sp, cp, mp, K, nb};
+  // One allocation for the quantized rows: codes, then scales, msum, sums and corr (4-byte aligned).
+  const int S = fmt.spans();
+  const int64_t code_bytes = (M * K + 63) / 64 * 64;
+  at::Tensor work = at::empty({code_bytes + M * nb * 4 * (2 + 2 + S)}, x.options().dtype(at::kByte));
+  int8_t* qp = reinterpret_cast<int8_t*>(work.data_ptr<uint8_t>());
+  float* sp = reinterpret_cast<float*>(work.data_ptr<uint8_t>() + code_bytes);
+  float* mp = sp + M * nb;
+  int32_t* up = reinterpret_cast<int32_t*>(mp + M * nb);
+  int32_t* cp = up + M * nb * 2;
+  quantize_any(xc, qp, sp, up, &fmt, cp, mp);
+  const Rows a{qp, sp, cp, mp, K, nb};
   const at::Tensor bc = bias.has_value() ? bias->contiguous() : at::Tensor();
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   const uint8_t* w = packed.data_ptr<uint8_t>();
