@@ -136,13 +136,16 @@ def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
         real(items)
 
     monkeypatch.setattr(engine_loop, "deliver", spy)
-    early = [loop.submit(f"early{i}", [5 + i] * 6, SamplingParams(max_tokens=30, ignore_eos=True)) for i in range(3)]
+    # The early ones run until aborted, so they are still running whenever the late one joins
+    # (with a fixed length they could finish first on a fast step).
+    early = [loop.submit(f"early{i}", [5 + i] * 6, SamplingParams(max_tokens=1000, ignore_eos=True)) for i in range(3)]
     it = iter(early[0])
     next(it), next(it)  # the three run
     late = loop.submit("late", [7] * 6, SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(list(late)) == 3
-    for stream in early:
-        list(stream)
+    for i, stream in enumerate(early):
+        loop.abort(f"early{i}")
+        assert list(stream)[-1].finish_reason == "abort"
     step = next(f for f in flushes if ("late", 1) in f)
     assert step[0] == ("late", 1) and len(step) == 4, step
 
