@@ -93,8 +93,9 @@ class HandlerConfig:
     latency targets (`slo_classes`); `tenant_slo_class`: tenant -> class when the header is absent
     (docs/latency-targets.md). None: no class, no target.
     Limits (docs/reliability.md#limits): `max_body_bytes` per request body, `max_tokens_limit` on
-    a request's `max_tokens`, `max_waiting_requests` submitted but not yet running per worker
-    (beyond it: 503 with Retry-After). None = unlimited. `max_frame_bytes`: the largest frame
+    a request's `max_tokens`, `max_waiting_requests` sequences waiting beyond the engine's
+    `max_num_seqs` seats, per worker (beyond seats plus queue: 503 with Retry-After). None =
+    unlimited. `max_frame_bytes`: the largest frame
     sent to the frontend, which refuses one above its `max_response_size` (6,553,500 bytes by
     default; the request is then never answered); longer bodies go out in several frames.
     """

@@ -18,6 +18,7 @@ from orcaserve.handler.slo_metrics import SLO_METRICS, STEP_COST_METRICS, SloMet
 from orcaserve.handler.tenant_metrics import FAIRNESS_METRIC, TENANT_METRICS, TenantMetrics
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.errors import EngineError, Overloaded
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ METRICS: dict[str, tuple[str, MetricTypes, str]] = {
     "orca_queue_time_seconds": ("s", H, "arrival to first scheduling"),
     "orca_e2e_latency_seconds": ("s", H, "arrival to finish"),
     "orca_num_requests_running": ("count", G, "requests in the running batch"),
-    "orca_num_requests_waiting": ("count", G, "requests waiting to be scheduled"),
+    "orca_num_requests_waiting": ("count", G, "sequences accepted and not yet running, wherever they wait"),
     "orca_kv_blocks_used": ("count", G, "KV cache blocks in use"),
     "orca_kv_cache_usage_ratio": ("ratio", G, "used / total KV blocks"),
     "orca_step_tokens": ("count", G, "tokens fed in the last step"),
@@ -46,6 +47,10 @@ METRICS: dict[str, tuple[str, MetricTypes, str]] = {
     "orca_prefix_cache_hits_total": ("count", C, "prompt tokens found in the prefix cache"),
     "orca_prefix_cache_free_blocks": ("count", G, "free KV blocks still holding a reusable prefix"),
 }
+
+# Requests refused before they ran (503 overloaded, 400 too long, ...), one series per reason
+# (`EngineError.reason`): docs/serving.md, "Limits and refusals".
+REFUSED_METRIC = ("orca_requests_refused_total", "count", C, "requests refused before they ran, by reason")
 
 # The KV cache's shape for the Gateway API Inference Extension's endpoint picker, in the form of
 # vLLM's `vllm:cache_config_info` that it reads (value 1, the numbers in labels): docs/deploy.md,
@@ -89,6 +94,8 @@ class EngineMetrics:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             name, unit, kind, _ = FAIRNESS_METRIC
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+            name, unit, kind, _ = REFUSED_METRIC
+            self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Reason"], kind)
             name, unit, kind, _ = CACHE_INFO_METRIC
             dims = [*DIMENSIONS, *CACHE_INFO_DIMENSIONS]
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, dims, kind)
@@ -114,6 +121,7 @@ class EngineMetrics:
             if kind is not H:
                 self._emit(name, 0)
         self._emit(FAIRNESS_METRIC[0], 1.0)
+        self._emit_with(REFUSED_METRIC[0], 0, [Overloaded.reason])
 
     def _emit(self, name: str, value: float, tenant: str | None = None) -> None:
         self._emit_with(name, value, [] if tenant is None else [tenant])
@@ -127,12 +135,18 @@ class EngineMetrics:
         """Once the engine is built: the KV cache's shape (fixed for the engine's life)."""
         self._emit_with(CACHE_INFO_METRIC[0], 1, [str(engine.config.block_size), str(engine.stats.num_blocks)])
 
-    def on_step(self, engine: Engine) -> None:
+    def on_refused(self, error: EngineError) -> None:
+        """A request refused before it ran (any thread): one more in its reason's series."""
+        self._emit_with(REFUSED_METRIC[0], 1, [error.reason])
+
+    def on_step(self, engine: Engine, waiting: int | None = None) -> None:
         """Engine-loop callback (after each step and after aborts, on the loop thread): on a
         change of the gauges, at most every `_MIN_PERIOD_S` while the engine is busy and at once
         when it goes idle (or every `_GAUGE_PERIOD_S` unchanged), emit them and the counters'
-        increments since the previous emission."""
+        increments since the previous emission. `waiting`: the sequences accepted and not running
+        wherever they wait (`EngineLoop.num_waiting`); the engine's own queue when None."""
         s = engine.stats
+        waiting = s.num_waiting if waiting is None else waiting
         if s.num_steps != self._last_step:
             self._last_step = s.num_steps
             self._step_tokens += s.last_step_tokens
@@ -140,7 +154,7 @@ class EngineMetrics:
         # the first step) changes no gauge, and nothing else would report it.
         gauges = (
             s.num_running,
-            s.num_waiting,
+            waiting,
             s.kv_blocks_used,
             s.last_step_tokens,
             s.kv_blocks_cached_free,
@@ -152,7 +166,7 @@ class EngineMetrics:
         since = now - self._last_gauge_time
         if gauges == self._last_gauges and since < _GAUGE_PERIOD_S:
             return
-        if since < _MIN_PERIOD_S and (s.num_running or s.num_waiting):
+        if since < _MIN_PERIOD_S and (s.num_running or waiting):
             return
         self._last_gauges, self._last_gauge_time = gauges, now
         self._emit_deltas(
@@ -168,7 +182,7 @@ class EngineMetrics:
             }
         )
         self._emit("orca_num_requests_running", s.num_running)
-        self._emit("orca_num_requests_waiting", s.num_waiting)
+        self._emit("orca_num_requests_waiting", waiting)
         self._emit("orca_kv_blocks_used", s.kv_blocks_used)
         self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
         self._emit("orca_step_tokens", s.last_step_tokens)

@@ -119,7 +119,9 @@ class OrcaHandler:
             return engine
 
         self._serve_loop(
-            lambda on_step: EngineLoop.launch(build, on_step, config.max_waiting_requests, self._on_loop_death),
+            lambda on_step, on_refused: EngineLoop.launch(
+                build, on_step, config.max_waiting_requests, self._on_loop_death, on_refused
+            ),
             config,
             getattr(context, "metrics", None),
             name,
@@ -136,18 +138,28 @@ class OrcaHandler:
     ) -> None:
         """Serve `engine` (already built): start the loop thread that owns it from now on."""
         self._serve_loop(
-            lambda on_step: EngineLoop(engine, on_step, config.max_waiting_requests, self._on_loop_death).start(),
+            lambda on_step, on_refused: EngineLoop(
+                engine, on_step, config.max_waiting_requests, self._on_loop_death, on_refused
+            ).start(),
             config,
             metrics_cache,
             model_name,
         )
 
     def _serve_loop(
-        self, make_loop: Callable[[Callable], EngineLoop], config: HandlerConfig, metrics_cache: Any, model_name: str
+        self,
+        make_loop: Callable[[Callable, Callable], EngineLoop],
+        config: HandlerConfig,
+        metrics_cache: Any,
+        model_name: str,
     ) -> None:
         self.config, self.model_name = config, model_name
-        self.metrics = EngineMetrics(metrics_cache, model_name)
-        self.engine_loop = make_loop(self.metrics.on_step)
+        self.metrics = metrics = EngineMetrics(metrics_cache, model_name)
+
+        def on_step(engine: Engine) -> None:  # the waiting gauge counts every accepted sequence not running
+            metrics.on_step(engine, None if self.engine_loop is None else self.engine_loop.num_waiting)
+
+        self.engine_loop = make_loop(on_step, metrics.on_refused)
         self.metrics.on_start(self.engine_loop.engine)
         self._logprobs = LogprobsRenderer(copy.deepcopy(self.engine_loop.engine.tokenizer))
         self.initialized = True

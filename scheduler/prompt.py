@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.errors import InvalidRequest, PromptTooLong
 from orcaserve.scheduler.serving.tool_template import tool_template
 
 
@@ -64,10 +64,8 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int, max_model_len
     if not ids:
         raise InvalidRequest("prompt is empty", param="prompt")
     if len(ids) >= max_model_len:
-        raise InvalidRequest(
-            f"prompt has {len(ids)} tokens; max_model_len is {max_model_len} "
-            "(prompt plus at least one generated token)",
-            param="prompt",
+        raise PromptTooLong(
+            f"prompt has {len(ids)} tokens; max_model_len is {max_model_len} (prompt plus at least one generated token)"
         )
     if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
         raise InvalidRequest(f"prompt token ids must be integers in [0, {vocab_size})", param="prompt")

@@ -183,19 +183,25 @@ def test_waiting_queue_is_bounded(tokenizer):
         gate.wait(10)
 
     engine.fault_hook = hold
-    loop = EngineLoop(engine, max_waiting=2).start()
+    refused = []
+    loop = EngineLoop(engine, max_waiting=2, on_refused=refused.append).start()
     try:
         a = loop.submit("a", [5, 6], SamplingParams(max_tokens=2))
         entered.wait(10)  # "a" is in its first step; nothing is published as running yet
+        # One seat (a's) and two places to wait: b and c are accepted, d is the overflow.
         b = loop.submit("b", [5, 6], SamplingParams(max_tokens=2))
+        c = loop.submit("c", [5, 6], SamplingParams(max_tokens=2))
+        assert loop.num_waiting == 3  # nothing published as running yet: every one of them waits
         with pytest.raises(Overloaded) as err:
-            loop.submit("c", [5, 6], SamplingParams(max_tokens=2))
+            loop.submit("d", [5, 6], SamplingParams(max_tokens=2))
         assert err.value.retry_after and "max_waiting_requests=2" in err.value.message
+        assert "2 sequences are already waiting" in err.value.message
+        assert refused == [err.value] and loop.refused == {"overloaded": 1}
         engine.fault_hook = None
         gate.set()
-        assert list(a)[-1].finished and list(b)[-1].finished
-        assert list(loop.submit("d", [5, 6], SamplingParams(max_tokens=2)))[-1].finished  # room again
-        assert loop.num_in_flight == 0
+        assert list(a)[-1].finished and list(b)[-1].finished and list(c)[-1].finished
+        assert list(loop.submit("e", [5, 6], SamplingParams(max_tokens=2)))[-1].finished  # room again
+        assert loop.num_in_flight == 0 and loop.num_waiting == 0
     finally:
         gate.set()
         loop.shutdown()
@@ -289,3 +295,53 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
 
     with pytest.raises(ValueError, match="no such model"):
         EngineLoop.launch(broken)
+
+
+def test_a_burst_fills_the_seats_and_the_queue_before_any_step(tokenizer):
+    """Submitted at once, before the engine has seated anyone: max_num_seqs + max_waiting
+    sequences (choices counted) are all accepted and exact, and only the overflow is refused,
+    counted by reason; what waits is counted wherever it waits, and is 0 at the end."""
+    model = tiny_model("llama")
+    args = {"max_num_seqs": 3, "max_num_batched_tokens": 64, "dtype": "float32"}
+    engine = Engine.from_model(copy.deepcopy(model), tokenizer, **args)
+    reference = Engine.from_model(copy.deepcopy(model), tokenizer, **args)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    expected = reference.generate([[5, 6, 7]], params)[0].output_token_ids
+    entered, gate = threading.Event(), threading.Event()
+    engine.fault_hook = lambda sched: (entered.set(), gate.wait(10))
+    loop = EngineLoop(engine, max_waiting=4).start()
+    try:
+        first = loop.submit("first", [5, 6, 7], params)
+        entered.wait(10)  # the engine is in its first step: nobody is published as running
+        pair = loop.submit("pair", [5, 6, 7], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=2))
+        rest = [loop.submit(f"r{i}", [5, 6, 7], params) for i in range(4)]  # 7 of 3 + 4
+        with pytest.raises(Overloaded):
+            loop.submit("two-more", [5, 6, 7], SamplingParams(max_tokens=2, n=2))  # 8 and 9: over
+        with pytest.raises(Overloaded):
+            loop.submit("one-more", [5, 6, 7], params)  # 8: over
+        assert loop.num_waiting == 7 and loop.refused == {"overloaded": 2}
+        engine.fault_hook = None
+        gate.set()
+        for stream in [first, *rest]:
+            assert [o for o in stream if o.finished][-1].output_token_ids == expected
+        assert [o.output_token_ids for o in pair if o.finished] == [expected, expected]
+        assert loop.num_in_flight == 0 and loop.num_waiting == 0 and loop.refused == {"overloaded": 2}
+    finally:
+        gate.set()
+        loop.shutdown()
+
+
+def test_refusals_before_the_first_token_are_counted_by_reason(tokenizer):
+    engine = Engine.from_model(
+        copy.deepcopy(tiny_model("llama")), tokenizer, max_num_seqs=2, max_model_len=32, dtype="float32"
+    )
+    loop = EngineLoop(engine, max_waiting=2).start()
+    try:
+        with pytest.raises(InvalidRequest):
+            list(loop.submit("long", list(range(3, 40)), SamplingParams(max_tokens=2)))
+        assert list(loop.submit("ok", [5, 6], SamplingParams(max_tokens=2)))[-1].finished
+    finally:
+        loop.shutdown()
+    with pytest.raises(ShuttingDown):
+        loop.submit("late", [5, 6], SamplingParams(max_tokens=2))
+    assert loop.refused == {"too_long": 1, "shutting_down": 1}

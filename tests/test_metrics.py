@@ -102,3 +102,25 @@ def test_jain_index_over_tenants_backlogged_across_the_window():
     assert metrics.fairness(shares) == (6 + 2) ** 2 / (2 * (36 + 4))
     b.waiting = 0
     assert metrics.fairness(shares) == 1.0
+
+
+def test_refusals_go_out_by_reason_and_the_waiting_gauge_takes_the_loops_count(engine_for, caplog):
+    """A refusal is one increment in its reason's series at once (from any thread); the waiting
+    gauge reports what the engine loop counts (accepted, not running) when it is given."""
+    from orcaserve.scheduler.errors import Overloaded, PromptTooLong
+
+    cache = ts_metrics.MetricsCacheYamlImpl(
+        config_file_path=ts_async.__file__.replace("async_service.py", "configs/metrics.yaml")
+    )
+    cache.initialize_cache()
+    engine = engine_for(tiny_model("llama"), max_num_seqs=2, max_num_batched_tokens=32)
+    with caplog.at_level(logging.INFO):
+        metrics = EngineMetrics(cache, "tiny")
+        metrics.on_refused(Overloaded("full", retry_after=1))
+        metrics.on_refused(PromptTooLong("long"))
+        metrics.on_step(engine, waiting=5)
+    reason = re.compile(r"\[METRICS\]orca_requests_refused_total\.\w+:([\d.]+)\|#[^|]*Reason:(\w+)")
+    refused = [(m.group(2), float(m.group(1))) for m in map(reason.search, caplog.messages) if m]
+    assert refused == [("overloaded", 0.0), ("overloaded", 1.0), ("too_long", 1.0)]
+    emitted = [(m.group(1), float(m.group(2))) for m in map(LINE.search, caplog.messages) if m]
+    assert ("orca_num_requests_waiting", 5.0) in emitted

@@ -66,8 +66,8 @@ def test_the_loop_counts_choices_and_fails_the_request_with_one_choice(engine_fo
     engine = engine_for(tiny_model("llama"), max_num_seqs=4)
     loop = EngineLoop(engine, max_waiting=4).start()
     try:
-        with pytest.raises(Overloaded):  # five sequences can never wait under a limit of four
-            loop.submit("big", PROMPT, SamplingParams(max_tokens=2, n=5))
+        with pytest.raises(Overloaded):  # nine sequences never fit four seats and four places to wait
+            loop.submit("big", PROMPT, SamplingParams(max_tokens=2, n=9))
         outs = list(loop.submit("g", PROMPT, SamplingParams(temperature=0, max_tokens=3, n=3, ignore_eos=True)))
         finals = sorted((o for o in outs if o.finished), key=lambda o: o.index)
         assert [o.index for o in finals] == [0, 1, 2] and outs[-1].finished

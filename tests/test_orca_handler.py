@@ -314,7 +314,8 @@ def test_a_full_queue_answers_503_with_retry_after(make_backend):
     backend.engine.fault_hook = lambda sched: gate.wait(10)  # the engine stays in its first step
 
     async def run():
-        first = asyncio.ensure_future(backend.request("first", {"prompt": [5, 6], "max_tokens": 2}))
+        # Nine sequences: the engine's eight seats and the one place to wait.
+        first = asyncio.ensure_future(backend.request("first", {"prompt": [5, 6], "max_tokens": 2, "n": 9}))
         await asyncio.sleep(0.2)
         await backend.request("second", {"prompt": [5, 6], "max_tokens": 2})
         backend.engine.fault_hook = None

@@ -8,6 +8,7 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 
 from orcaserve.scheduler.core.outputs import RequestOutput
@@ -46,9 +47,14 @@ class EngineLoop:
     thread: admission failures fail that request, step failures the step's requests. Should the
     thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
 
-    `max_waiting` bounds the sequences submitted but not running (a request with `n` choices is n
-    of them): beyond it `submit` raises `Overloaded` at once instead of queueing without limit.
-    Requests fail with the errors of `scheduler/errors.py`.
+    `max_waiting` bounds the sequences that will wait: those submitted beyond the engine's
+    `max_num_seqs` seats (a request with `n` choices is n of them), wherever they are (admission,
+    the engine's queue, a prompt job). A burst of up to `max_num_seqs + max_waiting` sequences is
+    accepted; beyond it `submit` raises `Overloaded` at once instead of queueing without limit
+    (docs/serving.md, "Limits and refusals"). `num_waiting` is what waits now: accepted and not
+    running. Requests fail with the errors of `scheduler/errors.py`; `on_refused(error)` runs for
+    each request refused before it ran (on the submitting thread or the loop thread), and
+    `refused` counts them by the error's `reason`.
     """
 
     def __init__(
@@ -57,20 +63,24 @@ class EngineLoop:
         on_step: Callable[[Engine], None] | None = None,
         max_waiting: int | None = None,
         on_death: Callable[[BaseException], None] | None = None,
+        on_refused: Callable[[EngineError], None] | None = None,
     ) -> None:
         self._engine = engine
         self.on_step = on_step
         self.on_death = on_death
+        self.on_refused = on_refused
+        self.refused: Counter[str] = Counter()  # requests refused before they ran, by reason
         self.max_waiting = max_waiting
         self._inbox: queue.Queue = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._outbox: list[tuple[RequestStream, RequestOutput | EngineError]] = []  # flushed once per round
         self._deadlines: dict[str, tuple[float, float]] = {}  # id -> (deadline, timeout)
-        self._lock = threading.Lock()  # guards _closed and _in_flight against submitters
+        self._lock = threading.Lock()  # guards _closed, _in_flight and refused against submitters
         self._closed = False
-        self._in_flight = 0  # sequences submitted, final item not yet delivered
+        self._in_flight = 0  # sequences submitted and not finished (a finished choice leaves at once)
         self._num_running = 0  # published by the loop thread after each step
         self._unfinished: dict[str, int] = {}  # request id -> its choices not yet finished
+        self._begun: set[str] = set()  # request ids that have had an output: no longer refusable
         self._build: Callable[[], Engine] | None = None
         self._built = threading.Event()
         self._build_error: BaseException | None = None
@@ -94,6 +104,7 @@ class EngineLoop:
         on_step: Callable[[Engine], None] | None = None,
         max_waiting: int | None = None,
         on_death: Callable[[BaseException], None] | None = None,
+        on_refused: Callable[[EngineError], None] | None = None,
     ) -> EngineLoop:
         """Build the engine on the loop thread itself, then serve; raises what `build` raises.
 
@@ -102,7 +113,7 @@ class EngineLoop:
         and sleep in futexes between ops (docs/engine.md, "One thread for all torch work"); one
         thread for all torch work, loading included, avoids it.
         """
-        loop = cls(None, on_step, max_waiting, on_death)
+        loop = cls(None, on_step, max_waiting, on_death, on_refused)
         loop._build = build
         loop.start()
         loop._built.wait()
@@ -133,6 +144,12 @@ class EngineLoop:
     def num_in_flight(self) -> int:
         return self._in_flight
 
+    @property
+    def num_waiting(self) -> int:
+        """Sequences accepted and not running, wherever they wait (admission, the engine's queue,
+        a prompt job): the queue a router should see. Exact after each step (`on_step`)."""
+        return max(0, self._in_flight - self._num_running)
+
     def submit(
         self,
         request_id: str,
@@ -156,14 +173,20 @@ class EngineLoop:
         stream = RequestStream(request_id, event_loop, params.n)
         deadline = time.time() + timeout if timeout is not None else None
         with self._lock:
-            if self._closed or self._admission is None:
-                raise ShuttingDown("the engine is not running", retry_after=_RESTART_S)
-            waiting = self._in_flight - self._num_running
-            if self.max_waiting is not None and waiting + params.n > self.max_waiting:
-                raise Overloaded(
-                    f"server overloaded: {waiting} sequences are already waiting "
-                    f"(max_waiting_requests={self.max_waiting}); retry later",
-                    retry_after=1,
+            if self._closed or self._admission is None or self._engine is None:
+                raise self._refuse(ShuttingDown("the engine is not running", retry_after=_RESTART_S))
+            # What will wait is what the engine's seats cannot take: running or not yet, every
+            # sequence in flight holds a seat or a place in the queue (docs/serving.md, "Limits
+            # and refusals").
+            seats = self._engine.config.max_num_seqs
+            waiting = max(0, self._in_flight - seats)
+            if self.max_waiting is not None and self._in_flight + params.n - seats > self.max_waiting:
+                raise self._refuse(
+                    Overloaded(
+                        f"server overloaded: {waiting} sequences are already waiting "
+                        f"(max_waiting_requests={self.max_waiting}); retry later",
+                        retry_after=1,
+                    )
                 )
             self._in_flight += params.n
             self._enqueue(
@@ -173,6 +196,17 @@ class EngineLoop:
 
     def abort(self, request_id: str) -> None:
         self._enqueue(Abort(request_id))
+
+    def _refuse(self, error: EngineError) -> EngineError:
+        """Count `error` as a request refused before it ran (callers hold the lock or are the loop
+        thread), tell `on_refused`, and return it."""
+        self.refused[error.reason] += 1
+        if self.on_refused is not None:
+            try:
+                self.on_refused(error)
+            except Exception:
+                log.exception("on_refused callback failed")
+        return error
 
     def _enqueue(self, item: Submission | Abort) -> None:
         if self._admission is not None:  # else not started: nothing to abort yet
@@ -271,26 +305,33 @@ class EngineLoop:
         if item.deadline is not None:
             self._deadlines[rid] = (item.deadline, item.timeout or 0.0)
 
-    def _finish_stream(self, stream: RequestStream, item: RequestOutput | EngineError) -> None:
-        """Queue a stream's final item and release its place in the in-flight count."""
+    def _finish_stream(self, stream: RequestStream, item: RequestOutput | EngineError, seqs: int | None = None) -> None:
+        """Queue a stream's final item and release its `seqs` unfinished sequences (all of its
+        choices by default) from the in-flight count; an error before any output is a refusal."""
         self._outbox.append((stream, item))
         with self._lock:
-            self._in_flight -= stream.n
+            self._in_flight -= stream.n if seqs is None else seqs
+            if isinstance(item, EngineError) and stream.request_id not in self._begun:
+                self._refuse(item)
 
     def _deliver(self, rid: str, item: RequestOutput | EngineError) -> None:
         """Send `rid` its final item and forget it."""
         stream = self._streams.pop(rid, None)
         self._deadlines.pop(rid, None)
-        self._unfinished.pop(rid, None)
+        seqs = self._unfinished.pop(rid, None)
         if stream is not None:
-            self._finish_stream(stream, item)
+            self._finish_stream(stream, item, seqs)
+        self._begun.discard(rid)
 
     def _choice_done(self, rid: str, out: RequestOutput) -> None:
         """A choice's final output: the request's final item once every choice has finished."""
         left = self._unfinished.get(rid, 1) - 1
         if left > 0:
             self._unfinished[rid] = left
+            self._begun.add(rid)
             self._outbox.append((self._streams[rid], out))
+            with self._lock:
+                self._in_flight -= 1  # its seat is free for the next arrival
         else:
             self._deliver(rid, out)
 
@@ -346,6 +387,7 @@ class EngineLoop:
             elif out.finished:
                 self._choice_done(rid, out)
             else:
+                self._begun.add(rid)
                 self._outbox.append((stream, out))
         self._num_running = self.engine.scheduler.num_running
         self._notify()
