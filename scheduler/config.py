@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 
 from orcaserve.kernels import dispatch
+from orcaserve.scheduler.core.fair_policy import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.fair_share import check_weights
-from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP
-from orcaserve.scheduler.core.scheduler import POLICIES
-from orcaserve.scheduler.core.slo_budget import check_slo_classes
+from orcaserve.scheduler.core.policies import check_policy
+from orcaserve.scheduler.core.slo_class import check_slo_classes
 
 _DTYPES = {
     "float32": torch.float32,
@@ -43,7 +43,8 @@ class EngineConfig:
     dtype: str | torch.dtype | None = None
     device: str | None = None
     attention_backend: str | None = None  # "cpu" | "torch" | "triton"
-    scheduling_policy: str = "fcfs"  # "fcfs" | "priority" | "fair" (per tenant, docs/fair-share.md)
+    # A name in core/policies.py: "fcfs" | "priority" | "fair" (per tenant, docs/fair-share.md).
+    scheduling_policy: str = "fcfs"
     # fair: a tenant's share is proportional to its weight (default 1); a prompt token computed
     # costs prompt_token_weight, an output token output_token_weight (VTC's 1 and 2).
     tenant_weights: dict[str, float] | None = None
@@ -103,8 +104,7 @@ class EngineConfig:
             raise ValueError(f"cuda_graphs must be true, false or null, got {self.cuda_graphs!r}")
         if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
             raise ValueError(f"async_scheduling must be true, false or null, got {self.async_scheduling!r}")
-        if self.scheduling_policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be 'fcfs', 'priority' or 'fair', got {self.scheduling_policy!r}")
+        check_policy(self.scheduling_policy)
         check_weights(self.tenant_weights)
         for name in ("prompt_token_weight", "output_token_weight"):
             value = getattr(self, name)

@@ -20,7 +20,7 @@ from orcaserve.scheduler.core.postprocess import Postprocessor
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
-from orcaserve.scheduler.core.slo_budget import SloClass, check_slo_classes
+from orcaserve.scheduler.core.slo_class import SloClass, check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
 from orcaserve.scheduler.detokenizer import fast_decoding
 from orcaserve.scheduler.intake import RequestIntake

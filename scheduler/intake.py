@@ -15,7 +15,7 @@ from orcaserve.scheduler.core.postprocess import Postprocessor
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler
-from orcaserve.scheduler.core.slo_budget import SloClass
+from orcaserve.scheduler.core.slo_class import SloClass
 from orcaserve.scheduler.core.stats import EngineStats
 from orcaserve.scheduler.detokenizer import FastDecoding, IncrementalDetokenizer
 from orcaserve.scheduler.errors import InvalidRequest

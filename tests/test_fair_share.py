@@ -164,12 +164,12 @@ def test_no_idle_capacity_while_anyone_waits():
             s.add_request(req(f"r{n}", rng.choice(tenants), rng.randint(1, 90), rng.randint(1, 30)))
             n += 1
         refused.clear()
-        capped = s.num_capped_steps
+        capped = s.policy.num_capped_steps
         out = s.schedule()
         if s.num_waiting:
             checked += 1
             full = out.total_tokens == s.max_num_batched_tokens or len(s.running) == s.max_num_seqs
-            full |= s.num_capped_steps > capped
+            full |= s.policy.num_capped_steps > capped
             assert full or out.preempted or refused, f"step {i}: idle capacity while requests wait"
             blocked += not (full or out.preempted)
         s.update_after_step(out)

@@ -1,4 +1,4 @@
-"""The `fair` policy's seat handover (scheduler/core/fair_step.py): a waiting tenant below its
+"""The `fair` policy's seat handover (scheduler/core/fair_policy.py): a waiting tenant below its
 share gets a seat when all are taken, by suspending a request that keeps its KV blocks. On
 hand-made model outputs (no model), and once through the real engine, token-exact."""
 

@@ -12,7 +12,8 @@ from orcaserve.scheduler.core.fair_share import TenantShares, vtc_bound
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import Scheduler
-from orcaserve.scheduler.core.slo_budget import SloClass, check_slo_classes, tpot_slack
+from orcaserve.scheduler.core.slo_budget import tpot_slack
+from orcaserve.scheduler.core.slo_class import SloClass, check_slo_classes
 from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape
 from orcaserve.scheduler.sampling_params import SamplingParams
 

@@ -11,7 +11,7 @@ import pytest
 from test_orca_handler import make_backend  # noqa: F401  (the fixture)
 
 from orcaserve.handler.config import HandlerConfig
-from orcaserve.scheduler.core.slo_budget import check_slo_classes
+from orcaserve.scheduler.core.slo_class import check_slo_classes
 
 CLASSES = {"now": {"ttft_ms": 0.001, "slo_reject": True}, "fine": {"ttft_ms": 600000, "tpot_ms": 600000}}
 

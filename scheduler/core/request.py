@@ -12,7 +12,7 @@ from orcaserve.scheduler.core.outputs import RequestTimes
 from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
-    from orcaserve.scheduler.core.slo_budget import SloClass
+    from orcaserve.scheduler.core.slo_class import SloClass
     from orcaserve.scheduler.model.grammar import GrammarState
     from orcaserve.scheduler.model.logprobs import TokenLogprob
 
@@ -84,7 +84,7 @@ class Request:
         # tokens kept, to resume where it stopped; and the step that last admitted it.
         self.suspended = False
         self.admitted_step = -1
-        # Latency targets (core/slo_budget.py): its class, and whether it was found unable to make
+        # Latency targets (core/slo_class.py, slo_budget.py): its class, and whether it was found unable to make
         # its TTFT (served best effort from then on, and counted).
         self.slo = slo
         self.slo_missed = False

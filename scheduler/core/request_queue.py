@@ -1,12 +1,33 @@
-"""The waiting queue: FCFS or priority order, O(1) or O(log n) per operation."""
+"""The waiting queues the policies own: FCFS or priority order, O(1) or O(log n) per operation,
+and one per tenant for `fair`."""
 
 from __future__ import annotations
 
 import heapq
 import itertools
 from collections import deque
+from typing import Protocol
 
 from orcaserve.scheduler.core.request import Request
+
+
+class RequestQueue(Protocol):
+    """What the scheduler and the step builder ask of a policy's waiting requests; the policy
+    itself reads its queue in its own terms (its head, a tenant's head)."""
+
+    def __len__(self) -> int: ...
+
+    def push(self, req: Request, front: bool = False) -> None:
+        """Queue `req`; `front`: preempted or suspended, ahead of later arrivals."""
+
+    def remove(self, req: Request) -> None:
+        """`req` left while waiting (aborted, refused)."""
+
+    def take(self, req: Request) -> None:
+        """`req`, the head the policy chose, is admitted: out of the queue."""
+
+    def targeted(self) -> list[Request]:
+        """The requests with a latency target waiting, in no particular order."""
 
 
 class WaitingQueue:
@@ -67,6 +88,10 @@ class WaitingQueue:
             self._discard_head()
             self._removed.discard(head)
 
+    def take(self, req: Request) -> None:
+        head = self.pop()
+        assert head is req, "only the head of the queue is admitted"
+
     def pop(self) -> Request:
         head = self.peek()
         assert head is not None, "pop from an empty queue"
@@ -115,6 +140,10 @@ class TenantQueues:
 
     def targeted(self) -> list[Request]:
         return [r for queue in self._queues.values() for r in queue.targeted()]
+
+    def take(self, req: Request) -> None:
+        head = self.pop_tenant(req.tenant)
+        assert head is req, "only the head of a tenant's queue is admitted"
 
     def peek_tenant(self, tenant: str | None) -> Request | None:
         queue = self._queues.get(tenant)

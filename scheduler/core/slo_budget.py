@@ -1,74 +1,26 @@
-"""Latency targets per class of traffic, and the step they decide (docs/latency-targets.md).
+"""The step-budget hook every policy runs under: the latency targets of the requests running and
+waiting decide each step's token budget (docs/latency-targets.md). Their classes: slo_class.py.
 
-A class names a time-to-first-token target (`ttft_ms`), a time-per-output-token target
-(`tpot_ms`, judged per request as the mean gap between its tokens), either or none, and whether
-a request that can no longer make its TTFT is refused at once (`slo_reject`). Every step,
-`plan_step` turns the targets of the requests running and waiting into the step's token budget
-with the step-cost model (`step_cost.py`); the scheduler then fills the step as its policy says,
-within that budget.
+Every step, `LatencyBudget.plan` turns the targets into the step's limits with the step-cost
+model (`step_cost.py`, `plan_step`); the scheduler then fills the step as its policy says,
+within them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
 
-if TYPE_CHECKING:
-    from orcaserve.scheduler.core.scheduler import Scheduler
-
-_TARGETS = ("ttft_ms", "tpot_ms")
+# The longest step, as a share of the smallest TTFT target of the requests seen: a request that
+# arrives during one still has the rest of its target for its own (docs/latency-targets.md).
+ARRIVAL_SHARE = 0.4
 # Prompt tokens a step without decodes gets even when no prompt fits the time limit: the step is
 # never empty while work waits (one KV block at the default block size).
 MIN_PROMPT = 16
-
-
-@dataclass(frozen=True)
-class SloClass:
-    """A class of traffic and its targets; no target means best effort."""
-
-    name: str
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    reject: bool = False  # `slo_reject`: refuse (503) a request that can no longer make its TTFT
-
-    @property
-    def targeted(self) -> bool:
-        return self.ttft_ms is not None or self.tpot_ms is not None
-
-
-def check_slo_classes(value: object) -> dict[str, SloClass]:
-    """`slo_classes` as given: None, or a mapping of class name to {ttft_ms, tpot_ms, slo_reject}."""
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"slo_classes must map class names to targets, got {value!r}")
-    classes = {}
-    for name, spec in value.items():
-        spec = {} if spec is None else spec
-        if not isinstance(name, str) or not isinstance(spec, Mapping):
-            raise ValueError(f"slo_classes must map class names to targets, got {name!r}: {spec!r}")
-        unknown = set(spec) - {*_TARGETS, "slo_reject"}
-        if unknown:
-            raise ValueError(
-                f"slo_classes[{name!r}] has unknown keys {sorted(unknown)}; known: ttft_ms, tpot_ms, slo_reject"
-            )
-        for key in _TARGETS:
-            ms = spec.get(key)
-            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 < ms < math.inf):
-                raise ValueError(f"slo_classes[{name!r}].{key} must be a positive number of milliseconds, got {ms!r}")
-        reject = spec.get("slo_reject", False)
-        if not isinstance(reject, bool):
-            raise ValueError(f"slo_classes[{name!r}].slo_reject must be true or false, got {reject!r}")
-        ttft, tpot = spec.get("ttft_ms"), spec.get("tpot_ms")
-        classes[name] = SloClass(
-            name, None if ttft is None else float(ttft), None if tpot is None else float(tpot), reject
-        )
-    return classes
 
 
 def ttft_deadline(req: Request) -> float | None:
@@ -174,28 +126,41 @@ def plan_step(
     return plan
 
 
-def plan_for(
-    s: Scheduler, decodes: list[Request], catching_up: list[Request], now: float, classed: bool = True
-) -> StepPlan:
-    """Plan `s`'s step from the latency targets of its requests and set its limits (the policy
-    surface's `limit_step`); a waiting request that can no longer make its TTFT is marked, and
-    refused (`s.rejected`) when its class says so and it has not started. `classed`: False when
-    no running request has a class (none then has a target to look for)."""
-    waiting = s.waiting.targeted()
-    most = s.max_num_batched_tokens
-    targeted = classed and any(r.targeted for r in s.running.values())
-    if s.arrival_limit is None and not (waiting or targeted):
-        plan = StepPlan(most)
-    else:
-        plan = plan_step(s.cost, now, decodes, catching_up, waiting, most, s.arrival_limit)
-    s.limit_step(plan.budget, plan.untargeted_prompt)
-    for req in plan.missed:
-        req.slo_missed = True
-        fresh = req.status == RequestStatus.WAITING and req.times.first_scheduled is None
-        if req.slo is not None and req.slo.reject and fresh:
-            s.finish_request(req, "rejected")
-            s.rejected.append(req)
-    return plan
+class LatencyBudget:
+    """The step-budget hook: the step-cost model, and each step's plan from the targets of the
+    requests it is given. Without a target in sight the plan is the whole budget, and nothing
+    reads the model."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.cost = StepCostModel()
+        # seconds: the longest step a request with a TTFT target may find running on arrival, a
+        # share (`ARRIVAL_SHARE`) of the smallest TTFT target seen
+        self.arrival_limit: float | None = None
+
+    def arrived(self, req: Request) -> None:
+        if req.slo is not None and req.slo.ttft_ms is not None:
+            limit = req.slo.ttft_ms / 1000.0 * ARRIVAL_SHARE
+            self.arrival_limit = limit if self.arrival_limit is None else min(self.arrival_limit, limit)
+
+    def plan(
+        self,
+        now: float,
+        decodes: list[Request],
+        catching_up: list[Request],
+        waiting: list[Request],
+        targeted_running: bool,
+    ) -> StepPlan:
+        """The step's limits (`plan_step`) for these running `decodes` and `catching_up`,
+        `waiting`: the targeted requests waiting; `targeted_running`: whether any running
+        request has a target. The requests in `missed` are marked (`slo_missed`); refusing the
+        ones whose class says so is the scheduler's."""
+        if self.arrival_limit is None and not (waiting or targeted_running):
+            return StepPlan(self.max_tokens)
+        plan = plan_step(self.cost, now, decodes, catching_up, waiting, self.max_tokens, self.arrival_limit)
+        for req in plan.missed:
+            req.slo_missed = True
+        return plan
 
 
 def _cannot_make_ttft(model: StepCostModel, req: Request, alone: StepShape, max_tokens: int, now: float) -> bool:

@@ -14,7 +14,7 @@ class SchedulerOutput:
 
     # request -> tokens to compute this step, in batch order
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    # the same requests in the same order (the two change together: Scheduler._give, take_back)
+    # the same requests in the same order (the two change together: RunningBatch._give, take_back)
     requests: dict[str, Request] = field(default_factory=dict)
     preempted: list[str] = field(default_factory=list)
     # Requests whose scheduled tokens reach the end of their sequence: they sample a token this
