@@ -35,6 +35,7 @@ from orcaserve.bench.result import machine, pct, pyplot
 from orcaserve.bench.serve_workload import poisson_offsets
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 
@@ -70,7 +71,9 @@ def run_stream(loop: EngineLoop, work: list[tuple[list[int], int, str | None]], 
         time.sleep(max(0.0, start + offsets[i] - time.perf_counter()))
         sent = time.perf_counter()
         stream = loop.submit(
-            f"q{i}-{sent}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), cache_salt=salt
+            EngineRequest(
+                f"q{i}-{sent}", prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), cache_salt=salt
+            )
         )
         for out in stream:
             if not ttft[i] and out.completion_tokens:
@@ -101,7 +104,7 @@ def probe(loop: EngineLoop, n: int, prefix_len: int, seed: int) -> dict[str, lis
 
     def ttft(prompt: list[int], tenant: str) -> float:
         sent = time.perf_counter()
-        for _ in loop.submit(f"p{time.perf_counter_ns()}", prompt, params, cache_salt=salt[tenant]):
+        for _ in loop.submit(EngineRequest(f"p{time.perf_counter_ns()}", prompt, params, cache_salt=salt[tenant])):
             pass
         return time.perf_counter() - sent
 
@@ -178,7 +181,9 @@ def run(args: argparse.Namespace) -> dict:
             try:
                 warm = [
                     loop.submit(
-                        f"warm-up{i}", [rng.randrange(*TOKENS) for _ in range(300)], SamplingParams(max_tokens=8)
+                        EngineRequest(
+                            f"warm-up{i}", [rng.randrange(*TOKENS) for _ in range(300)], SamplingParams(max_tokens=8)
+                        )
                     )
                     for i in range(4)
                 ]

@@ -55,7 +55,7 @@ from orcaserve.handler.openai.responses import (
     stream_chunk,
     usage_of,
 )
-from orcaserve.handler.openai.tenancy import derive_cache_salt, header_value
+from orcaserve.handler.openai.tenancy import with_tenancy
 from orcaserve.handler.openai.tools import shape_choice, stream_tail
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
@@ -247,29 +247,12 @@ class OrcaHandler:
         assert cfg is not None and metrics is not None  # set with `initialized`
         check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
-        req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit)
+        req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit, request_id)
         if req.ignored:
             context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
-        headers = context.get_all_request_header(0) or {}
-        salt = derive_cache_salt(cfg.tenant_header, headers, req.cache_salt)  # refuses a missing tenant
-        # Whose share the request uses (fair policy, per-tenant metrics): the tenant as named.
-        tenant = header_value(headers, cfg.tenant_header) if cfg.tenant_header else None
-        # Whose latency targets it gets (docs/latency-targets.md); an unknown class is the engine's 400.
-        slo_class = header_value(headers, cfg.slo_class_header) if cfg.slo_class_header else None
-        if slo_class is None and tenant is not None:
-            slo_class = cfg.tenant_slo_class.get(tenant)
+        request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
         self._faults.arm(request_id, body.get("user"))
-        stream = self.engine_loop.submit(
-            request_id,
-            req.prompt,
-            req.params,
-            req.priority,
-            req.timeout,
-            asyncio.get_running_loop(),
-            salt,
-            tenant,
-            slo_class,
-        )
+        stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
         try:
             if req.stream:
                 return await self._relay(stream, req, reply, request_id, metrics)

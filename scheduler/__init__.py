@@ -3,6 +3,7 @@
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.core.outputs import RequestOutput, RequestTimes
 from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, Overloaded, ShuttingDown, TimedOut
 from orcaserve.scheduler.model.loader import default_model_path
 from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
@@ -14,6 +15,7 @@ __all__ = [
     "EngineConfig",
     "EngineError",
     "EngineLoop",
+    "EngineRequest",
     "InternalError",
     "InvalidRequest",
     "Overloaded",

@@ -22,9 +22,9 @@ from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.slo_class import SloClass, check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
-from orcaserve.scheduler.detokenizer import fast_decoding
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.intake import RequestIntake
-from orcaserve.scheduler.launch import Failures, Launched, needs_host, run_batch
+from orcaserve.scheduler.launch import BatchModel, Failures, Launched, needs_host, run_batch
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
@@ -39,7 +39,7 @@ TRACE_STEPS = 100_000
 FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
-class Engine(RequestIntake):
+class Engine:
     """Iteration-level LLM engine. Not thread-safe: one thread owns it (see `EngineLoop`)."""
 
     def __init__(
@@ -89,12 +89,28 @@ class Engine(RequestIntake):
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
+        # Requests in (checked, tokenized, queued) and out (aborts): intake.py.
+        self.intake = RequestIntake(
+            config=config,
+            tokenizer=tokenizer,
+            vocab_size=self.vocab_size,
+            max_model_len=max_model_len,
+            eos_token_ids=self.eos_token_ids,
+            scheduler=self.scheduler,
+            runner=self.runner,
+            grammars=self.grammars,
+            choices=self.choices,
+            prompt_jobs=self.prompt_jobs,
+            postprocessor=self.postprocessor,
+            stats=self.stats,
+            on_freed=self._record_occupancy,
+        )
         self.slo_classes = config.slo_classes  # docs/latency-targets.md
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         self.async_scheduling = config.resolved_async_scheduling()
         self._inflight: Launched | None = None  # the step on the device, not yet post-processed
-        self._detok_fast = fast_decoding(tokenizer)  # one byte table per engine
+        self._batch = BatchModel(self.runner, self.kv, self.sampler, self.grammars)  # what `run_batch` uses
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
@@ -124,7 +140,7 @@ class Engine(RequestIntake):
 
     @property
     def slo_classes(self) -> dict[str, SloClass]:
-        return self._slo_classes
+        return self.intake.slo_classes
 
     @slo_classes.setter
     def slo_classes(self, classes: Mapping[str, Any] | None) -> None:
@@ -132,8 +148,33 @@ class Engine(RequestIntake):
         model is fitted only while there are some, since nothing else reads it
         (docs/host-overlap.md "Cheaper host work per request")."""
         checked = classes is not None and all(isinstance(c, SloClass) for c in classes.values())
-        self._slo_classes = dict(classes) if checked and classes is not None else check_slo_classes(classes)
-        self.scheduler.step_costs = bool(self._slo_classes)
+        self.intake.slo_classes = dict(classes) if checked and classes is not None else check_slo_classes(classes)
+        self.scheduler.step_costs = bool(self.intake.slo_classes)
+
+    # ---- requests in and out (intake.py) -------------------------------------------------------
+    def add_request(
+        self,
+        request: EngineRequest | str,
+        prompt: Prompt | None = None,
+        params: SamplingParams | None = None,
+        **fields: Any,
+    ) -> None:
+        """Queue `request`: checked, tokenized on this thread, queued (`RequestIntake.add`; an
+        InvalidRequest names the parameter). The offline form `add_request(request_id, prompt,
+        params, priority=..., tenant=...)` builds the `EngineRequest` (any of its fields by keyword)."""
+        if not isinstance(request, EngineRequest):
+            if prompt is None:
+                raise TypeError("add_request needs a prompt with a request id")
+            request = EngineRequest(request, prompt, params if params is not None else SamplingParams(), **fields)
+        elif prompt is not None or params is not None or fields:
+            raise TypeError("add_request takes an EngineRequest alone, or a request id, a prompt and fields")
+        self.intake.add(request)
+
+    def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
+        return self.intake.abort(request_id, reason)  # its final output (`RequestIntake.abort`)
+
+    def abort_all(self, request_id: str, reason: str = "abort") -> list[RequestOutput]:
+        return self.intake.abort_all(request_id, reason)  # every unfinished choice's final output
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or len(self.prompt_jobs) > 0 or self._inflight is not None
@@ -189,7 +230,7 @@ class Engine(RequestIntake):
         """Queue the batch on the device (launch.py); `step` then makes each sampling request's
         next token a placeholder, filled on the device in the next step's inputs
         (`StepBuffers.patch`) and on the host by `_collect`."""
-        parts, failed = run_batch(self, sched)
+        parts, failed = run_batch(self._batch, sched, self.fault_hook)
         if not parts:
             return None, failed
         launched = Launched.of(parts, self.runner.to_host)

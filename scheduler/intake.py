@@ -1,11 +1,14 @@
-"""The engine's request intake: a request checked and queued (`add_request`), or stopped
-(`abort`, `abort_all`). `Engine` (engine.py) is built on `RequestIntake`: the state is the
-engine's, set up there; the step is its own."""
+"""The engine's request intake: a request checked and queued (`add`), or stopped (`abort`,
+`abort_all`). A component the `Engine` (engine.py) owns: it holds references to the engine's
+queues, given at construction, and the state of its own (the latency classes, the detokenizer's
+byte table)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from orcaserve.scheduler.config import EngineConfig
@@ -17,19 +20,22 @@ from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.core.slo_class import SloClass
 from orcaserve.scheduler.core.stats import EngineStats
-from orcaserve.scheduler.detokenizer import FastDecoding, IncrementalDetokenizer
+from orcaserve.scheduler.detokenizer import FastDecoding, IncrementalDetokenizer, fast_decoding
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.model_runner import ModelRunner
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
-from orcaserve.scheduler.prompt import Prompt, encode_prompt
+from orcaserve.scheduler.prompt import encode_prompt
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
+@dataclass(eq=False, repr=False, kw_only=True)
 class RequestIntake:
-    """`Engine`'s requests in and out of its queues (the engine thread's, as the step)."""
+    """`Engine`'s requests in and out of its queues (on the engine thread, as the step): the
+    engine's parts it works with, given once; `on_freed` runs after an abort freed blocks (the
+    engine records its occupancy)."""
 
-    # The engine's state this part reads and writes (set in `Engine.__init__`).
     config: EngineConfig
     tokenizer: Any  # a transformers tokenizer
     vocab_size: int
@@ -42,59 +48,45 @@ class RequestIntake:
     prompt_jobs: PromptJobs
     postprocessor: Postprocessor
     stats: EngineStats
-    _detok_fast: FastDecoding | None
-    _slo_classes: dict[str, SloClass]
-    _record_occupancy: Callable[[], None]
+    on_freed: Callable[[], None]
+    # Its own: the latency classes (checked by the engine: `Engine.slo_classes`), and the
+    # detokenizer's byte table, one per engine.
+    slo_classes: dict[str, SloClass] = field(default_factory=dict)
+    _detok_fast: FastDecoding | None = field(init=False)
 
-    def add_request(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        params: SamplingParams | None = None,
-        priority: int = 0,
-        arrival_time: float | None = None,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        slo_class: str | None = None,
-    ) -> None:
+    def __post_init__(self) -> None:
+        self._detok_fast = fast_decoding(self.tokenizer)
+
+    def add(self, request: EngineRequest) -> None:
         """Queue a request; raises InvalidRequest (a ValueError naming the parameter) for an
-        empty, too long or malformed prompt, or a biased token outside the vocabulary. Nothing is
-        queued unless everything succeeded. A text or chat prompt is tokenized here, on the
-        caller's thread: `EngineLoop` passes token ids, tokenized off the engine thread
-        (`admission.py`).
-
-        `cache_salt`: requests share cached prefix blocks only with requests of the same salt
-        (None is a salt of its own); the serving layer derives it per tenant. `tenant`: whom the
-        request is served for (the `fair` policy's share, per-tenant metrics); None is one tenant.
-        `slo_class`: one of `slo_classes`, whose latency targets the scheduler keeps; None: no
-        target; an unknown class raises InvalidRequest (param "slo_class")."""
-        if slo_class is not None and slo_class not in self._slo_classes:
-            known = ", ".join(sorted(self._slo_classes)) or "none"
+        empty, too long or malformed prompt, a biased token outside the vocabulary or a latency
+        class the engine does not know (param "slo_class"). Nothing is queued unless everything
+        succeeded. A text or chat prompt is tokenized here, on the caller's thread: `EngineLoop`
+        passes token ids, tokenized off the engine thread (`admission.py`)."""
+        slo_class, params = request.slo_class, request.params
+        if slo_class is not None and slo_class not in self.slo_classes:
+            known = ", ".join(sorted(self.slo_classes)) or "none"
             raise InvalidRequest(f"slo_class {slo_class!r} is not a class of this server (known: {known})", "slo_class")
-        slo = self._slo_classes.get(slo_class) if slo_class is not None else None
-        params = params or SamplingParams()
-        ids = encode_prompt(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
+        slo = self.slo_classes.get(slo_class) if slo_class is not None else None
+        ids = encode_prompt(self.tokenizer, request.prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise InvalidRequest(
                 f"logit_bias token ids must be below the vocabulary size {self.vocab_size}", param="logit_bias"
             )
         if params.structured_outputs is not None:  # a cache hit when admission compiled it
             self.grammars.compile(params.structured_outputs)  # raises GrammarError (an InvalidRequest)
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidRequest(f"priority must be an integer, got {priority!r}", param="priority")
-        if cache_salt is not None and not isinstance(cache_salt, str):
-            raise InvalidRequest(f"cache_salt must be a string, got {type(cache_salt).__name__}", param="cache_salt")
-        if tenant is not None and not isinstance(tenant, str):
-            raise InvalidRequest(f"tenant must be a string, got {type(tenant).__name__}")
-        arrival = arrival_time or time.time()
+        # The request as admitted: its token ids, and when it arrived.
+        arrival = request.arrival_time or time.time()
+        request = dataclasses.replace(request, prompt=ids, arrival_time=arrival)
+        request_id = request.request_id
 
         def make(rid: str, p: SamplingParams) -> Request:
-            return Request(rid, ids, p, arrival, priority, self.eos_token_ids, cache_salt, tenant, slo)
+            return Request(dataclasses.replace(request, request_id=rid, params=p), self.eos_token_ids, slo)
 
         if request_id in self.choices or request_id in self.scheduler.requests or request_id in self.prompt_jobs:
             raise InvalidRequest(f"request id {request_id!r} is already in use")
         if params.n == 1:
-            now = reqs = [make(request_id, params)]
+            now = reqs = [Request(request, self.eos_token_ids, slo)]
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
         for req in reqs:
@@ -135,5 +127,5 @@ class RequestIntake:
             self.stats.num_aborted += 1
             outs.append(self.postprocessor.finish(req, []))
         if outs:
-            self._record_occupancy()
+            self.on_freed()
         return outs

@@ -12,21 +12,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter, is_not
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
-
-if TYPE_CHECKING:
-    from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.model.model_runner import ModelRunner
+from orcaserve.scheduler.model.sampler import Sampler
 
 log = logging.getLogger(__name__)
 _needs_host = attrgetter("needs_host")
 _logprobs = attrgetter("logprobs")
 Failures = list[tuple[Request, Exception]]
+
+
+@dataclass(frozen=True)
+class BatchModel:
+    """What a batch runs on: the model runner and the cache's block tables, the sampler, and the
+    grammars a constrained request's matcher starts from."""
+
+    runner: ModelRunner
+    kv: KVCacheManager
+    sampler: Sampler
+    grammars: Grammars
 
 
 @dataclass
@@ -70,9 +82,11 @@ def needs_host(reqs: list[Request]) -> bool:
     return any(map(_needs_host, reqs))  # (C-level passes: these run over every row of every step)
 
 
-def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failures]:
+def run_batch(
+    model: BatchModel, sched: SchedulerOutput, fault_hook: Callable[[SchedulerOutput], None] | None = None
+) -> tuple[list[Part], Failures]:
     """Model and sampler over `sched`: the sampled parts of the batch, and (request, error)
-    failures.
+    failures. `fault_hook` (a test's) sees the batch first; raising fails it.
 
     On a failure the batch is halved and each half re-run until the failing requests stand
     alone: re-running a step is safe (the scheduler has not advanced; K/V slots are rewritten
@@ -80,15 +94,15 @@ def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failu
     forwards instead of their answers.
     """
     try:
-        if engine.fault_hook is not None:
-            engine.fault_hook(sched)
-        logits: Any = engine.runner.execute(sched, engine.kv)
+        if fault_hook is not None:
+            fault_hook(sched)
+        logits: Any = model.runner.execute(sched, model.kv)
         sampling = sched.sampling
         if needs_host(sampling):  # (a constrained request is one) its matcher starts at its first token
             for req in sampling:
                 if req.grammar is None and req.params.structured_outputs is not None:
-                    req.grammar = engine.grammars.state(req.params.structured_outputs, req.stop_token_ids)
-        tokens = engine.sampler.sample(logits, sampling)  # [S] on the device
+                    req.grammar = model.grammars.state(req.params.structured_outputs, req.stop_token_ids)
+        tokens = model.sampler.sample(logits, sampling)  # [S] on the device
         logprobs = None
         if any(map(is_not, map(_logprobs, sampling), repeat(None))):  # asked for: they need the ids now
             logprobs = token_logprobs(logits, sampling, tokens.tolist())
@@ -102,7 +116,7 @@ def run_batch(engine: Engine, sched: SchedulerOutput) -> tuple[list[Part], Failu
         parts: list[Part] = []
         failed: Failures = []
         for half in (ids[: len(ids) // 2], ids[len(ids) // 2 :]):
-            ok, bad = run_batch(engine, sched.subset(half))
+            ok, bad = run_batch(model, sched.subset(half), fault_hook)
             parts += ok
             failed += bad
         return parts, failed

@@ -12,6 +12,7 @@ import pytest
 
 from orcaserve.bench.tiny_models import tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, InvalidRequest, SamplingParams, ShuttingDown
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
 
 MIB = 1 << 20
@@ -41,7 +42,7 @@ def test_a_huge_prompt_does_not_stall_other_streams(loop, kind):
     """A 1 MiB prompt takes seconds to tokenize (and is refused in the end); a running stream
     keeps getting tokens meanwhile. On the engine thread it got none until the 400 was out."""
     prompt = _huge(kind, loop.engine.max_model_len)
-    victim = loop.submit("victim", [5] * 8, SamplingParams(max_tokens=1000, ignore_eos=True))
+    victim = loop.submit(EngineRequest("victim", [5] * 8, SamplingParams(max_tokens=1000, ignore_eos=True)))
     arrivals: list[float] = []
     first = threading.Event()
 
@@ -55,7 +56,7 @@ def test_a_huge_prompt_does_not_stall_other_streams(loop, kind):
     assert first.wait(30)
     submitted = time.monotonic()
     with pytest.raises(InvalidRequest) as err:
-        list(loop.submit("huge", prompt, SamplingParams()))
+        list(loop.submit(EngineRequest("huge", prompt, SamplingParams())))
     answered = time.monotonic()
     reader.join(60)
     assert "max_model_len" in err.value.message
@@ -67,8 +68,8 @@ def test_a_huge_prompt_does_not_stall_other_streams(loop, kind):
 
 def test_an_abort_never_overtakes_its_request(loop):
     """`b` waits in admission behind a slow prompt; its abort, sent at once, must still end it."""
-    slow = loop.submit("slow", _huge("text"), SamplingParams())
-    b = loop.submit("b", [7] * 4, SamplingParams(max_tokens=900, ignore_eos=True))
+    slow = loop.submit(EngineRequest("slow", _huge("text"), SamplingParams()))
+    b = loop.submit(EngineRequest("b", [7] * 4, SamplingParams(max_tokens=900, ignore_eos=True)))
     loop.abort("b")
     outs = list(b)
     assert outs[-1].finish_reason == "abort" and outs[-1].completion_tokens < 900
@@ -77,8 +78,8 @@ def test_an_abort_never_overtakes_its_request(loop):
 
 
 def test_shutdown_answers_what_admission_still_holds(loop):
-    streams = [loop.submit("huge", _huge("text"), SamplingParams())]
-    streams += [loop.submit(f"q{i}", [5, 6], SamplingParams(max_tokens=4)) for i in range(3)]
+    streams = [loop.submit(EngineRequest("huge", _huge("text"), SamplingParams()))]
+    streams += [loop.submit(EngineRequest(f"q{i}", [5, 6], SamplingParams(max_tokens=4))) for i in range(3)]
     started = time.monotonic()
     loop.shutdown()
     assert time.monotonic() - started < 15  # at most the one tokenization under way

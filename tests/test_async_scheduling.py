@@ -13,6 +13,7 @@ import torch
 from orcaserve.bench import host_overhead
 from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
 from orcaserve.scheduler import SamplingParams
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.structured_outputs import StructuredOutputs
 
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # 2 layers x K,V x 16 slots x 2 KV heads x 16 dims x fp32
@@ -232,7 +233,9 @@ def test_engine_loop_streams_with_async_scheduling(engine_for):
         results: dict[int, list] = {}
 
         def client(i: int) -> None:
-            stream = loop.submit(f"t{i}", prompts[i], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+            stream = loop.submit(
+                EngineRequest(f"t{i}", prompts[i], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+            )
             results[i] = list(stream)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(6)]

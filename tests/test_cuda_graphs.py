@@ -21,6 +21,7 @@ from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.cuda_graphs import GraphKey, bucket_sizes, padded_size
 from orcaserve.scheduler.model.step_buffers import StepBuffers
 
@@ -73,10 +74,10 @@ def _step() -> tuple[SchedulerOutput, _Blocks]:
     """A prefill chunk with history, a fresh prompt (not sampling: chunked) and two decodes."""
     reqs = {}
     for rid, prompt, computed in (("a", range(100, 140), 16), ("b", range(200, 230), 0), ("c", [7] * 5, 4)):
-        r = Request(rid, list(prompt), SamplingParams(), 0.0)
+        r = Request(EngineRequest(rid, list(prompt), arrival_time=0.0))
         r.num_computed_tokens = computed
         reqs[rid] = r
-    d = Request("d", list(range(300, 317)), SamplingParams(), 0.0)
+    d = Request(EngineRequest("d", list(range(300, 317)), arrival_time=0.0))
     d.num_computed_tokens = 16
     reqs["d"] = d
     sched = SchedulerOutput(

@@ -20,6 +20,7 @@ from orcaserve.scheduler import (
     ShuttingDown,
     TimedOut,
 )
+from orcaserve.scheduler.engine_request import EngineRequest
 
 
 @pytest.fixture
@@ -40,7 +41,9 @@ def test_threads_stream_tokens_and_match_transformers(loop_and_model):
 
     def client(i: int) -> None:
         time.sleep(0.01 * i)  # staggered: later requests join a running batch
-        stream = loop.submit(f"t{i}", prompts[i], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+        stream = loop.submit(
+            EngineRequest(f"t{i}", prompts[i], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+        )
         results[i] = list(stream)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
@@ -68,14 +71,14 @@ def test_asyncio_errors_and_deadlines(loop_and_model):
     async def main():
         ev = asyncio.get_running_loop()
         for prompt, needle in (([], "empty"), ("\ud800 unpaired", "tokenized"), ([10**9], "token ids")):
-            bad = loop.submit(f"bad-{needle}", prompt, SamplingParams(), event_loop=ev)
+            bad = loop.submit(EngineRequest(f"bad-{needle}", prompt, SamplingParams()), event_loop=ev)
             with pytest.raises(InvalidRequest) as err:
                 async for _ in bad:
                     pass
             assert needle in err.value.message and err.value.param == "prompt"
 
         # Expired before its first token: 408 naming the field, not an empty 200.
-        late = loop.submit("late", [5, 6], SamplingParams(max_tokens=5), timeout=0.0, event_loop=ev)
+        late = loop.submit(EngineRequest("late", [5, 6], SamplingParams(max_tokens=5), timeout=0.0), event_loop=ev)
         with pytest.raises(TimedOut) as err:
             async for _ in late:
                 pass
@@ -84,13 +87,14 @@ def test_asyncio_errors_and_deadlines(loop_and_model):
         # Expired after some tokens: the tokens so far, finish_reason "timeout"; blocks come back.
         engine.fault_hook = slow_third_step
         slow = loop.submit(
-            "slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0, event_loop=ev
+            EngineRequest("slow", [5] * 50, SamplingParams(max_tokens=1000, ignore_eos=True), timeout=2.0),
+            event_loop=ev,
         )
         outs = [o async for o in slow]
         engine.fault_hook = None
         assert outs[-1].finish_reason == "timeout" and 1 <= outs[-1].completion_tokens < 1000
 
-        ok = loop.submit("ok", [7, 8], SamplingParams(temperature=0, max_tokens=3), event_loop=ev)
+        ok = loop.submit(EngineRequest("ok", [7, 8], SamplingParams(temperature=0, max_tokens=3)), event_loop=ev)
         outs = [o async for o in ok]
         assert outs[-1].finish_reason == "length"
         # Outputs are snapshots: the engine thread's later writes do not show in earlier ones.
@@ -106,13 +110,13 @@ def test_abort_is_not_a_timeout(loop_and_model):
     loop, _ = loop_and_model
     gate = threading.Event()
     loop.engine.fault_hook = lambda sched: gate.wait(10)  # hold the first step
-    before = loop.submit("before", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
+    before = loop.submit(EngineRequest("before", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True)))
     loop.abort("before")  # aborted before its first token: a final output, not a 408
     gate.set()
     outs = list(before)
     assert outs[-1].finish_reason == "abort" and outs[-1].completion_tokens == 0
     loop.engine.fault_hook = None
-    stream = loop.submit("x", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
+    stream = loop.submit(EngineRequest("x", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True)))
     it = iter(stream)
     assert not next(it).finished
     loop.abort("x")
@@ -138,10 +142,13 @@ def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
     monkeypatch.setattr(engine_loop, "deliver", spy)
     # The early ones run until aborted, so they are still running whenever the late one joins
     # (with a fixed length they could finish first on a fast step).
-    early = [loop.submit(f"early{i}", [5 + i] * 6, SamplingParams(max_tokens=1000, ignore_eos=True)) for i in range(3)]
+    early = [
+        loop.submit(EngineRequest(f"early{i}", [5 + i] * 6, SamplingParams(max_tokens=1000, ignore_eos=True)))
+        for i in range(3)
+    ]
     it = iter(early[0])
     next(it), next(it)  # the three run
-    late = loop.submit("late", [7] * 6, SamplingParams(max_tokens=3, ignore_eos=True))
+    late = loop.submit(EngineRequest("late", [7] * 6, SamplingParams(max_tokens=3, ignore_eos=True)))
     assert len(list(late)) == 3
     for i, stream in enumerate(early):
         loop.abort(f"early{i}")
@@ -153,11 +160,13 @@ def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
 def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
     loop, _ = loop_and_model
     gate = threading.Event()
-    running = loop.submit("running", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True))
+    running = loop.submit(EngineRequest("running", [9] * 20, SamplingParams(max_tokens=1000, ignore_eos=True)))
     next(iter(running))
     loop.engine.fault_hook = lambda sched: gate.wait(10)  # the loop is busy in a step ...
     time.sleep(0.05)
-    queued = loop.submit("queued", [9] * 20, SamplingParams(max_tokens=5))  # ... so this stays in the inbox
+    queued = loop.submit(
+        EngineRequest("queued", [9] * 20, SamplingParams(max_tokens=5))
+    )  # ... so this stays in the inbox
     stopper = threading.Thread(target=loop.shutdown)
     stopper.start()
     gate.set()
@@ -167,7 +176,7 @@ def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
             list(stream)
         assert err.value.retry_after
     with pytest.raises(ShuttingDown):
-        loop.submit("after", [1, 2], SamplingParams())
+        loop.submit(EngineRequest("after", [1, 2], SamplingParams()))
     assert not loop.alive
 
 
@@ -186,21 +195,21 @@ def test_waiting_queue_is_bounded(tokenizer):
     refused = []
     loop = EngineLoop(engine, max_waiting=2, on_refused=refused.append).start()
     try:
-        a = loop.submit("a", [5, 6], SamplingParams(max_tokens=2))
+        a = loop.submit(EngineRequest("a", [5, 6], SamplingParams(max_tokens=2)))
         entered.wait(10)  # "a" is in its first step; nothing is published as running yet
         # One seat (a's) and two places to wait: b and c are accepted, d is the overflow.
-        b = loop.submit("b", [5, 6], SamplingParams(max_tokens=2))
-        c = loop.submit("c", [5, 6], SamplingParams(max_tokens=2))
+        b = loop.submit(EngineRequest("b", [5, 6], SamplingParams(max_tokens=2)))
+        c = loop.submit(EngineRequest("c", [5, 6], SamplingParams(max_tokens=2)))
         assert loop.num_waiting == 3  # nothing published as running yet: every one of them waits
         with pytest.raises(Overloaded) as err:
-            loop.submit("d", [5, 6], SamplingParams(max_tokens=2))
+            loop.submit(EngineRequest("d", [5, 6], SamplingParams(max_tokens=2)))
         assert err.value.retry_after and "max_waiting_requests=2" in err.value.message
         assert "2 sequences are already waiting" in err.value.message
         assert refused == [err.value] and loop.refused == {"overloaded": 1}
         engine.fault_hook = None
         gate.set()
         assert list(a)[-1].finished and list(b)[-1].finished and list(c)[-1].finished
-        assert list(loop.submit("e", [5, 6], SamplingParams(max_tokens=2)))[-1].finished  # room again
+        assert list(loop.submit(EngineRequest("e", [5, 6], SamplingParams(max_tokens=2))))[-1].finished  # room again
         assert loop.num_in_flight == 0 and loop.num_waiting == 0
     finally:
         gate.set()
@@ -222,9 +231,9 @@ def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
     engine.fault_hook = hook
     loop = EngineLoop(engine)
     prompts = {f"good{i}": [5 + i, 6, 7] for i in range(3)}
-    bad = loop.submit("bad", [5, 6, 7], SamplingParams(max_tokens=4))
+    bad = loop.submit(EngineRequest("bad", [5, 6, 7], SamplingParams(max_tokens=4)))
     good = {
-        rid: loop.submit(rid, p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        rid: loop.submit(EngineRequest(rid, p, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
         for rid, p in prompts.items()
     }
     loop.start()  # all four are in the inbox: they share the first step
@@ -258,16 +267,16 @@ def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
 
     engine.fault_hook = hook
     loop = EngineLoop(engine, on_death=died.append).start()
-    victim = loop.submit("victim", [5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True))
+    victim = loop.submit(EngineRequest("victim", [5, 6, 7], SamplingParams(max_tokens=1000, ignore_eos=True)))
     next(iter(victim))
-    killer = loop.submit("killer", [5, 6], SamplingParams(max_tokens=4))
+    killer = loop.submit(EngineRequest("killer", [5, 6], SamplingParams(max_tokens=4)))
     for stream in (victim, killer):
         with pytest.raises(InternalError):
             list(stream)
     loop._thread.join(10)
     assert not loop.alive and len(died) == 1 and isinstance(died[0], _Boom)
     with pytest.raises(ShuttingDown):
-        loop.submit("after", [1, 2], SamplingParams())
+        loop.submit(EngineRequest("after", [1, 2], SamplingParams()))
 
 
 def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
@@ -285,7 +294,9 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
     loop = EngineLoop.launch(build)
     try:
         assert built_on == ["orcaserve-engine"] and loop.engine is not None
-        outs = list(loop.submit("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+        outs = list(
+            loop.submit(EngineRequest("a", [5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)))
+        )
         assert [t for o in outs for t in o.new_token_ids] == hf_greedy(model, [5, 6, 7], 4)
     finally:
         loop.shutdown()
@@ -311,14 +322,16 @@ def test_a_burst_fills_the_seats_and_the_queue_before_any_step(tokenizer):
     engine.fault_hook = lambda sched: (entered.set(), gate.wait(10))
     loop = EngineLoop(engine, max_waiting=4).start()
     try:
-        first = loop.submit("first", [5, 6, 7], params)
+        first = loop.submit(EngineRequest("first", [5, 6, 7], params))
         entered.wait(10)  # the engine is in its first step: nobody is published as running
-        pair = loop.submit("pair", [5, 6, 7], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=2))
-        rest = [loop.submit(f"r{i}", [5, 6, 7], params) for i in range(4)]  # 7 of 3 + 4
+        pair = loop.submit(
+            EngineRequest("pair", [5, 6, 7], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, n=2))
+        )
+        rest = [loop.submit(EngineRequest(f"r{i}", [5, 6, 7], params)) for i in range(4)]  # 7 of 3 + 4
         with pytest.raises(Overloaded):
-            loop.submit("two-more", [5, 6, 7], SamplingParams(max_tokens=2, n=2))  # 8 and 9: over
+            loop.submit(EngineRequest("two-more", [5, 6, 7], SamplingParams(max_tokens=2, n=2)))  # 8 and 9: over
         with pytest.raises(Overloaded):
-            loop.submit("one-more", [5, 6, 7], params)  # 8: over
+            loop.submit(EngineRequest("one-more", [5, 6, 7], params))  # 8: over
         assert loop.num_waiting == 7 and loop.refused == {"overloaded": 2}
         engine.fault_hook = None
         gate.set()
@@ -338,10 +351,10 @@ def test_refusals_before_the_first_token_are_counted_by_reason(tokenizer):
     loop = EngineLoop(engine, max_waiting=2).start()
     try:
         with pytest.raises(InvalidRequest):
-            list(loop.submit("long", list(range(3, 40)), SamplingParams(max_tokens=2)))
-        assert list(loop.submit("ok", [5, 6], SamplingParams(max_tokens=2)))[-1].finished
+            list(loop.submit(EngineRequest("long", list(range(3, 40)), SamplingParams(max_tokens=2))))
+        assert list(loop.submit(EngineRequest("ok", [5, 6], SamplingParams(max_tokens=2))))[-1].finished
     finally:
         loop.shutdown()
     with pytest.raises(ShuttingDown):
-        loop.submit("late", [5, 6], SamplingParams(max_tokens=2))
+        loop.submit(EngineRequest("late", [5, 6], SamplingParams(max_tokens=2)))
     assert loop.refused == {"too_long": 1, "shutting_down": 1}

@@ -11,6 +11,7 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.request_queue import TenantQueues
 from orcaserve.scheduler.core.scheduler import Scheduler
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
@@ -21,7 +22,11 @@ def make(policy="fair", num_blocks=64, block_size=16, max_num_seqs=4, budget=64,
 
 def req(rid: str, tenant: str | None, prompt_len: int = 8, max_tokens: int = 8, priority: int = 0, first=0):
     prompt = [first + i for i in range(prompt_len)]
-    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), 0.0, priority, tenant=tenant)
+    return Request(
+        EngineRequest(
+            rid, prompt, SamplingParams(max_tokens=max_tokens), priority=priority, tenant=tenant, arrival_time=0.0
+        )
+    )
 
 
 def step(s: Scheduler):

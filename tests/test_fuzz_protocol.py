@@ -9,6 +9,7 @@ runs without the engine failing it. Nothing else may escape, and no step may rep
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -62,7 +63,7 @@ def check(engine, tokenizer, kind: str, body: object, as_bytes: bool) -> None:
         return
     rid = f"fuzz-{next(_ids)}"
     try:
-        engine.add_request(rid, req.prompt, req.params, req.priority)
+        engine.add_request(dataclasses.replace(req.request, request_id=rid))
     except ValueError:
         return
     try:

@@ -73,7 +73,7 @@ def test_n_and_echo():
 def test_completion_defaults_and_extensions():
     r = parse({"prompt": "hello", "model": "m", "user": "u"})
     assert r.prompt == "hello" and r.params.max_tokens == 16 and r.params.temperature == 1.0
-    assert not r.stream and r.timeout is None and r.priority == 0
+    assert not r.stream and r.request.timeout is None and r.request.priority == 0
     assert r.params.output_kind is RequestOutputKind.FINAL_ONLY  # answered once: the final output alone
     r = parse(
         {
@@ -98,7 +98,7 @@ def test_completion_defaults_and_extensions():
     p = r.params
     assert r.prompt == [1, 2, 3] and p.max_tokens == 5 and p.greedy and p.top_p == 0.5 and p.seed == 7
     assert p.stop == ["x"] and p.top_k == 4 and p.min_p == 0.1 and p.repetition_penalty == 1.1 and p.ignore_eos
-    assert r.stream and r.include_usage and r.priority == 3 and r.timeout == 2.5
+    assert r.stream and r.include_usage and r.request.priority == 3 and r.request.timeout == 2.5
     assert p.output_kind is RequestOutputKind.DELTA  # streamed: an output per step
 
 
@@ -106,8 +106,8 @@ def test_single_prompt_batch_and_server_defaults():
     assert parse({"prompt": ["hi"]}).prompt == "hi"
     assert parse({"prompt": [[5, 6]]}).prompt == [5, 6]
     r = parse({"prompt": "x"}, default_timeout=9.0, default_max_tokens=40)
-    assert r.timeout == 9.0 and r.params.max_tokens == 40
-    assert parse({"prompt": "x", "timeout": 1}, default_timeout=9.0).timeout == 1
+    assert r.request.timeout == 9.0 and r.params.max_tokens == 40
+    assert parse({"prompt": "x", "timeout": 1}, default_timeout=9.0).request.timeout == 1
 
 
 def test_nulls_mean_default():

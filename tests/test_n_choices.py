@@ -8,6 +8,7 @@ import pytest
 
 from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import InternalError, Overloaded
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 
@@ -67,8 +68,10 @@ def test_the_loop_counts_choices_and_fails_the_request_with_one_choice(engine_fo
     loop = EngineLoop(engine, max_waiting=4).start()
     try:
         with pytest.raises(Overloaded):  # nine sequences never fit four seats and four places to wait
-            loop.submit("big", PROMPT, SamplingParams(max_tokens=2, n=9))
-        outs = list(loop.submit("g", PROMPT, SamplingParams(temperature=0, max_tokens=3, n=3, ignore_eos=True)))
+            loop.submit(EngineRequest("big", PROMPT, SamplingParams(max_tokens=2, n=9)))
+        outs = list(
+            loop.submit(EngineRequest("g", PROMPT, SamplingParams(temperature=0, max_tokens=3, n=3, ignore_eos=True)))
+        )
         finals = sorted((o for o in outs if o.finished), key=lambda o: o.index)
         assert [o.index for o in finals] == [0, 1, 2] and outs[-1].finished
         assert len({tuple(o.output_token_ids) for o in finals}) == 1 and loop.num_in_flight == 0
@@ -79,9 +82,11 @@ def test_the_loop_counts_choices_and_fails_the_request_with_one_choice(engine_fo
 
         engine.fault_hook = fail_choice_one
         with pytest.raises(InternalError, match="boom"):
-            list(loop.submit("f", PROMPT, SamplingParams(max_tokens=20, n=3, ignore_eos=True)))
+            list(loop.submit(EngineRequest("f", PROMPT, SamplingParams(max_tokens=20, n=3, ignore_eos=True))))
         engine.fault_hook = None
-        assert list(loop.submit("after", [5, 6], SamplingParams(max_tokens=2)))[-1].finished  # the engine goes on
+        assert list(loop.submit(EngineRequest("after", [5, 6], SamplingParams(max_tokens=2))))[
+            -1
+        ].finished  # the engine goes on
         assert loop.num_in_flight == 0
     finally:
         loop.shutdown()

@@ -229,10 +229,10 @@ def test_frames_statuses_and_errors(backend):
 def test_internal_failure_is_a_500_for_that_request_only(backend):
     real_submit = backend.handler.engine_loop.submit
 
-    def submit(request_id, *args, **kwargs):
-        if request_id == "broken":
+    def submit(request, *args, **kwargs):
+        if request.request_id == "broken":
             raise RuntimeError("injected failure")
-        return real_submit(request_id, *args, **kwargs)
+        return real_submit(request, *args, **kwargs)
 
     backend.handler.engine_loop.submit = submit
 

@@ -15,6 +15,7 @@ from orcaserve.scheduler.core.block_pool import BlockPool
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
@@ -23,7 +24,11 @@ def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, budget=64, polic
 
 
 def req(rid: str, prompt: list[int], max_tokens: int = 4, salt: str | None = None, priority: int = 0) -> Request:
-    return Request(rid, prompt, SamplingParams(max_tokens=max_tokens), 0.0, priority, cache_salt=salt)
+    return Request(
+        EngineRequest(
+            rid, prompt, SamplingParams(max_tokens=max_tokens), priority=priority, cache_salt=salt, arrival_time=0.0
+        )
+    )
 
 
 def fake_token(r: Request) -> int:

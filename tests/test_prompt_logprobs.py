@@ -12,6 +12,7 @@ import torch
 
 from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams, TimedOut
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 
 PROMPT = [7, 300, 21, 5, 99, 42, 17, 256, 3, 8, 77, 12, 500, 6, 40, 41, 2, 9, 31]
@@ -139,9 +140,11 @@ def test_the_loop_ends_held_requests_by_deadline_and_abort(tokenizer, monkeypatc
     loop = EngineLoop(engine).start()
     try:
         echo = SamplingParams(max_tokens=3, prompt_logprobs=1)
-        late = loop.submit("late", PROMPT, echo, timeout=0.5)
-        left = loop.submit("left", PROMPT, dataclasses.replace(echo, n=2))
-        plain = loop.submit("plain", [5, 6, 7], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        late = loop.submit(EngineRequest("late", PROMPT, echo, timeout=0.5))
+        left = loop.submit(EngineRequest("left", PROMPT, dataclasses.replace(echo, n=2)))
+        plain = loop.submit(
+            EngineRequest("plain", [5, 6, 7], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+        )
         assert [t for o in plain for t in o.new_token_ids] == hf_greedy(model, [5, 6, 7], 5)
         loop.abort("left")
         assert [(o.index, o.finish_reason) for o in left] == [(0, "abort"), (1, "abort")]

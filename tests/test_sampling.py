@@ -10,6 +10,7 @@ import torch
 from orcaserve.bench.tiny_models import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.sampler import _apply_penalties, filter_logits
 
 
@@ -45,7 +46,7 @@ def test_unknown_field_is_rejected():
 
 
 def _req(params: SamplingParams, prompt=(1, 2), output=()) -> Request:
-    r = Request("r", list(prompt), params, 0.0)
+    r = Request(EngineRequest("r", list(prompt), params, arrival_time=0.0))
     for t in output:
         r.append_token(t)
     return r

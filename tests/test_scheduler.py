@@ -10,6 +10,7 @@ from orcaserve.scheduler.core.block_pool import BlockPool
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
@@ -18,7 +19,11 @@ def make_scheduler(num_blocks=64, block_size=16, max_num_seqs=8, budget=64, poli
 
 
 def req(rid: str, prompt_len: int, max_tokens: int = 8, priority: int = 0) -> Request:
-    return Request(rid, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), 0.0, priority)
+    return Request(
+        EngineRequest(
+            rid, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), priority=priority, arrival_time=0.0
+        )
+    )
 
 
 def run_step(s: Scheduler, token: int = 1):

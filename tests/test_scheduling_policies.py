@@ -12,6 +12,7 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.queue_policy import QueuePolicy
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import Scheduler
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
@@ -56,7 +57,7 @@ def spf(monkeypatch):
 
 
 def req(rid: str, prompt_len: int, max_tokens: int) -> Request:
-    return Request(rid, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), 0.0)
+    return Request(EngineRequest(rid, list(range(prompt_len)), SamplingParams(max_tokens=max_tokens), arrival_time=0.0))
 
 
 def run(s: Scheduler) -> tuple[list[str], list[str]]:

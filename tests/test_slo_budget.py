@@ -15,6 +15,7 @@ from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.core.slo_budget import tpot_slack
 from orcaserve.scheduler.core.slo_class import SloClass, check_slo_classes
 from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 # A step of this machine's shape: 10 ms, 0.7 ms per prompt token, 0.5 ms per decode row, 0.2 ms
@@ -67,7 +68,7 @@ class Clock:
 
 def make_req(rid: str, n: int, out: int, slo: SloClass | None, now: float, tenant: str | None = None) -> Request:
     prompt = [hash((rid, i)) % 30000 for i in range(n)]
-    return Request(rid, prompt, SamplingParams(max_tokens=out), now, tenant=tenant, slo=slo)
+    return Request(EngineRequest(rid, prompt, SamplingParams(max_tokens=out), tenant=tenant, arrival_time=now), slo=slo)
 
 
 def simulate(s: Scheduler, clock: Clock, steps: int, arrivals, check) -> None:

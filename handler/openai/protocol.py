@@ -1,8 +1,8 @@
 """OpenAI-shaped request parsing, independent of TorchServe.
 
-Parsing turns a decoded JSON body into a `ParsedRequest` (prompt + SamplingParams + serving
-options) or raises `ProtocolError` carrying the HTTP status and OpenAI error fields. The answers'
-shapes are in `responses.py`.
+Parsing turns a decoded JSON body into a `ParsedRequest` (the `EngineRequest` the engine serves,
+plus how the answer is shaped) or raises `ProtocolError` carrying the HTTP status and OpenAI error
+fields. The answers' shapes are in `responses.py`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.handler.openai import structured, tools
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.prompt import ChatPrompt, Prompt
 from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, RequestOutputKind, SamplingParams
-from orcaserve.scheduler.serving.prompt import ChatPrompt
 
 log = logging.getLogger(__name__)
 
@@ -117,20 +118,26 @@ def error_body(message: str, param: str | None = None, type_: str = "invalid_req
 
 @dataclass
 class ParsedRequest:
-    """Everything the handler needs to submit one request to the engine loop."""
+    """One parsed request: what the engine serves (`request`; its tenant, cache salt and latency
+    class come from the gateway's headers: `tenancy.with_tenancy`) and how the answer is shaped."""
 
     kind: str  # COMPLETIONS | CHAT
-    prompt: str | list[int] | ChatPrompt  # chat: the messages, rendered at admission
-    params: SamplingParams
+    request: EngineRequest  # chat: the messages as its prompt, rendered at admission
     stream: bool = False
     include_usage: bool = False
-    priority: int = 0
-    timeout: float | None = None
     model: str | None = None
     cache_salt: str | None = None  # as the client sent it; the engine's salt is derived from it
     echo: bool = False  # completions: the prompt's text (and log-probabilities) before the answer
     ignored: tuple[str, ...] = ()  # OpenAI fields the request sent that orcaserve does not act on
     tool_spec: tools.ToolSpec | None = None  # chat: the tools and how the answer calls them (tools.py)
+
+    @property
+    def prompt(self) -> Prompt:
+        return self.request.prompt
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
 
 
 def route(url_path: str | None) -> str:
@@ -303,11 +310,14 @@ def parse_request(
     default_timeout: float | None = None,
     default_max_tokens: int | None = None,
     max_tokens_limit: int | None = None,
+    request_id: str = "",
 ) -> ParsedRequest:
     """Validate an OpenAI Completions / Chat Completions body; raises ProtocolError (400).
 
     `max_tokens_limit` caps what a request may ask for (400 above it) and the default; a
-    request's `timeout` is capped by `default_timeout`."""
+    request's `timeout` is capped by `default_timeout`. `request_id` names the `EngineRequest`
+    built here (a per-request field the body carries is read here: docs/engine.md, "Where a
+    per-request field goes")."""
     ignored = _check_fields(body, kind)
     try:  # structured outputs and tool calls (structured.py, tools.py)
         constraint, tool_spec = tools.request_constraints(body)
@@ -346,19 +356,9 @@ def parse_request(
     params.structured_outputs = constraint
     # A client answered once the request finished reads its final output alone.
     params.output_kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    request = EngineRequest(request_id, prompt, params, priority=priority, timeout=timeout)
     return ParsedRequest(
-        kind,
-        prompt,
-        params,
-        stream,
-        bool(opts.get("include_usage")),
-        priority,
-        timeout,
-        body.get("model"),
-        cache_salt,
-        echo,
-        ignored,
-        tool_spec,
+        kind, request, stream, bool(opts.get("include_usage")), body.get("model"), cache_salt, echo, ignored, tool_spec
     )
 
 

@@ -8,11 +8,21 @@ and `cache_salt` alone separates (docs/serving.md, "Tenants and prompt caching: 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
-from orcaserve.handler.openai.protocol import ProtocolError
+from orcaserve.handler.openai.protocol import ParsedRequest, ProtocolError
+from orcaserve.scheduler.engine_request import EngineRequest
+
+
+class TenancySettings(Protocol):
+    """The serving settings tenancy reads (`HandlerConfig`'s, docs/serving.md)."""
+
+    tenant_header: str | None
+    slo_class_header: str | None
+    tenant_slo_class: dict[str, str]
 
 
 def _field(data: bytes) -> bytes:
@@ -54,3 +64,15 @@ def derive_cache_salt(tenant_header: str | None, headers: Mapping[Any, Any], cac
     h = hashlib.sha256(b"orcaserve-tenant\0" + _field(tenant.encode("utf-8", "surrogatepass")))
     h.update(b"\0" if salt is None else b"\1" + _field(salt))
     return h.hexdigest()
+
+
+def with_tenancy(parsed: ParsedRequest, headers: Mapping[Any, Any], settings: TenancySettings) -> EngineRequest:
+    """The parsed request as the engine serves it: with the cache salt derived for it (refusing a
+    missing tenant), the tenant its share is counted for (fair policy, per-tenant metrics), and its
+    latency class (the class header, else the tenant's class; an unknown class is the engine's 400)."""
+    salt = derive_cache_salt(settings.tenant_header, headers, parsed.cache_salt)
+    tenant = header_value(headers, settings.tenant_header) if settings.tenant_header else None
+    slo_class = header_value(headers, settings.slo_class_header) if settings.slo_class_header else None
+    if slo_class is None and tenant is not None:
+        slo_class = settings.tenant_slo_class.get(tenant)
+    return dataclasses.replace(parsed.request, cache_salt=salt, tenant=tenant, slo_class=slo_class)

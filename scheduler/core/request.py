@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import enum
 import itertools
+import time
 from typing import TYPE_CHECKING
 
 import torch
 
 from orcaserve.scheduler.core.outputs import RequestTimes
-from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
+from orcaserve.scheduler.engine_request import EngineRequest
+from orcaserve.scheduler.prompt import ChatPrompt
+from orcaserve.scheduler.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.slo_class import SloClass
@@ -36,17 +39,17 @@ class Request:
     """
 
     def __init__(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        arrival_time: float,
-        priority: int = 0,
-        eos_token_ids: frozenset[int] = frozenset(),
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        slo: SloClass | None = None,
+        self, request: EngineRequest, eos_token_ids: frozenset[int] = frozenset(), slo: SloClass | None = None
     ) -> None:
+        """`request` as the engine admitted it: its prompt is token ids (`Engine.add_request`
+        tokenizes); `slo` its latency class, resolved from `request.slo_class` by the engine."""
+        if isinstance(request.prompt, (str, ChatPrompt)):
+            raise TypeError("a Request is built from token ids: Engine.add_request tokenizes the prompt")
+        # What the request asked for, as one object (docs/engine.md "Where a per-request field
+        # goes"); the fields the scheduler reads every step are copied below.
+        self.engine_request = request
+        request_id, prompt_token_ids, params = request.request_id, request.prompt, request.params
+        arrival_time = request.arrival_time if request.arrival_time is not None else time.time()
         self.request_id = request_id
         # A choice of a request with n > 1 (choices.py): its outputs carry the parent's id and its
         # index; a request of its own is its own group, index 0.
@@ -60,7 +63,7 @@ class Request:
         self.logprobs: list[TokenLogprob] | None = [] if params.logprobs is not None else None
         self.all_token_ids: list[int] = list(prompt_token_ids)
         self.params = params
-        self.priority = priority
+        self.priority = request.priority
         self.arrival_seq = next(_arrival_counter)  # FCFS tie-break, stable under equal times
         self.times = RequestTimes(arrival=arrival_time)
         # `times` as the outputs of a running request show them, one copy shared by them all
@@ -73,12 +76,12 @@ class Request:
         # Prefix caching: the salt isolates this request's cached blocks from other salts';
         # block_keys are its full blocks' keys, computed once (kv_cache_manager.py);
         # num_cached_tokens are the prompt tokens its first admission found in the cache.
-        self.cache_salt = cache_salt
+        self.cache_salt = request.cache_salt
         self.block_keys: list[bytes] = []
         self.num_cached_tokens = 0
         # Fair share (fair_share.py): the tenant served, and how many leading prompt tokens were
         # charged to it already or came from the cache at first admission (never charged again).
-        self.tenant = tenant
+        self.tenant = request.tenant
         self.prompt_charged = 0
         # Seat handover (fair, docs/fair-share.md "Seat handover"): waiting with its blocks and computed
         # tokens kept, to resume where it stopped; and the step that last admitted it.

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TimedOut
 from orcaserve.scheduler.model.grammar import Grammars
-from orcaserve.scheduler.sampling_params import SamplingParams
-from orcaserve.scheduler.serving.prompt import Prompt, encode_prompt
+from orcaserve.scheduler.prompt import encode_prompt
 from orcaserve.scheduler.serving.request_stream import RequestStream
 
 log = logging.getLogger(__name__)
@@ -24,17 +24,12 @@ _QUIT = object()
 
 @dataclass
 class Submission:
-    """A request on its way to the engine; admission sets `ids`, or `error` to answer it with."""
+    """A request on its way to the engine, and its `deadline` (from its timeout); admission sets
+    its prompt's `ids`, or `error` to answer it with."""
 
     stream: RequestStream
-    prompt: Prompt
-    params: SamplingParams
-    priority: int
-    timeout: float | None
+    request: EngineRequest
     deadline: float | None
-    cache_salt: str | None = None
-    tenant: str | None = None
-    slo_class: str | None = None
     ids: list[int] | None = None
     error: EngineError | None = None
 
@@ -115,13 +110,15 @@ class Admission:
         return True
 
     def _prepare(self, item: Submission) -> None:
+        request = item.request
         if item.deadline is not None and time.time() >= item.deadline:
-            item.error = TimedOut(item.timeout or 0.0)
+            item.error = TimedOut(request.timeout or 0.0)
             return
         try:
-            item.ids = encode_prompt(self._tokenizer, item.prompt, self._vocab_size, self._max_model_len)
-            if item.params.structured_outputs is not None and self._grammars is not None:
-                self._grammars.compile(item.params.structured_outputs)  # a new schema: off the engine thread
+            item.ids = encode_prompt(self._tokenizer, request.prompt, self._vocab_size, self._max_model_len)
+            constraint = request.params.structured_outputs
+            if constraint is not None and self._grammars is not None:
+                self._grammars.compile(constraint)  # a new schema: off the engine thread
         except InvalidRequest as e:  # GrammarError included
             item.error = e
         except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the thread

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import queue
 import threading
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import (
     EngineError,
     InternalError,
@@ -22,9 +24,7 @@ from orcaserve.scheduler.errors import (
     TargetUnreachable,
     TimedOut,
 )
-from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
-from orcaserve.scheduler.serving.prompt import Prompt
 from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
 
 log = logging.getLogger(__name__)
@@ -150,26 +150,16 @@ class EngineLoop:
         a prompt job): the queue a router should see. Exact after each step (`on_step`)."""
         return max(0, self._in_flight - self._num_running)
 
-    def submit(
-        self,
-        request_id: str,
-        prompt: Prompt,
-        params: SamplingParams,
-        priority: int = 0,
-        timeout: float | None = None,
-        event_loop: asyncio.AbstractEventLoop | None = None,
-        cache_salt: str | None = None,
-        tenant: str | None = None,
-        slo_class: str | None = None,
-    ) -> RequestStream:
-        """Queue a request; its outputs (or an EngineError) arrive on the returned stream, read
-        from a thread, or from `event_loop`'s coroutines when given. `cache_salt` and `tenant`:
-        see `Engine.add_request` (prefix-cache isolation; fair share and per-tenant metrics), and so
-        is `slo_class` (latency targets).
+    def submit(self, request: EngineRequest, event_loop: asyncio.AbstractEventLoop | None = None) -> RequestStream:
+        """Queue `request` (its fields: `EngineRequest`; its `timeout` is enforced here); its
+        outputs (or an EngineError) arrive on the returned stream, read from a thread, or from
+        `event_loop`'s coroutines when given.
 
         Raises `ShuttingDown` at once if the loop is shut down, `Overloaded` if the waiting queue
         is full.
         """
+        request_id, params, timeout = request.request_id, request.params, request.timeout
+        request_id, params, timeout = request.request_id, request.params, request.timeout
         stream = RequestStream(request_id, event_loop, params.n)
         deadline = time.time() + timeout if timeout is not None else None
         with self._lock:
@@ -189,9 +179,7 @@ class EngineLoop:
                     )
                 )
             self._in_flight += params.n
-            self._enqueue(
-                Submission(stream, prompt, params, priority, timeout, deadline, cache_salt, tenant, slo_class)
-            )
+            self._enqueue(Submission(stream, request, deadline))
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -282,15 +270,7 @@ class EngineLoop:
                 self._notify()
             return
         try:
-            self.engine.add_request(
-                rid,
-                item.ids,
-                item.params,
-                item.priority,
-                cache_salt=item.cache_salt,
-                tenant=item.tenant,
-                slo_class=item.slo_class,
-            )
+            self.engine.add_request(dataclasses.replace(item.request, prompt=item.ids))  # tokenized
         except InvalidRequest as e:
             self._finish_stream(item.stream, e)
             return
@@ -301,9 +281,9 @@ class EngineLoop:
             )
             return
         self._streams[rid] = item.stream
-        self._unfinished[rid] = item.params.n
+        self._unfinished[rid] = item.request.params.n
         if item.deadline is not None:
-            self._deadlines[rid] = (item.deadline, item.timeout or 0.0)
+            self._deadlines[rid] = (item.deadline, item.request.timeout or 0.0)
 
     def _finish_stream(self, stream: RequestStream, item: RequestOutput | EngineError, seqs: int | None = None) -> None:
         """Queue a stream's final item and release its `seqs` unfinished sequences (all of its
