@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import (
     EngineError,
@@ -41,7 +42,7 @@ class EngineLoop:
 
     `submit` and `abort` may be called from any thread. Prompts are tokenized on the admission
     thread (`admission.py`), never on this one. The loop thread is the only one that touches the
-    engine, so the scheduler needs no locks. `on_step(engine)` runs on the loop
+    engine, so the scheduler needs no locks. `on_step(engine.snapshot())` runs on the loop
     thread after each step and after aborts (for metrics). Nothing a request carries ends the
     thread: admission failures fail that request, step failures the step's requests. Should the
     thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
@@ -54,7 +55,7 @@ class EngineLoop:
     def __init__(
         self,
         engine: Engine | None,
-        on_step: Callable[[Engine], None] | None = None,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
         max_waiting: int | None = None,
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
@@ -91,7 +92,7 @@ class EngineLoop:
     def launch(
         cls,
         build: Callable[[], Engine],
-        on_step: Callable[[Engine], None] | None = None,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
         max_waiting: int | None = None,
         on_death: Callable[[BaseException], None] | None = None,
     ) -> EngineLoop:
@@ -354,7 +355,7 @@ class EngineLoop:
         if self.on_step is None:
             return
         try:
-            self.on_step(self.engine)
+            self.on_step(self.engine.snapshot())
         except Exception:
             log.exception("on_step callback failed")
 
