@@ -3,7 +3,9 @@
 TorchServe's backend metrics are log lines (`[METRICS]name.unit:value|#dims|#type:...`) that the
 frontend parses and, with `metrics_mode=prometheus`, exposes at `:8082/metrics`. Emitting is a
 `logger.info` call, safe from any thread: gauges come from the engine loop thread (`on_step`),
-request latencies from the asyncio thread when a request finishes.
+request latencies from the asyncio thread when a request finishes. The numbers come from the
+engine's `StatsSnapshot` (scheduler/core/stats_snapshot.py) and each output's timestamps, never
+from live engine state.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from ts.metrics.metric_type_enum import MetricTypes
 from orcaserve.handler.slo_metrics import SLO_METRICS, STEP_COST_METRICS, SloMetrics
 from orcaserve.handler.tenant_metrics import FAIRNESS_METRIC, TENANT_METRICS, TenantMetrics
 from orcaserve.scheduler.core.outputs import RequestOutput
-from orcaserve.scheduler.engine import Engine
+from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.errors import EngineError, Overloaded
 
 log = logging.getLogger(__name__)
@@ -131,22 +133,19 @@ class EngineMetrics:
         if metric is not None:
             metric.add_or_update(value, [*self._dims, *extra_dims])
 
-    def on_start(self, engine: Engine) -> None:
+    def on_start(self, block_size: int, num_blocks: int) -> None:
         """Once the engine is built: the KV cache's shape (fixed for the engine's life)."""
-        self._emit_with(CACHE_INFO_METRIC[0], 1, [str(engine.config.block_size), str(engine.stats.num_blocks)])
+        self._emit_with(CACHE_INFO_METRIC[0], 1, [str(block_size), str(num_blocks)])
 
     def on_refused(self, error: EngineError) -> None:
         """A request refused before it ran (any thread): one more in its reason's series."""
         self._emit_with(REFUSED_METRIC[0], 1, [error.reason])
 
-    def on_step(self, engine: Engine, waiting: int | None = None) -> None:
+    def on_step(self, s: StatsSnapshot) -> None:
         """Engine-loop callback (after each step and after aborts, on the loop thread): on a
         change of the gauges, at most every `_MIN_PERIOD_S` while the engine is busy and at once
         when it goes idle (or every `_GAUGE_PERIOD_S` unchanged), emit them and the counters'
-        increments since the previous emission. `waiting`: the sequences accepted and not running
-        wherever they wait (`EngineLoop.num_waiting`); the engine's own queue when None."""
-        s = engine.stats
-        waiting = s.num_waiting if waiting is None else waiting
+        increments since the previous emission."""
         if s.num_steps != self._last_step:
             self._last_step = s.num_steps
             self._step_tokens += s.last_step_tokens
@@ -154,7 +153,7 @@ class EngineMetrics:
         # the first step) changes no gauge, and nothing else would report it.
         gauges = (
             s.num_running,
-            waiting,
+            s.num_waiting,
             s.kv_blocks_used,
             s.last_step_tokens,
             s.kv_blocks_cached_free,
@@ -166,7 +165,7 @@ class EngineMetrics:
         since = now - self._last_gauge_time
         if gauges == self._last_gauges and since < _GAUGE_PERIOD_S:
             return
-        if since < _MIN_PERIOD_S and (s.num_running or waiting):
+        if since < _MIN_PERIOD_S and (s.num_running or s.num_waiting):
             return
         self._last_gauges, self._last_gauge_time = gauges, now
         self._emit_deltas(
@@ -182,13 +181,13 @@ class EngineMetrics:
             }
         )
         self._emit("orca_num_requests_running", s.num_running)
-        self._emit("orca_num_requests_waiting", waiting)
+        self._emit("orca_num_requests_waiting", s.num_waiting)
         self._emit("orca_kv_blocks_used", s.kv_blocks_used)
         self._emit("orca_kv_cache_usage_ratio", round(s.kv_usage, 4))
         self._emit("orca_step_tokens", s.last_step_tokens)
         self._emit("orca_prefix_cache_free_blocks", s.kv_blocks_cached_free)
-        self._tenants.on_emission(engine.scheduler.shares)
-        self._slo.on_emission(engine.stats.slo, engine.scheduler.cost)
+        self._tenants.on_emission(s.tenants)
+        self._slo.on_emission(s)
 
     def _emit_deltas(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():

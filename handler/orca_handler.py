@@ -31,39 +31,18 @@ from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.faults import FaultInjector
 from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
-from orcaserve.handler.openai.choices import by_choice, usage
 from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
-from orcaserve.handler.openai.protocol import (
-    CHAT,
-    COMPLETIONS,
-    IGNORED_HEADER,
-    MODELS,
-    ParsedRequest,
-    ProtocolError,
-    error_body,
-    parse_request,
-    route,
-)
-from orcaserve.handler.openai.responses import (
-    SSE_DONE,
-    choice,
-    engine_error_body,
-    model_list,
-    response_of,
-    sse,
-    stream_chunk,
-    usage_of,
-)
+from orcaserve.handler.openai.protocol import IGNORED_HEADER, MODELS, ProtocolError, parse_request, route
+from orcaserve.handler.openai.responses import model_list
+from orcaserve.handler.openai.shaper import Shaper, shaper_for
 from orcaserve.handler.openai.tenancy import with_tenancy
-from orcaserve.handler.openai.tools import shape_choice, stream_tail
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import EngineError, InternalError, ShuttingDown
-from orcaserve.scheduler.model.logprobs import TokenLogprob
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 from orcaserve.scheduler.serving.request_stream import RequestStream
 
@@ -154,14 +133,11 @@ class OrcaHandler:
         model_name: str,
     ) -> None:
         self.config, self.model_name = config, model_name
-        self.metrics = metrics = EngineMetrics(metrics_cache, model_name)
-
-        def on_step(engine: Engine) -> None:  # the waiting gauge counts every accepted sequence not running
-            metrics.on_step(engine, None if self.engine_loop is None else self.engine_loop.num_waiting)
-
-        self.engine_loop = make_loop(on_step, metrics.on_refused)
-        self.metrics.on_start(self.engine_loop.engine)
-        self._logprobs = LogprobsRenderer(copy.deepcopy(self.engine_loop.engine.tokenizer))
+        self.metrics = EngineMetrics(metrics_cache, model_name)
+        self.engine_loop = make_loop(self.metrics.on_step, self.metrics.on_refused)
+        engine = self.engine_loop.engine  # its cache's shape is fixed: safe to read from this thread
+        self.metrics.on_start(engine.config.block_size, engine.stats.num_blocks)
+        self._logprobs = LogprobsRenderer(copy.deepcopy(engine.tokenizer))
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -220,14 +196,10 @@ class OrcaHandler:
         self._active += 1
         try:
             body = await self._serve(data[0] if data else {}, reply, request_id)
-        except ProtocolError as e:
-            body = reply.fail(e.status, e.body())
-        except EngineError as e:
-            answer = http_error(e)
-            body = reply.fail(answer.status, answer.body, answer.retry_after)
         except Exception as e:  # the worker must survive anything one request does
-            log.exception("request %s failed", request_id)
-            body = reply.fail(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))
+            if not isinstance(e, (ProtocolError, EngineError)):
+                log.exception("request %s failed", request_id)
+            body = reply.fail(http_error(e))  # the one error path (openai/errors.py)
         finally:
             self._active -= 1
         return [reply.finish(body)]
@@ -253,115 +225,39 @@ class OrcaHandler:
         request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
+        shaper = shaper_for(req, request_id, self.model_name, self._logprobs)
         try:
             if req.stream:
-                return await self._relay(stream, req, reply, request_id, metrics)
+                return await self._relay(stream, shaper, reply, metrics)
             finals: dict[int, RequestOutput] = {}
             async for out in stream:
                 if out.finished:
                     finals[out.index] = out
-            if len(finals) != req.params.n:
-                raise InternalError("the request ended without output")
-            choices = []
-            for i, final in sorted(finals.items()):
+            answer = shaper.response(finals)
+            for _, final in sorted(finals.items()):
                 metrics.on_finish(final)
-                echo = self._echo(req)
-                logprobs = self._render_logprobs(kind, final.logprobs, len(echo))[0]
-                prompt_logprobs = self._echo_logprobs(final)
-                if logprobs is not None and prompt_logprobs is not None:  # the prompt's, then the answer's
-                    logprobs = {key: prompt_logprobs[key] + value for key, value in logprobs.items()}
-                choices.append(
-                    shape_choice(choice(kind, i, echo + final.text, final.finish_reason, logprobs), req.tool_spec)
-                )
             context.set_response_content_type(0, "application/json")
-            return json.dumps(
-                response_of(kind, request_id, self.model_name, choices, usage_of(*usage(finals.values())))
-            )
+            return answer
         finally:
             self._faults.disarm(request_id)
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
                 self.engine_loop.abort(request_id)
 
-    def _echo(self, req: ParsedRequest) -> str:
-        """The prompt's text when the request asked for it back (`echo`), else ''."""
-        if not req.echo:
-            return ""
-        if isinstance(req.prompt, str):
-            return req.prompt
-        assert self._logprobs is not None and isinstance(req.prompt, list)
-        return self._logprobs.decode(req.prompt)
-
-    def _echo_logprobs(self, out: RequestOutput) -> dict | None:
-        """The completions `logprobs` of the echoed prompt, when the request asked for them."""
-        if out.prompt_logprobs is None or out.prompt_token_ids is None or self._logprobs is None:
-            return None
-        return self._logprobs.echo(out.prompt_token_ids, out.prompt_logprobs)[0]
-
-    async def _relay(
-        self, stream: RequestStream, req: ParsedRequest, reply: Reply, request_id: str, metrics: EngineMetrics
-    ) -> str:
-        """Stream SSE chunks as tokens arrive; returns the last frame (ends with `[DONE]`).
+    async def _relay(self, stream: RequestStream, shaper: Shaper, reply: Reply, metrics: EngineMetrics) -> str:
+        """Send each frame's SSE events as tokens arrive; returns the last frame (ends with `[DONE]`).
 
         The HTTP status goes out with the first frame, so nothing is sent before the request has
-        produced a token: a validation error or a deadline before it are still real 4xx answers."""
-        created, model, kind = int(time.time()), self.model_name, req.kind
-        started = False
-        offsets: dict[int, int] = {}  # per choice: where its next token's text starts (`text_offset`)
-        finals: list[RequestOutput] = []
-        held: dict[int, str] = {}  # per choice: text held back to be parsed into tool calls (tools.py)
-        try:
-            async for outputs in stream.chunks():  # what has piled up goes out as one frame
-                pieces = []
-                if not started:
-                    reply.context.set_response_content_type(0, "text/event-stream")
-                    for i in range(req.params.n):  # every choice opens: chat's role, the echoed prompt
-                        echo = self._echo(req)
-                        offsets[i] = len(echo)
-                        if kind == CHAT:
-                            pieces.append(sse(stream_chunk(kind, request_id, model, created, "", role=True, index=i)))
-                        elif echo:
-                            logprobs = self._echo_logprobs(outputs[0])  # every choice's first output has them
-                            chunk = stream_chunk(kind, request_id, model, created, echo, logprobs=logprobs, index=i)
-                            pieces.append(sse(chunk))
-                started = True
-                for index, group in by_choice(outputs):
-                    text = "".join(out.new_text for out in group)
-                    new_logprobs = [lp for out in group for lp in out.new_logprobs or ()]
-                    if req.tool_spec is not None and req.tool_spec.parses:  # parsed into tool calls at the end
-                        held[index] = held.get(index, "") + text
-                        text, new_logprobs = "", []
-                    if text or new_logprobs:  # a token's logprob goes out even while its text is held back
-                        logprobs, offsets[index] = self._render_logprobs(kind, new_logprobs or None, offsets[index])
-                        chunk = stream_chunk(kind, request_id, model, created, text, logprobs=logprobs, index=index)
-                        pieces.append(sse(chunk))
-                    last = group[-1]
-                    if last.finished:
-                        metrics.on_finish(last)
-                        finals.append(last)
-                        text_end = None if kind == CHAT else ""
-                        chunk = stream_chunk(
-                            kind, request_id, model, created, text_end, last.finish_reason, index=index
-                        )
-                        tail = [chunk] if index not in held else stream_tail(req.tool_spec, held.pop(index), chunk)
-                        pieces += [sse(c) for c in tail]
-                if len(finals) == req.params.n:
-                    if req.include_usage:
-                        pieces.append(sse(stream_chunk(kind, request_id, model, created, usage=usage(finals))))
-                    pieces.append(SSE_DONE)
-                    return "".join(pieces)
-                if pieces:
-                    reply.send("".join(pieces))
-        except EngineError as e:
-            if not started:
-                raise
-            # Headers (200) are gone already: report in-band, as OpenAI does, and end the stream.
-            return sse(engine_error_body(e)) + SSE_DONE
+        produced a token: a validation error or a deadline before it are still real 4xx answers;
+        after it an error travels in-band (`Reply.fail`)."""
+        async for outputs in stream.chunks():  # what has piled up goes out as one frame
+            if not reply.opened:
+                reply.open("text/event-stream")
+            text = shaper.events(outputs)
+            for out in outputs:
+                if out.finished:
+                    metrics.on_finish(out)
+            if shaper.done:
+                return text
+            if text:
+                reply.send(text)
         raise InternalError("the request stream ended without a final output")
-
-    def _render_logprobs(self, kind: str, logprobs: list[TokenLogprob] | None, offset: int) -> tuple[dict | None, int]:
-        """A choice's `logprobs` in `kind`'s shape (None when not asked), and the next text offset."""
-        if logprobs is None or self._logprobs is None:
-            return None, offset
-        if kind == COMPLETIONS:
-            return self._logprobs.completion(logprobs, offset)
-        return self._logprobs.chat(logprobs), offset

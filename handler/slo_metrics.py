@@ -10,8 +10,7 @@ from collections.abc import Callable
 from ts.metrics.metric_type_enum import MetricTypes
 
 from orcaserve.handler.tenant_metrics import tenant_label
-from orcaserve.scheduler.core.stats import SloCounts
-from orcaserve.scheduler.core.step_cost import StepCostModel
+from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 
 G, C = MetricTypes.GAUGE, MetricTypes.COUNTER
 
@@ -39,9 +38,9 @@ class SloMetrics:
         self._emit = emit
         self._sent: dict[tuple[str, str], int] = {}
 
-    def on_emission(self, counts: dict[str, SloCounts], cost: StepCostModel) -> None:
+    def on_emission(self, snapshot: StatsSnapshot) -> None:
         """On the engine loop thread, whenever `EngineMetrics` emits its gauges."""
-        for cls, c in counts.items():
+        for cls, c in snapshot.slo.items():
             label = tenant_label(cls)
             for name, (*_, attr) in SLO_METRICS.items():
                 value, last = getattr(c, attr), self._sent.get((name, label))
@@ -50,9 +49,9 @@ class SloMetrics:
                 self._sent[(name, label)] = value
                 self._emit(name, value - (last or 0), label)  # increments; a first 0 registers the series
         for name, value in (
-            ("orca_step_time_predicted_seconds", cost.last_predicted),
-            ("orca_step_time_measured_seconds", cost.last_measured),
-            ("orca_step_cost_relative_error", cost.relative_error),
+            ("orca_step_time_predicted_seconds", snapshot.step_time_predicted),
+            ("orca_step_time_measured_seconds", snapshot.step_time_measured),
+            ("orca_step_cost_relative_error", snapshot.step_cost_error),
         ):
             if value is not None:
                 self._emit(name, round(value, 6), None)

@@ -1,5 +1,6 @@
 """Per-tenant metrics: tokens served, waiting and running requests, and Jain's fairness index
-over backlogged tenants (`orcaserve.scheduler.core.fair_share`), emitted by `EngineMetrics`.
+over backlogged tenants (`orcaserve.scheduler.core.fair_share`), emitted by `EngineMetrics` from
+the engine's snapshot of its tenants.
 
 Tenants are named by `tenant_header` (set by a trusted gateway); requests without one (no header
 configured) count as the tenant "-". Each emission sends only the series that changed, so a
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ts.metrics.metric_type_enum import MetricTypes
 
-from orcaserve.scheduler.core.fair_share import TenantShares, jain_index
+from orcaserve.scheduler.core.fair_share import jain_index
+from orcaserve.scheduler.core.stats_snapshot import TenantSnapshot
 
 G, C = MetricTypes.GAUGE, MetricTypes.COUNTER
 
@@ -46,9 +48,9 @@ class TenantMetrics:
         self._window_start = time.monotonic()
         self._window_service: dict[str | None, float] = {}  # backlogged tenants at the window's start
 
-    def on_emission(self, shares: TenantShares) -> None:
+    def on_emission(self, tenants: Sequence[TenantSnapshot]) -> None:
         """On the engine loop thread, whenever `EngineMetrics` emits its gauges."""
-        for t in shares.tenants.values():
+        for t in tenants:
             label = tenant_label(t.name)
             for name, value in (
                 ("orca_tenant_prompt_tokens_total", t.prompt_tokens),
@@ -64,16 +66,14 @@ class TenantMetrics:
                 self._emit(name, value - last if TENANT_METRICS[name][1] is C else value, label)
         now = time.monotonic()
         if now - self._window_start >= FAIRNESS_WINDOW_S:
-            self._emit(FAIRNESS_METRIC[0], round(self.fairness(shares), 4), None)
+            self._emit(FAIRNESS_METRIC[0], round(self.fairness(tenants), 4), None)
             self._window_start = now
-            self._window_service = {t.name: shares.service(t) for t in shares.tenants.values() if t.backlogged}
+            self._window_service = {t.name: t.service for t in tenants if t.backlogged}
 
-    def fairness(self, shares: TenantShares) -> float:
+    def fairness(self, tenants: Sequence[TenantSnapshot]) -> float:
         """Jain's index of the weighted service (tokens times their cost, over the tenant's
         weight) that tenants backlogged at both ends of the window got in it; 1 with fewer than two."""
         got = [
-            shares.service(t) - self._window_service[t.name]
-            for t in shares.tenants.values()
-            if t.backlogged and t.name in self._window_service
+            t.service - self._window_service[t.name] for t in tenants if t.backlogged and t.name in self._window_service
         ]
         return jain_index(got) if len(got) >= 2 else 1.0

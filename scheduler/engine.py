@@ -22,6 +22,7 @@ from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
 from orcaserve.scheduler.core.slo_class import SloClass, check_slo_classes
 from orcaserve.scheduler.core.stats import EngineStats, StepTrace
+from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.intake import RequestIntake
 from orcaserve.scheduler.launch import BatchModel, Failures, Launched, needs_host, run_batch
@@ -178,6 +179,10 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or len(self.prompt_jobs) > 0 or self._inflight is not None
+
+    def snapshot(self) -> StatsSnapshot:
+        """The numbers metrics read, as of now (core/stats_snapshot.py); on the thread that owns the engine."""
+        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost)
 
     def _record_occupancy(self) -> None:
         self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)

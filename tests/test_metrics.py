@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -38,7 +39,7 @@ def test_busy_steps_are_sampled_and_the_idle_state_goes_out(engine_for, caplog):
         steps = 0
         while engine.has_unfinished():
             engine.step()
-            metrics.on_step(engine)
+            metrics.on_step(engine.snapshot())
             steps += 1
     emitted = [(m.group(1), float(m.group(2))) for m in map(LINE.search, caplog.messages) if m]
     running = [v for name, v in emitted if name == "orca_num_requests_running"]
@@ -69,7 +70,7 @@ def test_per_tenant_series_add_up_and_the_fairness_index_goes_out(engine_for, ca
             )
         while engine.has_unfinished():
             engine.step()
-            metrics.on_step(engine)
+            metrics.on_step(engine.snapshot())
     tagged = re.compile(r"\[METRICS\](\w+)\.\w+:([\d.]+)\|#[^|]*Tenant:([^,|]+)")
     series: dict[tuple[str, str], list[float]] = {}
     for m in map(tagged.search, caplog.messages):
@@ -92,6 +93,7 @@ def test_per_tenant_series_add_up_and_the_fairness_index_goes_out(engine_for, ca
 def test_jain_index_over_tenants_backlogged_across_the_window():
     from orcaserve.handler.tenant_metrics import TenantMetrics
     from orcaserve.scheduler.core.fair_share import TenantShares
+    from orcaserve.scheduler.core.stats_snapshot import tenant_snapshots
 
     shares = TenantShares({"a": 2})
     a, b, idle = shares.get("a"), shares.get("b"), shares.get("idle")
@@ -99,9 +101,9 @@ def test_jain_index_over_tenants_backlogged_across_the_window():
     metrics = TenantMetrics(lambda *args: None)
     metrics._window_service = {"a": 0.0, "b": 0.0, "idle": 0.0}
     a.output_tokens, b.output_tokens, idle.output_tokens = 6, 1, 50  # in counter units: 6, 2 (idle: not backlogged)
-    assert metrics.fairness(shares) == (6 + 2) ** 2 / (2 * (36 + 4))
+    assert metrics.fairness(tenant_snapshots(shares)) == (6 + 2) ** 2 / (2 * (36 + 4))
     b.waiting = 0
-    assert metrics.fairness(shares) == 1.0
+    assert metrics.fairness(tenant_snapshots(shares)) == 1.0
 
 
 def test_refusals_go_out_by_reason_and_the_waiting_gauge_takes_the_loops_count(engine_for, caplog):
@@ -118,7 +120,7 @@ def test_refusals_go_out_by_reason_and_the_waiting_gauge_takes_the_loops_count(e
         metrics = EngineMetrics(cache, "tiny")
         metrics.on_refused(Overloaded("full", retry_after=1))
         metrics.on_refused(PromptTooLong("long"))
-        metrics.on_step(engine, waiting=5)
+        metrics.on_step(dataclasses.replace(engine.snapshot(), num_waiting=5))
     reason = re.compile(r"\[METRICS\]orca_requests_refused_total\.\w+:([\d.]+)\|#[^|]*Reason:(\w+)")
     refused = [(m.group(2), float(m.group(1))) for m in map(reason.search, caplog.messages) if m]
     assert refused == [("overloaded", 0.0), ("overloaded", 1.0), ("too_long", 1.0)]

@@ -33,7 +33,7 @@ def test_per_class_series_add_up_and_step_times_go_out(engine_for, caplog):
             engine.add_request(f"r{i}", prompt, params, slo_class=cls)
         while engine.has_unfinished():
             engine.step()
-            metrics.on_step(engine)
+            metrics.on_step(engine.snapshot())
     tagged = re.compile(r"\[METRICS\](\w+)\.\w+:([\d.]+)\|#[^|]*Class:([^,|]+)")
     series: dict[tuple[str, str], float] = {}
     for m in map(tagged.search, caplog.messages):

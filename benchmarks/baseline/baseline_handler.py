@@ -97,7 +97,7 @@ class BaselineHandler:
 
     def handle(self, data: list, context: Any) -> list:
         from orcaserve.handler.openai.errors import http_error
-        from orcaserve.handler.openai.protocol import ProtocolError, error_body
+        from orcaserve.handler.openai.protocol import ProtocolError
         from orcaserve.scheduler.errors import EngineError
 
         received = time.time()
@@ -107,25 +107,19 @@ class BaselineHandler:
             try:
                 req, ids = self._parse(item if isinstance(item, dict) else {}, i, context)
                 jobs.append((i, req, ids))
-            except ProtocolError as e:
-                out[i] = self._error(context, i, e.status, e.body())
-            except EngineError as e:  # the prompt, refused as the engine refuses it
+            except Exception as e:  # one bad request must not fail its batch; the prompt refused as the engine does
+                if not isinstance(e, (ProtocolError, EngineError)):
+                    log.exception("parsing request %d failed", i)
                 answer = http_error(e)
                 out[i] = self._error(context, i, answer.status, answer.body)
-            except Exception as e:  # one bad request must not fail its batch
-                log.exception("parsing request %d failed", i)
-                out[i] = self._error(
-                    context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error")
-                )
         if jobs:
             try:
                 results = self._generate([(req, ids) for _, req, ids in jobs])
             except Exception as e:
                 log.exception("batch generation failed")
+                answer = http_error(e)
                 for i, _, _ in jobs:
-                    out[i] = self._error(
-                        context, i, 500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error")
-                    )
+                    out[i] = self._error(context, i, answer.status, answer.body)
                 return out
             finished = time.time()
             self.batches += 1

@@ -1,11 +1,17 @@
-"""The one mapping from the engine's errors (`orcaserve.scheduler.errors`) to what an OpenAI
-client is told: HTTP status, OpenAI error object (message, type, param, code) and Retry-After."""
+"""The one path from a failed request to what an OpenAI client is told: HTTP status, OpenAI error
+object (message, type, param, code) and Retry-After (docs/serving.md, "Where the protocol lives").
+
+Every failure takes it: a request the protocol layer refuses (`ProtocolError`), an error the
+engine answered with (`orcaserve.scheduler.errors`), and anything unexpected (500). How the
+answer travels (a real status, or in-band once a stream's 200 went out) is the TorchServe
+layer's `Reply.fail`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from orcaserve.handler.openai.protocol import error_body
+from orcaserve.handler.openai.protocol import ProtocolError, error_body
 from orcaserve.scheduler.errors import EngineError, InvalidRequest, Overloaded, ShuttingDown, TimedOut
 
 # Engine parameter names that the OpenAI API spells differently. None today: SamplingParams
@@ -13,8 +19,26 @@ from orcaserve.scheduler.errors import EngineError, InvalidRequest, Overloaded, 
 # `cache_salt` are the request fields of the same names.
 _OPENAI_PARAM: dict[str, str] = {}
 
-# A TimedOut is the request's `timeout` field (an orcaserve extension) running out.
-_TIMEOUT_PARAM = "timeout"
+
+def openai_param(name: str | None) -> str | None:
+    """The OpenAI request field for an engine parameter name."""
+    return None if name is None else _OPENAI_PARAM.get(name, name)
+
+
+def _no_param(e: EngineError) -> str | None:
+    return None
+
+
+# Engine error type -> (HTTP status, OpenAI error type, the request field it names); the first
+# row `e` is an instance of wins. A TimedOut is the request's `timeout` field (an orcaserve
+# extension) running out. Retry-After is the error's own `retry_after`.
+_ENGINE_ERRORS: tuple[tuple[type[EngineError], int, str, Callable[[EngineError], str | None]], ...] = (
+    (InvalidRequest, 400, "invalid_request_error", lambda e: openai_param(getattr(e, "param", None))),
+    (TimedOut, 408, "timeout_error", lambda e: "timeout"),
+    (Overloaded, 503, "server_error", _no_param),  # TargetUnreachable too
+    (ShuttingDown, 503, "server_error", _no_param),
+    (EngineError, 500, "server_error", _no_param),  # InternalError, and any other
+)
 
 
 @dataclass(frozen=True)
@@ -26,18 +50,14 @@ class HttpError:
     retry_after: int | None = None  # the Retry-After header, in seconds
 
 
-def openai_param(name: str | None) -> str | None:
-    """The OpenAI request field for an engine parameter name."""
-    return None if name is None else _OPENAI_PARAM.get(name, name)
-
-
-def http_error(e: EngineError) -> HttpError:
-    """The HTTP answer to a request the engine failed with `e`: 400 InvalidRequest, 408 TimedOut,
-    503 Overloaded or ShuttingDown, 500 InternalError (and any other EngineError)."""
-    if isinstance(e, InvalidRequest):
-        return HttpError(400, error_body(e.message, openai_param(e.param)))
-    if isinstance(e, TimedOut):
-        return HttpError(408, error_body(e.message, _TIMEOUT_PARAM, "timeout_error"))
-    if isinstance(e, (Overloaded, ShuttingDown)):
-        return HttpError(503, error_body(e.message, None, "server_error"), e.retry_after)
-    return HttpError(500, error_body(e.message, None, "server_error"), e.retry_after)
+def http_error(e: BaseException) -> HttpError:
+    """The HTTP answer to a request that failed with `e`: a ProtocolError's own status (400, 404,
+    413); 400 InvalidRequest, 408 TimedOut, 503 Overloaded or ShuttingDown, 500 InternalError and
+    any other EngineError; 500 naming the exception for anything else (a bug)."""
+    if isinstance(e, ProtocolError):
+        return HttpError(e.status, e.body())
+    if isinstance(e, EngineError):
+        for cls, status, type_, param in _ENGINE_ERRORS:
+            if isinstance(e, cls):
+                return HttpError(status, error_body(e.message, param(e), type_), e.retry_after)
+    return HttpError(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))

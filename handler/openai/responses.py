@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.protocol import COMPLETIONS
-from orcaserve.scheduler.errors import EngineError
 
 
 def usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
@@ -130,8 +128,3 @@ def sse(obj: dict | str) -> str:
 
 
 SSE_DONE = sse("[DONE]")
-
-
-def engine_error_body(e: EngineError) -> dict:
-    """OpenAI's error object for an error the engine answered a request with (`errors.py`)."""
-    return http_error(e).body

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from orcaserve.handler.openai.errors import HttpError
 from orcaserve.handler.openai.protocol import HTTP_PHRASES
 from orcaserve.handler.openai.responses import SSE_DONE, sse
 
@@ -28,8 +29,14 @@ class Reply:
 
     def __init__(self, context: Any, max_frame_bytes: int) -> None:
         self.context = context
-        self.started = False
+        self.started = False  # a frame went out
+        self.opened = False  # a streamed 200 is chosen: errors go in-band from now on
         self.max_frame_bytes = max_frame_bytes
+
+    def open(self, content_type: str) -> None:
+        """Choose a streamed 200 answer of `content_type`; its first frame goes out with `send`."""
+        self.context.set_response_content_type(0, content_type)
+        self.opened = True
 
     def send(self, text: str) -> None:
         """Intermediate frames (written now, from the asyncio thread), each at most
@@ -55,18 +62,18 @@ class Reply:
         self.context.cl_socket.sendall(frame)
         self.started = True
 
-    def fail(self, status: int, body: dict, retry_after: int | None = None) -> str:
-        """Answer with an error; returns the final frame's body.
+    def fail(self, error: HttpError) -> str:
+        """Answer with an error (`openai/errors.py`); returns the final frame's body.
 
-        Before anything was sent this is a real HTTP status with an OpenAI error object; once a
-        200 went out the error can only travel in-band, as OpenAI's streaming API does."""
-        if self.started:
-            return sse(body) + SSE_DONE
-        self.context.set_response_status(status, HTTP_PHRASES.get(status, ""), 0)
+        Before a stream opened this is a real HTTP status with an OpenAI error object; once its
+        200 is chosen the error can only travel in-band, as OpenAI's streaming API does."""
+        if self.started or self.opened:
+            return sse(error.body) + SSE_DONE
+        self.context.set_response_status(error.status, HTTP_PHRASES.get(error.status, ""), 0)
         self.context.set_response_content_type(0, "application/json")
-        if retry_after is not None:
-            self.context.set_response_header(0, "Retry-After", str(retry_after))
-        self.send_complete(json.dumps(body))
+        if error.retry_after is not None:
+            self.context.set_response_header(0, "Retry-After", str(error.retry_after))
+        self.send_complete(json.dumps(error.body))
         return ""
 
     def finish(self, text: str) -> str:

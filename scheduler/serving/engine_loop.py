@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import (
@@ -42,7 +43,8 @@ class EngineLoop:
 
     `submit` and `abort` may be called from any thread. Prompts are tokenized on the admission
     thread (`admission.py`), never on this one. The loop thread is the only one that touches the
-    engine, so the scheduler needs no locks. `on_step(engine)` runs on the loop
+    engine, so the scheduler needs no locks. `on_step(snapshot)` (the engine's, with the loop's
+    `num_waiting`) runs on the loop
     thread after each step and after aborts (for metrics). Nothing a request carries ends the
     thread: admission failures fail that request, step failures the step's requests. Should the
     thread die anyway (a bug), every request in flight is answered and `on_death(error)` runs.
@@ -60,7 +62,7 @@ class EngineLoop:
     def __init__(
         self,
         engine: Engine | None,
-        on_step: Callable[[Engine], None] | None = None,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
         max_waiting: int | None = None,
         on_death: Callable[[BaseException], None] | None = None,
         on_refused: Callable[[EngineError], None] | None = None,
@@ -101,7 +103,7 @@ class EngineLoop:
     def launch(
         cls,
         build: Callable[[], Engine],
-        on_step: Callable[[Engine], None] | None = None,
+        on_step: Callable[[StatsSnapshot], None] | None = None,
         max_waiting: int | None = None,
         on_death: Callable[[BaseException], None] | None = None,
         on_refused: Callable[[EngineError], None] | None = None,
@@ -376,7 +378,8 @@ class EngineLoop:
         if self.on_step is None:
             return
         try:
-            self.on_step(self.engine)
+            # What waits is the loop's count (admission included), not only the engine's queue.
+            self.on_step(dataclasses.replace(self.engine.snapshot(), num_waiting=self.num_waiting))
         except Exception:
             log.exception("on_step callback failed")
 
