@@ -61,9 +61,9 @@ from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
 from orcaserve.scheduler.core.outputs import RequestOutput
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import EngineError, InternalError, ShuttingDown
-from orcaserve.scheduler.model.logprobs import TokenLogprob
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
 from orcaserve.scheduler.serving.request_stream import RequestStream
 

@@ -18,7 +18,8 @@ import torch
 
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
-from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
+from orcaserve.scheduler.model.logprobs import token_logprobs
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.engine import Engine

@@ -12,7 +12,7 @@ import pytest
 
 from orcaserve.bench.tiny_models import tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, InvalidRequest, SamplingParams, ShuttingDown
-from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
+from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt
 
 MIB = 1 << 20
 

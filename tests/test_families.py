@@ -10,7 +10,7 @@ import pytest
 from orcaserve.bench.tiny_models import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.model.families import LEAN, PROVEN, UnsupportedArchitecture
-from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
+from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt
 
 # Lengths across block (16) and chunk (64-token budget) boundaries, served together.
 _LENGTHS = [(1, 8), (17, 12), (200, 16), (70, 20), (33, 5)]

@@ -15,7 +15,7 @@ from orcaserve.handler.openai import protocol as P
 from orcaserve.handler.openai import responses as R
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.scheduler import RequestOutputKind
-from orcaserve.scheduler.serving.prompt import ChatPrompt
+from orcaserve.scheduler.prompt import ChatPrompt
 
 
 def parse(body, kind=P.COMPLETIONS, **kw):

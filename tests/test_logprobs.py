@@ -11,7 +11,7 @@ import torch
 from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.scheduler import SamplingParams
-from orcaserve.scheduler.model.logprobs import TokenLogprob
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
 
 
 def _reference(model: torch.nn.Module, prompt: list[int], output: list[int]) -> torch.Tensor:

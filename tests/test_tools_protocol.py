@@ -10,7 +10,7 @@ from tool_turns import tool_turns
 
 from orcaserve.handler.openai import protocol as P
 from orcaserve.handler.openai.tools import ToolSpec, shape_choice, stream_tail
-from orcaserve.scheduler.serving.prompt import ChatPrompt, encode_prompt
+from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {

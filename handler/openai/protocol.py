@@ -15,8 +15,8 @@ from typing import Any
 
 from orcaserve.handler.openai import structured, tools
 from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.prompt import ChatPrompt
 from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, RequestOutputKind, SamplingParams
-from orcaserve.scheduler.serving.prompt import ChatPrompt
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from orcaserve.scheduler.model.decoder import SUPPORTED as LEAN
-from orcaserve.scheduler.model.decoder import supports as lean_supports
-
 log = logging.getLogger(__name__)
+
+# Served by the lean decoder (decoder.py), which reproduces these (SiLU MLP, no extra multipliers).
+LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 # Served by transformers' own forward, attention routed through the paged cache (model_runner.py);
 # each has a tiny random-weight model in tests/tiny_models.py and passes tests/test_families.py.
@@ -32,6 +32,11 @@ FALLBACK = (
     "Starcoder2ForCausalLM",
 )
 PROVEN = LEAN + FALLBACK
+
+
+def lean_supports(model: Any) -> bool:
+    """True for the models the lean decoder (decoder.py) serves: its architectures, SiLU MLP."""
+    return type(model).__name__ in LEAN and getattr(model.config, "hidden_act", "silu") == "silu"
 
 
 class UnsupportedArchitecture(ValueError):

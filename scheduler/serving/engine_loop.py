@@ -21,9 +21,9 @@ from orcaserve.scheduler.errors import (
     TargetUnreachable,
     TimedOut,
 )
+from orcaserve.scheduler.prompt import Prompt
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
-from orcaserve.scheduler.serving.prompt import Prompt
 from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
 
 log = logging.getLogger(__name__)

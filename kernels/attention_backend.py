@@ -1,4 +1,6 @@
-"""The contract between the model runner and an attention implementation."""
+"""The contract between the model runner and an attention implementation: the backends
+(kernels/pytorch/backend.py, kernels/cpu/attention.py, kernels/triton/backend.py) implement it,
+kernels/backends.py picks one by name."""
 
 from __future__ import annotations
 
@@ -6,8 +8,6 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-
-from orcaserve.kernels.pytorch import attention as torch_attention
 
 
 class AttentionBackend(ABC):
@@ -54,35 +54,3 @@ class AttentionBackend(ABC):
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Causal attention of each request's new queries over its whole cached context."""
-
-
-class TorchBackend(AttentionBackend):
-    """PyTorch twins: the CPU default."""
-
-    name = "torch"
-
-    def plan(self, cu_seqlens_q, seq_lens, block_tables, block_size, max_seqlen_q, max_seqlen_k):
-        return torch_attention.TorchAttentionPlan(cu_seqlens_q, seq_lens, block_tables, block_size)
-
-    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
-        torch_attention.store_kv(key, value, k_cache, v_cache, slot_mapping)
-
-    def attend(self, plan, q, k_cache, v_cache, scale, out=None) -> torch.Tensor:
-        return plan.attend(q, k_cache, v_cache, scale, out)
-
-
-def get_backend(name: str) -> AttentionBackend:
-    """`"cpu"` (the C++ operator; the PyTorch path, with a warning saying why, if it cannot be
-    built or loaded), `"torch"` or `"triton"` (imported lazily: Triton is only needed when asked
-    for)."""
-    if name == "cpu":
-        from orcaserve.kernels.cpu.attention import make_cpu_backend
-
-        return make_cpu_backend()
-    if name == "torch":
-        return TorchBackend()
-    if name == "triton":
-        from orcaserve.kernels.triton.backend import TritonBackend
-
-        return TritonBackend()
-    raise ValueError(f"attention_backend: unknown backend {name!r} (expected 'cpu', 'torch' or 'triton')")
