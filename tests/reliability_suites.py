@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from openai_http import CHAT, COMPLETIONS, PROMPTS, call, expected, metric, read_stream  # noqa: E402
 
-from orcaserve.bench.harness import REPO, TorchServe  # noqa: E402
+from orcaserve.bench.serve.harness import REPO, TorchServe  # noqa: E402
 from orcaserve.handler.archive import build  # noqa: E402
 from orcaserve.scheduler import Engine, default_model_path  # noqa: E402
 

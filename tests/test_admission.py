@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from orcaserve.bench.tiny_models import tiny_model
+from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, InvalidRequest, SamplingParams, ShuttingDown
 from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt
 

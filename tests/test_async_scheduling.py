@@ -1,5 +1,5 @@
 """Asynchronous scheduling (docs/host-overlap.md) gives exactly the synchronous engine's outputs:
-the real tiny model on the CPU, and the stub device of benchmarks/host_overhead.py, which sleeps
+the real tiny model on the CPU, and the stub device of benchmarks/engine/host_overhead.py, which sleeps
 without the GIL as a GPU step does."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import random
 import pytest
 import torch
 
-from orcaserve.bench import host_overhead
-from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
+from orcaserve.bench.engine import host_overhead
+from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.structured_outputs import StructuredOutputs
 
@@ -222,7 +222,7 @@ def test_engine_loop_streams_with_async_scheduling(engine_for):
     back in the pool and the in-flight step drained."""
     import threading
 
-    from orcaserve.bench.tiny_models import hf_greedy
+    from orcaserve.bench.models.tiny import hf_greedy
     from orcaserve.scheduler import EngineLoop
 
     model = tiny_model("llama")

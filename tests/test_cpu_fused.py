@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from cpu_variants import LOADED, REASON, op, params
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
 from orcaserve.kernels import dispatch
 from orcaserve.kernels.pytorch.attention import store_kv
 from orcaserve.scheduler import SamplingParams

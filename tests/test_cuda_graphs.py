@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from orcaserve.bench.cli import command
-from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
 from orcaserve.kernels.pytorch import attention as torch_attention
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.config import EngineConfig
@@ -301,7 +301,7 @@ TRITON_ENGINE_SCRIPT = textwrap.dedent(
     import copy, dataclasses, os, sys
     assert os.environ["TRITON_INTERPRET"] == "1"
     import torch
-    from orcaserve.bench.gpu_common import ByteTokenizer as _ByteTokenizer
+    from orcaserve.bench.gpu.common import ByteTokenizer as _ByteTokenizer
     from transformers import LlamaConfig, LlamaForCausalLM
     from orcaserve.scheduler import Engine, SamplingParams
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from cpu_variants import params
 
-from orcaserve.bench.tiny_models import tiny_model
+from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.kernels import dispatch
 from orcaserve.kernels.linear import MKL_PACK_ROWS, PLAIN_FROM_ROWS, Linear, takes
 from orcaserve.scheduler.model.decoder import PAD_MULTIPLE, Decoder, padded_tokens

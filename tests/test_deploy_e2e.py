@@ -22,8 +22,8 @@ import pytest
 import yaml
 from hub_cache import add_model_dir
 
-from orcaserve.bench.harness import TorchServe, registered
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
+from orcaserve.bench.serve.harness import TorchServe, registered
 from orcaserve.handler.archive import build
 from orcaserve.handler.metrics import CACHE_INFO_METRIC, GATEWAY_METRICS
 from orcaserve.scheduler import Engine, SamplingParams

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 
 
@@ -82,7 +82,7 @@ def test_smollm2_matches_transformers(smollm2_path, tokenizer):
 
     import torch
 
-    from orcaserve.bench.gpu_exact import QUESTIONS as questions
+    from orcaserve.bench.gpu.exact import QUESTIONS as questions
     from orcaserve.scheduler import Engine
     from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 

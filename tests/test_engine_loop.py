@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.scheduler import (
     Engine,
     EngineLoop,

@@ -16,7 +16,7 @@ SCRIPT = textwrap.dedent(
     import os
     assert os.environ["TRITON_INTERPRET"] == "1"  # before any kernel is defined
     import copy, sys, torch
-    from orcaserve.bench.tiny_models import hf_greedy
+    from orcaserve.bench.models.tiny import hf_greedy
     from transformers import LlamaConfig, LlamaForCausalLM
     from orcaserve.scheduler import Engine, SamplingParams
 

@@ -9,7 +9,7 @@ import random
 import pytest
 from test_fair_share import backlogged_run, make, req, step
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.core.fair_step import DEFAULT_PREFILL_CAP

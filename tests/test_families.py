@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orcaserve.bench.tiny_models import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family
+from orcaserve.bench.models.tiny import FAMILY_CONFIGS, TINY_VOCAB, hf_greedy, tiny_family
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.model.families import LEAN, PROVEN, UnsupportedArchitecture
 from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt

@@ -24,7 +24,7 @@ def test_gpu_check_dry_run(tmp_path):
     env = dict(
         os.environ,
         GPU_CHECK_DRY_RUN="1",
-        GPU_CHECK_REAL="1",  # the default model too (gpu_exact.py's run_real), about a minute on the CPU
+        GPU_CHECK_REAL="1",  # the default model too (gpu/exact.py's run_real), about a minute on the CPU
         GPU_CHECK_BUDGET_S="900",
         PY=sys.executable,
         TMPDIR=str(tmp_path),

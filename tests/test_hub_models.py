@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hub_cache import add_model_dir, add_to_cache, commit_of
 
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.handler.archive import model_config
 from orcaserve.handler.config import resolve_model_path
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path

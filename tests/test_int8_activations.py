@@ -155,7 +155,7 @@ def test_engine_answers_as_the_twin(mode, tokenizer, monkeypatch):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from orcaserve.bench.tiny_models import TINY_CONFIG
+    from orcaserve.bench.models.tiny import TINY_CONFIG
     from orcaserve.kernels import quant
     from orcaserve.scheduler import Engine, SamplingParams
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orcaserve.bench import int8_quality
+from orcaserve.bench.cpu import int8_quality
 from orcaserve.bench.peers import llamacpp
 from orcaserve.scheduler import default_model_path
 

@@ -122,7 +122,7 @@ def test_q4_k_m_model_answers_as_its_dequantized_twin(tokenizer):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from orcaserve.bench.tiny_models import TINY_CONFIG
+    from orcaserve.bench.models.tiny import TINY_CONFIG
     from orcaserve.scheduler import Engine, SamplingParams
     from orcaserve.scheduler.model.quantized import QUANTIZED, attach, linears
 

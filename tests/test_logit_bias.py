@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.handler.openai import protocol as P
 from orcaserve.scheduler import SamplingParams
 

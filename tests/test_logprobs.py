@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.core.token_logprob import TokenLogprob

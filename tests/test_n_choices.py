@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.errors import InternalError, Overloaded
 from orcaserve.scheduler.serving.engine_loop import EngineLoop

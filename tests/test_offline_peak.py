@@ -7,8 +7,8 @@ import argparse
 
 import torch
 
-from orcaserve.bench import offline
-from orcaserve.bench.gemm import peaks
+from orcaserve.bench.cpu.gemm import peaks
+from orcaserve.bench.engine import offline
 
 
 def _args(**kw) -> argparse.Namespace:

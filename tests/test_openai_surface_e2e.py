@@ -11,7 +11,7 @@ import pytest
 import requests
 from openai_http import render
 
-from orcaserve.bench.harness import serving
+from orcaserve.bench.serve.harness import serving
 from orcaserve.handler.openai.protocol import IGNORED_HEADER
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 

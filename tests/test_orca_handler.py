@@ -18,7 +18,7 @@ import types
 
 import pytest
 
-from orcaserve.bench.tiny_models import tiny_model
+from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.orca_handler import OrcaHandler
 from orcaserve.scheduler import Engine, SamplingParams

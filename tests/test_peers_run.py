@@ -134,7 +134,7 @@ def test_int8_activations_reach_the_engine(tmp_path, monkeypatch):
 
 def test_int8_activations_with_bf16_rows_reach_the_engine(tmp_path, monkeypatch):
     """gguf-a8-bf16 is gguf-a8 with dtype bf16: the offline run's --dtype, the archive's dtype."""
-    from orcaserve.bench import serve_local
+    from orcaserve.bench.serve import local as serve_local
     from orcaserve.scheduler.config import EngineConfig
 
     calls = []

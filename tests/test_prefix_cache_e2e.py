@@ -10,7 +10,7 @@ import openai_http
 import pytest
 from openai_http import CHAT, COMPLETIONS, read_stream
 
-from orcaserve.bench.harness import TorchServe, serving
+from orcaserve.bench.serve.harness import TorchServe, serving
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 
 BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 slots, 2 KV heads, head dim 16, fp32

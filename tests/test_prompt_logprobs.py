@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.scheduler import Engine, EngineLoop, SamplingParams, TimedOut
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 

@@ -51,8 +51,15 @@ def test_checkout_root_on_sys_path_keeps_pypi_kernels():
 
 
 # Folders that land first on sys.path: `python benchmarks/x.py` puts the script's folder there, and
-# pytest puts tests/ there (rootdir-less `prepend` import mode).
-SCRIPT_DIRS = ("benchmarks", "benchmarks/baseline", "benchmarks/peers", "tests")
+# pytest puts each test's folder there (rootdir-less `prepend` import mode) and tests/ (`pythonpath`).
+SCRIPT_DIRS = sorted(
+    str(folder.relative_to(REPO))
+    for top in ("benchmarks", "tests")
+    for folder in [REPO / top, *(REPO / top).rglob("*")]
+    if folder.is_dir()
+    and not any(part.startswith((".", "_")) for part in folder.relative_to(REPO).parts)
+    and any(folder.glob("*.py"))
+)
 
 
 def test_script_folders_hide_no_installed_module():

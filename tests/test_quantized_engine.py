@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_family, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_family, tiny_model
 from orcaserve.kernels.quant import dequantize, quantize
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.config import EngineConfig

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from orcaserve.bench.tiny_models import tiny_family
+from orcaserve.bench.models.tiny import tiny_family
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.model.families import UnsupportedArchitecture
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer

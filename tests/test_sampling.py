@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from orcaserve.bench.tiny_models import hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.model.sampler import _apply_penalties, filter_logits

@@ -9,7 +9,7 @@ import random
 import pytest
 from test_fair_share import make, req, step
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.scheduler.core.request import RequestStatus
 from orcaserve.scheduler.sampling_params import SamplingParams
 

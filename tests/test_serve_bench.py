@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from orcaserve.bench.cli import command
-from orcaserve.bench.harness import TorchServe
+from orcaserve.bench.serve.harness import TorchServe
 
 pytestmark = pytest.mark.slow  # starts HTTP servers and runs the load generator against them
 

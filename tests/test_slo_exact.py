@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.errors import InvalidRequest
 

@@ -1,5 +1,5 @@
 """Latency classes through a real TorchServe, driven by `orcaserve-bench slo-http`'s own client
-and server (benchmarks/slo_http.py, slo_servers.py) on a tiny model: the tenant's class
+and server (benchmarks/slo/over_http.py, servers.py) on a tiny model: the tenant's class
 (`tenant_slo_class`, under `fair`) and the gateway's class header reach the engine (its per-class
 counters on /metrics), an unknown class is a 400 naming it, and every request of the two-class
 load is answered with its tokens."""
@@ -12,9 +12,9 @@ import time
 import openai_http
 import pytest
 
-from orcaserve.bench.slo_http import add_arguments, drive, summarize
-from orcaserve.bench.slo_servers import CLASS_HEADER, MODEL, TENANT_HEADER, Orcaserve
-from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
+from orcaserve.bench.slo.over_http import add_arguments, drive, summarize
+from orcaserve.bench.slo.servers import CLASS_HEADER, MODEL, TENANT_HEADER, Orcaserve
 
 pytestmark = pytest.mark.slow
 

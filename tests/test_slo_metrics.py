@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
 from orcaserve.scheduler import SamplingParams
 
 ts_metrics = pytest.importorskip("ts.metrics.metric_cache_yaml_impl")

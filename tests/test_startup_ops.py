@@ -1,11 +1,11 @@
 """Start-up and the op library: an engine on a GPU never loads the C++ CPU op
 library, a CPU engine loads it once per process, and nothing registers custom ops at engine
-start. Each probe runs in a fresh interpreter (benchmarks/startup_cost.py's, which also times
+start. Each probe runs in a fresh interpreter (benchmarks/gpu/startup_cost.py's, which also times
 them; docs/performance-log.md, "2026-12-04: start-up and the op registrations")."""
 
 import pytest
 
-from orcaserve.bench.startup_cost import PROBES, probe
+from orcaserve.bench.gpu.startup_cost import PROBES, probe
 
 LAZY_SAMPLER = r"""
 import torch

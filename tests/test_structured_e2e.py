@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from tool_turns import tool_turns
 
-from orcaserve.bench.harness import serving
+from orcaserve.bench.serve.harness import serving
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")

@@ -9,7 +9,7 @@ import random
 import jsonschema
 import pytest
 
-from orcaserve.bench.tiny_models import TINY_VOCAB, tiny_model
+from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
 from orcaserve.scheduler import SamplingParams
 from orcaserve.scheduler.model.grammar import GrammarError
 from orcaserve.scheduler.structured_outputs import StructuredOutputs

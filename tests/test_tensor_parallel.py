@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from orcaserve.bench.tiny_models import tiny_family
+from orcaserve.bench.models.tiny import tiny_family
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported

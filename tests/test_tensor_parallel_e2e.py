@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from orcaserve.bench.harness import TorchServe, registered
+from orcaserve.bench.serve.harness import TorchServe, registered
 from orcaserve.scheduler import Engine, SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 import requests
 from openai_http import CHAT, PROMPTS, expected, read_stream
 
-from orcaserve.bench.harness import TorchServe, serving
+from orcaserve.bench.serve.harness import TorchServe, serving
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 
 pytestmark = pytest.mark.slow

@@ -159,7 +159,7 @@ def section_decoder(dtype: torch.dtype) -> None:
     decode step, each kernel called where the PyTorch ops would be."""
     from types import SimpleNamespace
 
-    from orcaserve.bench.tiny_models import tiny_model
+    from orcaserve.bench.models.tiny import tiny_model
     from orcaserve.kernels import get_backend
     from orcaserve.kernels.triton import fused
     from orcaserve.scheduler.model.decoder import Decoder
@@ -212,7 +212,7 @@ def section_decoder(dtype: torch.dtype) -> None:
 
 
 def section_bench_smoke() -> None:
-    """`orcaserve-bench gpu fused` (the GPU check's step, benchmarks/gpu_fused.py) end to end at its
+    """`orcaserve-bench gpu fused` (the GPU check's step, benchmarks/gpu/fused.py) end to end at its
     smoke sizes."""
     import tempfile
 

@@ -1,6 +1,6 @@
 """The split-K heuristic against the measured H200 decode table (no GPU needed).
 
-`benchmarks/results/gpu-h200-2026-12-04/kernels.json` holds, per decode shape (batch, context,
+`docs/results/gpu-h200-2026-12-04/kernels.json` holds, per decode shape (batch, context,
 two head layouts: 32 q / 8 KV heads x 128 and SmolLM2's 9 / 3 x 64, bf16, block 16), the time of
 each split count. `choose_num_splits` must pick a split whose measured time is within 10 % of
 the best at every shape, and at batch >= 128 nothing slower than what the
@@ -24,7 +24,7 @@ import torch
 
 from orcaserve.kernels.triton.launch_config import choose_num_splits
 
-TABLE = Path(__file__).resolve().parent.parent / "benchmarks/results/gpu-h200-2026-12-04/kernels.json"
+TABLE = Path(__file__).resolve().parent.parent / "docs/results/gpu-h200-2026-12-04/kernels.json"
 NOISY = {(32, 8, 2, 4096)}  # (heads, kv_heads, batch, context): see the module docstring
 
 

@@ -1,4 +1,4 @@
-"""The report of benchmarks/serve_bench.py: per-run summaries, the verdict on ORCA's two claims,
+"""The report of benchmarks/serve/bench.py: per-run summaries, the verdict on ORCA's two claims,
 the Markdown table and the latency-throughput plot."""
 
 from __future__ import annotations

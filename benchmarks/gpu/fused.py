@@ -1,7 +1,7 @@
 """Time the fused Triton kernels of the lean decoder against the PyTorch ops they replace, on a CUDA GPU.
 
     orcaserve-bench gpu fused [--dtype bf16] [--shapes smollm2,llama8b] [--tokens 1,64,256,4096]
-                                   [--out benchmarks/results/gpu-fused.json] [--time-budget S]
+                                   [--out docs/results/gpu-fused.json] [--time-budget S]
     orcaserve-bench gpu fused --smoke     # CPU, TRITON_INTERPRET=1, fp32, tiny: every code path
 
 Per model shape (SmolLM2-135M: hidden 576, I 1536, 9/3/64 heads; Llama-3.1-8B: 4096, 14336,
@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from orcaserve.bench.gpu_common import DTYPES, Results, device, device_name, torch_dtype
+from orcaserve.bench.gpu.common import DTYPES, Results, device, device_name, torch_dtype
 
 # name: (hidden, intermediate, H, H_kv, D)
 SHAPES = {"smollm2": (576, 1536, 9, 3, 64), "llama8b": (4096, 14336, 32, 8, 128)}

@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
         w = (engine.get("throughput") or {}).get("workload")
         if w:
             fig["throughput_workload"] = w
-    if "graphs" in engine:  # CUDA graphs on vs off (gpu_graphs.py)
+    if "graphs" in engine:  # CUDA graphs on vs off (gpu/graphs.py)
         g = engine["graphs"]
         fig["graphs"] = pick(g, "speedup_end_to_end speedup_decode exact_fp32 skipped")
         for side in ("on", "off"):

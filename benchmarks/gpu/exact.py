@@ -1,4 +1,4 @@
-"""gpu_engine.py exact and real: token-exact greedy on tiny random models, and on the default model
+"""gpu/engine.py exact and real: token-exact greedy on tiny random models, and on the default model
 if it can load, engine against transformers."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import random
 import time
 from typing import Any
 
-from orcaserve.bench.gpu_common import ByteTokenizer, Results, free_cuda
-from orcaserve.bench.tiny_models import hf_greedy, tiny_family
+from orcaserve.bench.gpu.common import ByteTokenizer, Results, free_cuda
+from orcaserve.bench.models.tiny import hf_greedy, tiny_family
 
 # Beyond tiny_models.TINY_CONFIG: these sizes, per architecture and for --smoke.
 SIZES = "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads num_key_value_heads".split()

@@ -21,7 +21,7 @@ import json
 import time
 from typing import Any
 
-from orcaserve.bench.gpu_common import (
+from orcaserve.bench.gpu.common import (
     DTYPES,
     PEAK_BF16_TFLOPS,
     PEAK_GBPS,
@@ -33,7 +33,7 @@ from orcaserve.bench.gpu_common import (
     lookup,
     torch_dtype,
 )
-from orcaserve.bench.gpu_summary import kernels_summary
+from orcaserve.bench.gpu.summary import kernels_summary
 
 BLOCK_SIZE = 16  # tokens per KV cache block, the engine's default
 SPLIT_CANDIDATES = (1, 2, 4, 8, 16, 32, 64)  # split-K counts timed per decode shape

@@ -23,10 +23,10 @@ import threading
 import time
 from pathlib import Path
 
-from orcaserve.bench.serve_client import Result, arrivals, clients, send
-from orcaserve.bench.serve_workload import Spec, _range
-from orcaserve.bench.slo import by_class
-from orcaserve.bench.slo_servers import SERVERS, Server
+from orcaserve.bench.serve.client import Result, arrivals, clients, send
+from orcaserve.bench.serve.workload import Spec, _range
+from orcaserve.bench.slo.servers import SERVERS, Server
+from orcaserve.bench.slo.slo import by_class
 
 
 def drive(server: Server, args: argparse.Namespace, classes: bool, seed: int = 1) -> dict:
@@ -80,7 +80,7 @@ def derive_targets(args: argparse.Namespace) -> dict:
     if args.tpot_ms is None or args.ttft_ms is None:
         import gc
 
-        from orcaserve.bench.slo import ENGINE_ARGS, decode_step
+        from orcaserve.bench.slo.slo import ENGINE_ARGS, decode_step
         from orcaserve.scheduler import Engine, default_model_path
 
         if args.threads:
@@ -99,7 +99,7 @@ def derive_targets(args: argparse.Namespace) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from orcaserve.bench.slo import add_arguments as slo_arguments
+    from orcaserve.bench.slo.slo import add_arguments as slo_arguments
 
     slo_arguments(parser)  # the workload's and the targets' options, the same meaning
     parser.set_defaults(rate=0.5, flood=4, sweep="")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_ports(n: int) -> list[int]:

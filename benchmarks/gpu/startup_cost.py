@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 HOOK = r"""
 import importlib.abc, importlib.machinery, sys, time
@@ -70,8 +70,8 @@ else:
     calls = []
     load = torch.ops.load_library
     torch.ops.load_library = lambda p: (calls.append(p), load(p))[1]
-    from orcaserve.bench.tiny_models import tiny_model
-    from orcaserve.bench.gpu_common import ByteTokenizer
+    from orcaserve.bench.models.tiny import tiny_model
+    from orcaserve.bench.gpu.common import ByteTokenizer
     from orcaserve.scheduler import Engine
     times, n0 = [], REG["n"]
     for _ in range(2):

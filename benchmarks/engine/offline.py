@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from orcaserve.bench.serve_workload import add_offline_args, offline_workload_of, workload_sha256
+from orcaserve.bench.serve.workload import add_offline_args, offline_workload_of, workload_sha256
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
@@ -76,7 +76,7 @@ def projection_peak(dtype: str, args) -> dict | None:
     """The nominal peak the projections run against: threads x GHz (`--ghz`, else the OS's maximum)
     x operations per cycle of the GEMM in use (vpdpbusd's int8 with int8 activations, vdpbf16ps's or
     AMX's bf16 with bf16 weights); None for the fp32 GEMMs (their rate per cycle is not in the flags)."""
-    from orcaserve.bench.gemm import nominal_ghz, peaks
+    from orcaserve.bench.cpu.gemm import nominal_ghz, peaks
 
     cores, ghz = torch.get_num_threads(), getattr(args, "ghz", None) or nominal_ghz()
     p = peaks(cores, ghz)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from orcaserve.bench.harness import TorchServe, registered
+from orcaserve.bench.serve.harness import TorchServe, registered
 
 ORCA, BASELINE = "smollm2", "smollm2-baseline"
 

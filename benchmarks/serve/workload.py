@@ -1,6 +1,6 @@
-"""The benchmarks' workloads: the load generator's (benchmarks/serve_bench.py) request specs, seeded
+"""The benchmarks' workloads: the load generator's (benchmarks/serve/bench.py) request specs, seeded
 synthetic or JSONL prompts, Poisson arrival offsets and argparse types, and the offline workload
-(benchmarks/offline.py, benchmarks/peers/vllm_offline.py). Standard library only: vLLM's own
+(benchmarks/engine/offline.py, benchmarks/peers/vllm_offline.py). Standard library only: vLLM's own
 environment imports it too."""
 
 from __future__ import annotations

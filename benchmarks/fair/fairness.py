@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 
 from orcaserve.bench import result
-from orcaserve.bench.fairness_report import goals, markdown, plot, step_bound, summarize
-from orcaserve.bench.harness import TorchServe
-from orcaserve.bench.serve_client import Result, clients, run_one, send
-from orcaserve.bench.serve_local import orcaserve_archive, torchserve
-from orcaserve.bench.serve_workload import make_workload
+from orcaserve.bench.fair.report import goals, markdown, plot, step_bound, summarize
+from orcaserve.bench.serve.client import Result, clients, run_one, send
+from orcaserve.bench.serve.harness import TorchServe
+from orcaserve.bench.serve.local import orcaserve_archive, torchserve
+from orcaserve.bench.serve.workload import make_workload
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 HEADER = "X-Tenant-Id"
 ARCHIVES: dict[str, dict] = {"fcfs": {"scheduling_policy": "fcfs"}, "fair": {"scheduling_policy": "fair"}}
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--flood-clients", type=int, default=24, help="tenant A's closed-loop clients")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(REPO / "benchmarks/results/fairness.json"))
+    p.add_argument("--out", default=str(REPO / "docs/results/fairness.json"))
     p.add_argument("--plot", default=str(REPO / "docs/fairness.png"))
     p.add_argument("--no-step-bound", action="store_true", help="skip the decode-step measurement after the phases")
 

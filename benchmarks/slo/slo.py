@@ -25,7 +25,7 @@ import torch
 
 from orcaserve.bench.peers.parts import ENGINE_LIMITS
 from orcaserve.bench.result import pct
-from orcaserve.bench.serve_client import Result
+from orcaserve.bench.serve.client import Result
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.core.slo_budget import check_slo_classes
 from orcaserve.scheduler.model.loader import default_model_path

@@ -1,7 +1,7 @@
 """Prefix caching: what it buys on shared prompts, what it costs without them, and whether its
 timing tells one tenant about another.
 
-    orcaserve-bench prefix --out benchmarks/results/prefix_cache.json --plot docs/prefix_cache_probe.png
+    orcaserve-bench prefix --out docs/results/prefix_cache.json --plot docs/prefix_cache_probe.png
 
 Runs the engine behind `EngineLoop` in this process (the handler's threading, no HTTP), each
 request read by its own client thread, with SmolLM2 at the server's default dtype.
@@ -32,7 +32,7 @@ from functools import partial
 import torch
 
 from orcaserve.bench.result import machine, pct, pyplot
-from orcaserve.bench.serve_workload import poisson_offsets
+from orcaserve.bench.serve.workload import poisson_offsets
 from orcaserve.handler.openai.tenancy import derive_cache_salt
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer

@@ -20,7 +20,7 @@ import statistics
 import time
 from collections import deque
 
-from orcaserve.bench.gpu_common import (
+from orcaserve.bench.gpu.common import (
     SHAPES,
     SMOKE_SHAPE,
     ByteTokenizer,
@@ -173,7 +173,7 @@ def end_to_end(engine, work) -> dict:
 def exact(dev, args) -> dict:
     import torch
 
-    from orcaserve.bench.gpu_exact import tiny_model
+    from orcaserve.bench.gpu.exact import tiny_model
     from orcaserve.scheduler import SamplingParams
 
     model = tiny_model("llama", args.smoke).to(device=dev, dtype=torch.float32)
@@ -202,7 +202,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shape", default="smollm2", choices=("smollm2", "llama8b"))
     ap.add_argument("--sides", default="on,off", help="graphs on and/or off")
     ap.add_argument("--no-exact", action="store_true", help="skip the fp32 on-vs-off exactness check")
-    from orcaserve.bench.serve_workload import add_offline_args
+    from orcaserve.bench.serve.workload import add_offline_args
 
     add_offline_args(ap)
     ap.set_defaults(num_prompts=256, max_num_seqs=256, max_num_batched_tokens=4096)
@@ -211,7 +211,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import torch
 
-    from orcaserve.bench.serve_workload import offline_workload_of, workload_sha256
+    from orcaserve.bench.serve.workload import offline_workload_of, workload_sha256
 
     dev = device("graphs", args.smoke)
     if isinstance(dev, dict):

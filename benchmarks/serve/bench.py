@@ -4,7 +4,7 @@ measures and how saturation is judged: docs/benchmark-serving.md "Load generator
 
     orcaserve-bench serve --url http://127.0.0.1:8080 --key-file key_file.json \\
         --model smollm2 --model smollm2-baseline --rates 0.25,0.5,1,2 --duration 40 \\
-        --out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png
+        --out docs/results/benchmark-serving.json --plot docs/benchmark-serving.png
     orcaserve-bench serve --endpoint http://127.0.0.1:8000/v1/completions --key none \\
         --model vllm --model-name smollm2 --concurrency 32 --num-requests 96 --out vllm.json
 """
@@ -18,11 +18,12 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
-from orcaserve.bench import cli, serve_local
+from orcaserve.bench import cli
 from orcaserve.bench.result import machine, update_doc
-from orcaserve.bench.serve_client import Result, run_one
-from orcaserve.bench.serve_report import BEGIN, END, command_line, markdown, plot, summarize, verdict
-from orcaserve.bench.serve_workload import Spec, _counts, _range, make_workload
+from orcaserve.bench.serve import local as serve_local
+from orcaserve.bench.serve.client import Result, run_one
+from orcaserve.bench.serve.report import BEGIN, END, command_line, markdown, plot, summarize, verdict
+from orcaserve.bench.serve.workload import Spec, _counts, _range, make_workload
 
 
 def read_key(args) -> str | None:

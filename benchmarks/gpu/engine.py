@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from orcaserve.bench.gpu_common import (
+from orcaserve.bench.gpu.common import (
     CONFIGS,
     SHAPES,
     SMOKE_SHAPE,
@@ -32,7 +32,7 @@ from orcaserve.bench.gpu_common import (
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    from orcaserve.bench.serve_workload import add_offline_args
+    from orcaserve.bench.serve.workload import add_offline_args
 
     ap.add_argument("what", choices=("exact", "throughput", "real"))
     ap.add_argument("--smoke", action="store_true", help="tiny sizes; without CUDA on the CPU under TRITON_INTERPRET=1")
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(0)
     # gpu_exact imports orcaserve's Triton kernels: only now that TRITON_INTERPRET is set.
-    from orcaserve.bench import gpu_exact
+    from orcaserve.bench.gpu import exact as gpu_exact
 
     step = {"exact": gpu_exact.run_exact, "real": gpu_exact.run_real, "throughput": run_throughput}[args.what]
     return step(args, dev)
@@ -78,9 +78,9 @@ def generate_batch_startup(model, args) -> float:
 def run_throughput(args, dev) -> dict:
     import torch
 
-    from orcaserve.bench import offline
-    from orcaserve.bench.gpu_common import torch_dtype
-    from orcaserve.bench.serve_workload import offline_workload_of, workload_sha256
+    from orcaserve.bench.engine import offline
+    from orcaserve.bench.gpu.common import torch_dtype
+    from orcaserve.bench.serve.workload import offline_workload_of, workload_sha256
 
     args.dtype = "fp32" if dev.type == "cpu" else args.dtype  # the interpreter computes bf16 wrongly
     model = shaped_model(dev, torch_dtype(args.dtype, dev), args.smoke, args.shape)

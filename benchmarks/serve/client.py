@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from orcaserve.bench.serve_workload import Spec, poisson_offsets
+from orcaserve.bench.serve.workload import Spec, poisson_offsets
 
 
 @dataclass

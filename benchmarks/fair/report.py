@@ -1,4 +1,4 @@
-"""Figures, goals, table and plot of benchmarks/fairness.py (one phase's records at a time), and
+"""Figures, goals, table and plot of benchmarks/fair/fairness.py (one phase's records at a time), and
 the bound on tenant B's latency beside a flood: an engine decode step with 1 row against one with
 `max_num_seqs` rows (docs/fair-share.md "Fair share between tenants (VTC)"). Even a request that
 never waits for a seat decodes each token in a step it shares with the flood's decodes, so its
@@ -11,7 +11,7 @@ import statistics
 from dataclasses import asdict
 
 from orcaserve.bench.result import markdown_table, pct, pyplot
-from orcaserve.bench.serve_client import Result
+from orcaserve.bench.serve.client import Result
 
 # VTC's default costs, as the archives use them: a prompt token 1, an output token 2.
 PROMPT_COST, OUTPUT_COST = 1.0, 2.0
@@ -155,7 +155,7 @@ def step_bound(max_num_seqs: int = 16, context: int = 120, steps: int = 20, roun
     """Median decode step (ms) with 1 row and with `max_num_seqs` rows, and their ratio: the default
     model as the archives run it, `context` near the benchmark's mean (80 + 40 tokens decoded
     halfway); the two sizes alternate over `rounds`, so a drift of the machine falls on both."""
-    from orcaserve.bench.slo import decode_steps
+    from orcaserve.bench.slo.slo import decode_steps
     from orcaserve.scheduler import Engine
     from orcaserve.scheduler.model.loader import default_model_path
 

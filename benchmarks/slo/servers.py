@@ -1,4 +1,4 @@
-"""The servers `orcaserve-bench slo-http` (benchmarks/slo_http.py) drives, each a context manager
+"""The servers `orcaserve-bench slo-http` (benchmarks/slo/over_http.py) drives, each a context manager
 that starts it, says how a request of a class is marked, and stops it whole: orcaserve inside a
 fresh TorchServe (serve_local.torchserve), vLLM's OpenAI server from its own venv (peers/parts.py
 `running`). Both run with slo.ENGINE_ARGS (the peers' limits, bf16), prefix caching off."""
@@ -12,9 +12,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Protocol
 
-from orcaserve.bench.harness import free_ports
-from orcaserve.bench.serve_local import orcaserve_archive, torchserve
-from orcaserve.bench.slo import ENGINE_ARGS
+from orcaserve.bench.serve.harness import free_ports
+from orcaserve.bench.serve.local import orcaserve_archive, torchserve
+from orcaserve.bench.slo.slo import ENGINE_ARGS
 
 CLASS_HEADER, TENANT_HEADER = "X-Slo-Class", "X-Tenant-Id"
 MODEL = "smollm2"
