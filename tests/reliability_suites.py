@@ -1,6 +1,6 @@
 """The reliability suites against a real TorchServe (docs/reliability.md).
 
-`tests/test_reliability_e2e.py` runs short versions in `make test`; the long ones run as a script:
+`tests/e2e/test_reliability_e2e.py` runs short versions in `make test`; the long ones run as a script:
 
     .venv/bin/python tests/reliability_suites.py --fuzz 500 --soak-minutes 10 --out reliability.json
     .venv/bin/python tests/reliability_suites.py --suites soak --soak-minutes 25   # one suite

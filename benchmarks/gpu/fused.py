@@ -33,7 +33,7 @@ from orcaserve.bench.gpu.common import DTYPES, Results, device, device_name, tor
 
 # name: (hidden, intermediate, H, H_kv, D)
 SHAPES = {"smollm2": (576, 1536, 9, 3, 64), "llama8b": (4096, 14336, 32, 8, 128)}
-RTOL = {torch.float32: 1e-5, torch.float16: 2**-9, torch.bfloat16: 2**-6}  # as tests/test_triton_fused.py
+RTOL = {torch.float32: 1e-5, torch.float16: 2**-9, torch.bfloat16: 2**-6}  # as tests/kernels/test_triton_fused.py
 GRAPH_CALLS = 20
 BLOCK_SIZE = 16
 

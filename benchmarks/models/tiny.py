@@ -86,7 +86,7 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "SmolLM3ForCausalLM": ("SmolLM3Config", {}),
     "Starcoder2ForCausalLM": ("Starcoder2Config", {}),
-    # Not served (tests/test_families.py checks the refusals):
+    # Not served (tests/model/test_families.py checks the refusals):
     "Gemma2ForCausalLM": ("Gemma2Config", {"head_dim": 16}),
     "StableLmForCausalLM": ("StableLmConfig", {}),
 }

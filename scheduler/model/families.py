@@ -3,7 +3,7 @@ at load that refuses the others (docs/serving.md "Supported architectures").
 
 A model outside these lists may well run through the transformers fallback and answer fluent,
 wrong text: a real Gemma 3 did, until its prompts got their BOS token back. So what has no
-token-exact test (tests/test_families.py) is refused when the model loads, never mid-request;
+token-exact test (tests/model/test_families.py) is refused when the model loads, never mid-request;
 `allow_unverified_architecture` lets a user try one at their own risk, with a warning.
 """
 
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
 # Served by transformers' own forward, attention routed through the paged cache (model_runner.py);
-# each has a tiny random-weight model in tests/tiny_models.py and passes tests/test_families.py.
+# each has a tiny random-weight model in benchmarks/models/tiny.py and passes tests/model/test_families.py.
 FALLBACK = (
     "Gemma3ForCausalLM",
     "GemmaForCausalLM",

@@ -19,7 +19,7 @@ from orcaserve.handler.metrics import GATEWAY_METRICS
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.33"  # the oldest Kubernetes the Inference Extension v1.3 supports here
 MODEL = "orca"  # the archive's name: orca.mar, /predictions/orca/..., ModelName="orca"
 

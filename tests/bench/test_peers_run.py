@@ -15,7 +15,7 @@ import torch
 
 from orcaserve.bench.peers import parts, run
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_arguments():

@@ -17,7 +17,7 @@ import ast
 from collections.abc import Collection
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 FOLDERS = {"scheduler": "orcaserve.scheduler", "handler": "orcaserve.handler", "kernels": "orcaserve.kernels"}
 
 # Circles being removed elsewhere in the same redesign (the scheduling policies as objects inside

@@ -82,7 +82,7 @@ def test_a_validation_error_names_its_engine_parameter():
 
 def test_the_engine_speaks_no_http():
     """scheduler/ imports nothing from handler/ and names no OpenAI error type or HTTP header."""
-    root = pathlib.Path(__file__).resolve().parent.parent / "scheduler"
+    root = pathlib.Path(__file__).resolve().parents[2] / "scheduler"
     for path in root.rglob("*.py"):
         source = path.read_text()
         for node in ast.walk(ast.parse(source)):

@@ -47,7 +47,7 @@ SCRIPT = textwrap.dedent(
 
 
 def test_engine_with_triton_backend_under_interpreter_matches_transformers():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=900

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TABLE = re.compile(r"<!-- current-table:begin[^>]*-->\n(.*?)\n<!-- current-table:end -->", re.S)
 
 

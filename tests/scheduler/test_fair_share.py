@@ -144,7 +144,7 @@ def test_no_idle_capacity_while_anyone_waits():
     """Each step that leaves requests waiting used its whole token budget, filled every sequence
     slot, preempted, found that the KV pool could not hold the request next in line (the
     head-of-line rule FCFS has too), or capped the prompts of tenants above their share beside
-    one below it (`fair_prefill_cap`, deliberately; tests/test_fair_prefill_cap.py)."""
+    one below it (`fair_prefill_cap`, deliberately; tests/scheduler/test_fair_prefill_cap.py)."""
     s = make(num_blocks=48, block_size=8, max_num_seqs=6, budget=48)
     refused: list[Request] = []
     allocate = s.kv.allocate_slots

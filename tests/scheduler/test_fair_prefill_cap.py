@@ -1,6 +1,6 @@
 """The `fair` policy's prompt cap (scheduler/core/fair_step.py, `cap_sets`): while a tenant below
 its share runs in a step, tenants above theirs compute at most `prefill_cap` prompt tokens in it.
-On hand-made model outputs (no model), driven as tests/test_seat_handover.py does."""
+On hand-made model outputs (no model), driven as tests/scheduler/test_seat_handover.py does."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ decoder running them.
 
 TRITON_INTERPRET=1 only takes effect if it is set before the kernels are defined, and another test
 module may already have defined them compiled, so the sections run in a child process
-(`python tests/test_triton_fused.py RESULTS_JSON SECTION...`) with the variable set. One child runs
+(`python tests/kernels/test_triton_fused.py RESULTS_JSON SECTION...`) with the variable set. One child runs
 every section (one start-up, ~10 s on 2 cores in all) and writes each section's outcome to a JSON
 file; each test reads its own. bf16 is computed wrongly by the interpreter: fp32 and fp16 here.
 
@@ -30,7 +30,7 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Relative tolerance of the norm and SiLU outputs against the twin: a few fp32 ulp (sum order, the
 # GPU's rsqrt and exp), two ulp of the half types (the value rounded before the last product may

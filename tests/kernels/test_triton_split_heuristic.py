@@ -24,7 +24,7 @@ import torch
 
 from orcaserve.kernels.triton.launch_config import choose_num_splits
 
-TABLE = Path(__file__).resolve().parent.parent / "docs/results/gpu-h200-2026-12-04/kernels.json"
+TABLE = Path(__file__).resolve().parents[2] / "docs/results/gpu-h200-2026-12-04/kernels.json"
 NOISY = {(32, 8, 2, 4096)}  # (heads, kv_heads, batch, context): see the module docstring
 
 

@@ -3,7 +3,7 @@
 It starts the real supervisor (`SupervisorLink.start`), reports requests and writes frames through
 the locked socket like the handler does, then "dies" (closes its end of the event pipe); the
 frames the supervisor writes for the open requests are read back and decoded. The replacement
-path needs TorchServe and a model: tests/test_reliability_e2e.py covers it.
+path needs TorchServe and a model: tests/e2e/test_reliability_e2e.py covers it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 TRITON_INTERPRET=1 only takes effect if it is set before the kernels are defined, and another
 test module may already have imported them in compiled mode. So each section runs in a fresh
-child process (`python tests/test_triton_kernels.py <section>`) with the variable set; pytest only
+child process (`python tests/kernels/test_triton_kernels.py <section>`) with the variable set; pytest only
 launches the children and checks their exit status. Tiles are large (few programs) because the
 interpreter's cost is per program and per op.
 
@@ -273,7 +273,13 @@ if DEVICE != "cpu":  # what the interpreter cannot check (it computes bf16 wrong
 
 @pytest.mark.parametrize("section", list(SECTIONS))
 def test_kernel_section(section):
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # Run as a script, this file finds the shared helpers (attention_cases.py) one folder up.
+    helpers = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(
+        os.environ,
+        TRITON_INTERPRET="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [helpers, os.environ.get("PYTHONPATH")])),
+    )
     if DEVICE != "cpu":
         if not (DEVICE.startswith("cuda") and torch.cuda.is_available()):
             pytest.skip(f"ORCASERVE_TEST_DEVICE={DEVICE} but torch sees no CUDA device")

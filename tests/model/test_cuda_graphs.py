@@ -261,7 +261,7 @@ TRITON_SCRIPT = textwrap.dedent(
 def _interpreted(script: str, done: str, timeout: int) -> None:
     """`script` in a child process under TRITON_INTERPRET=1 (set before any kernel is defined),
     from the repository root; it must exit 0 and print `done`."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, TRITON_INTERPRET="1")
     cmd = [sys.executable, "-c", script]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
@@ -279,7 +279,7 @@ def test_the_triton_kernels_leave_pad_rows_and_skipped_slots_alone():
 def test_gpu_graphs_benchmark_smoke(tmp_path):
     """`orcaserve-bench gpu graphs` (gpu_check.sh's step engine_graphs, GPU only) runs on the CPU with
     --smoke: its plumbing, so a GPU session does not find it broken."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "graphs.json"
     proc = subprocess.run(
         [*command("gpu"), "graphs", "--smoke", "--out", str(out)],

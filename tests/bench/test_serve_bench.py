@@ -23,7 +23,7 @@ from orcaserve.bench.serve.harness import TorchServe
 
 pytestmark = pytest.mark.slow  # starts HTTP servers and runs the load generator against them
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
