@@ -83,12 +83,12 @@ archive-baseline: $(STAMP)
 	$(BENCH) baseline --export-path $(STORE)
 
 bench-offline: venv
-	$(BENCH) offline --out benchmarks/results/offline.json
+	$(BENCH) offline --out docs/results/offline.json
 
 # orcaserve vs the baseline in one TorchServe started for the run, the same seeded Poisson sweep.
 bench-serving: venv
 	$(BENCH) serve --start-torchserve --rates 0.5,1,2,4,8 --num-requests 16,24,32,48,128 \
-		--out benchmarks/results/benchmark-serving.json --plot docs/benchmark-serving.png
+		--out docs/results/benchmark-serving.json --plot docs/benchmark-serving.png
 
 # Every Triton kernel configuration built for sm_80 and sm_90 offline (no GPU needed).
 compile-check: $(STAMP)
@@ -97,7 +97,7 @@ compile-check: $(STAMP)
 # ---- orcaserve vs vLLM's CPU backend and llama.cpp's server (docs/peers.md) --------------------
 # vLLM in its own venv (benchmarks/peers/.venv-vllm) and llama.cpp built from source
 # (benchmarks/peers/.llamacpp), both idempotent, then the systems one after the other: JSON
-# benchmarks/results/peers.json, docs/peers.png, the table in docs/peers.md.
+# docs/results/peers.json, docs/peers.png, the table in docs/peers.md.
 # A subset or a smoke run: make bench-peers PEERS_ARGS="--systems vllm --dtypes bf16 --workloads offline"
 # or PEERS_ARGS="--smoke --work /tmp/peers".
 PEERS_ARGS ?=

@@ -20,18 +20,30 @@ from orcaserve.bench import result
 
 # name -> (module, what it measures). The module is imported only when its subcommand runs.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "offline": ("orcaserve.bench.offline", "offline throughput: the engine vs transformers' generate, one workload"),
-    "serve": ("orcaserve.bench.serve_bench", "load generator: TTFT/TPOT/latency vs rate, TorchServe or any OpenAI URL"),
+    "offline": (
+        "orcaserve.bench.engine.offline",
+        "offline throughput: the engine vs transformers' generate, one workload",
+    ),
+    "serve": ("orcaserve.bench.serve.bench", "load generator: TTFT/TPOT/latency vs rate, TorchServe or any OpenAI URL"),
     "peers": ("orcaserve.bench.peers.run", "orcaserve vs vLLM's CPU backend and llama.cpp's server, offline and HTTP"),
     "baseline": ("orcaserve.bench.baseline.baseline_archive", "archive of the baseline: TorchServe's batching"),
-    "fair": ("orcaserve.bench.fairness", "two tenants, one flooding: token shares and the quiet tenant's latency"),
-    "prefix": ("orcaserve.bench.prefix_cache", "prefix caching on vs off, and a timing probe across tenants"),
+    "fair": ("orcaserve.bench.fair.fairness", "two tenants, one flooding: token shares and the quiet tenant's latency"),
+    "prefix": ("orcaserve.bench.engine.prefix_cache", "prefix caching on vs off, and a timing probe across tenants"),
     "kernels": ("", "CPU GEMMs (bf16/fp32 and quantized) against torch's, ms per call"),
-    "host": ("orcaserve.bench.host_overhead", "host work per step on a stub device, sync vs async scheduling"),
-    "quality": ("orcaserve.bench.int8_quality", "top-1 agreement and KL of int8 activations against the fp32 model"),
-    "slo": ("orcaserve.bench.slo", "latency targets: interactive beside a flood, attainment and goodput vs fcfs"),
-    "slo-http": ("orcaserve.bench.slo_http", "slo's workload over HTTP: orcaserve's classes vs vLLM's priority policy"),
-    "tp": ("orcaserve.bench.tensor_parallel", "tensor parallel ranks vs one process: tok/s, collectives' share, RSS"),
+    "host": ("orcaserve.bench.engine.host_overhead", "host work per step on a stub device, sync vs async scheduling"),
+    "quality": (
+        "orcaserve.bench.cpu.int8_quality",
+        "top-1 agreement and KL of int8 activations against the fp32 model",
+    ),
+    "slo": ("orcaserve.bench.slo.slo", "latency targets: interactive beside a flood, attainment and goodput vs fcfs"),
+    "slo-http": (
+        "orcaserve.bench.slo.over_http",
+        "slo's workload over HTTP: orcaserve's classes vs vLLM's priority policy",
+    ),
+    "tp": (
+        "orcaserve.bench.engine.tensor_parallel",
+        "tensor parallel ranks vs one process: tok/s, collectives' share, RSS",
+    ),
     "gpu": ("", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
 
@@ -39,22 +51,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # module is imported (the GPU check's preflight must run where torch does not import).
 STEPS: dict[str, dict[str, tuple[str, str]]] = {
     "kernels": {
-        "gemm": ("orcaserve.bench.gemm", "bf16/fp32 GEMMs at SmolLM2's shapes, ms per call"),
-        "quant": ("orcaserve.bench.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
-        "int8": ("orcaserve.bench.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
+        "gemm": ("orcaserve.bench.cpu.gemm", "bf16/fp32 GEMMs at SmolLM2's shapes, ms per call"),
+        "quant": ("orcaserve.bench.cpu.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
+        "int8": ("orcaserve.bench.cpu.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
     },
     "gpu": {
-        "preflight": ("orcaserve.bench.gpu_preflight", "versions, GPU, API probes; whether the steps can run"),
-        "engine": ("orcaserve.bench.gpu_engine", "engine on the GPU: exact (vs transformers), throughput, real model"),
-        "kernels": ("orcaserve.bench.gpu_kernels", "Triton attention: decode bandwidth, prefill TFLOP/s, split-K"),
-        "graphs": ("orcaserve.bench.gpu_graphs", "CUDA graphs on vs off: decode step times, end to end, exactness"),
-        "fused": ("orcaserve.bench.gpu_fused", "the decoder's fused Triton kernels vs the PyTorch ops they replace"),
-        "startup": ("orcaserve.bench.startup_cost", "import, custom-op registration and engine start-up times"),
-        "summary": ("orcaserve.bench.gpu_summary", "summary.json from the steps' results (gpu_check.sh)"),
+        "preflight": ("orcaserve.bench.gpu.preflight", "versions, GPU, API probes; whether the steps can run"),
+        "engine": ("orcaserve.bench.gpu.engine", "engine on the GPU: exact (vs transformers), throughput, real model"),
+        "kernels": ("orcaserve.bench.gpu.attention", "Triton attention: decode bandwidth, prefill TFLOP/s, split-K"),
+        "graphs": ("orcaserve.bench.gpu.graphs", "CUDA graphs on vs off: decode step times, end to end, exactness"),
+        "fused": ("orcaserve.bench.gpu.fused", "the decoder's fused Triton kernels vs the PyTorch ops they replace"),
+        "startup": ("orcaserve.bench.gpu.startup_cost", "import, custom-op registration and engine start-up times"),
+        "summary": ("orcaserve.bench.gpu.summary", "summary.json from the steps' results (gpu_check.sh)"),
     },
 }
 
-# This run's arguments (serve_bench.py records them).
+# This run's arguments (serve/bench.py records them).
 ARGV: list[str] = []
 
 

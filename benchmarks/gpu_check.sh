@@ -122,7 +122,7 @@ run_step() {
     summarize
 }
 
-TESTS=("$PY" -m pytest -q -rA -p no:cacheprovider tests/test_triton_kernels.py --junitxml="$WORK/tests.xml")
+TESTS=("$PY" -m pytest -q -rA -p no:cacheprovider tests/kernels/test_triton_kernels.py --junitxml="$WORK/tests.xml")
 if [ "$DRY" = 1 ]; then
     # CPU plumbing: one interpreter section, tiny sizes everywhere.
     run_step tests 300 "$RESULTS/tests.log" "${TESTS[@]}" -k store_fp32
@@ -155,8 +155,8 @@ else
     [ "${GPU_CHECK_PADDED:-0}" = 1 ] && SYSTEMS=orcaserve,generate
     THROUGHPUT=("${G[@]}" engine throughput --configs gpu)
     run_step engine_throughput 90 "$E" "${THROUGHPUT[@]}" --systems "$SYSTEMS" --out "$WORK/throughput.json"
-    # The dry run's step set is fixed (tests/test_gpu_check_dry.py): the CPU runs graphs and fused
-    # --smoke in tests/test_cuda_graphs.py and tests/test_triton_fused.py instead.
+    # The dry run's step set is fixed (tests/bench/test_gpu_check_dry.py): the CPU runs graphs and fused
+    # --smoke in tests/model/test_cuda_graphs.py and tests/kernels/test_triton_fused.py instead.
     run_step engine_graphs 110 "$E" "${G[@]}" graphs --out "$WORK/graphs.json"
     run_step engine_generate_batch 75 "$E" "${THROUGHPUT[@]}" --systems generate_batch --out "$WORK/generate_batch.json"
     # The 8B shape (GPU only): decode steps against their bytes bound and 256 prompts end to end,

@@ -1,5 +1,6 @@
-"""The kernels: attention backends (PyTorch twins, Triton, the C++ CPU operators), the CPU dispatch
-table (`dispatch.py`) and the linear layers (`linear.py`)."""
+"""The kernels: attention backends (PyTorch twins, Triton, the C++ CPU operators) behind one contract
+(`attention_backend.py`) and picked by name (`backends.py`), the CPU dispatch table (`dispatch.py`)
+and the linear layers (`linear.py`)."""
 
 import sys
 from types import ModuleType
@@ -17,8 +18,10 @@ if _pypi is not None:
     # The helper was imported as a submodule of this folder; PyPI's package has no such module.
     del sys.modules[f"{__name__}.pypi_shadow"]
 else:
-    from orcaserve.kernels.attention import AttentionBackend, TorchBackend, get_backend
+    from orcaserve.kernels.attention_backend import AttentionBackend
+    from orcaserve.kernels.backends import get_backend
     from orcaserve.kernels.pytorch.attention import TorchAttentionPlan, store_kv, unified_attention
+    from orcaserve.kernels.pytorch.backend import TorchBackend
 
 __all__ = [
     "AttentionBackend",

@@ -50,7 +50,7 @@ def takes(kernel: str, weight: torch.Tensor) -> bool:
 PLAIN_FROM_ROWS = 384
 
 # The row count MKL is told it packs for. Its packed layout of the weight does not depend on it
-# (same size, and results bit for bit F.linear's at every count: tests/test_decoder_linear.py),
+# (same size, and results bit for bit F.linear's at every count: tests/model/test_decoder_linear.py),
 # so one packed copy serves every step.
 MKL_PACK_ROWS = 32
 

@@ -19,8 +19,9 @@ import torch
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
 from orcaserve.scheduler.model.grammar import Grammars
-from orcaserve.scheduler.model.logprobs import TokenLogprob, token_logprobs
+from orcaserve.scheduler.model.logprobs import token_logprobs
 from orcaserve.scheduler.model.model_runner import ModelRunner
 from orcaserve.scheduler.model.sampler import Sampler
 

@@ -8,7 +8,7 @@ import time
 
 import requests
 
-from orcaserve.bench.harness import TorchServe
+from orcaserve.bench.serve.harness import TorchServe
 from orcaserve.scheduler import Engine, SamplingParams
 
 # Greedy prompts of the end-to-end suites.

@@ -1,6 +1,6 @@
 """The reliability suites against a real TorchServe (docs/reliability.md).
 
-`tests/test_reliability_e2e.py` runs short versions in `make test`; the long ones run as a script:
+`tests/e2e/test_reliability_e2e.py` runs short versions in `make test`; the long ones run as a script:
 
     .venv/bin/python tests/reliability_suites.py --fuzz 500 --soak-minutes 10 --out reliability.json
     .venv/bin/python tests/reliability_suites.py --suites soak --soak-minutes 25   # one suite
@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from openai_http import CHAT, COMPLETIONS, PROMPTS, call, expected, metric, read_stream  # noqa: E402
 
-from orcaserve.bench.harness import REPO, TorchServe  # noqa: E402
+from orcaserve.bench.serve.harness import REPO, TorchServe  # noqa: E402
 from orcaserve.handler.archive import build  # noqa: E402
 from orcaserve.scheduler import Engine, default_model_path  # noqa: E402
 

@@ -75,7 +75,7 @@ class BaselineHandler:
     def _parse(self, item: dict, idx: int, context: Any):
         from orcaserve.handler.openai.body import decode_body
         from orcaserve.handler.openai.protocol import ProtocolError, parse_request, route
-        from orcaserve.scheduler.serving.prompt import encode_prompt
+        from orcaserve.scheduler.prompt import encode_prompt
 
         kind = route(context.get_request_header(idx, "url_path"))
         raw = item.get("body") if item.get("body") is not None else item.get("data")

@@ -35,7 +35,7 @@ def llamacpp_http(args, model, dtype: str, work: Path) -> dict:
     """Only the `gguf` cell: llama.cpp serves the file's own quantized weights."""
     if dtype != "gguf":
         raise ValueError("llama.cpp runs the gguf cell only (the file's own weights)")
-    from orcaserve.bench.harness import free_ports
+    from orcaserve.bench.serve.harness import free_ports
 
     [port] = free_ports(1)
     cmd = server_command(model.gguf_path(), port, len(os.sched_getaffinity(0)))
@@ -47,7 +47,7 @@ def greedy_next(gguf: str, prefixes: list[list[int]]) -> list[int]:
     its server's /completion (one token, temperature 0, its top-1 log-probability, the prompt's
     cache reused): what
     `orcaserve-bench quality --llamacpp` compares with the fp32 model's top-1."""
-    from orcaserve.bench.harness import free_ports
+    from orcaserve.bench.serve.harness import free_ports
 
     [port] = free_ports(1)
     work = Path(tempfile.mkdtemp(prefix="orcaserve-llamacpp."))

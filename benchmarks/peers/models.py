@@ -3,7 +3,7 @@ file each system reads at each size, and how the ones that are not shipped get m
 
 - `smollm2`: SmolLM2-135M-Instruct's shipped GGUF (orcaserve dequantizes it for fp32/bf16);
   vLLM reads its fp32 HF conversion (convert_model.py).
-- `1b`: random weights in Llama-3.2-1B's shapes (benchmarks/random_checkpoint.py); its GGUF made
+- `1b`: random weights in Llama-3.2-1B's shapes (benchmarks/models/random_checkpoint.py); its GGUF made
   by llama.cpp's own converter and quantizer, the default model's recipe (Q4_1 layers, Q8_0
   embedding). `1b-q4_0`, `1b-q4_k_m`: the same checkpoint with Q4_0 layers, or llama-quantize's
   Q4_K_M recipe. EOS is ignored and prompts are random ids: random weights do not change the work.
@@ -72,7 +72,7 @@ def prepare(model: PeerModel, systems: list[str], dtypes: list[str], work: Path)
             convert(["--out", str(model.hf_dir)])
         return
     if not (model.hf_dir / "config.json").exists():
-        from orcaserve.bench.random_checkpoint import checkpoint_path
+        from orcaserve.bench.models.random_checkpoint import checkpoint_path
 
         checkpoint_path("1b", str(model.hf_dir))
     if set(dtypes) & set(ENGINE_OPTIONS) and not model.gguf.exists():

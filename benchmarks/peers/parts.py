@@ -170,7 +170,7 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
 
 
 def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
-    from orcaserve.bench.serve_local import orcaserve_archive, torchserve
+    from orcaserve.bench.serve.local import orcaserve_archive, torchserve
 
     overrides = {**ENGINE_LIMITS, "dtype": TORCH_DTYPE[dtype], **ENGINE_OPTIONS.get(dtype, {})}
     root = work / f"torchserve-{model.name}-{dtype}"
@@ -235,7 +235,7 @@ def vllm_server_cmd(hf_dir: Path, name: str, port: int, dtype: str, seed: int, *
 
 
 def vllm_http(args, model, dtype: str, work: Path) -> dict:
-    from orcaserve.bench.harness import free_ports
+    from orcaserve.bench.serve.harness import free_ports
 
     [port] = free_ports(1)
     cmd = vllm_server_cmd(model.hf_dir, model.name, port, TORCH_DTYPE[dtype], args.seed)

@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="unrecorded HTTP requests per system first")
     p.add_argument("--warmup-load", type=int, default=96, help="then unrecorded HTTP requests of the measured kind")
     p.add_argument("--server-timeout", type=float, default=900, help="seconds for a peer's server to come up")
-    p.add_argument("--out", default=None, help="JSON (default: benchmarks/results/peers.json; --smoke: in --work)")
+    p.add_argument("--out", default=None, help="JSON (default: docs/results/peers.json; --smoke: in --work)")
     p.add_argument("--png", default=None, help="bar chart (default: docs/peers.png; --smoke: in --work)")
     p.add_argument("--doc", default=None, help="doc whose peers-results section gets the table; default: none")
     p.add_argument("--work", default=None, help="scratch dir for logs and raw results (default: a new temp dir)")
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> dict:
     work = Path(args.work or tempfile.mkdtemp(prefix="orcaserve-peers."))
     work.mkdir(parents=True, exist_ok=True)
     for name, default in (
-        ("out", REPO / "benchmarks" / "results" / "peers.json"),
+        ("out", REPO / "docs" / "results" / "peers.json"),
         ("png", REPO / "docs" / "peers.png"),
     ):
         if getattr(args, name) is None:  # a smoke run's figures mean nothing: keep them out of the docs

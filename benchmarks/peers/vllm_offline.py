@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 
-from orcaserve.bench.serve_workload import add_offline_args, offline_workload_of, workload_sha256
+from orcaserve.bench.serve.workload import add_offline_args, offline_workload_of, workload_sha256
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 DTYPES.update({v: v for v in DTYPES.values()})

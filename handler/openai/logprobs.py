@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orcaserve.scheduler.model.logprobs import TokenLogprob
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
 
 # JSON has no -Infinity: a token the model rules out (a masked vocabulary entry) gets this floor,
 # as vLLM does.

@@ -15,9 +15,10 @@ from typing import Any
 import torch
 
 from orcaserve.kernels import dispatch
-from orcaserve.kernels.attention import AttentionBackend, TorchBackend
+from orcaserve.kernels.attention_backend import AttentionBackend
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.pytorch import attention as torch_attention
+from orcaserve.kernels.pytorch.backend import TorchBackend
 
 log = logging.getLogger(__name__)
 

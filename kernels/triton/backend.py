@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from orcaserve.kernels.attention import AttentionBackend
+from orcaserve.kernels.attention_backend import AttentionBackend
 from orcaserve.kernels.triton.attention import choose_num_splits, num_sms, unified_attention
 from orcaserve.kernels.triton.store_kv import store_kv
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orcaserve.scheduler.model.logprobs import TokenLogprob
+    from orcaserve.scheduler.core.token_logprob import TokenLogprob
 
 
 @dataclass(slots=True)

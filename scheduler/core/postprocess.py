@@ -23,8 +23,8 @@ from orcaserve.scheduler.core.scheduler import Scheduler
 from orcaserve.scheduler.core.stats import EngineStats
 
 if TYPE_CHECKING:
+    from orcaserve.scheduler.core.token_logprob import TokenLogprob
     from orcaserve.scheduler.detokenizer import IncrementalDetokenizer
-    from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 log = logging.getLogger(__name__)
 FINISHED = RequestStatus.FINISHED

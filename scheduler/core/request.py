@@ -16,8 +16,8 @@ from orcaserve.scheduler.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.slo_class import SloClass
+    from orcaserve.scheduler.core.token_logprob import TokenLogprob
     from orcaserve.scheduler.model.grammar import GrammarState
-    from orcaserve.scheduler.model.logprobs import TokenLogprob
 
 _arrival_counter = itertools.count()
 PLACEHOLDER = -1  # a token the device is still sampling (docs/host-overlap.md "Placeholders")

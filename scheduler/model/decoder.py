@@ -8,7 +8,8 @@ built), its `vdpbf16ps` GEMM (bf16 with AVX-512 BF16 and no AMX) or in oneDNN's 
 (bf16 elsewhere; `linear.py`), and attention straight through the backend. The element-wise math
 (RMSNorm, rotary embedding, SiLU) is written exactly as transformers writes it, and the rotary
 tables come from the model's own `rotary_emb`, so any rope type it supports is supported here.
-Models outside the family use the transformers forward (`ModelRunner`).
+Which models it serves is `families.lean_supports`; the others use the transformers forward
+(`ModelRunner`).
 """
 
 from __future__ import annotations
@@ -26,14 +27,6 @@ from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.kernels.quant import QuantLinear
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
-
-SUPPORTED = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-
-
-def supports(model: Any) -> bool:
-    """True for the architectures this forward reproduces (SiLU MLP, no extra multipliers)."""
-    cfg = model.config
-    return type(model).__name__ in SUPPORTED and getattr(cfg, "hidden_act", "silu") == "silu"
 
 
 def padded_tokens(t: int, multiple: int) -> int:

@@ -3,7 +3,7 @@ at load that refuses the others (docs/serving.md "Supported architectures").
 
 A model outside these lists may well run through the transformers fallback and answer fluent,
 wrong text: a real Gemma 3 did, until its prompts got their BOS token back. So what has no
-token-exact test (tests/test_families.py) is refused when the model loads, never mid-request;
+token-exact test (tests/model/test_families.py) is refused when the model loads, never mid-request;
 `allow_unverified_architecture` lets a user try one at their own risk, with a warning.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from orcaserve.scheduler.model.decoder import SUPPORTED as LEAN
-from orcaserve.scheduler.model.decoder import supports as lean_supports
-
 log = logging.getLogger(__name__)
 
+# Served by the lean decoder (decoder.py), which reproduces these (SiLU MLP, no extra multipliers).
+LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+
 # Served by transformers' own forward, attention routed through the paged cache (model_runner.py);
-# each has a tiny random-weight model in tests/tiny_models.py and passes tests/test_families.py.
+# each has a tiny random-weight model in benchmarks/models/tiny.py and passes tests/model/test_families.py.
 FALLBACK = (
     "Gemma3ForCausalLM",
     "GemmaForCausalLM",
@@ -32,6 +32,11 @@ FALLBACK = (
     "Starcoder2ForCausalLM",
 )
 PROVEN = LEAN + FALLBACK
+
+
+def lean_supports(model: Any) -> bool:
+    """True for the models the lean decoder (decoder.py) serves: its architectures, SiLU MLP."""
+    return type(model).__name__ in LEAN and getattr(model.config, "hidden_act", "silu") == "silu"
 
 
 class UnsupportedArchitecture(ValueError):

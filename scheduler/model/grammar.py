@@ -48,7 +48,7 @@ def _no_raw_controls(ebnf: str) -> str:
     """xgrammar 0.2.9 lets a string with a length bound (`maxLength`, ...) hold raw control
     characters (its character class excludes only quote, backslash, CR and LF), which JSON forbids
     unescaped; its unbounded strings exclude U+0000-U+001F. Found by the fuzz test in
-    tests/test_structured_engine.py; excluded here the way the unbounded strings do."""
+    tests/engine/test_structured_engine.py; excluded here the way the unbounded strings do."""
     return ebnf.replace(r"[^\"\\\r\n]", r"[^\0-\x1f\"\\\r\n]")
 
 

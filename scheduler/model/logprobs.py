@@ -1,35 +1,21 @@
-"""Log-probabilities of sampled tokens and of the most likely alternatives (OpenAI's `logprobs`)."""
+"""Log-probabilities of sampled tokens and of the most likely alternatives (OpenAI's `logprobs`),
+computed from a step's logits into `TokenLogprob`s (scheduler/core/token_logprob.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from orcaserve.scheduler.core.request import Request
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """A sampled token's log-probability, and the `top` most likely tokens at its position
-    (`SamplingParams.logprobs` of them, most likely first, as (token id, log-probability)).
-
-    Both come from the model's own distribution, before penalties, temperature and top-k/p/min-p
-    (vLLM's default, `raw_logprobs`): what the model thinks of a token, whatever the request
-    then did to pick it."""
-
-    token_id: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
-
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
 
 _CHUNK = 64
 
 
 def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`x.topk(k, dim=-1)` for [W, V] rows, in a fifth to a third of its time on a step's logits
-    (`benchmarks/logprobs.py`).
+    (docs/performance-log.md, "Log-probabilities and echo: what they cost").
 
     The k largest entries lie in the k chunks of `_CHUNK` with the largest maxima: a chunk's
     maximum reaches the k-th largest value only if the chunk holds one of the k, so at most k

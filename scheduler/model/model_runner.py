@@ -16,7 +16,7 @@ from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
 from orcaserve.scheduler.model.cuda_graphs import CudaGraphRunner
 from orcaserve.scheduler.model.decoder import Decoder
-from orcaserve.scheduler.model.decoder import supports as decoder_supports
+from orcaserve.scheduler.model.families import lean_supports
 from orcaserve.scheduler.model.step_buffers import StepBuffers
 
 ATTN_NAME = "orcaserve_paged"
@@ -110,7 +110,7 @@ class ModelRunner:
         self.device = device
         model.set_attn_implementation(ATTN_NAME)
         # Llama-family models run through the lean forward; others through transformers'.
-        self.decoder = self._make_decoder(model) if decoder_supports(model) else None
+        self.decoder = self._make_decoder(model) if lean_supports(model) else None
         max_blocks = -(-max_model_len // block_size) + 1
         self.buffers = StepBuffers(max_num_batched_tokens, max_num_seqs, max_blocks, block_size, device)
         self.graphs = (

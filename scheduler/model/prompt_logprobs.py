@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from orcaserve.scheduler.model.logprobs import TokenLogprob, top_k
+from orcaserve.scheduler.core.token_logprob import TokenLogprob
+from orcaserve.scheduler.model.logprobs import top_k
 from orcaserve.scheduler.model.model_runner import ModelRunner, StepContext, StepLayout
 
 MAX_ROWS = 256  # prompt tokens per chunk: [256, V] fp32 logits are 50 MB for a 49,152-token vocabulary

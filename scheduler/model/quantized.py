@@ -33,7 +33,7 @@ _QUANT_ROWS = 8192  # rows quantized at once (quantize_for): bounds the fp32 tem
 # 4- or 8-bit codes: 6 and 10 bits a weight, against the file's 4.5 and 6.5625.
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q4_k": 24, "q6_k": 40}
 # int4's block format: q4_1 (a scale and a min per block, 20 bytes a block against q4_0's 18), by
-# the quality table of docs/serving.md "Quantized weights" (benchmarks/quant_quality.py). Its
+# the quality table of docs/performance-log.md "Quantized weights: load, quality and decode speed". Its
 # lm_head (often tied to the embedding, and the layer whose error reaches the logits unmixed)
 # stays q8_0, as llama.cpp's Q4 files keep their output tensor at 6-8 bits.
 MODE_FORMATS = {"int8": ("q8_0", "q8_0"), "int4": ("q4_1", "q8_0")}  # (layers, lm_head)

@@ -8,7 +8,7 @@ by tensor from the file: a projection the lean decoder quantizes (quantized.line
 codes and never keeps its dense weight; everything else is set dense in the engine's dtype. Each
 tensor is first made exactly as transformers' loader makes it in fp32 (safetensors upcast; a GGUF
 through gguf_blocks.stream_gguf), so the codes and dense tensors are those of the fp32 load followed
-by quantize_model and the cast to dtype, bit for bit (tests/test_quantized_load.py).
+by quantize_model and the cast to dtype, bit for bit (tests/model/test_quantized_load.py).
 """
 
 from __future__ import annotations

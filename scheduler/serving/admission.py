@@ -44,7 +44,8 @@ class Admission:
 
     Tokenizing a prompt (or rendering a chat template) costs about 2.5 s per MiB of text on the
     2-core machine. On the engine thread, 8 prompts of 1 MiB, each refused in the end,
-    stopped every stream for 20 s (benchmarks/admission.py). Here it runs beside the engine with
+    stopped every stream for 20 s (docs/performance-log.md, "Reliability: oversized prompts against
+    other streams"). Here it runs beside the engine with
     a tokenizer of its own (fast tokenizers are not thread-safe; they release the GIL while they
     encode), `nice` steps lower in CPU priority, so the cores go to the engine's threads first.
     Structured outputs' grammars compile here too, into the engine's cache (model/grammar.py).

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from orcaserve.scheduler.model.decoder import supports as lean_supports
+from orcaserve.scheduler.model.families import lean_supports
 from orcaserve.scheduler.model.parallel.shard import EMBED, HEAD, Shard, TensorParallelUnsupported
 from orcaserve.scheduler.model.stream_load import _put, _skeleton
 

@@ -19,7 +19,7 @@
 // 3 vectors per row, k ascending from the bias), its sums carried in an fp32 buffer from chunk to
 // chunk. An fp32 value stored and reloaded is unchanged, so every output element is the same FMA
 // chain, in the same order, as linear_packed's on dequantize(codes): bit for bit its result, for
-// any row count or thread split (tests/test_quant_gemm.py). bf16 x is widened first, the sum
+// any row count or thread split (tests/kernels/test_quant_gemm.py). bf16 x is widened first, the sum
 // rounded once to bf16. Up to kFusedRows rows (2 on AVX2, 4 on AVX-512) the widening pass would
 // dominate: there each code is widened in a register and fed straight to the FMAs, in the same
 // order, nothing stored.

@@ -1,0 +1,1 @@
+"""Fair share between tenants over a real TorchServe (`orcaserve-bench fair`) and its report."""
