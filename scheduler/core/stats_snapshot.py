@@ -4,18 +4,19 @@ latency classes and step-cost model, built on the loop thread after each step an
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.stats import EngineStats, SloCounts
 from orcaserve.scheduler.core.step_cost import StepCostModel
 
 
-@dataclass(frozen=True)
-class TenantSnapshot:
-    """One tenant's requests and service (`fair_share.Tenant`)."""
+class TenantSnapshot(NamedTuple):
+    """One tenant's requests and service (`fair_share.Tenant`); a tuple, as it is built for every
+    tenant after every step."""
 
     name: str | None  # None: requests that name no tenant
     prompt_tokens: int
@@ -37,7 +38,7 @@ def tenant_snapshots(shares: TenantShares) -> tuple[TenantSnapshot, ...]:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StatsSnapshot:
     """The engine's numbers at one moment; field meanings as in `EngineStats`."""
 
@@ -84,7 +85,7 @@ class StatsSnapshot:
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits,
             kv_blocks_cached_free=stats.kv_blocks_cached_free,
-            slo={name: dataclasses.replace(counts) for name, counts in stats.slo.items()},
+            slo={name: copy.copy(counts) for name, counts in stats.slo.items()},
             tenants=tenant_snapshots(shares),
             step_time_predicted=cost.last_predicted,
             step_time_measured=cost.last_measured,
