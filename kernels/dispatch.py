@@ -27,6 +27,10 @@ Why each cell is what it is (measurements in docs/performance-log.md):
 - linear, bf16: without native bf16 (avx2, avx512) the project's fp32 GEMM widening bf16 panels
   (oneDNN cannot pack bf16 on AVX2 and emulates it on AVX-512, slower on Ice Lake); with
   AVX-512 BF16 and no AMX (Zen 4) the vdpbf16ps GEMM; with AMX oneDNN's tiles.
+- linear_gemv, bf16 (1-4 rows): the project's GEMMs, whose GEMV-shaped calls stream each thread's
+  share of the panels with a prefetch ahead (gemm/panels.h); on AMX the vdpbf16ps GEMM on a second
+  copy of the weight, oneDNN's tiles keeping the larger steps (docs/architecture.md, "Dispatch").
+  fp32 and the GGUF formats take their GEMV shape inside the op their row names (same layout).
 - linear_quant, per GGUF block format (q8_0, q4_0, q4_1, q4_k, q6_k; `kernels/quant.py`): the
   project's GEMM over packed codes (gemm_quant.cpp), bit for bit its fp32 GEMM on the dequantized weight. torch's
   `_weight_int8pack_mm` / `_weight_int4pack_mm_for_cpu` beat bf16 only at a few rows and lost to
@@ -91,6 +95,17 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
             "onednn",
         ),
         ("onednn", "torch"),
+    ),
+    # The same layers' GEMV-shaped calls (a decode step of 1-4 streams, linear.GEMV_ROWS): the
+    # project's GEMMs stream their panels there; where the row above names another library (AMX:
+    # oneDNN), the layer keeps a second copy packed for this one.
+    ("linear_gemv", "bfloat16"): (
+        (
+            "torch",
+            *_o("linear_packed", "avx2", "avx512"),
+            *_o("linear_packed_bf16", "avx512_bf16", "amx"),
+        ),
+        ("torch",),
     ),
     # GGUF block formats (kernels/quant.py), the "dtype" a format name: the project's GEMM over codes.
     ("linear_quant", "q8_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),

@@ -55,6 +55,21 @@ PLAIN_FROM_ROWS = 384
 MKL_PACK_ROWS = 32
 
 
+# Rows up to which a call is GEMV-shaped (a decode step of 1-4 streams; the C++ GEMMs' kStreamRows):
+# its weight's read is nearly its whole cost. The dispatch table's `linear_gemv` row names the GEMM
+# for them; where it is not the `linear` row's (AMX: oneDNN), the layer keeps a second copy of the
+# weight packed for it, which costs the weight's memory twice.
+GEMV_ROWS = 4
+
+
+def _packed(kernel: str, weight: torch.Tensor) -> tuple[Any, torch.Tensor]:
+    """(the op, the weight packed for it) of a project GEMM named `orcaserve.linear_packed*.<variant>`:
+    [ceil(out / 48), in / 2, 48, 2] panels (bf16 pairs), or [ceil(out / w), in, w] with w = 48 on
+    AVX-512 variants and 24 on avx2."""
+    pack_name = kernel.replace(".linear_packed", ".pack_linear_weight", 1)
+    return dispatch.orcaserve_op(kernel), dispatch.orcaserve_op(pack_name)(weight)
+
+
 class Linear:
     """y = x W^T + b from a weight packed once for the CPU's GEMM: decode-sized GEMMs (tens of rows)
     otherwise pay a re-layout of the whole weight on every call.
@@ -69,7 +84,9 @@ class Linear:
     - `onednn`: oneDNN's inner product on its blocked layout (1.4-2x faster than unpacked);
       `plain_from`: from this many rows on, `F.linear` over the unpacked weight (kept for it);
     - `torch`: F.linear on the weight as it is.
-    A kernel that cannot take the weight (see `takes`) gives way to the row's fallbacks."""
+    A kernel that cannot take the weight (see `takes`) gives way to the row's fallbacks. Calls of up
+    to GEMV_ROWS rows run `gemv_kernel`: the table's `linear_gemv` choice where it is another
+    project GEMM than `kernel` (with `gemv=False`, or a forced `kernel`, none: `kernel` runs them)."""
 
     def __init__(
         self,
@@ -78,6 +95,7 @@ class Linear:
         pack: bool,
         plain_from: int | None = None,
         kernel: str | None = None,
+        gemv: bool = True,
     ) -> None:
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1]
@@ -89,12 +107,16 @@ class Linear:
         else:
             self.kernel = dispatch.resolve("linear", weight.dtype, lambda k: takes(k, weight))
         self._op: Any = None
+        self.gemv_kernel = self.kernel
+        self._gemv_op: Any = None
+        self.gemv_weight: torch.Tensor | None = None
+        if pack and kernel is None and gemv and weight.dtype == torch.bfloat16:
+            chosen = dispatch.resolve("linear_gemv", weight.dtype, lambda k: takes(k, weight))
+            if chosen != self.kernel and chosen.startswith("orcaserve."):
+                self.gemv_kernel = chosen
+                self._gemv_op, self.gemv_weight = _packed(chosen, weight)
         if self.kernel.startswith("orcaserve."):
-            # [ceil(out / 48), in / 2, 48, 2] panels (bf16 pairs), or [ceil(out / w), in, w] with
-            # w = 48 on AVX-512 variants and 24 on avx2
-            pack_name = self.kernel.replace(".linear_packed", ".pack_linear_weight", 1)
-            self.weight = dispatch.orcaserve_op(pack_name)(weight)
-            self._op = dispatch.orcaserve_op(self.kernel)
+            self._op, self.weight = _packed(self.kernel, weight)
         elif self.kernel == "mkl":
             self.weight = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
             # The op reads the plain weight's shape and dtype only, given the true row count as its
@@ -112,6 +134,8 @@ class Linear:
         self.plain_from = plain_from if keep_plain and plain_from is not None else 1 << 62
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, out]
+        if self._gemv_op is not None and x.shape[0] <= GEMV_ROWS:
+            return self._gemv_op(x, self.gemv_weight, self.bias, self.out_features)
         if self._op is not None:
             return self._op(x, self.weight, self.bias, self.out_features)
         if self.kernel == "mkl":

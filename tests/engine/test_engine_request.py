@@ -16,7 +16,7 @@ from orcaserve.handler.openai.protocol import COMPLETIONS, parse_request
 from orcaserve.handler.openai.tenancy import derive_cache_salt, with_tenancy
 from orcaserve.scheduler import Engine, EngineLoop, EngineRequest, InvalidRequest, SamplingParams
 from orcaserve.scheduler.core.request import Request
-from orcaserve.scheduler.core.slo_budget import check_slo_classes
+from orcaserve.scheduler.core.slo_class import check_slo_classes
 
 CLASSES = {"interactive": {"ttft_ms": 60_000, "tpot_ms": 60_000}}
 

@@ -9,7 +9,7 @@ from cpu_variants import params
 
 from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.kernels import dispatch
-from orcaserve.kernels.linear import MKL_PACK_ROWS, PLAIN_FROM_ROWS, Linear, takes
+from orcaserve.kernels.linear import GEMV_ROWS, MKL_PACK_ROWS, PLAIN_FROM_ROWS, Linear, takes
 from orcaserve.scheduler.model.decoder import PAD_MULTIPLE, Decoder, padded_tokens
 
 # The project's GEMMs, every ISA variant this machine executes (kernels/cpu/build.py)
@@ -216,3 +216,59 @@ def test_bf16_vdpbf16ps_gemm_is_exact_to_rounding_and_batch_invariant(variant):
     _assert_bf16_specials(kernel)
     assert Linear(torch.randn(8, 33).bfloat16(), None, pack=True, kernel=kernel).kernel != kernel  # odd width
     assert Linear(torch.randn(8, 34), None, pack=True, kernel=kernel).kernel != kernel  # bf16 only
+
+
+GEMV_KERNELS = [
+    *(pytest.param(f"orcaserve.linear_packed.{v.values[0]}", torch.float32, id=f"fp32-{v.id}") for v in FP32_GEMM),
+    *(pytest.param(f"orcaserve.linear_packed.{v.values[0]}", torch.bfloat16, id=f"bf16-{v.id}") for v in FP32_GEMM),
+    *(pytest.param(f"orcaserve.linear_packed_bf16.{v.values[0]}", torch.bfloat16, id=f"dot-{v.id}") for v in BF16_GEMM),
+]
+
+
+@pytest.mark.parametrize(("kernel", "dtype"), GEMV_KERNELS)
+def test_gemv_shaped_calls_give_the_batch_bits_on_any_thread_count(kernel, dtype):
+    """Up to GEMV_ROWS rows the project's GEMMs walk each thread's share of the panels as one stream
+    (gemm/panels.h), bf16 panels widened in registers: each row bit for bit what the batch path
+    (GEMV_ROWS + 1 rows and more) gives it, on one thread and on several (ranges of many panels, a
+    partial last one), with and without bias."""
+    torch.manual_seed(0)
+    out_f, in_f = 48 * 37 + 5, 96
+    weight, bias = torch.randn(out_f, in_f).to(dtype), torch.randn(out_f).to(dtype)
+    threads = torch.get_num_threads()
+    for b in (bias, None):
+        lin = Linear(weight.clone(), b, pack=True, kernel=kernel)
+        assert lin.kernel == kernel and lin.gemv_kernel == kernel
+        batch = torch.randn(GEMV_ROWS + 3, in_f).to(dtype)
+        full = lin(batch)
+        want = batch.double() @ weight.double().t() + (b.double() if b is not None else 0)
+        torch.testing.assert_close(full.double(), want, atol=1e-3 * in_f**0.5, rtol=2**-7)
+        try:
+            for n in sorted({1, 2, 3, threads}):
+                torch.set_num_threads(n)
+                for rows in range(1, GEMV_ROWS + 1):
+                    assert torch.equal(lin(batch[:rows]), full[:rows]), (n, rows)
+        finally:
+            torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemv_rows_run_the_tables_gemv_kernel(dtype):
+    """A layer runs calls of up to GEMV_ROWS rows with the dispatch table's `linear_gemv` choice:
+    where that is another GEMM than the `linear` row's (AMX: oneDNN for larger steps) from a second
+    copy packed for it, each path giving exactly what it gives alone; elsewhere from the one copy.
+    A forced kernel, or gemv=False, keeps one path."""
+    torch.manual_seed(0)
+    weight, bias = torch.randn(100, 96).to(dtype), torch.randn(100).to(dtype)
+    lin = Linear(weight, bias, pack=True)
+    chosen = dispatch.resolve("linear_gemv", dtype, lambda k: takes(k, weight))
+    if dtype == torch.bfloat16 and chosen.startswith("orcaserve.") and chosen != lin.kernel:
+        assert lin.gemv_kernel == chosen and lin.gemv_weight is not None
+        alone = Linear(weight, bias, pack=True, kernel=chosen)
+        main = Linear(weight, bias, pack=True, kernel=lin.kernel)
+        for rows in (1, 2, GEMV_ROWS, GEMV_ROWS + 1, 9):
+            x = torch.randn(rows, 96).to(dtype)
+            assert torch.equal(lin(x), (alone if rows <= GEMV_ROWS else main)(x)), rows
+    else:
+        assert lin.gemv_kernel == lin.kernel and lin.gemv_weight is None
+    assert Linear(weight, bias, pack=True, gemv=False).gemv_weight is None
+    assert Linear(weight, bias, pack=True, kernel="torch").gemv_weight is None

@@ -11,6 +11,10 @@
 // request's results do not depend on its batch-mates), each sum is rounded once to bf16, and
 // threads take panel pairs from a counter (gemm/panels.h).
 //
+// GEMV-shaped calls (up to kStreamRows rows, gemm/panels.h) walk each thread's contiguous share of
+// the panels as one stream and prefetch kStreamAhead bytes ahead in it: the same sums in the same
+// order, so the same bits.
+//
 // `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
 // oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
 #include <ATen/ATen.h>
@@ -18,6 +22,7 @@
 #include <algorithm>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "gemm/panels.h"
 #include "ops.h"
@@ -34,8 +39,8 @@ constexpr int kRows = 8;   // rows per micro-tile: 24 accumulators, 3 panel load
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }  // same bits: GCC's vector cast
 
 // C[r, :ncols] = bias + sum_k2 a[r, 2 k2 : 2 k2 + 2] . b[k2, :, :] for R rows; b is one panel
-// [K2, 48, 2].
-template <int R>
+// [K2, 48, 2]. With Stream, the three lines kStreamAhead bytes past row k2 are prefetched at step k2.
+template <int R, bool Stream>
 inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int64_t K2, const float* bias,
                  at::BFloat16* c, int64_t ldc, int ncols) {
   alignas(64) float init[kCols] = {};
@@ -55,6 +60,12 @@ inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int6
   }
   for (int64_t k2 = 0; k2 < K2; ++k2) {
     const at::BFloat16* bk = b + k2 * 2 * kCols;
+    if constexpr (Stream) {  // a hint: no fault past the tensor's end
+      const char* ahead = reinterpret_cast<const char*>(bk) + kStreamAhead;
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+    }
     const __m512bh b0 = as_bh(_mm512_loadu_si512(bk)), b1 = as_bh(_mm512_loadu_si512(bk + 32)),
                    b2 = as_bh(_mm512_loadu_si512(bk + 64));
     ORCA_DOT(0) ORCA_DOT(1) ORCA_DOT(2) ORCA_DOT(3) ORCA_DOT(4) ORCA_DOT(5) ORCA_DOT(6) ORCA_DOT(7)
@@ -122,14 +133,21 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   const int64_t panel_elems = K2 * kCols * 2;
   // No prefetch of the next panel into L2, unlike gemm/gemm_fp32.cpp: here (Zen 4, 30 layers' weights)
   // it made 9-16 rows (two tiles) about a fifth slower and 17-512 rows no faster.
-  for_each_panel(P, false, [&](int64_t p, int64_t) {
-    const at::BFloat16* panel = b + p * panel_elems;
-    const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
-    const float* bias_p = bp ? bp + p * kCols : nullptr;
-    tiles.each([&](int64_t, int64_t m, auto rows) {
-      tile<decltype(rows)::value>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols, N, ncols);
-    });
-  });
+  auto run = [&](auto stream) {
+    return [&, stream](int64_t p, int64_t) {
+      const at::BFloat16* panel = b + p * panel_elems;
+      const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
+      const float* bias_p = bp ? bp + p * kCols : nullptr;
+      tiles.each([&](int64_t, int64_t m, auto rows) {
+        tile<decltype(rows)::value, decltype(stream)::value>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols,
+                                                             N, ncols);
+      });
+    };
+  };
+  if (M <= kStreamRows)
+    for_each_panel_streamed(P, run(std::true_type{}));
+  else
+    for_each_panel(P, false, run(std::false_type{}));
   return y;
 }
 

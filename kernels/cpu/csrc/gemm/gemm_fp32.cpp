@@ -22,6 +22,9 @@
 // columns (24 of its 32 zmm registers), whose panels are packed 48 wide. On an AMD Zen 4 (AVX-512
 // on 256-bit units) the wider tile ran 32-512 rows about 10-20 % faster, 1-16 level
 // (docs/performance-log.md, "2026-12-02: the fp32 GEMM in zmm registers, one panel loop (Zen 4)").
+// GEMV-shaped calls (up to kStreamRows rows, gemm/panels.h) walk each thread's contiguous share of
+// the panels as one stream, prefetch kStreamAhead bytes ahead in it, and read bf16 panels as they
+// are, widened in registers (exact) instead of through the buffer: the same sums, the same bits.
 // Every output element sums its K products in the same order whatever the row count or the thread
 // split: a request's results do not depend on its batch-mates. Threads take panels from a counter
 // (gemm/panels.h).
@@ -51,6 +54,9 @@ constexpr int kRows = 8;  // rows per micro-tile: 24 accumulators, 3 panel loads
 // 48-wide panels (4-row tiles at 6-8 rows 1.6x; the vdpbf16ps GEMM's a fifth), so from three.
 constexpr int64_t kMinPrefetchTiles = 3;
 inline vfloat vload(const float* p) { return _mm512_loadu_ps(p); }
+inline vfloat vload(const at::BFloat16* p) {  // 16 bf16 widened: the fp32 with the same top 16 bits
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
 inline vfloat vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
 inline void vstore(float* p, vfloat v) { _mm512_storeu_ps(p, v); }
@@ -60,6 +66,9 @@ constexpr int kLanes = 8;
 constexpr int kRows = 4;  // rows per micro-tile: 12 accumulators, 3 panel loads, 1 broadcast
 constexpr int64_t kMinPrefetchTiles = 2;
 inline vfloat vload(const float* p) { return _mm256_loadu_ps(p); }
+inline vfloat vload(const at::BFloat16* p) {  // 8 bf16 widened: the fp32 with the same top 16 bits
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
 inline vfloat vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
 inline void vstore(float* p, vfloat v) { _mm256_storeu_ps(p, v); }
@@ -91,10 +100,11 @@ inline void store_row(const float* src, at::BFloat16* dst, int n) {
 }
 
 // C[r, :ncols] = bias[:ncols] + sum_k a[r * lda + k] * b[k, :] for R rows; b is one panel
-// [K, kCols]. The sum is rounded once, into C's type. With Prefetch, pf + k * pf_step is fetched
-// into L2 at step k: the caller's share of the panel it computes next.
-template <int R, bool Prefetch, typename Out>
-inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const float* bias, Out* c,
+// [K, kCols] of W (fp32, or bf16 widened as loaded). The sum is rounded once, into C's type. With
+// Prefetch, pf + k * pf_step is fetched into L2 at step k: the caller's share of the panel it
+// computes next. With Stream, the lines kStreamAhead bytes past row k, at step k.
+template <int R, bool Prefetch, bool Stream = false, typename W = float, typename Out>
+inline void tile(const float* a, int64_t lda, const W* b, int64_t K, const float* bias, Out* c,
                  int64_t ldc, int ncols, const char* pf, int64_t pf_step) {
   alignas(64) float init[kCols] = {};
   if (bias != nullptr) std::copy(bias, bias + ncols, init);
@@ -111,8 +121,12 @@ inline void tile(const float* a, int64_t lda, const float* b, int64_t K, const f
   }
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
-    const float* bk = b + k * kCols;
+    const W* bk = b + k * kCols;
     if constexpr (Prefetch) _mm_prefetch(pf + k * pf_step, _MM_HINT_T1);
+    if constexpr (Stream) {  // a hint: no fault past the tensor's end
+      const char* ahead = reinterpret_cast<const char*>(bk) + kStreamAhead;
+      for (int l = 0; l < kCols * static_cast<int>(sizeof(W)); l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
+    }
     const vfloat b0 = vload(bk), b1 = vload(bk + kLanes), b2 = vload(bk + 2 * kLanes);
     ORCA_FMA(0) ORCA_FMA(1) ORCA_FMA(2) ORCA_FMA(3) ORCA_FMA(4) ORCA_FMA(5) ORCA_FMA(6) ORCA_FMA(7)
   }
@@ -181,6 +195,16 @@ void run_panels(const float* a, const W* b, const float* bp, Out* c, int64_t M, 
   // Bytes per k and tile, rounded down so that no address lies past the panel (at most a few lines
   // of it are left to the hardware).
   const int64_t pf_step = kCols * static_cast<int64_t>(sizeof(W)) / pf_tiles;
+  if (M <= kStreamRows) {  // GEMV-shaped: one tile, each thread's panels one stream
+    for_each_panel_streamed(P, [&](int64_t p, int64_t) {
+      const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
+      tiles.each([&](int64_t, int64_t m, auto rows) {
+        tile<decltype(rows)::value, false, true>(a + m * K, K, b + p * K * kCols, K, bp ? bp + p * kCols : nullptr,
+                                                 c + m * N + p * kCols, N, ncols, nullptr, 0);
+      });
+    });
+    return;
+  }
   for_each_panel(P, prefetch, [&](int64_t p, int64_t q) {
     const float* panel;
     if constexpr (std::is_same_v<W, float>) {

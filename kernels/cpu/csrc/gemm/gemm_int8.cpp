@@ -161,7 +161,7 @@ void run(const Rows& a, const uint8_t* packed, const float* bias, Out* y, int64_
   constexpr Int8Format fmt{Bits, Offset, Wide};
   const RowTiles<kTileRows> tiles(M);
   const int64_t panel_bytes = a.nb * fmt.block_bytes();
-  for_each_panel(P, true, [&](int64_t p, int64_t next) {
+  for_each_panel_of(M, P, true, [&](int64_t p, int64_t next) {
     alignas(64) float buf[kTileRows * kPanel];
     const uint8_t* panel = packed + p * panel_bytes;
     const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);

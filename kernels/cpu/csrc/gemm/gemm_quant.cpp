@@ -162,7 +162,7 @@ void run_panels(const float* a, const uint8_t* packed, const float* bp, Out* c, 
   constexpr Format fmt{Bits, Offset, Wide};
   const int64_t nb = K / kGroup, chunk = std::min<int64_t>(K, kChunk);
   const RowTiles<kRows> tiles(M);
-  for_each_panel(P, false, [&](int64_t p, int64_t) {
+  for_each_panel_of(M, P, false, [&](int64_t p, int64_t) {
     thread_local std::vector<float> wide, acc;  // per thread: one widened chunk, the panel's sums
     wide.resize(chunk * kCols);
     acc.resize(M * kCols);

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace orcaserve::ORCA_ISA {
 
@@ -69,6 +70,47 @@ void for_each_panel(int64_t P, bool claim_ahead, Body&& body) {
       p0 = claim_ahead ? after : next.fetch_add(kChunk);
     }
   });
+}
+
+// Rows up to which a GEMM is GEMV-shaped (a decode step of 1-4 streams): its weight's read from
+// DRAM is nearly its whole cost, so its panels are walked as streams (for_each_panel_streamed) and
+// its micro-kernels prefetch ahead in them (docs/architecture.md, "Dispatch").
+constexpr int64_t kStreamRows = 4;
+// How far ahead in its stream a GEMV-shaped micro-kernel prefetches: 4 KiB (21 steps of a 48-column
+// bf16 panel). On Sapphire Rapids, a stand-alone GEMV over SmolLM2's 269 MB of bf16 panels read
+// 10-11 GB/s by thread CPU time as pairs from one counter, 17-19 as contiguous halves, 21-24 with
+// this prefetch (0.5-2 KiB: 19-22).
+constexpr int64_t kStreamAhead = 4096;
+
+// body(p, q) for each of P panels, for GEMV-shaped calls: thread t of T owns the contiguous panels
+// [t P / T, (t + 1) P / T), one sequential stream for the hardware prefetcher, and takes them in
+// chunks from its own counter; a thread done with its range takes chunks from the others' (a
+// preempted thread's share is not waited for). q is the next panel of the calling thread's range
+// (P at its end), for a prefetch. Interleaved pairs from one counter (for_each_panel) broke each
+// thread's read into 2-panel pieces: half the bandwidth above.
+template <typename Body>
+void for_each_panel_streamed(int64_t P, Body&& body) {
+  constexpr int64_t kChunk = 4;
+  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (P + kChunk - 1) / kChunk));
+  std::vector<std::atomic<int64_t>> next(T);
+  for (int64_t t = 0; t < T; ++t) next[t].store(t * P / T, std::memory_order_relaxed);
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t i = 0; i < T; ++i) {  // its own range first, then the others'
+        const int64_t r = (t + i) % T, end = (r + 1) * P / T;
+        for (int64_t p0 = next[r].fetch_add(kChunk); p0 < end; p0 = next[r].fetch_add(kChunk))
+          for (int64_t p = p0, p1 = std::min(end, p0 + kChunk); p < p1; ++p) body(p, p + 1 < end ? p + 1 : P);
+      }
+  });
+}
+
+// for_each_panel_streamed where M rows are GEMV-shaped, else for_each_panel.
+template <typename Body>
+void for_each_panel_of(int64_t M, int64_t P, bool claim_ahead, Body&& body) {
+  if (M <= kStreamRows)
+    for_each_panel_streamed(P, body);
+  else
+    for_each_panel(P, claim_ahead, body);
 }
 
 }  // namespace orcaserve::ORCA_ISA
