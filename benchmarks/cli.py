@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "quality": ("orcaserve.bench.int8_quality", "top-1 agreement and KL of int8 activations against the fp32 model"),
     "slo": ("orcaserve.bench.slo", "latency targets: interactive beside a flood, attainment and goodput vs fcfs"),
     "slo-http": ("orcaserve.bench.slo_http", "slo's workload over HTTP: orcaserve's classes vs vLLM's priority policy"),
+    "latency": ("orcaserve.bench.latency", "1, 2 and 4 streams offline and over HTTP: tok/s, ms per token, DRAM roof"),
     "tp": ("orcaserve.bench.tensor_parallel", "tensor parallel ranks vs one process: tok/s, collectives' share, RSS"),
     "gpu": ("", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
