@@ -36,7 +36,8 @@ def bytes_per_token(model: Any, dtype: torch.dtype) -> int:
     for _, module in linears(model):
         codes = getattr(module, CODES, None)
         if codes is None:
-            total += module.weight.numel() * torch.finfo(dtype).bits // 8
+            # in_features/out_features: the decoder may have moved the weight into its packed GEMM
+            total += module.in_features * module.out_features * torch.finfo(dtype).bits // 8
             continue
         table = INT8_PACKED_BYTES if getattr(module, ACTIVATIONS, None) == "int8" else BLOCK_BYTES
         n, k = codes.q.shape
