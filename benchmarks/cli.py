@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "slo": ("orcaserve.bench.slo", "latency targets: interactive beside a flood, attainment and goodput vs fcfs"),
     "slo-http": ("orcaserve.bench.slo_http", "slo's workload over HTTP: orcaserve's classes vs vLLM's priority policy"),
     "tp": ("orcaserve.bench.tensor_parallel", "tensor parallel ranks vs one process: tok/s, collectives' share, RSS"),
+    "spec": ("orcaserve.bench.speculative", "speculative decoding (prompt lookup) on vs off: copy-heavy, open-ended"),
     "gpu": ("", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
 
