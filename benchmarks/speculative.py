@@ -82,7 +82,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sets", default="copy,open", help="prompt sets: copy (copy-heavy), open (open-ended)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, 2 x clients))")
+    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
     ap.add_argument("--dtype", default=None)
 
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> dict:
     )
     for name in args.sets.split(","):
         for clients in map(int, args.clients.split(",")):
-            n = args.requests or max(4, 2 * clients)
+            n = args.requests or max(4, clients)
             engine.spec = None
             off = run_set(engine, sets[name], clients, n, args.max_tokens)
             engine.spec = SpecDecoding(cfg, engine.config.max_num_seqs, engine.max_model_len, engine.vocab_size)
