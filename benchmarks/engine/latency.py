@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from orcaserve.bench import dram
+from orcaserve.bench.cpu import dram
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

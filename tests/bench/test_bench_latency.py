@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 
-from orcaserve.bench import cli, dram
+from orcaserve.bench import cli
+from orcaserve.bench.cpu import dram
 from orcaserve.bench.models.tiny import tiny_family
 
 
