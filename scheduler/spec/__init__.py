@@ -1,1 +1,0 @@
-"""Speculative decoding inside the iteration-level step (docs/speculative-decoding.md)."""
