@@ -113,7 +113,6 @@ class Engine:
         self.trace: deque[StepTrace] | None = deque(maxlen=TRACE_STEPS) if config.trace else None
         self.async_scheduling = config.resolved_async_scheduling()
         self._inflight: Launched | None = None  # the step on the device, not yet post-processed
-        self._batch = BatchModel(self.runner, self.kv, self.sampler, self.grammars)  # what `run_batch` uses
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
 
@@ -238,7 +237,9 @@ class Engine:
         """Queue the batch on the device (launch.py); `step` then makes each sampling request's
         next token a placeholder, filled on the device in the next step's inputs
         (`StepBuffers.patch`) and on the host by `_collect`."""
-        parts, failed = run_batch(self._batch, sched, self.fault_hook)
+        # What `run_batch` uses, read at each step: a benchmark's stub device swaps runner and sampler.
+        batch = BatchModel(self.runner, self.kv, self.sampler, self.grammars)
+        parts, failed = run_batch(batch, sched, self.fault_hook)
         if not parts:
             return None, failed
         launched = Launched.of(parts, self.runner.to_host)
