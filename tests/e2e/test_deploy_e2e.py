@@ -132,7 +132,9 @@ def test_gateway_gauges_follow_the_load(ts):
     running = max(s["total-running-requests-metric"] for s in seen)
     waiting = max(s["total-queued-requests-metric"] for s in seen)
     usage = max(s["kv-cache-usage-percentage-metric"] for s in seen)
-    assert running == 2 and 2 <= waiting <= 4, (running, waiting)
+    # Waiting counts every accepted request not yet seated, wherever it waits (see serving.md
+    # "Limits and refusals"): before the engine seats the first two, all six may count.
+    assert running == 2 and 2 <= waiting <= 6, (running, waiting)
     # Two requests of ~45 tokens hold 3 blocks each (kept free-but-cached after: not in use).
     assert 4 / blocks <= usage <= 8 / blocks, (usage, blocks)
     deadline = time.time() + 20
