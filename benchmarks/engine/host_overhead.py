@@ -139,19 +139,10 @@ def smollm2_tokenizer() -> Any:
 
 def build_engine(num_seqs: int, max_steps: int, tokenizer: Any = None, **engine_args: Any) -> Engine:
     """An engine around SmolLM2's tokenizer and a one-layer model of its vocabulary (never run)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from orcaserve.bench.models.tiny import stub_model
 
     tokenizer = tokenizer if tokenizer is not None else smollm2_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=4096,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = stub_model(len(tokenizer), max_position_embeddings=4096)
     tokens = num_seqs * (PROMPT_LEN + max_steps + 64)
     return Engine.from_model(
         model,

@@ -45,6 +45,23 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def stub_model(vocab_size: int, max_position_embeddings: int = 1024) -> torch.nn.Module:
+    """A one-layer Llama of width 32 over a real tokenizer's vocabulary: for runs that exercise the
+    engine's host side (protocol, scheduler, detokenizer), where the model's answer does not matter."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=max_position_embeddings,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
 def hf_greedy(model: Any, prompt: list[int], max_new_tokens: int, **generate_args: Any) -> list[int]:
     """transformers generate() for one request on the model's device, the reference every engine
     output is held to; `generate_args` go to generate() (e.g. `sequence_bias`)."""

@@ -30,21 +30,11 @@ EXAMPLES = 1500  # per test; each runs two engine steps
 
 @pytest.fixture(scope="module")
 def engine(tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from orcaserve.bench.models.tiny import stub_model
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=1024,
-    )
-    return Engine.from_model(
-        LlamaForCausalLM(cfg), tokenizer, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory=8 << 20
-    )
+    model = stub_model(len(tokenizer))
+    return Engine.from_model(model, tokenizer, max_num_seqs=4, max_num_batched_tokens=256, kv_cache_memory=8 << 20)
 
 
 _ids = itertools.count()
