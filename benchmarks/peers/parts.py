@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -146,10 +147,13 @@ def vllm_offline(args, model, dtype: str, work: Path) -> dict:
     return {"output_tok_s": r["useful_tok_s"], "engine_dtype": r["dtype"], **{k: r[k] for k in keys}}
 
 
-def load_http(args, label: str, endpoint: str, key: str | None, work: Path, model_name: str | None = None) -> dict:
-    """`orcaserve-bench serve` against `endpoint`: the same seeded requests for every system."""
+def load_http(
+    args, label: str, endpoint: str, key: str | None, work: Path, sid: int, model_name: str | None = None
+) -> dict:
+    """`orcaserve-bench serve` against `endpoint`: the same seeded requests for every system; the
+    CPU of the server's session `sid` (its launcher's pid) broken down by process and thread."""
     out = work / f"{label}-http.json"
-    cmd = [*command("serve"), "--endpoint", endpoint, f"--key={key or 'none'}", "--model", label]
+    cmd = [*command("serve"), "--endpoint", endpoint, f"--key={key or 'none'}", "--model", label, f"--cpu-of={sid}"]
     flags = f"--concurrency {args.concurrency} --num-requests {args.num_requests} --input-len 16:256 --output-len 8:128"
     flags += f" --token-range {args.token_ids[0]}:{args.token_ids[1]} --seed {args.seed} --warmup {args.warmup}"
     cmd += f"{flags} --warmup-load {args.warmup_load} --timeout 900 --out {out} --no-progress".split()
@@ -165,6 +169,7 @@ def load_http(args, label: str, endpoint: str, key: str | None, work: Path, mode
         **{k: s[k] for k in ("requests", "completed", "errors")},
         **lat,
         "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(),
+        "cpu": s.get("cpu"),
         "raw": str(out),
     }
 
@@ -180,15 +185,22 @@ def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
         startup = time.perf_counter() - t
         log(f"TorchServe up, {model.name} ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
         url = ts.url(f"/predictions/{model.name}/1.0/v1/completions")
-        r = load_http(args, f"orcaserve-{model.name}-{dtype}", url, ts.keys.get("inference"), work)
+        assert ts.proc is not None
+        r = load_http(args, f"orcaserve-{model.name}-{dtype}", url, ts.keys.get("inference"), work, ts.proc.pid)
     r.update(startup_s=startup, archive_overrides=overrides)
     return r
+
+
+@dataclass(frozen=True)
+class Started:
+    startup_s: float
+    sid: int  # its session: the launcher's pid (start_new_session)
 
 
 @contextlib.contextmanager
 def running(label: str, cmd: list[str], env: dict, port: int, ready: str, work: Path, timeout: float):
     """A peer's server in its own process group, up once `ready` answers 200 (yields its start-up
-    seconds); the whole group stopped on exit."""
+    seconds and session); the whole group stopped on exit."""
     logfile = work / f"{label}-server.log"
     log("$ " + shlex.join(cmd) + f"   (log: {logfile})")
     t = time.perf_counter()
@@ -211,7 +223,7 @@ def running(label: str, cmd: list[str], env: dict, port: int, ready: str, work: 
             time.sleep(1)
         startup = time.perf_counter() - t
         log(f"{label} server up in {startup:.0f} s")
-        yield startup
+        yield Started(startup, proc.pid)
     finally:
         stop_group(proc)
 
@@ -220,9 +232,9 @@ def serve_and_load(
     args, label: str, cmd: list[str], env: dict, port: int, ready: str, model_name: str, work: Path
 ) -> dict:
     """Start a peer's OpenAI-compatible server, run the HTTP load against its /v1/completions, stop it."""
-    with running(label, cmd, env, port, ready, work, args.server_timeout) as startup:
-        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, model_name)
-    r.update(startup_s=startup, server_command=shlex.join(cmd))
+    with running(label, cmd, env, port, ready, work, args.server_timeout) as server:
+        r = load_http(args, label, f"http://127.0.0.1:{port}/v1/completions", None, work, server.sid, model_name)
+    r.update(startup_s=server.startup_s, server_command=shlex.join(cmd))
     return r
 
 

@@ -7,6 +7,7 @@ import os
 import statistics
 
 from orcaserve.bench.result import markdown_table, pyplot, update_doc
+from orcaserve.bench.serve.cpu_probe import table as cpu_table
 
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
 SYSTEMS = ("orcaserve", "vllm", "llamacpp")
@@ -119,6 +120,9 @@ def markdown(report: dict) -> str:
             "gguf-a8: orcaserve on the GGUF with `activations: int8` (dtype fp32); gguf-a8-bf16: the same with "
             "dtype bf16 (attention, element-wise work and KV cache in bf16); their peer is the gguf cell's.",
         ]
+    for r in results:  # where each HTTP server spent its CPU (benchmark-serving.md, "Where the serving path...")
+        if r.get("workload") == "http" and r.get("cpu"):
+            lines += ["", f"**{model_of(r)} {r['system']} {r['dtype']}**", "", cpu_table(r["cpu"], top=8)]
     if errors := [
         f"{model_of(r)} {r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}"
         for r in results

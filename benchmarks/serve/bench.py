@@ -16,12 +16,15 @@ import datetime as _dt
 import json
 import os
 import sys
+import time
 from dataclasses import asdict, dataclass
 
 from orcaserve.bench import cli
 from orcaserve.bench.result import machine, update_doc
 from orcaserve.bench.serve import local as serve_local
 from orcaserve.bench.serve.client import Result, run_one
+from orcaserve.bench.serve.cpu_probe import CpuProbe
+from orcaserve.bench.serve.cpu_probe import table as cpu_table
 from orcaserve.bench.serve.report import BEGIN, END, command_line, markdown, plot, summarize, verdict
 from orcaserve.bench.serve.workload import Spec, _counts, _range, make_workload
 
@@ -64,6 +67,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="PNG path (default: --out with .png)")
     p.add_argument("--update-doc", default=None, help=f"write the results table between {BEGIN} / {END}")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--cpu-of",
+        type=int,
+        default=None,
+        metavar="SID",
+        help="the server's session id (its launcher's pid): CPU per process and thread over each measured load",
+    )
     serve_local.add_arguments(p)
 
 
@@ -154,14 +164,21 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
         bar = tqdm(total=sum(plan.counts.values()) * len(plan.targets), unit="req", dynamic_ncols=True)
     results: list[Result] = []
     summaries = []
+    probe = CpuProbe(args.cpu_of) if args.cpu_of is not None else None
     for rate in plan.rates:  # interleave systems per rate: drifting machine load hits both alike
         for model, url, name in plan.targets:
             n = plan.counts[rate]
+            before, t0 = (probe.snapshot() if probe else {}), time.perf_counter()
             res = run_one(
                 url, model, plan.headers, specs[:n], rate, args.concurrency, args.seed, args.timeout, bar, name
             )
             results += res
             summaries.append(summarize(res, rate, args.concurrency))
+            if probe is not None:
+                tokens = sum(r.output_tokens for r in res)
+                cpu = CpuProbe.delta(before, probe.snapshot(), tokens, time.perf_counter() - t0)
+                summaries[-1]["cpu"] = cpu
+                print(cpu_table(cpu), flush=True)
     if bar is not None:
         bar.close()
     return results, summaries
@@ -170,8 +187,9 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
 def run(args: argparse.Namespace) -> dict:
     if not args.start_torchserve:
         return _measure(args)
-    with serve_local.started(args) as (url, key):
+    with serve_local.started(args) as (url, key, sid):
         args.url, args.key = url, key or "none"
+        args.cpu_of = sid if args.cpu_of is None else args.cpu_of
         return _measure(args)
 
 

@@ -48,8 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None]]:
-    """TorchServe serving `args.model` (default: both systems); yields its URL and inference key."""
+def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None, int | None]]:
+    """TorchServe serving `args.model` (default: both systems); yields its URL, inference key and
+    session id (its launcher's pid, for the CPU breakdown)."""
     from orcaserve.bench.baseline.baseline_archive import build_archive
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="orcaserve-serve-"))
@@ -62,4 +63,4 @@ def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None]]:
         build_archive(str(work / "model-store"), BASELINE, args.batch_size, args.max_batch_delay, dtype=args.dtype)
     print(f"== TorchServe in {work}", flush=True)
     with torchserve(work, args.model) as ts:
-        yield ts.url(""), ts.keys.get("inference")
+        yield ts.url(""), ts.keys.get("inference"), ts.proc.pid if ts.proc else None

@@ -117,7 +117,7 @@ class Vllm:
         from orcaserve.bench.peers.parts import running
 
         server = running("vllm", self.cmd, self.env, self.port, "/v1/models", self.work, self.timeout)
-        self.startup_s = self._stack.enter_context(server)
+        self.startup_s = self._stack.enter_context(server).startup_s
         return self
 
     def __exit__(self, *exc) -> None:

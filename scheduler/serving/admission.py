@@ -15,6 +15,7 @@ from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TimedOut
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.prompt import encode_prompt
+from orcaserve.scheduler.serving.os_thread import name_this_thread
 from orcaserve.scheduler.serving.request_stream import RequestStream
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Admission:
             self._thread.join(timeout)
 
     def _run(self) -> None:
+        name_this_thread("orca-admission")
         if self._nice:
             try:
                 os.nice(self._nice)  # on Linux, the niceness of the calling thread only

@@ -26,6 +26,7 @@ from orcaserve.scheduler.errors import (
     TimedOut,
 )
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
+from orcaserve.scheduler.serving.os_thread import name_this_thread
 from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,7 @@ class EngineLoop:
 
     # ---- loop thread -------------------------------------------------------------------------
     def _run(self) -> None:
+        name_this_thread("orca-engine")
         death: BaseException | None = None
         try:
             if self._build is not None:

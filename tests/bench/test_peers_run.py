@@ -60,10 +60,11 @@ def test_every_http_cell_runs_the_same_load(tmp_path, monkeypatch):
     monkeypatch.setattr(parts, "run_logged", lambda cmd, *a, **k: calls.append(cmd))
     args = argparse.Namespace(concurrency=32, num_requests=16, token_ids=(100, 49152), seed=3, warmup=2, warmup_load=5)
     with pytest.raises(FileNotFoundError):  # nothing ran: no result to read
-        parts.load_http(args, "vllm-x", "http://h/v1/completions", None, tmp_path, "x")
+        parts.load_http(args, "vllm-x", "http://h/v1/completions", None, tmp_path, 4321, "x")
     flags = calls[0][calls[0].index("--endpoint") :]
     assert flags == [
-        *("--endpoint", "http://h/v1/completions", "--key=none", "--model", "vllm-x", "--concurrency", "32"),
+        *("--endpoint", "http://h/v1/completions", "--key=none", "--model", "vllm-x", "--cpu-of=4321"),
+        *("--concurrency", "32"),
         *("--num-requests", "16", "--input-len", "16:256", "--output-len", "8:128", "--token-range", "100:49152"),
         *("--seed", "3", "--warmup", "2", "--warmup-load", "5", "--timeout", "900"),
         *("--out", str(tmp_path / "vllm-x-http.json"), "--no-progress", "--model-name", "x"),
