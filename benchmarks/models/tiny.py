@@ -45,6 +45,41 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
     return model
 
 
+def bitnet_checkpoint(out: str, seed: int = 0, linear_class: str = "bitlinear", **overrides: Any) -> str:
+    """A tiny random BitNet b1.58 checkpoint in `out`, as transformers packs one (linear_class
+    bitlinear): each projection's float weight quantized to {-1, 0, +1} by its mean magnitude,
+    packed four to a byte, with its `weight_scale`; untied lm_head and embeddings stay floats."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+    from transformers import BitNetConfig, BitNetForCausalLM
+    from transformers.integrations.bitnet import pack_weights
+
+    config = BitNetConfig(**{**TINY_CONFIG, "tie_word_embeddings": False, **overrides})
+    torch.manual_seed(seed)
+    state = {}
+    for name, w in BitNetForCausalLM(config).state_dict().items():
+        if name.endswith("_proj.weight"):
+            scale = 1.0 / w.abs().mean().clamp(min=1e-5)
+            state[name] = pack_weights((w * scale).round().clamp(-1, 1).to(torch.int8))
+            state[name.replace(".weight", ".weight_scale")] = scale.reshape(1).float()
+        else:
+            state[name] = w.contiguous()
+    os.makedirs(out, exist_ok=True)
+    save_file(state, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    raw = config.to_dict()
+    raw["architectures"] = ["BitNetForCausalLM"]
+    raw["quantization_config"] = {
+        "quant_method": "bitnet",
+        "linear_class": linear_class,
+        "quantization_mode": "offline",
+    }
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(raw, f)
+    return out
+
+
 def stub_model(vocab_size: int, max_position_embeddings: int = 1024) -> torch.nn.Module:
     """A one-layer Llama of width 32 over a real tokenizer's vocabulary: for runs that exercise the
     engine's host side (protocol, scheduler, detokenizer), where the model's answer does not matter."""
@@ -86,6 +121,9 @@ FAMILY_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "MistralForCausalLM": ("MistralConfig", {}),
     "Qwen2ForCausalLM": ("Qwen2Config", {}),
     "Qwen3ForCausalLM": ("Qwen3Config", {"head_dim": 16}),
+    # Unpacked (float projections, no quantization config): sub-layer norms and ReLU^2 only;
+    # its packed ternary checkpoints: bitnet_checkpoint, tests/model/test_bitnet.py.
+    "BitNetForCausalLM": ("BitNetConfig", {}),
     # transformers' forward:
     "Gemma3ForCausalLM": ("Gemma3TextConfig", {"head_dim": 16, "query_pre_attn_scalar": 16}),
     "GemmaForCausalLM": ("GemmaConfig", {"head_dim": 16}),

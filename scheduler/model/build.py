@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from orcaserve.scheduler.config import EngineConfig
+from orcaserve.scheduler.model.bitnet import check_bitnet
 from orcaserve.scheduler.model.families import check_architecture, check_quantization, length_cap
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.model_runner import CausalLM
@@ -40,6 +41,7 @@ def prepare_model(model: CausalLM, config: EngineConfig) -> KVSizing:
     check_architecture(model, config.allow_unverified_architecture)
     check_quantization(model, config.quantization)
     device, dtype = config.resolved_device(), config.resolved_dtype()
+    check_bitnet(model, device)
     if config.quantization:  # before the cast to dtype: codes from the fp32 weights
         quantize_model(model, config.quantization, dtype)
         mark_activations(model, config.activations)

@@ -25,6 +25,8 @@ from orcaserve.kernels import AttentionBackend, dispatch
 from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear
 from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.kernels.quant import QuantLinear
+from orcaserve.kernels.ternary import TernaryLinear
+from orcaserve.scheduler.model.bitnet import projection
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
 
@@ -62,12 +64,16 @@ def triton_fused_ops(wanted: bool | None, cuda: bool) -> ModuleType | None:
 class _Layer:
     in_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: Linear | QuantLinear  # QuantLinear where the weights have block codes (quantized.py)
-    o: Linear | QuantLinear
-    gate_up: Linear | QuantLinear
-    down: Linear | QuantLinear
+    qkv: Linear | QuantLinear | TernaryLinear  # QuantLinear: block codes (quantized.py); Ternary: BitNet
+    o: Linear | QuantLinear | TernaryLinear
+    gate_up: Linear | QuantLinear | TernaryLinear
+    down: Linear | QuantLinear | TernaryLinear
     q_norm: torch.Tensor | None = None  # [D]: Qwen3's RMSNorm of each head's q and k before rotary
     k_norm: torch.Tensor | None = None
+    # BitNet (docs/bitnet.md): RMSNorm before o_proj [H D] and before down_proj [I]; ReLU^2 gate
+    attn_sub_norm: torch.Tensor | None = None
+    ffn_sub_norm: torch.Tensor | None = None
+    relu2: bool = False
 
 
 class Decoder:
@@ -125,18 +131,22 @@ class Decoder:
         self.lm_head = head_linear(model, pack, dtype)
         narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
         self.layers: list[_Layer] = []
+        relu2 = getattr(cfg, "hidden_act", "silu") == "relu2"
         for layer in inner.layers:
             attn, mlp = layer.self_attn, layer.mlp
             self.layers.append(
                 _Layer(
                     in_norm=layer.input_layernorm.weight,
                     post_norm=layer.post_attention_layernorm.weight,
-                    qkv=fused_linear(attn.q_proj, attn.k_proj, attn.v_proj, pack=pack, dtype=dtype),
-                    o=fused_linear(attn.o_proj, pack=pack, dtype=dtype, plain_from=narrow),
-                    gate_up=fused_linear(mlp.gate_proj, mlp.up_proj, pack=pack, dtype=dtype),
-                    down=fused_linear(mlp.down_proj, pack=pack, dtype=dtype, plain_from=narrow),
+                    qkv=projection(fused_linear, attn.q_proj, attn.k_proj, attn.v_proj, pack=pack, dtype=dtype),
+                    o=projection(fused_linear, attn.o_proj, pack=pack, dtype=dtype, plain_from=narrow),
+                    gate_up=projection(fused_linear, mlp.gate_proj, mlp.up_proj, pack=pack, dtype=dtype),
+                    down=projection(fused_linear, mlp.down_proj, pack=pack, dtype=dtype, plain_from=narrow),
                     q_norm=attn.q_norm.weight if hasattr(attn, "q_norm") else None,
                     k_norm=attn.k_norm.weight if hasattr(attn, "k_norm") else None,
+                    attn_sub_norm=attn.attn_sub_norm.weight if hasattr(attn, "attn_sub_norm") else None,
+                    ffn_sub_norm=mlp.ffn_sub_norm.weight if hasattr(mlp, "ffn_sub_norm") else None,
+                    relu2=relu2,
                 )
             )
         # Row counts padded to a few sizes (padded_tokens) where oneDNN runs the layers' GEMMs,
@@ -217,8 +227,11 @@ class Decoder:
                 if real.data_ptr() != attn_buf.data_ptr():  # a backend that did not write into `out`
                     attn_buf[:t].copy_(real)
                 attn = attn_buf
-            x, hn = self._add_norm(x, layer.o(attn.reshape(-1, h * d)), layer.post_norm)
-            delta = layer.down(self._silu_mul(layer.gate_up(hn)))  # [T, hidden]
+            attn = attn.reshape(-1, h * d)  # [T, H D]
+            if layer.attn_sub_norm is not None:
+                attn = rms_norm(attn, layer.attn_sub_norm, self.eps)
+            x, hn = self._add_norm(x, layer.o(attn), layer.post_norm)
+            delta = layer.down(self._activate(layer, layer.gate_up(hn)))  # [T, hidden]
         if delta is not None:
             x = x + delta
         last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
@@ -250,6 +263,14 @@ class Decoder:
         k = qkv[:, h * d : (h + hk) * d].view(-1, hk, d)  # [T, H_kv, D]
         q.copy_(rms_norm(q, q_norm, self.eps))
         k.copy_(rms_norm(k, k_norm, self.eps))
+
+    def _activate(self, layer: _Layer, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
+        """act(gate) * up: SiLU, or BitNet's ReLU^2 followed by its sub-layer norm."""
+        if not layer.relu2:
+            return self._silu_mul(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+        out = torch.square(F.relu(gate)) * up
+        return rms_norm(out, layer.ffn_sub_norm, self.eps) if layer.ffn_sub_norm is not None else out
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
         if self.triton_ops:

@@ -14,8 +14,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Served by the lean decoder (decoder.py), which reproduces these (SiLU MLP, no extra multipliers).
-LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Served by the lean decoder (decoder.py), which reproduces these (SiLU MLP, no extra multipliers;
+# BitNet's sub-layer norms, ReLU^2 and ternary projections: bitnet.py).
+LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "BitNetForCausalLM")
+_ACTIVATIONS = {"BitNetForCausalLM": "relu2"}  # the MLP activation the decoder computes; else SiLU
 
 # Served by transformers' own forward, attention routed through the paged cache (model_runner.py);
 # each has a tiny random-weight model in benchmarks/models/tiny.py and passes tests/model/test_families.py.
@@ -35,8 +37,10 @@ PROVEN = LEAN + FALLBACK
 
 
 def lean_supports(model: Any) -> bool:
-    """True for the models the lean decoder (decoder.py) serves: its architectures, SiLU MLP."""
-    return type(model).__name__ in LEAN and getattr(model.config, "hidden_act", "silu") == "silu"
+    """True for the models the lean decoder (decoder.py) serves: its architectures, each with its
+    MLP activation."""
+    name = type(model).__name__
+    return name in LEAN and getattr(model.config, "hidden_act", "silu") == _ACTIVATIONS.get(name, "silu")
 
 
 class UnsupportedArchitecture(ValueError):
@@ -68,6 +72,11 @@ def check_architecture(model: Any, allow_unverified: bool = False) -> None:
 def check_quantization(model: Any, quantization: str | None) -> None:
     """Refuse, at load, quantized weights for a model served through transformers' forward: only
     the lean decoder runs the packed low-bit GEMMs (docs/serving.md "Quantized weights")."""
+    if quantization is not None and type(model).__name__ == "BitNetForCausalLM":
+        raise UnsupportedArchitecture(
+            f"quantization={quantization!r} on a BitNet model: its projections are served from their own "
+            "ternary weights (docs/bitnet.md); set quantization to null"
+        )
     if quantization is not None and not lean_supports(model):
         raise UnsupportedArchitecture(
             f"quantization={quantization!r} is served by the lean decoder only ({', '.join(LEAN)}); "

@@ -49,6 +49,8 @@ def load_shard(path: str, shard_rank: int, world: int, dtype: torch.dtype) -> An
         raise TensorParallelUnsupported(f"{path} has no safetensors: tensor parallelism reads slices of them")
     config, parsed = read_config(path)
     full = _skeleton(config)  # weightless: the tensors' names, ties and the GGUF name map
+    if getattr(config, "quantization_config", None) and config.model_type == "bitnet":
+        raise TensorParallelUnsupported("a packed BitNet checkpoint: its ternary projections are not split yet")
     if not lean_supports(full):
         raise TensorParallelUnsupported(
             f"{type(full).__name__} runs through transformers' forward: tensor parallelism needs the lean decoder"

@@ -1,0 +1,75 @@
+"""Ternary linear layers (BitNet b1.58): weights in {-1, 0, +1} with one scale per tensor, times
+activations quantized per token to int8, with integer accumulation (docs/bitnet.md).
+
+transformers' `BitLinear` computes, in the model's dtype,
+
+    s   = 127 / max(|x|, over the row).clamp(min=1e-5)        # per token
+    x_q = (x * s).round().clamp(-128, 127)
+    y   = linear(x_q, w) / (weight_scale * s)
+
+Its products and sums are of integers: in fp32 every partial sum is an integer below 2^24 (128 x
+the input width, up to 131072 columns), so ATen's fp32 GEMM computes them exactly, in any order.
+An int32 accumulation therefore gives the same `linear(x_q, w)` bit for bit, and this layer's
+output equals transformers' fp32 forward bit for bit, the contract its tests hold it to.
+
+Several projections that read the same input (q/k/v, gate/up) are fused into one GEMM: each keeps
+its own weight scale, applied to its own columns (`col_scale`), the same fp32 product per element.
+
+`TernaryLinear` is the PyTorch twin, the oracle any faster kernel is held to: the weight kept as
+int8 values (a byte a weight, never floats), `torch._int_mm` for the integer GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+VALUES_PER_BYTE = 4  # transformers' packing: 2 bits a weight, along the output dimension
+_MAX_K = 1 << 17  # 128 * K < 2^24: fp32 sums of the products exact (see the module docstring)
+
+
+def unpack_ternary(packed: torch.Tensor) -> torch.Tensor:  # [N/4, K] uint8 -> [N, K] int8
+    """transformers' packed BitNet weight: value + 1 in 2 bits, the i-th quarter of the output
+    rows in bits 2i..2i+1 of each byte. Raises on a code of 3 (no ternary value)."""
+    if packed.dtype != torch.uint8 or packed.dim() != 2:
+        raise ValueError(f"a packed ternary weight is a 2-D uint8 tensor, got {packed.dtype} {tuple(packed.shape)}")
+    quarters = [(packed >> (2 * i)) & 3 for i in range(VALUES_PER_BYTE)]
+    codes = torch.cat(quarters, dim=0)  # [N, K] in {0, 1, 2}
+    if bool((codes == 3).any()):
+        raise ValueError("a packed ternary weight holds the code 3, which is no value of {-1, 0, +1}")
+    return (codes.to(torch.int8) - 1).contiguous()
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([T, K] int8, [T, 1] scale) as transformers' `BitLinear.activation_quant`, in x's dtype."""
+    scale = 127 / x.abs().max(dim=-1, keepdim=True).values.clamp(min=1e-5)  # [T, 1]
+    return (x * scale).round().clamp(-128, 127).to(torch.int8), scale
+
+
+class TernaryLinear:
+    """y = (x_q @ w.T) / (col_scale * s): one or more BitLinear projections over the same input."""
+
+    def __init__(self, weight: torch.Tensor, col_scale: torch.Tensor) -> None:
+        # weight [N, K] int8 in {-1, 0, 1}; col_scale [N], each column's weight_scale
+        if weight.dtype != torch.int8 or col_scale.shape != (weight.shape[0],):
+            raise ValueError(f"ternary weight [N, K] int8 with [N] scales, got {weight.dtype} {tuple(weight.shape)}")
+        if weight.shape[1] >= _MAX_K:
+            raise ValueError(f"input width {weight.shape[1]} >= {_MAX_K}: int8 sums could leave fp32's exact range")
+        self.weight_t = weight.t().contiguous()  # [K, N]: _int_mm's layout
+        self.col_scale = col_scale  # [N], fp32 or the model's dtype, as transformers holds it
+        self.out_features, self.in_features = weight.shape
+
+    @classmethod
+    def fuse(cls, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> TernaryLinear:
+        """One layer from (packed [N_i/4, K] uint8, weight_scale [1]) parts, outputs concatenated."""
+        weights = [unpack_ternary(p) for p, _ in parts]
+        scales = [s.reshape(1).expand(w.shape[0]) for w, (_, s) in zip(weights, parts)]
+        return cls(torch.cat(weights), torch.cat(scales))
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight_t.numel() + self.col_scale.numel() * self.col_scale.element_size()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N], x's dtype
+        x_q, s = quantize_activations(x)
+        acc = torch._int_mm(x_q, self.weight_t) if x_q.shape[0] > 0 else x_q.new_zeros(0, self.out_features)
+        return (acc.to(x.dtype) / (self.col_scale.to(x.dtype) * s)).to(x.dtype)  # [T, N]

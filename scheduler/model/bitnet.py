@@ -1,0 +1,55 @@
+"""BitNet b1.58 in the lean decoder: which projections are ternary, and the checks at load
+(docs/bitnet.md).
+
+transformers loads a BitNet checkpoint whose `quantization_config` names `linear_class:
+bitlinear` with each projection a `BitLinear`: its weight packed four to a byte, one
+`weight_scale`, activations quantized per token to int8 inside the layer. The decoder serves
+those through `kernels.ternary.TernaryLinear`, bit for bit transformers' fp32 forward. A BitNet
+model without a quantization config has plain `nn.Linear` projections and is served like any
+lean model. `AutoBitLinear` (`linear_class: autobitlinear`) quantizes its activations in floats
+with another order of operations; it is refused at load rather than served approximately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from orcaserve.kernels.ternary import TernaryLinear
+
+ARCHITECTURE = "BitNetForCausalLM"
+
+
+def is_ternary(module: Any) -> bool:
+    return type(module).__name__ == "BitLinear"
+
+
+def check_bitnet(model: Any, device: Any) -> None:
+    """Raise ValueError, at load, for a BitNet model the decoder cannot serve exactly, or on a
+    device without a ternary kernel yet (the CPU has the PyTorch twin)."""
+    for name, module in model.named_modules():
+        if is_ternary(module) and getattr(device, "type", "cpu") != "cpu":
+            raise ValueError(f"ternary (BitNet) projections are served on the CPU only so far, not {device}")
+        kind = type(module).__name__
+        if kind == "AutoBitLinear":
+            raise ValueError(
+                f"{name} is an AutoBitLinear (linear_class: autobitlinear), whose float activation "
+                "quantization orcaserve does not reproduce; serve a checkpoint packed for BitLinear"
+            )
+        if is_ternary(module) and getattr(module, "rms_norm", None) is not None:
+            raise ValueError(f"{name}: BitLinear with its own RMSNorm (use_rms_norm) is not served")
+        if is_ternary(module) and getattr(module, "bias", None) is not None:
+            raise ValueError(f"{name}: BitLinear with a bias is not served")
+
+
+def projection(build: Callable[..., Any], *modules: Any, **kwargs: Any) -> Any:
+    """The fused layer over `modules`: ternary where they are BitLinear, else `build(*modules, **kwargs)`."""
+    ternary = [is_ternary(m) for m in modules]
+    if not any(ternary):
+        return build(*modules, **kwargs)
+    if not all(ternary):
+        raise ValueError("a fused projection mixes ternary and dense weights")
+    fused = TernaryLinear.fuse([(m.weight, m.weight_scale) for m in modules])
+    for m in modules:  # the packed copy is no longer read: the decoder holds the weights now
+        m.weight = m.weight.new_empty(0)
+    return fused
