@@ -28,8 +28,10 @@ from typing import Any
 import torch
 
 from orcaserve.handler.config import HandlerConfig
+from orcaserve.handler.edge import count_tokens, edge_for, relay
 from orcaserve.handler.faults import FaultInjector
 from orcaserve.handler.metrics import EngineMetrics
+from orcaserve.handler.openai import reasoning_content
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.choices import by_choice, usage
 from orcaserve.handler.openai.errors import http_error
@@ -57,6 +59,7 @@ from orcaserve.handler.openai.responses import (
 )
 from orcaserve.handler.openai.tenancy import derive_cache_salt, header_value
 from orcaserve.handler.openai.tools import shape_choice, stream_tail
+from orcaserve.handler.reasoning import ReasoningStyle, reasoning_style
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
@@ -90,6 +93,8 @@ class OrcaHandler:
         self._exiting = threading.Event()
         self._logprobs: LogprobsRenderer | None = None
         self._created = int(time.time())  # the model's `created` in `GET /v1/models`
+        self._reasoning: ReasoningStyle | None = None  # the model's reasoning parser (reasoning.py)
+        self._counter: Any = None  # a tokenizer for count_tokens (edge.py)
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -149,7 +154,10 @@ class OrcaHandler:
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.engine_loop = make_loop(self.metrics.on_step)
         self.metrics.on_start(self.engine_loop.engine)
-        self._logprobs = LogprobsRenderer(copy.deepcopy(self.engine_loop.engine.tokenizer))
+        tokenizer = copy.deepcopy(self.engine_loop.engine.tokenizer)
+        self._logprobs = LogprobsRenderer(tokenizer)
+        self._reasoning = reasoning_style(config.reasoning_parser, tokenizer)
+        self._counter = copy.deepcopy(tokenizer)  # count_tokens', used off the asyncio thread
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -205,17 +213,20 @@ class OrcaHandler:
         socket_lock.install(getattr(context, "cl_socket", None))
         request_id = context.get_request_id(0) or f"req-{time.time_ns()}"
         reply = Reply(context, (self.config or HandlerConfig).max_frame_bytes)
+        edge = edge_for(context.get_request_header(0, "url_path"))  # errors in its protocol's shape
+        shaped = edge.error if edge is not None else lambda status, body: body
         self._active += 1
         try:
             body = await self._serve(data[0] if data else {}, reply, request_id)
         except ProtocolError as e:
-            body = reply.fail(e.status, e.body())
+            body = reply.fail(e.status, shaped(e.status, e.body()))
         except EngineError as e:
             answer = http_error(e)
-            body = reply.fail(answer.status, answer.body, answer.retry_after)
+            body = reply.fail(answer.status, shaped(answer.status, answer.body), answer.retry_after)
         except Exception as e:  # the worker must survive anything one request does
             log.exception("request %s failed", request_id)
-            body = reply.fail(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))
+            failure = error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error")
+            body = reply.fail(500, shaped(500, failure))
         finally:
             self._active -= 1
         return [reply.finish(body)]
@@ -224,7 +235,8 @@ class OrcaHandler:
         context = reply.context
         if not self.initialized or self.engine_loop is None or not self.engine_loop.alive:
             raise ShuttingDown("the engine is not running", retry_after=5)
-        kind = route(context.get_request_header(0, "url_path"))
+        edge = edge_for(context.get_request_header(0, "url_path"))  # Anthropic's, Responses (edge.py)
+        kind = CHAT if edge is not None else route(context.get_request_header(0, "url_path"))
         if kind == MODELS:  # whatever the method and body: the list is all there is to say
             context.set_response_content_type(0, "application/json")
             return json.dumps(model_list(self.model_name, self.engine_loop.engine.max_model_len, self._created))
@@ -235,9 +247,14 @@ class OrcaHandler:
         assert cfg is not None and metrics is not None  # set with `initialized`
         check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
+        body, edge_ignored = edge.to_chat(body) if edge is not None else (body, ())
         req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit)
-        if req.ignored:
-            context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
+        req = reasoning_content.prepare(self._reasoning, req)
+        if req.ignored or edge_ignored:
+            context.set_response_header(0, IGNORED_HEADER, ",".join(sorted({*req.ignored, *edge_ignored})))
+        if edge is not None and edge.counts_tokens:
+            engine = self.engine_loop.engine
+            return await count_tokens(self._counter, req, engine.vocab_size, engine.max_model_len)
         headers = context.get_all_request_header(0) or {}
         salt = derive_cache_salt(cfg.tenant_header, headers, req.cache_salt)  # refuses a missing tenant
         # Whose share the request uses (fair policy, per-tenant metrics): the tenant as named.
@@ -259,6 +276,10 @@ class OrcaHandler:
             slo_class,
         )
         try:
+            if edge is not None:
+                assert self._logprobs is not None
+                answer = (edge, stream, req, reply, request_id, self.model_name, self._reasoning, self._logprobs.decode)
+                return await relay(*answer, metrics.on_finish)
             if req.stream:
                 return await self._relay(stream, req, reply, request_id, metrics)
             finals: dict[int, RequestOutput] = {}
@@ -275,9 +296,9 @@ class OrcaHandler:
                 prompt_logprobs = self._echo_logprobs(final)
                 if logprobs is not None and prompt_logprobs is not None:  # the prompt's, then the answer's
                     logprobs = {key: prompt_logprobs[key] + value for key, value in logprobs.items()}
-                choices.append(
-                    shape_choice(choice(kind, i, echo + final.text, final.finish_reason, logprobs), req.tool_spec)
-                )
+                thinking, text = reasoning_content.split_text(self._reasoning, kind, final.text)
+                shaped = shape_choice(choice(kind, i, echo + text, final.finish_reason, logprobs), req.tool_spec)
+                choices.append(reasoning_content.with_reasoning(shaped, thinking))
             context.set_response_content_type(0, "application/json")
             return json.dumps(
                 response_of(kind, request_id, self.model_name, choices, usage_of(*usage(finals.values())))
@@ -314,6 +335,7 @@ class OrcaHandler:
         offsets: dict[int, int] = {}  # per choice: where its next token's text starts (`text_offset`)
         finals: list[RequestOutput] = []
         held: dict[int, str] = {}  # per choice: text held back to be parsed into tool calls (tools.py)
+        thinking = reasoning_content.streamed(self._reasoning, req)  # the thinking apart (reasoning.py)
         try:
             async for outputs in stream.chunks():  # what has piled up goes out as one frame
                 pieces = []
@@ -332,13 +354,16 @@ class OrcaHandler:
                 for index, group in by_choice(outputs):
                     text = "".join(out.new_text for out in group)
                     new_logprobs = [lp for out in group for lp in out.new_logprobs or ()]
+                    thought = ""
+                    if thinking is not None:
+                        thought, text = thinking.feed(index, text, group[-1].finished)
                     if req.tool_spec is not None and req.tool_spec.parses:  # parsed into tool calls at the end
                         held[index] = held.get(index, "") + text
                         text, new_logprobs = "", []
-                    if text or new_logprobs:  # a token's logprob goes out even while its text is held back
+                    if text or new_logprobs or thought:  # a token's logprob goes out even while its text is held
                         logprobs, offsets[index] = self._render_logprobs(kind, new_logprobs or None, offsets[index])
                         chunk = stream_chunk(kind, request_id, model, created, text, logprobs=logprobs, index=index)
-                        pieces.append(sse(chunk))
+                        pieces.append(sse(reasoning_content.add_thinking(chunk, thought)))
                     last = group[-1]
                     if last.finished:
                         metrics.on_finish(last)
