@@ -62,6 +62,10 @@ def _usage(answer: Answer | None, prompt_tokens: int = 0) -> dict:
 
 
 def _stop_reason(answer: Answer) -> str:
+    """Anthropic's: `tool_use` whenever the answer calls a tool (also a call forced by
+    `tool_choice`, whose chat completions finish reason is `stop`)."""
+    if answer.tool_calls:
+        return "tool_use"
     return "stop_sequence" if answer.stop_sequence is not None else _STOP_REASONS.get(answer.finish_reason, "end_turn")
 
 

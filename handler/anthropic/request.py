@@ -8,8 +8,11 @@ request (openai/protocol.py) (docs/protocols.md, 'Anthropic Messages').
 - `max_tokens` (required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `stream`;
 - `tools` (`name`, `description`, `input_schema`) and `tool_choice` auto / any / tool / none
   (`disable_parallel_tool_use`) as function tools, `auto` / `required` / a named function;
-- `thinking` `{"type": "enabled" | "disabled"}` as the template's `enable_thinking`;
-- `metadata` and `service_tier` accepted and ignored; anything else is refused.
+- `thinking` `{"type": "enabled" | "disabled" | "adaptive"}` as the template's `enable_thinking`
+  (true, false, the template's default); its `budget_tokens` and `display` are not acted on;
+- `output_config.format` (`json_schema`) as a JSON-schema response format (structured outputs);
+- fields that change nothing about the tokens (`metadata`, `service_tier`, `cache_control`, ...:
+  `_IGNORED`) accepted and ignored; anything else is refused.
 """
 
 from __future__ import annotations
@@ -32,10 +35,25 @@ _FIELDS = {
     "tools",
     "tool_choice",
     "thinking",
+    "output_config",
+}
+# Fields of Anthropic's API that change nothing about the tokens a request gets back here:
+# accepted, ignored, named in the answer's ignored-fields header. `cache_control`: prompt prefixes
+# are cached without being asked (docs/kv-cache.md, "Prefix caching").
+_IGNORED = {
     "metadata",
     "service_tier",
+    "cache_control",
+    "speed",
+    "inference_geo",
+    "diagnostics",
+    "container",
+    "user_profile_id",
+    "workspace_id",
 }
-_IGNORED = {"metadata", "service_tier"}
+_FIELDS |= _IGNORED
+# `thinking.type` -> the template's `enable_thinking` (None: the template's default).
+_THINKING = {"enabled": True, "disabled": False, "adaptive": None}
 
 
 def _text_of(blocks: Any, where: str) -> str:
@@ -151,10 +169,31 @@ def chat_body(body: dict, count_only: bool = False) -> tuple[dict, tuple[str, ..
                 out["parallel_tool_calls"] = parallel
     elif body.get("tool_choice") is not None:
         raise ProtocolError("tool_choice needs tools", "tool_choice")
+    ignored = {k for k in body if k in _IGNORED}
     thinking = body.get("thinking")
     if thinking is not None:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind not in ("enabled", "disabled"):
-            raise ProtocolError(f"thinking must be {{'type': 'enabled' | 'disabled'}}, got {thinking!r}", "thinking")
-        out["chat_template_kwargs"] = {"enable_thinking": kind == "enabled"}
-    return out, tuple(sorted(k for k in body if k in _IGNORED))
+        if kind not in _THINKING:
+            raise ProtocolError(f"thinking.type must be one of {sorted(_THINKING)}, got {thinking!r}", "thinking")
+        if _THINKING[kind] is not None:
+            out["chat_template_kwargs"] = {"enable_thinking": _THINKING[kind]}
+        ignored |= {f"thinking.{k}" for k in thinking if k != "type"}
+    ignored |= _output_config(body.get("output_config"), out)
+    return out, tuple(sorted(ignored))
+
+
+def _output_config(config: Any, out: dict) -> set[str]:
+    """`output_config`: its `format` (a JSON schema) as chat completions' `response_format`, put in
+    `out`; returns the parts not acted on (`effort`)."""
+    if config is None:
+        return set()
+    if not isinstance(config, dict) or not set(config) <= {"format", "effort"}:
+        raise ProtocolError("output_config must be an object with format and effort", "output_config")
+    fmt = config.get("format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise ProtocolError(
+                "output_config.format must be {'type': 'json_schema', 'schema': {...}}", "output_config"
+            )
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    return {"output_config.effort"} if config.get("effort") is not None else set()

@@ -169,6 +169,8 @@ def test_anthropic_message_and_events():
     stop = Answer(None, "x", [], "stop", 1, 1, 0, stop_sequence="END")
     assert M.message("r", "m", stop)["stop_reason"] == "stop_sequence"
     assert M.message("r", "m", Answer(None, "x", [], "length", 1, 1))["stop_reason"] == "max_tokens"
+    forced = Answer(None, "", [call], "stop", 1, 1)  # a call forced by tool_choice: chat's finish reason is stop
+    assert M.message("r", "m", forced)["stop_reason"] == "tool_use"
     writer = M.MessageEvents("r1", "m")
     parts = [Part("thinking", "h"), Part("thinking", "m"), Part("text", "Su"), Part("text", "re.")]
     sse = writer.start(9) + "".join(

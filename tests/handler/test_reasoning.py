@@ -7,6 +7,7 @@ import copy
 import itertools
 
 import pytest
+from thinking_models import QWEN3_TEMPLATE, R1_TEMPLATE
 
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.openai import protocol as P
@@ -15,19 +16,6 @@ from orcaserve.handler.reasoning import ReasoningSplitter, ReasoningStyle, reaso
 
 QWEN3 = ReasoningStyle("qwen3", starts_inside=False, can_skip=True)
 R1 = ReasoningStyle("deepseek_r1", starts_inside=True)
-
-# Qwen3-like: the model opens <think> itself; enable_thinking false closes an empty one in the prompt.
-QWEN3_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
-)
-# DeepSeek-R1-like: the generation prompt opens the thinking.
-R1_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if '</think>' in m.content %}"
-    "{{ m.content.split('</think>')[-1] }}{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
-)
 
 
 def pieces(text: str, cuts: tuple[int, ...]) -> list[str]:
