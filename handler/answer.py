@@ -19,7 +19,8 @@ from orcaserve.scheduler.core.outputs import RequestOutput
 class Answer:
     """A finished answer. `tool_calls` in OpenAI's shape (`{"id", "type", "function": {"name",
     "arguments"}}`, arguments as JSON text); `finish_reason` one of OpenAI's (stop, length,
-    tool_calls); `stop_sequence`: the stop string that ended it, when one did."""
+    tool_calls); `stop_sequence`: the stop string that ended it, when one did; `reasoning_tokens`:
+    how many of its tokens are the thinking (set by the shaper that can decode them)."""
 
     thinking: str | None
     text: str
@@ -29,6 +30,7 @@ class Answer:
     completion_tokens: int = 0
     cached_tokens: int = 0
     stop_sequence: str | None = None
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from orcaserve.handler.answer import Answer, AnswerParts, Part, stop_sequence_of
 from orcaserve.handler.openai.errors import HttpError
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.handler.openai.protocol import ParsedRequest
-from orcaserve.handler.reasoning import ReasoningStyle
+from orcaserve.handler.reasoning import THINK_END, ReasoningStyle
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.errors import InternalError
 
@@ -55,11 +55,27 @@ class EdgeShaper:
             return None
         return stop_sequence_of(stops, self._renderer.decode(list(final.output_token_ids)), final.text)
 
+    def _count_thinking(self, final: RequestOutput, answer: Answer) -> None:
+        """Set how many of the answer's tokens are its thinking: those up to the one that completes
+        `</think>`, or all of them when the answer ended inside the thinking."""
+        ids = list(final.output_token_ids)
+        if not answer.thinking or self._renderer is None or not ids:
+            return
+        low, high = 1, len(ids) + 1  # the fewest tokens whose text holds `</think>`; len + 1: none do
+        while low < high:
+            mid = (low + high) // 2
+            if THINK_END in self._renderer.decode(ids[:mid]):
+                high = mid
+            else:
+                low = mid + 1
+        answer.reasoning_tokens = min(low, len(ids))
+
     def response(self, finals: dict[int, RequestOutput]) -> str:
         """The JSON answer from the final output."""
         if set(finals) != {0}:
             raise InternalError("the request ended without output")
         answer = whole_answer(finals[0], self.req, self.style, self._stop_sequence)
+        self._count_thinking(finals[0], answer)
         return json.dumps(self._answer(self.request_id, self.model, answer))
 
     def events(self, outputs: list[RequestOutput]) -> str:
@@ -70,7 +86,10 @@ class EdgeShaper:
             pieces.append(self._writer.start(outputs[0].prompt_tokens))
             self.opened = True
         for out in outputs:
-            pieces += [self._writer.part(part) for part in self._parts.feed(out)]
+            for part in self._parts.feed(out):
+                if part.answer is not None:  # the end: the whole answer, its tokens in `out`
+                    self._count_thinking(out, part.answer)
+                pieces.append(self._writer.part(part))
             if out.finished:
                 self.done = True
                 break

@@ -167,7 +167,7 @@ def _response(request_id: str, model: str, status: str, output: list[dict], answ
             "input_tokens": answer.prompt_tokens,
             "input_tokens_details": {"cached_tokens": answer.cached_tokens},
             "output_tokens": answer.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
             "total_tokens": answer.prompt_tokens + answer.completion_tokens,
         }
     incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None

@@ -210,6 +210,7 @@ def test_thinking_apart_in_every_protocol(ts):
     out = gpt.responses.create(model=THINKER, input=THINKER_QUESTION, temperature=0)
     assert [item.type for item in out.output] == ["reasoning", "message"] and out.output_text == ANSWER
     assert out.output[0].content[0].text == ANSWER_THINKING
+    assert out.usage.output_tokens_details.reasoning_tokens == 4  # the tokens through `</think>`
     reasoning, text = [], []
     with gpt.responses.stream(model=THINKER, input=THINKER_QUESTION, temperature=0) as stream:
         for event in stream:

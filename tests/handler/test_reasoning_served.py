@@ -138,6 +138,8 @@ def test_messages_and_responses_keep_the_thinking_apart(tokenizer, threads):
     assert [i["type"] for i in resp["output"]] == ["reasoning", "message"]
     assert resp["output"][0]["content"][0]["text"] == ANSWER_THINKING
     assert resp["output"][1]["content"][0]["text"] == ANSWER
+    # `<th`, `ink>\nI thi`, `nk 2 < 3.\n</thi`, `nk>\n\nYe`: the fourth token completes `</think>`
+    assert resp["usage"]["output_tokens_details"] == {"reasoning_tokens": 4}
     seen = named_events(frames["resp-sse"])
     assert "".join(d["delta"] for n, d in seen if n == "response.reasoning_text.delta") == ANSWER_THINKING
     assert "".join(d["delta"] for n, d in seen if n == "response.output_text.delta") == ANSWER
