@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, cast
 
+from orcaserve.handler.reasoning import STYLES
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.model.hub import parse_hub_id
 
@@ -74,6 +75,13 @@ def _tenant_classes(value: Any, classes: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _reasoning_parser(value: Any) -> str | None:
+    """`reasoning_parser`: qwen3, deepseek_r1, auto (from the chat template) or none / null (off)."""
+    if value not in (None, "none", "auto", *STYLES):
+        raise ValueError(f"reasoning_parser must be one of {[*STYLES, 'auto', 'none']}, got {value!r}")
+    return None if value == "none" else value
+
+
 @dataclass
 class HandlerConfig:
     """Parsed `handler:` section. Engine arguments are exactly `EngineConfig`'s fields.
@@ -92,6 +100,8 @@ class HandlerConfig:
     slo_class_header: the request header (set by a trusted gateway) naming the request's class of
     latency targets (`slo_classes`); `tenant_slo_class`: tenant -> class when the header is absent
     (docs/latency-targets.md). None: no class, no target.
+    reasoning_parser: how the model's `<think>` thinking is split from its answer (qwen3,
+    deepseek_r1; auto: from the chat template; None: not split) (docs/protocols.md, 'Reasoning').
     Limits (docs/reliability.md#limits): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` sequences waiting beyond the engine's
     `max_num_seqs` seats, per worker (beyond seats plus queue: 503 with Retry-After). None =
@@ -113,6 +123,7 @@ class HandlerConfig:
     max_frame_bytes: int = 1 << 20
     slo_class_header: str | None = None
     tenant_slo_class: dict[str, str] = dataclasses.field(default_factory=dict)
+    reasoning_parser: str | None = "auto"
 
     SERVING_KEYS = (
         "model_path",
@@ -127,6 +138,7 @@ class HandlerConfig:
         "max_frame_bytes",
         "slo_class_header",
         "tenant_slo_class",
+        "reasoning_parser",
     )
 
     @classmethod
@@ -148,6 +160,7 @@ class HandlerConfig:
             "tenant_header": _header_name(section.pop("tenant_header", None)),
             "slo_class_header": _header_name(section.pop("slo_class_header", None), "slo_class_header"),
             "tenant_slo_class": _tenant_classes(section.pop("tenant_slo_class", None), section.get("slo_classes")),
+            "reasoning_parser": _reasoning_parser(section.pop("reasoning_parser", "auto")),
         }
         for key in ("max_body_bytes", "max_tokens_limit", "max_waiting_requests"):
             if key in section:

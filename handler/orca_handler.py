@@ -1,4 +1,5 @@
-"""OrcaHandler: TorchServe async-mode handler serving OpenAI-shaped requests from one engine loop.
+"""OrcaHandler: TorchServe async-mode handler serving the protocols of `protocols.py` (OpenAI's,
+Anthropic's Messages, OpenAI's Responses) from one engine loop.
 
 TorchServe (with `asyncCommunication: true`) calls `async def handle` once per request on its
 asyncio thread while earlier requests still stream. The handler only parses, submits to the
@@ -33,10 +34,11 @@ from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
-from orcaserve.handler.openai.protocol import IGNORED_HEADER, MODELS, ProtocolError, parse_request, route
+from orcaserve.handler.openai.protocol import IGNORED_HEADER, MODELS, ProtocolError
 from orcaserve.handler.openai.responses import model_list
-from orcaserve.handler.openai.shaper import Shaper, shaper_for
 from orcaserve.handler.openai.tenancy import with_tenancy
+from orcaserve.handler.protocols import Endpoint, Shapes, count_tokens, endpoint_for
+from orcaserve.handler.reasoning import ReasoningStyle, reasoning_style
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
@@ -69,6 +71,8 @@ class OrcaHandler:
         self._exiting = threading.Event()
         self._logprobs: LogprobsRenderer | None = None
         self._created = int(time.time())  # the model's `created` in `GET /v1/models`
+        self._reasoning: ReasoningStyle | None = None  # the model's reasoning parser (reasoning.py)
+        self._counter: Any = None  # a tokenizer of count_tokens' own (protocols.py), used off this thread
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -137,7 +141,10 @@ class OrcaHandler:
         self.engine_loop = make_loop(self.metrics.on_step, self.metrics.on_refused)
         engine = self.engine_loop.engine  # its cache's shape is fixed: safe to read from this thread
         self.metrics.on_start(engine.config.block_size, engine.stats.num_blocks)
-        self._logprobs = LogprobsRenderer(copy.deepcopy(engine.tokenizer))
+        tokenizer = copy.deepcopy(engine.tokenizer)
+        self._logprobs = LogprobsRenderer(tokenizer)
+        self._reasoning = reasoning_style(config.reasoning_parser, tokenizer)
+        self._counter = copy.deepcopy(tokenizer)
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -193,23 +200,25 @@ class OrcaHandler:
         socket_lock.install(getattr(context, "cl_socket", None))
         request_id = context.get_request_id(0) or f"req-{time.time_ns()}"
         reply = Reply(context, (self.config or HandlerConfig).max_frame_bytes)
+        endpoint: Endpoint | None = None
         self._active += 1
         try:
-            body = await self._serve(data[0] if data else {}, reply, request_id)
+            endpoint = endpoint_for(context.get_request_header(0, "url_path"))
+            body = await self._serve(data[0] if data else {}, reply, request_id, endpoint)
         except Exception as e:  # the worker must survive anything one request does
             if not isinstance(e, (ProtocolError, EngineError)):
                 log.exception("request %s failed", request_id)
-            body = reply.fail(http_error(e))  # the one error path (openai/errors.py)
+            error = http_error(e)  # the one error path (openai/errors.py), in the protocol's shape
+            body = reply.fail(endpoint.error(error) if endpoint is not None else error)
         finally:
             self._active -= 1
         return [reply.finish(body)]
 
-    async def _serve(self, item: dict, reply: Reply, request_id: str) -> str:
+    async def _serve(self, item: dict, reply: Reply, request_id: str, endpoint: Endpoint) -> str:
         context = reply.context
         if not self.initialized or self.engine_loop is None or not self.engine_loop.alive:
             raise ShuttingDown("the engine is not running", retry_after=5)
-        kind = route(context.get_request_header(0, "url_path"))
-        if kind == MODELS:  # whatever the method and body: the list is all there is to say
+        if endpoint.kind == MODELS:  # whatever the method and body: the list is all there is to say
             context.set_response_content_type(0, "application/json")
             return json.dumps(model_list(self.model_name, self.engine_loop.engine.max_model_len, self._created))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
@@ -219,13 +228,17 @@ class OrcaHandler:
         assert cfg is not None and metrics is not None  # set with `initialized`
         check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
-        req = parse_request(body, kind, cfg.default_timeout, cfg.default_max_tokens, cfg.max_tokens_limit, request_id)
+        req = endpoint.parse(body, request_id, cfg, self._reasoning)
         if req.ignored:
             context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
+        if endpoint.counts_tokens:
+            engine = self.engine_loop.engine  # its vocabulary and context length are fixed: safe to read
+            context.set_response_content_type(0, "application/json")
+            return await count_tokens(self._counter, req, engine.vocab_size, engine.max_model_len)
         request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
-        shaper = shaper_for(req, request_id, self.model_name, self._logprobs)
+        shaper = endpoint.shaper(req, request_id, self.model_name, self._logprobs, self._reasoning)
         try:
             if req.stream:
                 return await self._relay(stream, shaper, reply, metrics)
@@ -243,15 +256,15 @@ class OrcaHandler:
             if not stream.finished:  # we are leaving early (error): free the engine's blocks
                 self.engine_loop.abort(request_id)
 
-    async def _relay(self, stream: RequestStream, shaper: Shaper, reply: Reply, metrics: EngineMetrics) -> str:
-        """Send each frame's SSE events as tokens arrive; returns the last frame (ends with `[DONE]`).
+    async def _relay(self, stream: RequestStream, shaper: Shapes, reply: Reply, metrics: EngineMetrics) -> str:
+        """Send each frame's SSE events as tokens arrive; returns the last frame.
 
         The HTTP status goes out with the first frame, so nothing is sent before the request has
         produced a token: a validation error or a deadline before it are still real 4xx answers;
-        after it an error travels in-band (`Reply.fail`)."""
+        after it an error travels in-band, as the shaper's protocol tells it (`Reply.fail`)."""
         async for outputs in stream.chunks():  # what has piled up goes out as one frame
             if not reply.opened:
-                reply.open("text/event-stream")
+                reply.open("text/event-stream", shaper.error_event)
             text = shaper.events(outputs)
             for out in outputs:
                 if out.finished:

@@ -18,6 +18,8 @@ class ChatPrompt:
 
     messages: list[dict[str, Any]]
     tools: list[dict] | None = None  # OpenAI function tools, rendered by the template (tool_template.py)
+    # Extra arguments of the template (e.g. `enable_thinking`), as the request sent them.
+    template_kwargs: dict[str, Any] | None = None
 
 
 Prompt = str | Sequence[int] | ChatPrompt
@@ -42,7 +44,12 @@ def encode_prompt(tokenizer: Any, prompt: Prompt, vocab_size: int, max_model_len
         try:
             template = tool_template(tokenizer, prompt.messages, prompt.tools)
             text = tokenizer.apply_chat_template(
-                prompt.messages, tools=prompt.tools, chat_template=template, tokenize=False, add_generation_prompt=True
+                prompt.messages,
+                tools=prompt.tools,
+                chat_template=template,
+                tokenize=False,
+                add_generation_prompt=True,
+                **(prompt.template_kwargs or {}),
             )
         except Exception as e:  # a template may refuse e.g. a role order
             raise InvalidRequest(

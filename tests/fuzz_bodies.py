@@ -1,6 +1,7 @@
 """Request bodies for the fuzz suites (hypothesis strategies), unit-level and live.
 
-`completions` and `chats` are valid bodies with zero to two fields broken or added: wrong types,
+`completions`, `chats`, `anthropic_messages` (Anthropic's Messages) and `responses` (OpenAI's
+Responses) are valid bodies with zero to two fields broken or added: wrong types,
 huge, negative and non-finite numbers, unknown fields, empty and oversized prompts, token ids
 outside the vocabulary, unpaired surrogates, control characters, deep nesting, huge `stop`
 lists, odd chat roles and content parts. Valid values include extremes that still reach torch.
@@ -121,12 +122,54 @@ NAMES = sorted(
 )
 
 
-def bodies(first: str, first_values) -> st.SearchStrategy:
+def bodies(first: str, first_values, valid: dict = VALID, names: list[str] = NAMES) -> st.SearchStrategy:
     """A valid body with zero to two fields broken or added (known or unknown names)."""
-    base = st.fixed_dictionaries({first: first_values}, optional=VALID)
-    broken = st.lists(st.tuples(st.one_of(st.sampled_from(NAMES), st.text(min_size=1, max_size=10)), BAD), max_size=2)
+    base = st.fixed_dictionaries({first: first_values}, optional=valid)
+    broken = st.lists(st.tuples(st.one_of(st.sampled_from(names), st.text(min_size=1, max_size=10)), BAD), max_size=2)
     return st.builds(lambda b, changes: {**b, **dict(changes)}, base, broken)
 
 
 completions = bodies("prompt", prompts)
 chats = bodies("messages", messages)
+
+# Anthropic's Messages: user / assistant turns of text, tool_use and tool_result blocks.
+blocks = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": text}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": text, "name": text, "input": values}),
+    st.fixed_dictionaries({"type": st.just("tool_result"), "tool_use_id": text, "content": any_value}),
+    st.fixed_dictionaries({"type": st.sampled_from(["thinking", "image", "document", ""]), "thinking": any_value}),
+)
+turns = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant"]), "content": st.one_of(text, st.lists(blocks, max_size=3))}
+    ),
+    min_size=1,
+    max_size=3,
+)
+ANTHROPIC_VALID = {
+    **{k: VALID[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "stream", "model")},
+    "system": text,
+    "stop_sequences": st.lists(text.filter(bool), max_size=4),
+    "thinking": st.fixed_dictionaries({"type": st.sampled_from(["enabled", "disabled", "adaptive"])}),
+}
+ANTHROPIC_NAMES = sorted(set(ANTHROPIC_VALID) | {"messages", "tools", "tool_choice", "output_config", "metadata"})
+anthropic_messages = bodies("messages", turns, ANTHROPIC_VALID, ANTHROPIC_NAMES)
+
+# OpenAI's Responses: a string or message, function_call and function_call_output items.
+items = st.lists(
+    st.one_of(
+        st.fixed_dictionaries({"role": roles, "content": text}),
+        st.fixed_dictionaries({"type": st.just("function_call"), "call_id": text, "name": text, "arguments": text}),
+        st.fixed_dictionaries({"type": st.just("function_call_output"), "call_id": text, "output": any_value}),
+    ),
+    min_size=1,
+    max_size=3,
+)
+RESPONSES_VALID = {
+    **{k: VALID[k] for k in ("temperature", "top_p", "stream", "model")},
+    "max_output_tokens": st.integers(1, 6),
+    "instructions": text,
+    "store": st.booleans(),
+}
+RESPONSES_NAMES = sorted(set(RESPONSES_VALID) | {"input", "text", "tools", "tool_choice", "previous_response_id"})
+responses = bodies("input", st.one_of(text, items), RESPONSES_VALID, RESPONSES_NAMES)

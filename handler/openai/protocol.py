@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.handler.openai import structured, tools
+from orcaserve.handler.reasoning import template_kwargs
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.prompt import ChatPrompt, Prompt
@@ -53,7 +54,9 @@ _COMMON = {
 } | structured.VLLM_FIELDS
 _COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
 _CHAT_FIELDS = (
-    _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"} | tools.FIELDS
+    _COMMON
+    | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "chat_template_kwargs"}
+    | tools.FIELDS
 )
 # OpenAI's fields that change nothing about the tokens a request gets back here: accepted, ignored,
 # logged once per process and named in the IGNORED_HEADER of the answer (as vLLM does).
@@ -248,7 +251,8 @@ def _logit_bias(body: dict) -> dict[int, Any]:
 def _chat_prompt(body: dict, tool_spec: tools.ToolSpec | None) -> ChatPrompt:
     messages = _parse_messages(body.get("messages"))
     # rendered at admission, off the threads other requests wait for
-    return ChatPrompt(messages, tool_spec.tools if tool_spec is not None else None)
+    kwargs = template_kwargs(body.get("chat_template_kwargs"))  # e.g. enable_thinking (handler/reasoning.py)
+    return ChatPrompt(messages, tool_spec.tools if tool_spec is not None else None, kwargs)
 
 
 def _max_tokens(body: dict, kind: str, default: int | None, limit: int | None) -> int:

@@ -5,8 +5,10 @@ protocol lives").
 
 The shaper owns what an answer carries beyond the tokens' text: `n` choices interleaved by index,
 chat's opening role delta, the echoed prompt (completions), log-probabilities in each API's shape
-with their text offsets, tool calls parsed from held-back text at a choice's end (`tools.py`), and
-the trailing usage chunk."""
+with their text offsets, tool calls parsed from held-back text at a choice's end (`tools.py`), a
+reasoning model's thinking apart from the answer (`reasoning_content.py`), the trailing usage chunk
+and an error once the stream is open. The other protocols' shapers have the same seams
+(handler/protocols.py)."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ import json
 import time
 from typing import Any
 
+from orcaserve.handler.openai import reasoning_content
 from orcaserve.handler.openai.choices import by_choice, usage
+from orcaserve.handler.openai.errors import HttpError
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.handler.openai.protocol import CHAT, COMPLETIONS, ParsedRequest
 from orcaserve.handler.openai.responses import SSE_DONE, choice, response_of, sse, stream_chunk, usage_of
 from orcaserve.handler.openai.tools import shape_choice, stream_tail
+from orcaserve.handler.reasoning import ReasoningStyle
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.errors import InternalError
 from orcaserve.scheduler.model.logprobs import TokenLogprob
@@ -32,9 +37,18 @@ class Shaper:
     KIND = ""
     _TEXT_END: str | None = None  # the text of a choice's finishing chunk
 
-    def __init__(self, req: ParsedRequest, request_id: str, model: str, renderer: LogprobsRenderer | None) -> None:
+    def __init__(
+        self,
+        req: ParsedRequest,
+        request_id: str,
+        model: str,
+        renderer: LogprobsRenderer | None,
+        style: ReasoningStyle | None = None,
+    ) -> None:
         self.req, self.request_id, self.model = req, request_id, model
         self._renderer = renderer
+        self._style = style  # the model's reasoning parser (reasoning.py); None: no thinking apart
+        self._thinking = reasoning_content.streamed(style, req)
         self.created = int(time.time())  # a stream's chunks all carry the second it started
         self.opened = False
         self.done = False
@@ -55,8 +69,9 @@ class Shaper:
             prompt_logprobs = self._echo_logprobs(final)
             if logprobs is not None and prompt_logprobs is not None:  # the prompt's, then the answer's
                 logprobs = {key: prompt_logprobs[key] + value for key, value in logprobs.items()}
-            one = choice(self.KIND, i, echo + final.text, final.finish_reason, logprobs)
-            choices.append(shape_choice(one, req.tool_spec))
+            thinking, text = reasoning_content.split_text(self._style, self.KIND, final.text)
+            one = shape_choice(choice(self.KIND, i, echo + text, final.finish_reason, logprobs), req.tool_spec)
+            choices.append(reasoning_content.with_reasoning(one, thinking))
         answer = response_of(self.KIND, self.request_id, self.model, choices, usage_of(*usage(finals.values())))
         return json.dumps(answer)
 
@@ -75,12 +90,16 @@ class Shaper:
         for index, group in by_choice(outputs):
             text = "".join(out.new_text for out in group)
             new_logprobs = [lp for out in group for lp in out.new_logprobs or ()]
+            thought = ""
+            if self._thinking is not None:  # the thinking apart, never in `content` (reasoning.py)
+                thought, text = self._thinking.feed(index, text, group[-1].finished)
             if req.tool_spec is not None and req.tool_spec.parses:  # parsed into tool calls at the end
                 self._held[index] = self._held.get(index, "") + text
                 text, new_logprobs = "", []
-            if text or new_logprobs:  # a token's logprob goes out even while its text is held back
+            if text or new_logprobs or thought:  # a token's logprob goes out even while its text is held
                 logprobs, self._offsets[index] = self._logprobs(new_logprobs or None, self._offsets[index])
-                pieces.append(sse(self._chunk(text, logprobs=logprobs, index=index)))
+                chunk = self._chunk(text, logprobs=logprobs, index=index)
+                pieces.append(sse(reasoning_content.add_thinking(chunk, thought)))
             last = group[-1]
             if last.finished:
                 self._finals.append(last)
@@ -94,6 +113,10 @@ class Shaper:
             pieces.append(SSE_DONE)
             self.done = True
         return "".join(pieces)
+
+    def error_event(self, error: HttpError) -> str:
+        """An error once the stream's 200 went out: in-band, as OpenAI's streaming API does."""
+        return sse(error.body) + SSE_DONE
 
     def _chunk(self, text: str | None = None, finish_reason: str | None = None, **kw: Any) -> dict:
         return stream_chunk(self.KIND, self.request_id, self.model, self.created, text, finish_reason, **kw)
@@ -162,6 +185,12 @@ class ChatShaper(Shaper):
 SHAPERS: dict[str, type[Shaper]] = {COMPLETIONS: CompletionsShaper, CHAT: ChatShaper}
 
 
-def shaper_for(req: ParsedRequest, request_id: str, model: str, renderer: LogprobsRenderer | None) -> Shaper:
+def shaper_for(
+    req: ParsedRequest,
+    request_id: str,
+    model: str,
+    renderer: LogprobsRenderer | None,
+    style: ReasoningStyle | None = None,
+) -> Shaper:
     """The shaper of `req`'s endpoint kind."""
-    return SHAPERS[req.kind](req, request_id, model, renderer)
+    return SHAPERS[req.kind](req, request_id, model, renderer, style)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from orcaserve.handler.openai.errors import HttpError
@@ -32,11 +33,15 @@ class Reply:
         self.started = False  # a frame went out
         self.opened = False  # a streamed 200 is chosen: errors go in-band from now on
         self.max_frame_bytes = max_frame_bytes
+        self._in_band: Callable[[HttpError], str] | None = None
 
-    def open(self, content_type: str) -> None:
-        """Choose a streamed 200 answer of `content_type`; its first frame goes out with `send`."""
+    def open(self, content_type: str, in_band: Callable[[HttpError], str] | None = None) -> None:
+        """Choose a streamed 200 answer of `content_type`; its first frame goes out with `send`.
+        `in_band`: an error as the stream's protocol tells it once the 200 is out (default:
+        OpenAI's, an error object then `[DONE]`)."""
         self.context.set_response_content_type(0, content_type)
         self.opened = True
+        self._in_band = in_band
 
     def send(self, text: str) -> None:
         """Intermediate frames (written now, from the asyncio thread), each at most
@@ -65,10 +70,11 @@ class Reply:
     def fail(self, error: HttpError) -> str:
         """Answer with an error (`openai/errors.py`); returns the final frame's body.
 
-        Before a stream opened this is a real HTTP status with an OpenAI error object; once its
-        200 is chosen the error can only travel in-band, as OpenAI's streaming API does."""
+        Before a stream opened this is a real HTTP status with the error's body (in its protocol's
+        shape: handler/protocols.py); once its 200 is chosen the error can only travel in-band, as
+        the stream's protocol tells it (`open`'s `in_band`)."""
         if self.started or self.opened:
-            return sse(error.body) + SSE_DONE
+            return self._in_band(error) if self._in_band is not None else sse(error.body) + SSE_DONE
         self.context.set_response_status(error.status, HTTP_PHRASES.get(error.status, ""), 0)
         self.context.set_response_content_type(0, "application/json")
         if error.retry_after is not None:

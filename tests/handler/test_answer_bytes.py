@@ -2,7 +2,8 @@
 outputs (a fake engine loop), recording every frame, status, header and content type the
 TorchServe layer writes. Covers what the end-to-end tests check only in parts: streamed and not,
 `n` choices interleaved, echo with prompt log-probabilities, chat log-probabilities, tool calls
-parsed from held-back text, the usage chunk, and each error before and after a stream opened.
+parsed from held-back text, the usage chunk, and each error before and after a stream opened;
+Anthropic's Messages and OpenAI's Responses in their own shapes.
 
 The expected values (`answer_bytes.json` beside this file) are what the handler wrote before the
 OpenAI shaping moved into `handler/openai/shaper.py`: this script run against that code.
@@ -13,6 +14,7 @@ moves any byte must show up in that file's diff.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 import uuid
@@ -142,6 +144,9 @@ def s(*frames: list[RequestOutput], error: Exception | None = None) -> Stream:
 
 
 CHAT_PATH, COMPLETIONS_PATH = "v1/chat/completions", "v1/completions"
+MESSAGES_PATH, RESPONSES_PATH = "v1/messages", "v1/responses"
+ANTHROPIC_TOOLS = [{"name": "get_time", "input_schema": {"type": "object"}}]
+RESPONSES_TOOLS = [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}]
 PROMPT_LOGPROBS = {"prompt_token_ids": [1, 2], "prompt_logprobs": [None, lp(2, 3)]}
 CASES: dict[str, tuple[str, dict, Any]] = {
     "completions_n2_echo_logprobs": (
@@ -215,6 +220,41 @@ CASES: dict[str, tuple[str, dict, Any]] = {
     "bug": (COMPLETIONS_PATH, {"prompt": "ab"}, RuntimeError("boom")),
     "non_streamed_without_output": (COMPLETIONS_PATH, {"prompt": "ab", "n": 2}, s([out("", 0, "stop", "a")])),
     "models": ("v1/models", {}, s()),
+    # Anthropic's Messages and OpenAI's Responses (handler/protocols.py): their answers, events and
+    # errors in their own shapes, before and after a stream opened.
+    "messages_tools": (
+        MESSAGES_PATH,
+        {"max_tokens": 9, "messages": [{"role": "user", "content": "time?"}], "tools": ANTHROPIC_TOOLS},
+        s([out("", 0, "stop", "Sure." + CALL)]),
+    ),
+    "messages_stream_stop_sequence": (
+        MESSAGES_PATH,
+        {"max_tokens": 9, "messages": [{"role": "user", "content": "hi"}], "stream": True, "stop_sequences": ["z"]},
+        s([out("a")], [dataclasses.replace(out("b", 0, "stop", "ab"), output_token_ids=[0, 1, 25])]),  # "ab" + "z"
+    ),
+    "messages_stream_error_after_first_frame": (
+        MESSAGES_PATH,
+        {"max_tokens": 9, "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        s([out("a")], error=InternalError("internal error: RuntimeError: injected")),
+    ),
+    "messages_refused": (MESSAGES_PATH, {"messages": [{"role": "user", "content": "hi"}]}, s()),
+    "messages_overloaded": (
+        MESSAGES_PATH,
+        {"max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]},
+        Overloaded("server overloaded: 2 waiting", retry_after=1),
+    ),
+    "responses_cut": (RESPONSES_PATH, {"input": "hi", "max_output_tokens": 2}, s([out("", 0, "length", "ab")])),
+    "responses_stream_tools": (
+        RESPONSES_PATH,
+        {"input": "time?", "tools": RESPONSES_TOOLS, "stream": True},
+        s([out("Sure.")], [out(CALL, 0, "stop", "Sure." + CALL)]),
+    ),
+    "responses_stream_error_after_first_frame": (
+        RESPONSES_PATH,
+        {"input": "hi", "stream": True},
+        s([out("a")], error=InternalError("internal error: RuntimeError: injected")),
+    ),
+    "responses_refused": (RESPONSES_PATH, {"input": "hi", "previous_response_id": "resp_1"}, s()),
 }
 
 

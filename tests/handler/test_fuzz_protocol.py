@@ -1,7 +1,8 @@
 """Property-based fuzzing of everything a request body can carry, at unit level.
 
 Each generated body goes the way a real one does: JSON-encoded (as the client sends it), decoded
-(`decode_body`, TorchServe's dict or raw bytes), parsed (`parse_request`), admitted
+(`decode_body`, TorchServe's dict or raw bytes), parsed (`parse_request`; Anthropic's Messages and
+OpenAI's Responses bodies by their protocol's `parse`, handler/protocols.py), admitted
 (`Engine.add_request`) and run for two engine steps. The only acceptable outcomes are a 4xx
 `ProtocolError`, a `ValueError` from admission (the loop answers it with 400), or a request that
 runs without the engine failing it. Nothing else may escape, and no step may report an error.
@@ -15,12 +16,13 @@ import json
 
 import pytest
 import torch
-from fuzz_bodies import chats, completions
+from fuzz_bodies import anthropic_messages, chats, completions, responses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orcaserve.handler.openai.body import decode_body
 from orcaserve.handler.openai.protocol import CHAT, COMPLETIONS, ProtocolError, parse_request
+from orcaserve.handler.protocols import MESSAGES, RESPONSES, Endpoint
 from orcaserve.scheduler import Engine
 
 pytestmark = pytest.mark.slow  # thousands of generated bodies through parse_request and the engine
@@ -40,13 +42,21 @@ def engine(tokenizer):
 _ids = itertools.count()
 
 
-def check(engine, tokenizer, kind: str, body: object, as_bytes: bool) -> None:
+class Limits:
+    default_timeout, default_max_tokens, max_tokens_limit = 300.0, None, 2048
+
+
+def check(engine, tokenizer, kind: str | Endpoint, body: object, as_bytes: bool) -> None:
     try:
         raw = json.dumps(body).encode() if as_bytes else json.loads(json.dumps(body))
     except (ValueError, RecursionError):
         return  # not representable as JSON: a client cannot send it
     try:
-        req = parse_request(decode_body(raw), kind, 300.0, None, 2048)
+        decoded = decode_body(raw)
+        if isinstance(kind, Endpoint):
+            req = kind.parse(decoded, "fuzz", Limits, None)
+        else:
+            req = parse_request(decoded, kind, 300.0, None, 2048)
     except ProtocolError as e:
         assert 400 <= e.status < 500 and e.message
         json.dumps(e.body())  # the answer itself must be sendable
@@ -75,6 +85,18 @@ def test_completions_bodies(engine, tokenizer, body, as_bytes):
 @given(body=chats, as_bytes=st.booleans())
 def test_chat_bodies(engine, tokenizer, body, as_bytes):
     check(engine, tokenizer, CHAT, body, as_bytes)
+
+
+@settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=anthropic_messages, as_bytes=st.booleans())
+def test_anthropic_messages_bodies(engine, tokenizer, body, as_bytes):
+    check(engine, tokenizer, MESSAGES, body, as_bytes)
+
+
+@settings(max_examples=EXAMPLES // 3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=responses, as_bytes=st.booleans())
+def test_responses_bodies(engine, tokenizer, body, as_bytes):
+    check(engine, tokenizer, RESPONSES, body, as_bytes)
 
 
 @settings(max_examples=300, deadline=None)

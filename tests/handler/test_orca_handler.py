@@ -70,8 +70,8 @@ def parse_frames(data: bytes) -> list[dict]:
 class Backend:
     """A handler behind TorchServe's async predict, writing frames to one socket like the worker."""
 
-    def __init__(self, tokenizer, **config) -> None:
-        model = tiny_model("llama")
+    def __init__(self, tokenizer, model=None, **config) -> None:
+        model = tiny_model("llama") if model is None else model
         engine = Engine.from_model(copy.deepcopy(model), tokenizer, **ENGINE_ARGS)
         # Expectations come from an engine of their own: the served one belongs to the loop thread.
         self.reference = Engine.from_model(copy.deepcopy(model), tokenizer, **ENGINE_ARGS)
