@@ -33,6 +33,7 @@ from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
+from orcaserve.handler.openai.models import with_model
 from orcaserve.handler.openai.protocol import IGNORED_HEADER, MODELS, ProtocolError, parse_request, route
 from orcaserve.handler.openai.responses import model_list
 from orcaserve.handler.openai.shaper import Shaper, shaper_for
@@ -84,6 +85,8 @@ class OrcaHandler:
             if config.num_threads is not None:
                 torch.set_num_threads(config.num_threads)
             engine = Engine.from_pretrained(config.model_path, **engine_args)
+            if name in engine.lora_names:  # `model` would name both (handler/openai/models.py)
+                raise ValueError(f"a LoRA adapter is named {name!r}, the served model's name: rename it")
             if engine.config.tensor_parallel_size > 1:  # a rank gone: exit, TorchServe starts the worker again
                 engine.runner.on_failure = self._on_loop_death
             if self._faults.enabled:
@@ -211,7 +214,8 @@ class OrcaHandler:
         kind = route(context.get_request_header(0, "url_path"))
         if kind == MODELS:  # whatever the method and body: the list is all there is to say
             context.set_response_content_type(0, "application/json")
-            return json.dumps(model_list(self.model_name, self.engine_loop.engine.max_model_len, self._created))
+            engine = self.engine_loop.engine  # fixed since it started: read-only here
+            return json.dumps(model_list(self.model_name, engine.max_model_len, self._created, engine.lora_names))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
@@ -223,6 +227,7 @@ class OrcaHandler:
         if req.ignored:
             context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
         request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
+        request = with_model(request, req.model, self.model_name, self.engine_loop.engine.lora_names)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
         shaper = shaper_for(req, request_id, self.model_name, self._logprobs)
