@@ -25,12 +25,21 @@ def make_adapter(
     targets: tuple[str, ...] = ALL_TARGETS,
     rslora: bool = False,
     std: float = 0.1,
+    layers: list[int] | None = None,
 ) -> Any:
-    """A PEFT LoRA adapter over a copy of `base`, saved to `path`; returns the PEFT model (eval).
-    Both halves are drawn from N(0, std): PEFT's own init leaves B zero (no change at all)."""
+    """A PEFT LoRA adapter over a copy of `base` (on `layers` only, if given), saved to `path`;
+    returns the PEFT model (eval). Both halves are drawn from N(0, std): PEFT's own init leaves B
+    zero (no change at all)."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), use_rslora=rslora, lora_dropout=0.0)
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        target_modules=list(targets),
+        use_rslora=rslora,
+        lora_dropout=0.0,
+        layers_to_transform=layers,
+    )
     model = get_peft_model(copy.deepcopy(base), config)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

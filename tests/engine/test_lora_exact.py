@@ -114,3 +114,20 @@ def test_the_prefix_cache_never_crosses_adapters(engine_for, tmp_path):
         cached[rid] = out.num_cached_tokens
         assert out.output_token_ids == hf_greedy(refs[lora] if lora else base, prompt, 6), rid
     assert cached == {"base": 0, "a": 0, "b": 0, "a2": 64, "base2": 64}
+
+
+def test_an_adapter_on_some_layers_only_matches_peft(engine_for, tmp_path):
+    """`layers_to_transform`: the file holds the second layer's weights alone."""
+    base = tiny_family("MistralForCausalLM")
+    ref = make_adapter(
+        base, tmp_path / "l1", seed=4, r=16, alpha=8, layers=[1], targets=("k_proj", "o_proj", "up_proj")
+    )
+    engine = engine_for(base, lora_adapters={"l1": str(tmp_path / "l1")})
+    assert {layer for layer, _ in engine.runner.loras.adapters[0].weights} == {1}
+    work = _work(seed=6, n=6)
+    work = [(rid, prompt, n, "l1" if lora else None) for rid, prompt, n, lora in work]
+    results = run_mixed(engine, work, per_step=6)
+    for rid, prompt, n, lora in work:
+        assert results[rid].output_token_ids == hf_greedy(ref if lora else base, prompt, n), (rid, lora)
+    adapted = [(rid, prompt, n) for rid, prompt, n, lora in work if lora]
+    assert any(results[rid].output_token_ids != hf_greedy(base, prompt, n) for rid, prompt, n in adapted)
