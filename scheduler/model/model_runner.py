@@ -148,7 +148,8 @@ class ModelRunner:
         the model's dtype from the lean decoder (the sampler widens them where it needs to). From
         a CUDA graph they are a view of its output buffer, valid until the next step runs."""
         shape = self.buffers.prepare(sched, kv)
-        if self.graphs is not None:
+        lora = self.loras.step(sched.num_scheduled_tokens, sched.requests) if self.loras is not None else None
+        if self.graphs is not None and lora is None:  # graphs hold no adapter's update: such steps run eagerly
             if self.use_graphs:
                 logits = self.graphs.replay(shape)
                 if logits is not None:
@@ -161,7 +162,6 @@ class ModelRunner:
             t.cu_seqlens_q, t.seq_lens, t.block_tables, self.block_size, shape.max_seqlen_q, shape.max_seqlen_k
         )
         if self.decoder is not None:
-            lora = self.loras.step(sched.num_scheduled_tokens, sched.requests) if self.loras is not None else None
             return self.decoder.forward(
                 t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches, lora=lora
             )
