@@ -186,10 +186,12 @@ def _check_targets(config: dict, found: set[str], refuse) -> None:
     as a string (PEFT's regex form) the file's tensors, checked above, decide."""
     targets = config.get("target_modules")
     if isinstance(targets, list):
-        names = {t.rsplit(".", 1)[-1] for t in targets if isinstance(t, str)}
+        if not all(isinstance(t, str) for t in targets):
+            raise refuse(f"target_modules must be module names, got {targets!r}")
+        names = {t.rsplit(".", 1)[-1] for t in targets}  # a full path's last part is the module
         unsupported = sorted(names - set(TARGETS))
-        if unsupported or len(names) != len(targets):
-            raise refuse(f"target_modules {unsupported or targets} not supported; supported: {', '.join(TARGETS)}")
+        if unsupported:
+            raise refuse(f"target_modules {unsupported} not supported; supported: {', '.join(TARGETS)}")
         if not found <= names:
             raise refuse(f"weights for {sorted(found - names)} not named in target_modules {sorted(names)}")
     elif not isinstance(targets, str):
