@@ -70,6 +70,7 @@ class OrcaHandler:
         self._exiting = threading.Event()
         self._logprobs: LogprobsRenderer | None = None
         self._created = int(time.time())  # the model's `created` in `GET /v1/models`
+        self._adapters: list[str] = []  # the LoRA adapters served, read once the engine is built
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -141,6 +142,7 @@ class OrcaHandler:
         engine = self.engine_loop.engine  # its cache's shape is fixed: safe to read from this thread
         self.metrics.on_start(engine.config.block_size, engine.stats.num_blocks)
         self._logprobs = LogprobsRenderer(copy.deepcopy(engine.tokenizer))
+        self._adapters = engine.lora_names
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -214,8 +216,8 @@ class OrcaHandler:
         kind = route(context.get_request_header(0, "url_path"))
         if kind == MODELS:  # whatever the method and body: the list is all there is to say
             context.set_response_content_type(0, "application/json")
-            engine = self.engine_loop.engine  # fixed since it started: read-only here
-            return json.dumps(model_list(self.model_name, engine.max_model_len, self._created, engine.lora_names))
+            max_len = self.engine_loop.engine.max_model_len
+            return json.dumps(model_list(self.model_name, max_len, self._created, self._adapters))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
@@ -227,7 +229,7 @@ class OrcaHandler:
         if req.ignored:
             context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
         request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
-        request = with_model(request, req.model, self.model_name, self.engine_loop.engine.lora_names)
+        request = with_model(request, req.model, self.model_name, self._adapters)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
         shaper = shaper_for(req, request_id, self.model_name, self._logprobs)
