@@ -171,6 +171,12 @@ class HandlerConfig:
             serving["max_frame_bytes"] = _positive("max_frame_bytes", value, allow_none=False)
         if "kv_cache_memory" in section:
             section["kv_cache_memory"] = parse_bytes(section["kv_cache_memory"])
+        adapters = section.get("lora_adapters")
+        if isinstance(adapters, dict) and model_dir:  # paths relative to the archive: bundled adapters
+            section["lora_adapters"] = {
+                n: os.path.join(model_dir, p) if isinstance(p, str) and p and not os.path.isabs(p) else p
+                for n, p in adapters.items()
+            }
         EngineConfig(**section)  # validate now: a bad value should fail the load with its name
         return cls(path, section, **serving)
 

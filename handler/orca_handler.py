@@ -34,6 +34,7 @@ from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
+from orcaserve.handler.openai.models import with_model
 from orcaserve.handler.openai.protocol import IGNORED_HEADER, MODELS, ProtocolError
 from orcaserve.handler.openai.responses import model_list
 from orcaserve.handler.openai.tenancy import with_tenancy
@@ -73,6 +74,7 @@ class OrcaHandler:
         self._created = int(time.time())  # the model's `created` in `GET /v1/models`
         self._reasoning: ReasoningStyle | None = None  # the model's reasoning parser (reasoning.py)
         self._counter: Any = None  # a tokenizer of count_tokens' own (protocols.py), used off this thread
+        self._adapters: list[str] = []  # the LoRA adapters served, read once the engine is built
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -88,6 +90,8 @@ class OrcaHandler:
             if config.num_threads is not None:
                 torch.set_num_threads(config.num_threads)
             engine = Engine.from_pretrained(config.model_path, **engine_args)
+            if name in engine.lora_names:  # `model` would name both (handler/openai/models.py)
+                raise ValueError(f"a LoRA adapter is named {name!r}, the served model's name: rename it")
             if engine.config.tensor_parallel_size > 1:  # a rank gone: exit, TorchServe starts the worker again
                 engine.runner.on_failure = self._on_loop_death
             if self._faults.enabled:
@@ -145,6 +149,7 @@ class OrcaHandler:
         self._logprobs = LogprobsRenderer(tokenizer)
         self._reasoning = reasoning_style(config.reasoning_parser, tokenizer)
         self._counter = copy.deepcopy(tokenizer)
+        self._adapters = engine.lora_names
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -220,7 +225,8 @@ class OrcaHandler:
             raise ShuttingDown("the engine is not running", retry_after=5)
         if endpoint.kind == MODELS:  # whatever the method and body: the list is all there is to say
             context.set_response_content_type(0, "application/json")
-            return json.dumps(model_list(self.model_name, self.engine_loop.engine.max_model_len, self._created))
+            max_len = self.engine_loop.engine.max_model_len
+            return json.dumps(model_list(self.model_name, max_len, self._created, self._adapters))
         raw = item.get("body") if item.get("body") is not None else item.get("data")
         if raw is None:
             raise ProtocolError("request body must be a JSON object (send Content-Type: application/json)")
@@ -236,6 +242,7 @@ class OrcaHandler:
             context.set_response_content_type(0, "application/json")
             return await count_tokens(self._counter, req, engine.vocab_size, engine.max_model_len)
         request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
+        request = with_model(request, req.model, self.model_name, self._adapters)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
         shaper = endpoint.shaper(req, request_id, self.model_name, self._logprobs, self._reasoning)

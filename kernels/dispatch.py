@@ -37,6 +37,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   this kernel at 1-2; they take bf16 activations, other formats than GGUF's, and are not bitwise:
   no cell names them
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
+- lora_sgmv (LoRA adapters' update, docs/lora.md): PyTorch's GEMMs (kernels/pytorch/lora.py), the
+  oracle a C++ operator will be held to.
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
   codes (gemm_int8.cpp), vpdpbusd on the VNNI variants, vpmaddubsw on avx2 and avx512, bit for bit
   its PyTorch twin (docs/int8-activations.md).
@@ -107,6 +109,10 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         ("torch",),
     ),
+    # LoRA adapters' segmented update (docs/lora.md): the PyTorch twin (kernels/pytorch/lora.py) on
+    # every capability until a C++ operator proves faster and exact against it.
+    ("lora_sgmv", "float32"): (("torch",) * 5, ("torch",)),
+    ("lora_sgmv", "bfloat16"): (("torch",) * 5, ("torch",)),
     # GGUF block formats (kernels/quant.py), the "dtype" a format name: the project's GEMM over codes.
     ("linear_quant", "q8_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),

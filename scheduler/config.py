@@ -11,6 +11,7 @@ from orcaserve.scheduler.core.fair_policy import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.fair_share import check_weights
 from orcaserve.scheduler.core.policies import check_policy
 from orcaserve.scheduler.core.slo_class import check_slo_classes
+from orcaserve.scheduler.lora.config import check_lora_config
 
 _DTYPES = {
     "float32": torch.float32,
@@ -80,6 +81,13 @@ class EngineConfig:
     # "int8" quantizes each row of activations per block of 32 and runs integer dot products against
     # the codes (docs/int8-activations.md): faster where the CPU has VNNI, not bitwise fp32.
     activations: str | None = None
+    # LoRA adapters served beside the base model (docs/lora.md): name -> directory in PEFT's format,
+    # loaded at start; a request names one (`EngineRequest.lora`; over HTTP the `model` field).
+    # max_loras: adapters resident for the steps (None: as many as given; fewer is refused until
+    # adapters swap in from the host); max_lora_rank: the largest rank accepted.
+    lora_adapters: dict[str, str] | None = None
+    max_loras: int | None = None
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -129,6 +137,14 @@ class EngineConfig:
         check_slo_classes(self.slo_classes)
         self.resolved_dtype()  # validates
         self._check_tensor_parallel()
+        check_lora_config(
+            self.lora_adapters,
+            self.max_loras,
+            self.max_lora_rank,
+            tensor_parallel_size=self.tensor_parallel_size,
+            quantization=self.quantization,
+            device=self.resolved_device(),
+        )
 
     def _check_tensor_parallel(self) -> None:
         from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported

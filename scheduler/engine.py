@@ -26,6 +26,7 @@ from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.intake import RequestIntake
 from orcaserve.scheduler.launch import BatchModel, Failures, Launched, needs_host, run_batch
+from orcaserve.scheduler.lora.load import load_lora_set
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
@@ -58,6 +59,8 @@ class Engine:
         self.dtype = config.resolved_dtype()
         self.max_model_len = max_model_len
         self.vocab_size = model.config.vocab_size
+        # LoRA adapters, read and checked before the lean decoder takes the projections over (docs/lora.md).
+        loras = load_lora_set(model, config.lora_adapters, config.max_lora_rank)
         self.kv_caches = allocate_kv_caches(model, config, num_blocks)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         shares = TenantShares(config.tenant_weights, config.prompt_token_weight, config.output_token_weight)
@@ -80,6 +83,7 @@ class Engine:
             max_model_len=max_model_len,
             cuda_graphs=config.resolved_cuda_graphs(),
         )
+        self.runner.loras = loras  # each step's rows grouped by adapter (lora/resident.py)
         self.runner.warm_up(config.max_num_batched_tokens, config.max_num_seqs)
         self.sampler = Sampler()
         self.grammars = Grammars(tokenizer, self.vocab_size)  # structured outputs, compiled once each
@@ -105,6 +109,7 @@ class Engine:
             postprocessor=self.postprocessor,
             stats=self.stats,
             on_freed=self._record_occupancy,
+            lora_names=frozenset(loras.names if loras is not None else ()),
         )
         self.slo_classes = config.slo_classes  # docs/latency-targets.md
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
@@ -137,6 +142,11 @@ class Engine:
         config = config or EngineConfig(**engine_args)
         sizing = prepare_model(model, config)  # checks, device and dtype, the cache's size (model/build.py)
         return cls(model, tokenizer, config, sizing.num_blocks, sizing.max_model_len)
+
+    @property
+    def lora_names(self) -> list[str]:
+        """The LoRA adapters served (`lora_adapters`), in the config's order: a request's `lora` names one."""
+        return list(self.config.lora_adapters or ())
 
     @property
     def slo_classes(self) -> dict[str, SloClass]:

@@ -36,6 +36,9 @@ class EngineRequest:
       is a salt of its own); the server derives it (handler/openai/tenancy.py), never a client alone;
     - `slo_class`: a class of the engine's `slo_classes`, whose latency targets the scheduler keeps;
       None: no target; a class the engine does not know is refused when it is added;
+    - `lora`: the LoRA adapter it is served under, a name of the engine's `lora_adapters`
+      (docs/lora.md); None: the base model; a name the engine does not serve is refused when it
+      is added (`UnknownModel`);
     - `arrival_time`: when it arrived (`time.time()`); None: when the engine adds it.
     """
 
@@ -48,6 +51,7 @@ class EngineRequest:
     tenant: str | None = None
     cache_salt: str | None = None
     slo_class: str | None = None
+    lora: str | None = None
     arrival_time: float | None = None
 
     def __post_init__(self) -> None:
@@ -59,7 +63,7 @@ class EngineRequest:
             raise InvalidRequest(f"priority must be an integer, got {self.priority!r}", param="priority")
         if self.timeout is not None and not (_is_number(self.timeout) and self.timeout >= 0):
             raise InvalidRequest(f"timeout must be a number of seconds, got {self.timeout!r}", param="timeout")
-        for name in ("cache_salt", "tenant", "slo_class"):
+        for name in ("cache_salt", "tenant", "slo_class", "lora"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise InvalidRequest(f"{name} must be a string, got {type(value).__name__}", param=name)

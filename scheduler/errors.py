@@ -41,6 +41,18 @@ class PromptTooLong(InvalidRequest):
         super().__init__(message, param="prompt")
 
 
+class UnknownModel(InvalidRequest):
+    """The request names a LoRA adapter (`EngineRequest.lora`) the engine does not serve. Over HTTP
+    a 404 with OpenAI's `model_not_found` code (handler/openai/errors.py)."""
+
+    reason: ClassVar[str] = "unknown_model"
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        served = ", ".join(sorted(known)) or "none"
+        super().__init__(f"the model {name!r} does not exist (LoRA adapters served: {served})", param="lora")
+        self.name = name
+
+
 class Overloaded(EngineError):
     """Too many requests are waiting; `retry_after` is a hint in seconds."""
 

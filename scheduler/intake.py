@@ -22,7 +22,7 @@ from orcaserve.scheduler.core.slo_class import SloClass
 from orcaserve.scheduler.core.stats import EngineStats
 from orcaserve.scheduler.detokenizer import FastDecoding, IncrementalDetokenizer, fast_decoding
 from orcaserve.scheduler.engine_request import EngineRequest
-from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.errors import InvalidRequest, UnknownModel
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.model_runner import ModelRunner
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
@@ -49,6 +49,7 @@ class RequestIntake:
     postprocessor: Postprocessor
     stats: EngineStats
     on_freed: Callable[[], None]
+    lora_names: frozenset[str] = frozenset()  # the LoRA adapters served (docs/lora.md)
     # Its own: the latency classes (checked by the engine: `Engine.slo_classes`), and the
     # detokenizer's byte table, one per engine.
     slo_classes: dict[str, SloClass] = field(default_factory=dict)
@@ -59,8 +60,9 @@ class RequestIntake:
 
     def add(self, request: EngineRequest) -> None:
         """Queue a request; raises InvalidRequest (a ValueError naming the parameter) for an
-        empty, too long or malformed prompt, a biased token outside the vocabulary or a latency
-        class the engine does not know (param "slo_class"). Nothing is queued unless everything
+        empty, too long or malformed prompt, a biased token outside the vocabulary, a latency
+        class the engine does not know (param "slo_class") or a LoRA adapter it does not serve
+        (`UnknownModel`, param "lora"). Nothing is queued unless everything
         succeeded. A text or chat prompt is tokenized here, on the caller's thread: `EngineLoop`
         passes token ids, tokenized off the engine thread (`admission.py`)."""
         slo_class, params = request.slo_class, request.params
@@ -68,6 +70,8 @@ class RequestIntake:
             known = ", ".join(sorted(self.slo_classes)) or "none"
             raise InvalidRequest(f"slo_class {slo_class!r} is not a class of this server (known: {known})", "slo_class")
         slo = self.slo_classes.get(slo_class) if slo_class is not None else None
+        if request.lora is not None and request.lora not in self.lora_names:
+            raise UnknownModel(request.lora, sorted(self.lora_names))
         ids = encode_prompt(self.tokenizer, request.prompt, self.vocab_size, self.max_model_len)
         if params.logit_bias and max(params.logit_bias) >= self.vocab_size:
             raise InvalidRequest(
@@ -96,7 +100,8 @@ class RequestIntake:
         if params.prompt_logprobs is not None:  # one forward of the prompt, shared by the choices,
             # a chunk per step (`step`); a chunk of max_num_batched_tokens rows costs about one full
             # step (the forward of as many tokens, plus every row's logits), so no step takes double.
-            job = PromptLogprobs(self.runner, ids, params.prompt_logprobs, self.config.max_num_batched_tokens)
+            rows = self.config.max_num_batched_tokens
+            job = PromptLogprobs(self.runner, ids, params.prompt_logprobs, rows, lora=request.lora)
             self.prompt_jobs.hold(request_id, job, reqs, now)
             return
         for req in now:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orcaserve.handler.openai.protocol import ProtocolError, error_body
-from orcaserve.scheduler.errors import EngineError, InvalidRequest, Overloaded, ShuttingDown, TimedOut
+from orcaserve.scheduler.errors import EngineError, InvalidRequest, Overloaded, ShuttingDown, TimedOut, UnknownModel
 
-# Engine parameter names that the OpenAI API spells differently. None today: SamplingParams
-# follows the API's names (max_tokens, top_p, ...) and `prompt`, `messages`, `priority` and
-# `cache_salt` are the request fields of the same names.
-_OPENAI_PARAM: dict[str, str] = {}
+# Engine parameter names that the OpenAI API spells differently: the LoRA adapter (`lora`) is the
+# `model` field. SamplingParams follows the API's names (max_tokens, top_p, ...) and `prompt`,
+# `messages`, `priority` and `cache_salt` are the request fields of the same names.
+_OPENAI_PARAM: dict[str, str] = {"lora": "model"}  # the adapter is named by `model` (docs/lora.md)
 
 
 def openai_param(name: str | None) -> str | None:
@@ -31,14 +31,18 @@ def _no_param(e: EngineError) -> str | None:
 
 # Engine error type -> (HTTP status, OpenAI error type, the request field it names); the first
 # row `e` is an instance of wins. A TimedOut is the request's `timeout` field (an orcaserve
-# extension) running out. Retry-After is the error's own `retry_after`.
+# extension) running out. Retry-After is the error's own `retry_after`. An unknown model (a LoRA
+# adapter not served) is OpenAI's 404 with code `model_not_found` (`_CODES`).
 _ENGINE_ERRORS: tuple[tuple[type[EngineError], int, str, Callable[[EngineError], str | None]], ...] = (
+    (UnknownModel, 404, "invalid_request_error", lambda e: "model"),
     (InvalidRequest, 400, "invalid_request_error", lambda e: openai_param(getattr(e, "param", None))),
     (TimedOut, 408, "timeout_error", lambda e: "timeout"),
     (Overloaded, 503, "server_error", _no_param),  # TargetUnreachable too
     (ShuttingDown, 503, "server_error", _no_param),
     (EngineError, 500, "server_error", _no_param),  # InternalError, and any other
 )
+
+_CODES: dict[type[EngineError], str] = {UnknownModel: "model_not_found"}
 
 
 @dataclass(frozen=True)
@@ -52,12 +56,13 @@ class HttpError:
 
 def http_error(e: BaseException) -> HttpError:
     """The HTTP answer to a request that failed with `e`: a ProtocolError's own status (400, 404,
-    413); 400 InvalidRequest, 408 TimedOut, 503 Overloaded or ShuttingDown, 500 InternalError and
-    any other EngineError; 500 naming the exception for anything else (a bug)."""
+    413); 404 UnknownModel (`model_not_found`), 400 InvalidRequest, 408 TimedOut, 503 Overloaded
+    or ShuttingDown, 500 InternalError and any other EngineError; 500 naming the exception for
+    anything else (a bug)."""
     if isinstance(e, ProtocolError):
         return HttpError(e.status, e.body())
     if isinstance(e, EngineError):
         for cls, status, type_, param in _ENGINE_ERRORS:
             if isinstance(e, cls):
-                return HttpError(status, error_body(e.message, param(e), type_), e.retry_after)
+                return HttpError(status, error_body(e.message, param(e), type_, _CODES.get(cls)), e.retry_after)
     return HttpError(500, error_body(f"internal error: {type(e).__name__}: {e}", None, "server_error"))

@@ -102,21 +102,30 @@ class ProtocolError(Exception):
     """A request the server refuses; becomes an OpenAI error body with `status`."""
 
     def __init__(
-        self, message: str, param: str | None = None, status: int = 400, type_: str = "invalid_request_error"
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.status = status
         self.type = type_
+        self.code = code
 
     def body(self) -> dict:
-        return error_body(self.message, self.param, self.type)
+        return error_body(self.message, self.param, self.type, self.code)
 
 
-def error_body(message: str, param: str | None = None, type_: str = "invalid_request_error") -> dict:
-    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}`."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": None}}
+def error_body(
+    message: str, param: str | None = None, type_: str = "invalid_request_error", code: str | None = None
+) -> dict:
+    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}` (`code` e.g.
+    `model_not_found`, else null)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 @dataclass

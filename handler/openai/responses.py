@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 
 from orcaserve.handler.openai.protocol import COMPLETIONS
 
@@ -80,11 +81,16 @@ def response_of(
     }
 
 
-def model_list(model: str, max_model_len: int, created: int) -> dict:
-    """`GET /v1/models`: OpenAI's list of the one model this worker serves (vLLM's `max_model_len`
-    added)."""
-    card = {"id": model, "object": "model", "created": created, "owned_by": "orcaserve", "root": model}
-    return {"object": "list", "data": [{**card, "parent": None, "max_model_len": max_model_len}]}
+def model_list(model: str, max_model_len: int, created: int, adapters: Sequence[str] = ()) -> dict:
+    """`GET /v1/models`: OpenAI's list of the model this worker serves (vLLM's `max_model_len`
+    added), then each LoRA adapter with the model as its `parent`, as vLLM lists them (`root` is
+    the adapter's name: a server path is not the client's business; docs/lora.md)."""
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "orcaserve", "root": name, "parent": parent}
+        | {"max_model_len": max_model_len}
+        for name, parent in [(model, None), *((a, model) for a in adapters)]
+    ]
+    return {"object": "list", "data": data}
 
 
 def stream_chunk(

@@ -77,6 +77,9 @@ class Request:
         # block_keys are its full blocks' keys, computed once (kv_cache_manager.py);
         # num_cached_tokens are the prompt tokens its first admission found in the cache.
         self.cache_salt = request.cache_salt
+        # Its LoRA adapter (None: the base model): the runner groups its rows by it, and its cache
+        # keys carry it, so K/V computed under one adapter serve no other (docs/lora.md).
+        self.lora = request.lora
         self.block_keys: list[bytes] = []
         self.num_cached_tokens = 0
         # Fair share (fair_share.py): the tenant served, and how many leading prompt tokens were

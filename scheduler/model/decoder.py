@@ -26,6 +26,7 @@ from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear
 from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.kernels.quant import QuantLinear
 from orcaserve.kernels.ternary import TernaryLinear
+from orcaserve.scheduler.lora.resident import LoraStep
 from orcaserve.scheduler.model.bitnet import projection
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
@@ -185,9 +186,11 @@ class Decoder:
         plan: object,
         slot_mapping: torch.Tensor,  # [T] int64
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [num_blocks, bs, H_kv, D]
+        lora: LoraStep | None = None,
     ) -> torch.Tensor:
         """Logits `[S, V]` of the rows in `sample_rows`, in the model's dtype: the sampler widens
-        them to fp32 only where it needs more than their argmax."""
+        them to fp32 only where it needs more than their argmax. `lora`: the step's rows grouped
+        by LoRA adapter, whose updates are added to each projection they target (docs/lora.md)."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         t = input_ids.shape[0]
         tp = padded_tokens(t, self.pad_multiple) if self.pad_multiple else t
@@ -207,9 +210,11 @@ class Decoder:
         if rope_op is not None:
             cos, sin = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d)  # [T, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
+            if lora is not None:
+                lora.apply(i, "qkv", hn, qkv)
             if layer.q_norm is not None and layer.k_norm is not None:
                 self._qk_norm(qkv, layer.q_norm, layer.k_norm)
             if rope_op is not None:
@@ -230,12 +235,30 @@ class Decoder:
             attn = attn.reshape(-1, h * d)  # [T, H D]
             if layer.attn_sub_norm is not None:
                 attn = rms_norm(attn, layer.attn_sub_norm, self.eps)
-            x, hn = self._add_norm(x, layer.o(attn), layer.post_norm)
-            delta = layer.down(self._activate(layer, layer.gate_up(hn)))  # [T, hidden]
+            if lora is None:
+                x, hn = self._add_norm(x, layer.o(attn), layer.post_norm)
+                delta = layer.down(self._activate(layer, layer.gate_up(hn)))  # [T, hidden]
+            else:
+                x, hn, delta = self._adapted_tail(i, layer, attn, x, lora)
         if delta is not None:
             x = x + delta
         last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
         return self._head(last)  # [S, V]
+
+    def _adapted_tail(
+        self, i: int, layer: _Layer, attn: torch.Tensor, x: torch.Tensor, lora: LoraStep
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """o, norm and MLP of layer `i` with the step's adapter updates (attn [T, H D], x [T, hidden]):
+        (x + o, its norm, the MLP's output)."""
+        o = layer.o(attn)  # [T, hidden]
+        lora.apply(i, "o", attn, o)
+        x, hn = self._add_norm(x, o, layer.post_norm)
+        gate_up = layer.gate_up(hn)  # [T, 2 I]
+        lora.apply(i, "gate_up", hn, gate_up)
+        act = self._activate(layer, gate_up)  # [T, I]
+        down = layer.down(act)  # [T, hidden]
+        lora.apply(i, "down", act, down)
+        return x, hn, down
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
         return F.embedding(input_ids, self.embed)

@@ -14,6 +14,7 @@ from orcaserve.kernels import AttentionBackend
 from orcaserve.kernels.pytorch.attention import TorchAttentionPlan
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.lora.resident import LoraSet
 from orcaserve.scheduler.model.cuda_graphs import CudaGraphRunner
 from orcaserve.scheduler.model.decoder import Decoder
 from orcaserve.scheduler.model.families import lean_supports
@@ -125,6 +126,9 @@ class ModelRunner:
         # Test-only: run every step padded to its graph's sizes, eagerly, on any device; the CPU
         # tests' proof that padding leaves every request's tokens unchanged.
         self.pad_steps = False
+        # The LoRA adapters served (set by the engine; lora/resident.py): each step groups its rows by
+        # adapter. Only on the CPU, eagerly and in the lean decoder (lora/config.py, lora/load.py).
+        self.loras: LoraSet | None = None
 
     def _make_decoder(self, model: CausalLM) -> Decoder:
         """The lean forward over `model` (a split one where the model is split: parallel/runner.py)."""
@@ -144,7 +148,8 @@ class ModelRunner:
         the model's dtype from the lean decoder (the sampler widens them where it needs to). From
         a CUDA graph they are a view of its output buffer, valid until the next step runs."""
         shape = self.buffers.prepare(sched, kv)
-        if self.graphs is not None:
+        lora = self.loras.step(sched.num_scheduled_tokens, sched.requests) if self.loras is not None else None
+        if self.graphs is not None and lora is None:  # graphs hold no adapter's update: such steps run eagerly
             if self.use_graphs:
                 logits = self.graphs.replay(shape)
                 if logits is not None:
@@ -158,7 +163,7 @@ class ModelRunner:
         )
         if self.decoder is not None:
             return self.decoder.forward(
-                t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches
+                t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches, lora=lora
             )
         layout = StepLayout(t.cu_seqlens_q, t.seq_lens, t.block_tables, self.block_size, shape.max_seqlen_k)
         ctx = StepContext(self.backend, plan, t.slot_mapping, self.kv_caches, layout)

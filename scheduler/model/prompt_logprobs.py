@@ -26,10 +26,14 @@ class PromptLogprobs:
     `result` (once `done`): one entry per prompt token, None for the first (nothing precedes it,
     as in vLLM), then each token's log-probability after the tokens before it, with the `k` most
     likely tokens there (most likely first). Values are the model's, as for sampled tokens
-    (`logprobs.py`). The job is owned by the engine thread, like the runner it uses."""
+    (`logprobs.py`), under the request's LoRA adapter `lora` if any. The job is owned by the engine
+    thread, like the runner it uses."""
 
-    def __init__(self, runner: ModelRunner, token_ids: list[int], k: int, rows: int = MAX_ROWS) -> None:
+    def __init__(
+        self, runner: ModelRunner, token_ids: list[int], k: int, rows: int = MAX_ROWS, lora: str | None = None
+    ) -> None:
         self.runner, self.token_ids, self.k, self.rows = runner, token_ids, k, max(1, min(rows, MAX_ROWS))
+        self.lora = lora
         self.result: list[TokenLogprob | None] = [None]
         self._start = 0  # the next chunk's first row; the prompt's last token predicts no prompt token
         self._scratch: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer [blocks, bs, H_kv, D]
@@ -62,7 +66,7 @@ class PromptLogprobs:
         plan = runner.backend.plan(cu, seq_lens, table, bs, end - start, end)
         rows = torch.arange(end - start, device=device)  # [R] every token's logits
         layout = StepLayout(cu, seq_lens, table, bs, end)
-        logits = _forward(runner, ids[:-1], positions, rows, plan, self._scratch, layout)  # [R, V]
+        logits = _forward(runner, ids[:-1], positions, rows, plan, self._scratch, layout, self.lora)  # [R, V]
         lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
         targets = ids[1:]  # [R] the token each row predicts
         chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
@@ -87,10 +91,14 @@ def prompt_logprobs(runner: ModelRunner, token_ids: list[int], k: int) -> list[T
     return job.result
 
 
-def _forward(runner: ModelRunner, ids, positions, rows, plan, caches, layout: StepLayout) -> torch.Tensor:
-    """The runner's forward (model_runner.py, `execute`) over one chunk, into `caches`."""
+def _forward(
+    runner: ModelRunner, ids, positions, rows, plan, caches, layout: StepLayout, lora: str | None = None
+) -> torch.Tensor:
+    """The runner's forward (model_runner.py, `execute`) over one chunk, into `caches`; every row
+    under adapter `lora` if one is named (only the lean decoder serves adapters: lora/load.py)."""
     if runner.decoder is not None:
-        return runner.decoder.forward(ids, positions, rows, runner.backend, plan, positions, caches)
+        adapted = runner.loras.uniform(lora, ids.shape[0]) if lora is not None and runner.loras is not None else None
+        return runner.decoder.forward(ids, positions, rows, runner.backend, plan, positions, caches, lora=adapted)
     ctx = StepContext(runner.backend, plan, positions, caches, layout)
     out = runner.model(
         input_ids=ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=rows, orca_step=ctx

@@ -65,6 +65,17 @@ def test_block_keys_chain_content_context_and_salt():
     assert all(x != y for x, y in zip(a, s))
     assert s != extend_block_keys([], list(range(12)), 4, 3, "tenant-b")
     assert block_key(None, [1, 2], "") != block_key(None, [1, 2], None)  # "" is a salt, None none
+    # A LoRA adapter enters the first block too: no key is shared across adapters, salts or the
+    # base model, and the base model's keys stay the ones it had before adapters existed.
+    tokens = list(range(12))
+    keyed = {
+        (salt, lora): extend_block_keys([], tokens, 4, 3, salt, lora)
+        for salt in (None, "", "tenant-a")
+        for lora in (None, "", "a", "b")
+    }
+    assert len({k for keys in keyed.values() for k in keys}) == 3 * len(keyed)
+    assert keyed[None, None] == a and keyed["tenant-a", None] == s
+    assert block_key(None, [1], "a", None) != block_key(None, [1], None, "a")  # a salt is not an adapter
     # Lazily extended, never recomputed: existing keys are kept as they are.
     part = extend_block_keys([], list(range(12)), 4, 1, None)
     assert extend_block_keys(part, list(range(12)), 4, 3, None) == a

@@ -1,0 +1,65 @@
+"""The engine arguments of LoRA (`lora_adapters`, `max_loras`, `max_lora_rank`), checked before any
+weight loads, and the combinations refused there (docs/lora.md "What is refused").
+
+Refused, each with the reason in its message, until it is built and proven exact:
+- tensor parallelism: the adapters would have to be split like their projections;
+- quantized base weights (and int8 activations, which need them): the update would run beside
+  low-bit GEMMs that no test holds it to;
+- a device other than the CPU: there the update needs the Triton shrink/expand kernels.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+# An adapter's name is what a client sends as `model`: printable, no whitespace, not empty.
+_NAME = re.compile(r"^[\w.:/@+-]{1,128}$")
+
+
+class LoraUnsupported(ValueError):
+    """A LoRA configuration this engine cannot serve exactly; raised before anything loads."""
+
+
+def check_lora_config(
+    adapters: Any,
+    max_loras: Any,
+    max_rank: Any,
+    *,
+    tensor_parallel_size: int,
+    quantization: str | None,
+    device: torch.device,
+) -> None:
+    """Raise ValueError (LoraUnsupported for a combination not built) naming what is wrong."""
+    for name, value in (("max_lora_rank", max_rank), ("max_loras", max_loras)):
+        if value is None and name == "max_loras":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if adapters is None:
+        return
+    if not isinstance(adapters, dict) or not adapters:
+        raise ValueError(f"lora_adapters must be a mapping of adapter name -> directory, got {adapters!r}")
+    for name, path in adapters.items():
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"lora_adapters: adapter name {name!r} must be 1-128 letters, digits or ._:/@+-")
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"lora_adapters: adapter {name!r} needs a directory path, got {path!r}")
+    if max_loras is not None and len(adapters) > max_loras:
+        raise LoraUnsupported(
+            f"{len(adapters)} lora_adapters but max_loras={max_loras}: every adapter is resident for now "
+            "(keeping more on the host and swapping them in is not built); raise max_loras"
+        )
+    if tensor_parallel_size > 1:
+        raise LoraUnsupported("LoRA adapters are not split over ranks: set tensor_parallel_size to 1")
+    if quantization is not None:
+        raise LoraUnsupported(
+            f"LoRA adapters over quantization={quantization!r} weights are not proven exact: set quantization null"
+        )
+    if device.type != "cpu":
+        raise LoraUnsupported(
+            f"LoRA adapters on {device.type} need the Triton shrink/expand kernels, not built yet: "
+            "serve them on the CPU"
+        )

@@ -1,0 +1,51 @@
+"""The segmented LoRA update (kernels/pytorch/lora.py), the dispatch table's `lora_sgmv`: each
+group's rows get PEFT's update, rows of no group are left bit for bit as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orcaserve.kernels import dispatch
+from orcaserve.kernels.pytorch.lora import LoraGroup, lora_sgmv
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_group_gets_its_adapters_update_and_other_rows_nothing(dtype):
+    gen = torch.Generator().manual_seed(0)
+    t, d_in, d_out = 23, 32, 48
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    x, y = rand(t, d_in), rand(t, d_out)
+    adapters = [(rand(8, d_in), rand(d_out, 8), 2.0), (rand(4, d_in), rand(d_out, 4), 0.5)]
+    gathered = torch.tensor([1, 2, 9, 10, 11, 20])
+    groups = [LoraGroup(slice(3, 8), *adapters[0]), LoraGroup(gathered, *adapters[1])]
+    out = y.clone()
+    lora_sgmv(out, x, groups)
+    want = y.clone()
+    for rows, (a, b, scale) in [(list(range(3, 8)), adapters[0]), (gathered.tolist(), adapters[1])]:
+        for r in rows:  # one row at a time, as PEFT's layer computes it: base + B(A(x)) * scale
+            want[r] = want[r] + F.linear(F.linear(x[r : r + 1], a), b)[0] * scale
+    touched = set(range(3, 8)) | set(gathered.tolist())
+    untouched = [r for r in range(t) if r not in touched]
+    assert torch.equal(out[untouched], y[untouched])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out, want, atol=tol, rtol=tol)
+
+
+def test_a_column_slice_of_a_fused_output_is_updated_in_place():
+    x, y = torch.randn(6, 8), torch.zeros(6, 30)
+    a, b = torch.randn(2, 8), torch.randn(10, 2)
+    lora_sgmv(y[:, 10:20], x, [LoraGroup(slice(0, 6), a, b, 1.0)])
+    assert torch.equal(y[:, :10], torch.zeros(6, 10)) and torch.equal(y[:, 20:], torch.zeros(6, 10))
+    torch.testing.assert_close(y[:, 10:20], x @ a.T @ b.T)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_table_names_the_pytorch_twin_on_every_capability(dtype):
+    for cap in dispatch.CAPABILITIES:
+        assert dispatch.choice("lora_sgmv", dtype, cap).runs == "torch"
+    assert dispatch.resolve("lora_sgmv", dtype) == "torch"
