@@ -38,7 +38,7 @@ def _work(seed: int, n: int) -> list[tuple[str, list[int], int, str | None]]:
     return work
 
 
-@pytest.mark.parametrize("arch", LEAN)
+@pytest.mark.parametrize("arch", [a for a in LEAN if a != "BitNetForCausalLM"])  # BitNet: refused (lora.md)
 def test_mixed_adapters_and_base_match_peft(arch, engine_for, tmp_path):
     base = tiny_family(arch)
     refs, paths = _two_adapters(base, tmp_path)

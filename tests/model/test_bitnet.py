@@ -105,3 +105,11 @@ def test_autobitlinear_is_refused_at_load(tmp_path, engine_for):
     model = _load(bitnet_checkpoint(str(tmp_path), linear_class="autobitlinear"))
     with pytest.raises(ValueError, match="autobitlinear"):
         engine_for(model)
+
+
+def test_lora_over_bitnet_is_refused(bitnet_dir, engine_for, tmp_path):
+    """No test holds an adapter's update beside the ternary layers: refused before it loads."""
+    from orcaserve.scheduler.lora.config import LoraUnsupported
+
+    with pytest.raises(LoraUnsupported, match="BitNet"):
+        engine_for(_load(bitnet_dir), lora_adapters={"a": str(tmp_path)})
