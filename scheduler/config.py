@@ -11,6 +11,7 @@ from orcaserve.scheduler.core.fair_policy import DEFAULT_PREFILL_CAP
 from orcaserve.scheduler.core.fair_share import check_weights
 from orcaserve.scheduler.core.policies import check_policy
 from orcaserve.scheduler.core.slo_class import check_slo_classes
+from orcaserve.scheduler.spec.config import SpeculativeConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -80,6 +81,9 @@ class EngineConfig:
     # "int8" quantizes each row of activations per block of 32 and runs integer dot products against
     # the codes (docs/int8-activations.md): faster where the CPU has VNNI, not bitwise fp32.
     activations: str | None = None
+    # Speculative decoding (docs/speculative-decoding.md): {method: ngram, num_speculative_tokens: K,
+    # prompt_lookup_min, prompt_lookup_max}; None: off.
+    speculative: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -129,6 +133,11 @@ class EngineConfig:
         check_slo_classes(self.slo_classes)
         self.resolved_dtype()  # validates
         self._check_tensor_parallel()
+        spec = SpeculativeConfig.parse(self.speculative)  # raises naming the key
+        if spec is not None:
+            spec.check_engine(
+                self.resolved_device().type, self.async_scheduling, self.tensor_parallel_size, self.max_num_seqs
+            )
 
     def _check_tensor_parallel(self) -> None:
         from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported
