@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from orcaserve.scheduler.spec.proposers import PROPOSERS
+
 # The most proposals a row may carry in a step: far beyond where prompt lookup still pays.
 MAX_SPECULATIVE_TOKENS = 16
 MAX_LOOKUP = 16
@@ -42,13 +44,14 @@ class SpeculativeConfig:
             raise ValueError(
                 "speculative.method 'draft' (a draft model) is not built yet: use method 'ngram' (prompt lookup)"
             )
-        if method != "ngram":
-            raise ValueError(f"speculative.method must be 'ngram', got {method!r}")
+        if not isinstance(method, str) or method not in PROPOSERS:
+            known_methods = " or ".join(repr(m) for m in PROPOSERS)
+            raise ValueError(f"speculative.method must be {known_methods}, got {method!r}")
         known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted"}
         for key in value:
             if key not in known:
                 raise ValueError(
-                    f"speculative.{key} is not a setting of method 'ngram' (known: {', '.join(sorted(known))})"
+                    f"speculative.{key} is not a setting of method {method!r} (known: {', '.join(sorted(known))})"
                 )
         if "num_speculative_tokens" not in value:
             raise ValueError("speculative.num_speculative_tokens is required (proposals per request and step)")
@@ -67,7 +70,7 @@ class SpeculativeConfig:
         floor = value.get("min_accepted", cls.min_accepted)
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= floor <= k:
             raise ValueError(f"speculative.min_accepted must be a number in [0, {k}], got {floor!r}")
-        return cls("ngram", k, low, high, float(floor))
+        return cls(method, k, low, high, float(floor))
 
     def check_engine(
         self, device: str, async_scheduling: bool | None, tensor_parallel_size: int, max_num_seqs: int

@@ -157,6 +157,7 @@ class SpecDecoding:
             req = sched.requests[rid]
             if req.status is RequestStatus.FINISHED:
                 del req.all_token_ids[req.num_prompt_tokens + len(req.output_token_ids) :]
+        self._forget_finished()  # in the step they finish in: an idle engine holds no request's state
         if not self._merge:
             return outputs
         self._merge = False

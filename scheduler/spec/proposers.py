@@ -8,9 +8,10 @@ far; it keeps what it learned about a request between steps and forgets it when 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from orcaserve.scheduler.spec.config import SpeculativeConfig
+if TYPE_CHECKING:  # (config.py checks `method` against this module's table)
+    from orcaserve.scheduler.spec.config import SpeculativeConfig
 
 
 class Proposer(Protocol):
