@@ -218,7 +218,7 @@ class Engine:
                 self._record_occupancy()
             return outputs
         if self.spec is not None:
-            self.spec.propose(sched, self.scheduler, self.kv)
+            self.spec.propose(sched, self.scheduler.budget_left, self.kv)
         launched, failed = self._launch(sched)
         if self.spec is not None and launched is not None:
             self.spec.accept(sched, launched)  # before the scheduler advances: only accepted K/V counts

@@ -35,7 +35,7 @@ from orcaserve.scheduler.spec.verify import accepted_length
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
-    from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
+    from orcaserve.scheduler.core.step_output import SchedulerOutput
     from orcaserve.scheduler.launch import Launched
 
 
@@ -55,13 +55,13 @@ class SpecDecoding:
         self._merge = False  # a request emitted several tokens this step
 
     # ---- before the model runs ------------------------------------------------------------------
-    def propose(self, sched: SchedulerOutput, scheduler: Scheduler, kv: KVCacheManager) -> None:
-        """Give the step's eligible decode rows their proposals (see the module's docstring)."""
+    def propose(self, sched: SchedulerOutput, budget: int, kv: KVCacheManager) -> None:
+        """Give the step's eligible decode rows their proposals (see the module's docstring);
+        `budget`: the tokens the scheduler left in the step (`Scheduler.budget_left`)."""
         self._forget_finished()
         if sched.shape is None:  # the scheduler's cost model is off: the step's shape for this one
             sched.sampling = []
             sched.seal(True)
-        budget = scheduler.budget_left
         rows_left = self.max_num_seqs - len(sched.sampling)
         nst = sched.num_scheduled_tokens
         candidates = [r for r in sched.sampling if nst[r.request_id] == 1 and _eligible(r)]

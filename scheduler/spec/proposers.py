@@ -8,10 +8,18 @@ far; it keeps what it learned about a request between steps and forgets it when 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:  # (config.py checks `method` against this module's table)
-    from orcaserve.scheduler.spec.config import SpeculativeConfig
+
+class LookupSettings(Protocol):
+    """What a proposer reads of the `speculative` setting (`SpeculativeConfig`, which checks
+    `method` against this module's table)."""
+
+    @property
+    def prompt_lookup_min(self) -> int: ...
+
+    @property
+    def prompt_lookup_max(self) -> int: ...
 
 
 class Proposer(Protocol):
@@ -41,7 +49,7 @@ class NgramProposer:
     suffix itself continues the repetition it found (a period-p loop proposes k tokens, not p).
     """
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: LookupSettings) -> None:
         self.sizes = range(config.prompt_lookup_min, config.prompt_lookup_max + 1)
         self._index: dict[str, _Index] = {}
 
@@ -72,4 +80,4 @@ class NgramProposer:
         self._index.pop(request_id, None)
 
 
-PROPOSERS: dict[str, Callable[[SpeculativeConfig], Proposer]] = {"ngram": NgramProposer}
+PROPOSERS: dict[str, Callable[[LookupSettings], Proposer]] = {"ngram": NgramProposer}
