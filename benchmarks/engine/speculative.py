@@ -9,7 +9,10 @@ from the project's own source and docstrings (shipped with it); open-ended ones 
 Each client runs one request after another (a closed loop), greedy, up to `--max-tokens` tokens.
 Off and on alternate on one engine (the same weights, cache and threads; the machine may be
 shared, so runs alternate rather than follow each other), and the outputs of the two are compared
-token for token. Printed: tokens/s off and on, the speed-up, the acceptance (proposed, accepted,
+token for token. The prefix cache is off: with it, the second run of a pair would find the first
+one's prompts cached, computing less (a speed-up that is not speculation's) and, in bf16, a
+prompt's last chunk over cached K/V rather than in one prefill (numerics that are not
+speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed, accepted,
 mean accepted length) and the steps that speculated.
 """
 
@@ -89,7 +92,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens})
     assert cfg is not None
-    engine = Engine.from_pretrained(args.model or default_model_path(), dtype=args.dtype, max_num_seqs=32)
+    engine = Engine.from_pretrained(
+        args.model or default_model_path(), dtype=args.dtype, max_num_seqs=32, enable_prefix_caching=False
+    )
     engine.generate(["warm up"], SamplingParams(max_tokens=4))
     sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
     results: dict = {"model": args.model or "SmolLM2-135M-Instruct (default)", "runs": []}
