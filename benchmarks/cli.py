@@ -44,6 +44,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.engine.tensor_parallel",
         "tensor parallel ranks vs one process: tok/s, collectives' share, RSS",
     ),
+    "spec": (
+        "orcaserve.bench.engine.speculative",
+        "speculative decoding (prompt lookup) on vs off: copy-heavy, open-ended",
+    ),
     "gpu": ("", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
 

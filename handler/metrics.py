@@ -17,6 +17,7 @@ from typing import Any
 from ts.metrics.metric_type_enum import MetricTypes
 
 from orcaserve.handler.slo_metrics import SLO_METRICS, STEP_COST_METRICS, SloMetrics
+from orcaserve.handler.spec_metrics import SPEC_METRICS, SpecMetrics
 from orcaserve.handler.tenant_metrics import FAIRNESS_METRIC, TENANT_METRICS, TenantMetrics
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
@@ -94,6 +95,8 @@ class EngineMetrics:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Class"], kind)
             for name, (unit, kind, _) in STEP_COST_METRICS.items():
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+            for name, (unit, kind, *_) in SPEC_METRICS.items():
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Method"], kind)
             name, unit, kind, _ = FAIRNESS_METRIC
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             name, unit, kind, _ = REFUSED_METRIC
@@ -103,6 +106,7 @@ class EngineMetrics:
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, dims, kind)
         self._tenants = TenantMetrics(self._emit)
         self._slo = SloMetrics(self._emit)
+        self._spec = SpecMetrics(self._emit)
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
         self._counted = {
@@ -188,6 +192,7 @@ class EngineMetrics:
         self._emit("orca_prefix_cache_free_blocks", s.kv_blocks_cached_free)
         self._tenants.on_emission(s.tenants)
         self._slo.on_emission(s)
+        self._spec.on_emission(s.spec)
 
     def _emit_deltas(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():

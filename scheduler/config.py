@@ -12,6 +12,7 @@ from orcaserve.scheduler.core.fair_share import check_weights
 from orcaserve.scheduler.core.policies import check_policy
 from orcaserve.scheduler.core.slo_class import check_slo_classes
 from orcaserve.scheduler.lora.config import check_lora_config
+from orcaserve.scheduler.spec.config import SpeculativeConfig
 
 _DTYPES = {
     "float32": torch.float32,
@@ -88,6 +89,9 @@ class EngineConfig:
     lora_adapters: dict[str, str] | None = None
     max_loras: int | None = None
     max_lora_rank: int = 16
+    # Speculative decoding (docs/speculative-decoding.md): {method: ngram, num_speculative_tokens: K,
+    # prompt_lookup_min, prompt_lookup_max}; None: off.
+    speculative: dict | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -145,6 +149,13 @@ class EngineConfig:
             quantization=self.quantization,
             device=self.resolved_device(),
         )
+        spec = SpeculativeConfig.parse(self.speculative)  # raises naming the key
+        if spec is not None:
+            spec.check_engine(
+                self.resolved_device().type, self.async_scheduling, self.tensor_parallel_size, self.max_num_seqs
+            )
+            if self.lora_adapters:  # no test holds speculation's verify rows under adapters yet
+                raise ValueError("speculative decoding with lora_adapters is not proven exact: set one of them to null")
 
     def _check_tensor_parallel(self) -> None:
         from orcaserve.scheduler.model.parallel.shard import TensorParallelUnsupported

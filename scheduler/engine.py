@@ -34,6 +34,8 @@ from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.prompt import Prompt
 from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
+from orcaserve.scheduler.spec.config import SpeculativeConfig
+from orcaserve.scheduler.spec.decoding import SpecDecoding
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,8 @@ class Engine:
         self._inflight: Launched | None = None  # the step on the device, not yet post-processed
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
+        spec = SpeculativeConfig.parse(config.speculative)  # docs/speculative-decoding.md
+        self.spec = SpecDecoding(spec, config.max_num_seqs, max_model_len, self.vocab_size) if spec else None
 
     @classmethod
     def from_pretrained(cls, path: str, **engine_args) -> Engine:
@@ -191,7 +195,8 @@ class Engine:
 
     def snapshot(self) -> StatsSnapshot:
         """The numbers metrics read, as of now (core/stats_snapshot.py); on the thread that owns the engine."""
-        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost)
+        spec = None if self.spec is None else self.spec.stats
+        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost, spec)
 
     def _record_occupancy(self) -> None:
         self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
@@ -222,7 +227,11 @@ class Engine:
             if self.prompt_jobs or outputs:
                 self._record_occupancy()
             return outputs
+        if self.spec is not None:
+            self.spec.propose(sched, self.scheduler.budget_left, self.kv)
         launched, failed = self._launch(sched)
+        if self.spec is not None and launched is not None:
+            self.spec.accept(sched, launched)  # before the scheduler advances: only accepted K/V counts
         outputs += [self._fail(req, error) for req, error in failed]
         outputs += self._collect()  # the previous step's, while this one runs on the device
         self.scheduler.update_after_step(sched)  # before the placeholders: it counts sampled tokens
@@ -238,7 +247,7 @@ class Engine:
         self.stats.record_step(sched, self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
         if self.trace is not None:
             self.trace.append(StepTrace.of(sched, self.kv, started, now, self.scheduler))
-        return outputs
+        return outputs if self.spec is None else self.spec.end_step(outputs, sched, now - started)
 
     def _launch(self, sched: SchedulerOutput) -> tuple[Launched | None, Failures]:
         """Queue the batch on the device (launch.py); `step` then makes each sampling request's

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orcaserve.scheduler.errors import InvalidRequest
+from orcaserve.scheduler.spec.config import MAX_SPECULATIVE_TOKENS
 from orcaserve.scheduler.structured_outputs import StructuredOutputs
 
 # Most alternatives a request may ask for with each token (vLLM's default `max_logprobs`; OpenAI's
@@ -71,6 +72,9 @@ class SamplingParams:
     structured_outputs: StructuredOutputs | None = None
     # Which of the request's outputs the engine builds (a string is taken as the kind's value).
     output_kind: RequestOutputKind = RequestOutputKind.DELTA
+    # Speculative decoding (docs/speculative-decoding.md): at most this many proposed tokens per
+    # step for this request; 0 turns it off; None: the engine's setting.
+    num_speculative_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -120,6 +124,8 @@ class SamplingParams:
                 raise InvalidRequest(
                     f"output_kind must be one of {kinds}, got {self.output_kind!r}", param="output_kind"
                 ) from None
+        if self.num_speculative_tokens is not None:
+            _check_int("num_speculative_tokens", self.num_speculative_tokens, low=0, high=MAX_SPECULATIVE_TOKENS + 1)
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputs(**self.structured_outputs)
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):

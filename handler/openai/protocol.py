@@ -306,6 +306,7 @@ def _sampling_params(
         "seed",
         "ignore_eos",
         "stop_token_ids",
+        "num_speculative_tokens",  # extension: 0 turns speculative decoding off for this request
     ):
         if body.get(name) is not None:
             values[name] = body[name]

@@ -104,6 +104,11 @@ class Scheduler:
         return self.budget.cost
 
     @property
+    def budget_left(self) -> int:
+        """Tokens the step just built may still take (speculative proposals take them: spec/decoding.py)."""
+        return self.batch.budget_left
+
+    @property
     def num_running(self) -> int:
         return len(self.batch.running)
 

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.stats import EngineStats, SloCounts
 from orcaserve.scheduler.core.step_cost import StepCostModel
+from orcaserve.scheduler.spec.stats import SpecStats
 
 
 class TenantSnapshot(NamedTuple):
@@ -63,13 +64,16 @@ class StatsSnapshot:
     step_time_predicted: float | None
     step_time_measured: float | None
     step_cost_error: float | None
+    spec: SpecStats | None = None  # speculative decoding's counters (a copy); None: speculation off
 
     @property
     def kv_usage(self) -> float:
         return self.kv_blocks_used / self.num_blocks
 
     @classmethod
-    def of(cls, stats: EngineStats, shares: TenantShares, cost: StepCostModel) -> StatsSnapshot:
+    def of(
+        cls, stats: EngineStats, shares: TenantShares, cost: StepCostModel, spec: SpecStats | None = None
+    ) -> StatsSnapshot:
         return cls(
             num_blocks=stats.num_blocks,
             num_steps=stats.num_steps,
@@ -90,4 +94,5 @@ class StatsSnapshot:
             step_time_predicted=cost.last_predicted,
             step_time_measured=cost.last_measured,
             step_cost_error=cost.relative_error,
+            spec=None if spec is None else copy.copy(spec),
         )

@@ -22,6 +22,9 @@ class SchedulerOutput:
     sampling: list[Request] = field(default_factory=list)
     # What the step computes, in the step-cost model's terms (`seal`; None where nothing reads it).
     shape: StepShape | None = None
+    # Speculative decoding: request -> its proposed tokens this step (spec/decoding.py); such a
+    # row appears 1 + K times in `sampling`, once per checked position.
+    spec: dict[str, list[int]] = field(default_factory=dict)
 
     def seal(self, shape: bool = True) -> None:
         """The batch is decided (`Scheduler.schedule`): one pass over it sets `sampling` and, when
@@ -61,4 +64,5 @@ class SchedulerOutput:
             num_scheduled_tokens={r: n for r, n in self.num_scheduled_tokens.items() if r in keep},
             requests={r: req for r, req in self.requests.items() if r in keep},
             sampling=[req for req in self.sampling if req.request_id in keep],
+            spec={r: d for r, d in self.spec.items() if r in keep},
         )

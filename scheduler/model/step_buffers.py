@@ -25,6 +25,7 @@ import torch
 
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
+from orcaserve.scheduler.spec.rows import sample_rows
 
 _ALIGN = 64  # bytes: every region starts aligned, as Triton specialises its pointer arguments
 _computed = attrgetter("num_computed_tokens")
@@ -137,7 +138,9 @@ class StepBuffers:
         tok[:] = tokens
         last = cu[1 : b + 1] - 1  # [B] each request's last token
         s = len(sched.sampling)
-        if s == b:
+        if sched.spec:  # speculated rows sample at each checked position (spec/rows.py)
+            npb["rows"][:s] = sample_rows(last, sched)
+        elif s == b:
             npb["rows"][:s] = last
         else:  # the scheduler decides who samples; rows follow its order, the batch's
             sampling = {r.request_id for r in sched.sampling}

@@ -1,0 +1,133 @@
+"""Speculative decoding (prompt lookup) on vs off: copy-heavy and open-ended prompts, 1 / 4 / 16 /
+32 clients, offline (docs/speculative-decoding.md; dated runs in docs/performance-log.md).
+
+    orcaserve-bench spec                                  # SmolLM2, every set and client count
+    orcaserve-bench spec --clients 1,4 --max-tokens 96 --out spec.json
+
+Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made
+from the project's own source and docstrings (shipped with it); open-ended ones ask for new text.
+Each client runs one request after another (a closed loop), greedy, up to `--max-tokens` tokens.
+Off and on alternate on one engine (the same weights, cache and threads; the machine may be
+shared, so runs alternate rather than follow each other), and the outputs of the two are compared
+token for token. The prefix cache is off: with it, the second run of a pair would find the first
+one's prompts cached, computing less (a speed-up that is not speculation's) and, in bf16, a
+prompt's last chunk over cached K/V rather than in one prefill (numerics that are not
+speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed, accepted,
+mean accepted length) and the steps that speculated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.prompt import ChatPrompt
+from orcaserve.scheduler.spec.config import SpeculativeConfig
+from orcaserve.scheduler.spec.decoding import SpecDecoding
+
+
+def copy_heavy_prompts() -> list[str]:
+    """Tasks whose answer mostly repeats the prompt, built from the project's own code and text."""
+    from orcaserve.scheduler.core import block_pool, step_cost
+    from orcaserve.scheduler.spec import proposers
+
+    code = inspect.getsource(block_pool.BlockPool.allocate)
+    doc = inspect.getdoc(step_cost) or ""
+    doc2 = inspect.getdoc(proposers.NgramProposer) or ""
+    typos = doc2.replace("the ", "teh ", 3).replace("tokens", "tokns", 2)
+    names = ["prefill", "decode", "preemption", "prefix cache", "fair share", "latency target", "speculation"]
+    return [
+        f"Repeat the following text exactly, word for word:\n\n{doc[:700]}",
+        f"Fix the spelling mistakes in this text and return the whole corrected text:\n\n{typos}",
+        f"Rename the variable `blocks` to `taken` in this Python function and return the whole function:\n\n{code}",
+        "Reformat this list as a JSON array of strings, one per line:\n" + "\n".join(f"- {n}" for n in names),
+        f"Add a type hint to every argument of this function and return it in full:\n\n{code}",
+        f"Rewrite the following text as a bulleted list, keeping every sentence unchanged:\n\n{doc2[:600]}",
+    ]
+
+
+OPEN_ENDED = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain to a new engineer why batching requests makes a language model server faster.",
+    "Give five ideas for a weekend trip in the mountains, with one sentence each.",
+    "Describe the water cycle to a ten-year-old.",
+    "What are the pros and cons of working from home? Answer in a few paragraphs.",
+    "Write a poem about autumn in a city.",
+]
+
+
+def run_set(engine: Engine, prompts: list[str], clients: int, requests: int, max_tokens: int) -> dict:
+    """`requests` prompts (cycling through `prompts`), `clients` in flight at a time, greedy."""
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    queue = [ChatPrompt([{"role": "user", "content": prompts[i % len(prompts)]}]) for i in range(requests)]
+    outputs: dict[str, list[int]] = {}
+    in_flight, nxt = 0, 0
+    start = time.perf_counter()
+    while nxt < len(queue) or in_flight:
+        while in_flight < clients and nxt < len(queue):
+            engine.add_request(f"q{nxt}", queue[nxt], params)
+            nxt, in_flight = nxt + 1, in_flight + 1
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id] = out.output_token_ids
+                in_flight -= 1
+    wall = time.perf_counter() - start
+    tokens = sum(map(len, outputs.values()))
+    return {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall, "outputs": outputs}
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="HF dir or .gguf (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--clients", default="1,4,16,32", help="concurrent clients, comma-separated")
+    ap.add_argument("--sets", default="copy,open", help="prompt sets: copy (copy-heavy), open (open-ended)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
+    ap.add_argument("--dtype", default=None)
+
+
+def run(args: argparse.Namespace) -> dict:
+    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens})
+    assert cfg is not None
+    engine = Engine.from_pretrained(
+        args.model or default_model_path(), dtype=args.dtype, max_num_seqs=32, enable_prefix_caching=False
+    )
+    engine.generate(["warm up"], SamplingParams(max_tokens=4))
+    sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
+    results: dict = {"model": args.model or "SmolLM2-135M-Instruct (default)", "runs": []}
+    print(
+        f"{'set':<6}{'clients':>8}{'off tok/s':>11}{'ngram tok/s':>13}{'speed-up':>10}{'accept':>8}{'mean len':>10}"
+        f"{'steps on/off':>14}{'same':>6}",
+        file=sys.stderr,
+    )
+    for name in args.sets.split(","):
+        for clients in map(int, args.clients.split(",")):
+            n = args.requests or max(4, clients)
+            engine.spec = None
+            off = run_set(engine, sets[name], clients, n, args.max_tokens)
+            engine.spec = SpecDecoding(cfg, engine.config.max_num_seqs, engine.max_model_len, engine.vocab_size)
+            on = run_set(engine, sets[name], clients, n, args.max_tokens)
+            stats = engine.spec.stats.to_dict()
+            row = {
+                "set": name,
+                "clients": clients,
+                "requests": n,
+                "off_tok_s": round(off["tok_s"], 2),
+                "ngram_tok_s": round(on["tok_s"], 2),
+                "speedup": round(on["tok_s"] / off["tok_s"], 3),
+                "same_tokens": off["outputs"] == on["outputs"],
+                "spec": stats,
+                "declined_steps": engine.spec.policy.declined_steps,
+            }
+            results["runs"].append(row)
+            print(
+                f"{name:<6}{clients:>8}{row['off_tok_s']:>11.1f}{row['ngram_tok_s']:>13.1f}{row['speedup']:>9.2f}x"
+                f"{stats['acceptance_rate']:>8.2f}{stats['mean_accepted_length']:>10.2f}"
+                f"{stats['steps_on']:>7}/{stats['steps_off']:<6}{str(row['same_tokens']):>6}",
+                file=sys.stderr,
+            )
+    engine.spec = None
+    return results

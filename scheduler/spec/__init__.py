@@ -1,0 +1,1 @@
+"""Speculative decoding inside the iteration-level step (docs/speculative-decoding.md)."""

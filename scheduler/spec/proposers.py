@@ -1,0 +1,83 @@
+"""Proposers: where a request's proposed next tokens come from, one object per method in a table
+(docs/speculative-decoding.md "Prompt lookup").
+
+A proposer is asked, for one request at a time, for up to `k` tokens that may follow its tokens so
+far; it keeps what it learned about a request between steps and forgets it when told (`drop`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class LookupSettings(Protocol):
+    """What a proposer reads of the `speculative` setting (`SpeculativeConfig`, which checks
+    `method` against this module's table)."""
+
+    @property
+    def prompt_lookup_min(self) -> int: ...
+
+    @property
+    def prompt_lookup_max(self) -> int: ...
+
+
+class Proposer(Protocol):
+    def propose(self, request_id: str, tokens: Sequence[int], k: int) -> list[int]: ...
+
+    def drop(self, request_id: str) -> None: ...
+
+
+class _Index:
+    """One request's n-grams: for each n, the n-gram -> the position of its last token, the latest
+    occurrence; `done`: n-grams ending before this position are in."""
+
+    __slots__ = ("done", "maps")
+
+    def __init__(self, sizes: range) -> None:
+        self.done = 0
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+
+
+class NgramProposer:
+    """Prompt lookup (Saxena 2023; vLLM's and llama.cpp's n-gram mode): the longest suffix of the
+    request's tokens, from `prompt_lookup_max` down to `prompt_lookup_min` tokens, that occurred
+    before, and the tokens that followed its latest occurrence.
+
+    The n-grams are indexed as tokens arrive (a dict per n, O(1) per token), so a step costs a
+    few lookups whatever the length of the request. A match whose continuation runs into the
+    suffix itself continues the repetition it found (a period-p loop proposes k tokens, not p).
+    """
+
+    def __init__(self, config: LookupSettings) -> None:
+        self.sizes = range(config.prompt_lookup_min, config.prompt_lookup_max + 1)
+        self._index: dict[str, _Index] = {}
+
+    def propose(self, request_id: str, tokens: Sequence[int], k: int) -> list[int]:
+        index = self._index.get(request_id)
+        if index is None:
+            index = self._index[request_id] = _Index(self.sizes)
+        total = len(tokens)
+        # Index every n-gram ending before the last token (the suffix must not find itself).
+        maps = index.maps
+        for end in range(index.done, total - 1):
+            for n in self.sizes:
+                if end + 1 >= n:
+                    maps[n][tuple(tokens[end + 1 - n : end + 1])] = end
+        index.done = max(index.done, total - 1)
+        for n in reversed(self.sizes):
+            if total < n:
+                continue
+            hit = maps[n].get(tuple(tokens[total - n :]))
+            if hit is not None:
+                out: list[int] = []
+                for j in range(hit + 1, hit + 1 + k):  # positions past the end repeat the proposal itself
+                    out.append(tokens[j] if j < total else out[j - total])
+                return out
+        return []
+
+    def drop(self, request_id: str) -> None:
+        self._index.pop(request_id, None)
+
+
+PROPOSERS: dict[str, Callable[[LookupSettings], Proposer]] = {"ngram": NgramProposer}

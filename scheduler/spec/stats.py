@@ -1,0 +1,43 @@
+"""Speculation's counters: what the metrics and the benchmark report (docs/speculative-decoding.md "Metrics")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SpecStats:
+    """Running totals since the engine started."""
+
+    method: str = "ngram"
+    proposed: int = 0  # proposed tokens checked by the target
+    accepted: int = 0  # of those, accepted (emitted as they were proposed)
+    speculated_rows: int = 0  # row-steps that carried proposals
+    steps_on: int = 0  # steps in which at least one row speculated
+    steps_off: int = 0  # steps with decode rows that could have speculated and did not
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.speculated_rows += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a speculated row emitted per step: its accepted proposals and the target's own."""
+        return (self.accepted + self.speculated_rows) / self.speculated_rows if self.speculated_rows else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {
+            "method": self.method,
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length, 4),
+            "speculated_rows": self.speculated_rows,
+            "steps_on": self.steps_on,
+            "steps_off": self.steps_off,
+        }
