@@ -58,6 +58,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "gemm": ("orcaserve.bench.cpu.gemm", "bf16/fp32 GEMMs at SmolLM2's shapes, ms per call"),
         "quant": ("orcaserve.bench.cpu.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
         "int8": ("orcaserve.bench.cpu.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
+        "ternary": ("orcaserve.bench.cpu.gemm", "BitNet's ternary GEMM vs its twin and bf16 at 2B4T's shapes, GB/s"),
     },
     "gpu": {
         "preflight": ("orcaserve.bench.gpu.preflight", "versions, GPU, API probes; whether the steps can run"),

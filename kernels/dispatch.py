@@ -39,6 +39,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
 - lora_sgmv (LoRA adapters' update, docs/lora.md): PyTorch's GEMMs (kernels/pytorch/lora.py), the
   oracle a C++ operator will be held to.
+- linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
+  sums, so bit for bit torch._int_mm over the same values.
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
   codes (gemm_int8.cpp), vpdpbusd on the VNNI variants, vpmaddubsw on avx2 and avx512, bit for bit
   its PyTorch twin (docs/int8-activations.md).
@@ -125,6 +127,10 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
         ("linear_int8", f): (_o("linear_int8", "torch", "avx2", "avx512", "avx512_bf16", "amx"), ("torch",))
         for f in _QUANT
     },
+    # BitNet's ternary weights against int8 activations (docs/bitnet.md): two bits a weight,
+    # vpdpbusd where the CPU has AVX-512 VNNI, vpmaddubsw on avx2 and avx512; int32 sums, so any
+    # kernel is bit for bit the torch twin (torch._int_mm over the same int8 values).
+    ("linear_ternary", "int8"): (_o("linear_ternary", "torch", "avx2", "avx512", "avx512_bf16", "amx"), ("torch",)),
 }
 
 

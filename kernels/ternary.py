@@ -15,13 +15,19 @@ output equals transformers' fp32 forward bit for bit, the contract its tests hol
 Several projections that read the same input (q/k/v, gate/up) are fused into one GEMM: each keeps
 its own weight scale, applied to its own columns (`col_scale`), the same fp32 product per element.
 
-`TernaryLinear` is the PyTorch twin, the oracle any faster kernel is held to: the weight kept as
-int8 values (a byte a weight, never floats), `torch._int_mm` for the integer GEMM.
+The integer GEMM is the dispatch table's `linear_ternary` row: the C++ kernel over the weights
+packed two bits a weight (csrc/gemm/gemm_ternary.cpp) where the library has it, else the PyTorch
+twin, the oracle every kernel is held to, bit for bit: the weight as int8 values (a byte a
+weight, never floats) and `torch._int_mm`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+
+from orcaserve.kernels import dispatch
 
 VALUES_PER_BYTE = 4  # transformers' packing: 2 bits a weight, along the output dimension
 _MAX_K = 1 << 17  # 128 * K < 2^24: fp32 sums of the products exact (see the module docstring)
@@ -48,15 +54,23 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 class TernaryLinear:
     """y = (x_q @ w.T) / (col_scale * s): one or more BitLinear projections over the same input."""
 
-    def __init__(self, weight: torch.Tensor, col_scale: torch.Tensor) -> None:
-        # weight [N, K] int8 in {-1, 0, 1}; col_scale [N], each column's weight_scale
+    def __init__(self, weight: torch.Tensor, col_scale: torch.Tensor, kernel: str | None = None) -> None:
+        # weight [N, K] int8 in {-1, 0, 1}; col_scale [N], each column's weight_scale; kernel: the
+        # dispatch table's choice unless named ("torch": the twin, for an A/B)
         if weight.dtype != torch.int8 or col_scale.shape != (weight.shape[0],):
             raise ValueError(f"ternary weight [N, K] int8 with [N] scales, got {weight.dtype} {tuple(weight.shape)}")
         if weight.shape[1] >= _MAX_K:
             raise ValueError(f"input width {weight.shape[1]} >= {_MAX_K}: int8 sums could leave fp32's exact range")
-        self.weight_t = weight.t().contiguous()  # [K, N]: _int_mm's layout
         self.col_scale = col_scale  # [N], fp32 or the model's dtype, as transformers holds it
         self.out_features, self.in_features = weight.shape
+        cpu = weight.device.type == "cpu"
+        self.kernel = kernel or (dispatch.resolve("linear_ternary", "int8") if cpu else "torch")
+        self._op: Any = dispatch.orcaserve_op(self.kernel) if self.kernel != "torch" else None
+        if self._op is not None:
+            pack = dispatch.orcaserve_op(self.kernel.replace(".linear_ternary", ".pack_ternary_weight", 1))
+            self.weight: torch.Tensor = pack(weight)  # two bits a weight, the kernel's panels
+        else:
+            self.weight = weight.t().contiguous()  # [K, N] int8: _int_mm's layout
 
     @classmethod
     def fuse(cls, parts: list[tuple[torch.Tensor, torch.Tensor]]) -> TernaryLinear:
@@ -67,9 +81,16 @@ class TernaryLinear:
 
     @property
     def nbytes(self) -> int:
-        return self.weight_t.numel() + self.col_scale.numel() * self.col_scale.element_size()
+        return self.weight.numel() + self.col_scale.numel() * self.col_scale.element_size()
+
+    def int_sums(self, x_q: torch.Tensor) -> torch.Tensor:  # [T, K] int8 -> [T, N] int32
+        if self._op is not None:
+            return self._op(x_q, self.weight, self.out_features)
+        if x_q.shape[0] == 0:
+            return x_q.new_zeros(0, self.out_features, dtype=torch.int32)
+        return torch._int_mm(x_q, self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N], x's dtype
         x_q, s = quantize_activations(x)
-        acc = torch._int_mm(x_q, self.weight_t) if x_q.shape[0] > 0 else x_q.new_zeros(0, self.out_features)
+        acc = self.int_sums(x_q)
         return (acc.to(x.dtype) / (self.col_scale.to(x.dtype) * s)).to(x.dtype)  # [T, N]

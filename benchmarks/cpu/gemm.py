@@ -3,6 +3,7 @@
     orcaserve-bench kernels gemm  [--dtype bfloat16] [--rows 1,32,128,256,384,512]
     orcaserve-bench kernels quant [--kernels fp32,bf16,q8_0,q4_0,q4_1,q4_k,q6_k,t_int8,t_int4,t_w8a8]
     orcaserve-bench kernels int8  [--formats q4_0,q8_0,q4_1,q4_k,q6_k] [--no-bitwise] [--isa avx2]
+    orcaserve-bench kernels ternary [--kernels bf16,ternary,t_ternary]
     ... [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down] [--threads N] [--clock cpu] [--stat min]
 
 The steps differ in shapes, kernels and figure (docs/kernels.md, docs/int8-activations.md):
@@ -14,6 +15,9 @@ The steps differ in shapes, kernels and figure (docs/kernels.md, docs/int8-activ
   int8 linear (`t_int8`, `t_int4`, `t_w8a8`); weight GB/s.
 - int8: Llama-3.2-1B's shapes, bf16 beside each format bitwise and with int8 activations
   (`<fmt>+a8`); GFLOP/s against this CPU's nominal peaks.
+- ternary: BitNet b1.58 2B4T's shapes, the same weights in bf16 (`Linear`), ternary through the
+  dispatch table's kernel (`ternary`: two bits a weight) and through the PyTorch twin (`t_ternary`:
+  int8 and torch._int_mm), activations quantized per token inside each call (docs/bitnet.md); GB/s.
 The K-quants' codes are made from q4_1's and q8_0's (the speed does not depend on the values).
 Quant and int8 cycle each kernel over copies of its weight, at least `--min-mb` a round (48 MB: 3x
 a Zen 2's L3), so the weight streams from DRAM as in a decode step; gemm reuses one weight (0).
@@ -43,15 +47,18 @@ from orcaserve.bench import result
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.linear import MKL_PACK_ROWS, Linear
 from orcaserve.kernels.quant import BlockCodes, QuantLinear, quantize
+from orcaserve.kernels.ternary import TernaryLinear
 
 SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
 LLAMA1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
+BITNET2B = {"qkv": (3840, 2560), "o": (2560, 2560), "gate_up": (13824, 2560), "down": (2560, 6912)}
 FORMATS = ("q4_0", "q8_0", "q4_1", "q4_k", "q6_k")
 # step: (shapes, default kernels, default rows, MB of weight copies a round, figure)
 STEPS: dict[str, tuple[dict[str, tuple[int, int]], str, str, int, str]] = {
     "gemm": (SMOLLM2, "pre,plain,mkl,orca,dot", "1,32,128,256,384,512", 0, "GFLOP/s"),
     "quant": (LLAMA1B, "fp32,bf16,q8_0,q4_0,q4_1,q4_k,q6_k,t_int8,t_int4,t_w8a8", "1,4,8,16,32,64,512", 48, "GB/s"),
     "int8": (LLAMA1B, "", "1,4,8,16,32,64,512", 48, "GFLOP/s"),
+    "ternary": (BITNET2B, "bf16,ternary,t_ternary", "1,4,32,512", 48, "GB/s"),
 }
 Kernel = tuple[Callable[[torch.Tensor], Any], int, torch.dtype, str]  # (call, weight bytes, x dtype, what runs)
 
@@ -147,6 +154,10 @@ def make(kernel: str, w: torch.Tensor, args: argparse.Namespace) -> Kernel:
         lin = Linear(w if kernel == "fp32" else w.bfloat16(), None, pack=True)
         x_dt = torch.float32 if kernel == "fp32" else torch.bfloat16
         return lin, lin.weight.numel() * lin.weight.element_size(), x_dt, lin.kernel
+    if kernel in ("ternary", "t_ternary"):
+        ternary = (w / w.abs().mean()).round().clamp(-1, 1).to(torch.int8)
+        layer = TernaryLinear(ternary, torch.ones(w.shape[0]), kernel="torch" if kernel == "t_ternary" else None)
+        return layer, layer.nbytes, torch.bfloat16, layer.kernel
     if kernel.startswith("t_"):
         return torch_kernel(kernel, w)
     fmt, _, act = kernel.partition("+")

@@ -58,6 +58,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tens
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                        int64_t out_features, int64_t bits, bool has_offset, bool wide);
 
+// gemm/gemm_ternary.cpp (avx2 and up): BitNet's ternary weights packed two bits a weight, against
+// int8 activations: the int32 sums (the caller applies the scales).
+at::Tensor pack_ternary_weight(const at::Tensor& weight);
+at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features);
+
 // gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
 at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

@@ -1,0 +1,67 @@
+"""BitNet's ternary GEMM (csrc/gemm/gemm_ternary.cpp, docs/bitnet.md): the int32 sums of every ISA
+variant this CPU runs equal torch._int_mm's over the same int8 values (the twin), for shapes that
+leave partial panels, partial 16-k groups and partial row tiles; weights outside {-1, 0, 1} refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cpu_variants import op, params
+
+from orcaserve.kernels.ternary import TernaryLinear
+
+TERNARY = params("linear_ternary")
+SHAPES = [(16, 16), (72, 48), (3840, 2560), (33, 100), (8, 6912)]  # (N, K)
+ROWS = [1, 2, 3, 4, 5, 9, 17, 64]
+
+
+def _case(n: int, k: int, t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-1, 2, (n, k), generator=g, dtype=torch.int8)
+    x = torch.randint(-128, 128, (t, k), generator=g, dtype=torch.int8)
+    return w, x
+
+
+@pytest.mark.parametrize("variant", TERNARY)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_kernel_is_the_twin_bit_for_bit(variant, shape):
+    n, k = shape
+    packed = op("pack_ternary_weight", variant)(_case(n, k, 1, 0)[0])
+    for t in ROWS if n * k < 1 << 22 else [1, 5]:
+        w, x = _case(n, k, t, t)
+        packed = op("pack_ternary_weight", variant)(w)
+        got = op("linear_ternary", variant)(x, packed, n)
+        assert got.dtype == torch.int32 and got.shape == (t, n)
+        assert torch.equal(got, torch._int_mm(x, w.t().contiguous())), (variant, shape, t)
+
+
+@pytest.mark.parametrize("variant", TERNARY)
+def test_extreme_activations_never_saturate(variant):
+    """vpmaddubsw sums pairs in int16: codes 2 against -128 twice is -512, far inside it."""
+    w = torch.ones(32, 64, dtype=torch.int8)
+    x = torch.full((3, 64), -128, dtype=torch.int8)
+    x[1] = 127
+    got = op("linear_ternary", variant)(x, op("pack_ternary_weight", variant)(w), 32)
+    assert got[:, 0].tolist() == [-128 * 64, 127 * 64, -128 * 64]
+    w2 = -w
+    got2 = op("linear_ternary", variant)(x, op("pack_ternary_weight", variant)(w2), 32)
+    assert got2[:, 0].tolist() == [128 * 64, -127 * 64, 128 * 64]
+
+
+@pytest.mark.parametrize("variant", TERNARY)
+def test_a_weight_outside_ternary_is_refused(variant):
+    w = torch.zeros(16, 16, dtype=torch.int8)
+    w[3, 5] = 2
+    with pytest.raises(RuntimeError, match="outside"):
+        op("pack_ternary_weight", variant)(w)
+
+
+def test_layer_uses_the_table_and_packs_two_bits_a_weight():
+    """Where the library has the kernel, the layer holds a quarter of a byte a weight; its output
+    is the twin's either way (the layer tests in tests/model/test_bitnet.py)."""
+    w, x = _case(72, 48, 5, 1)
+    layer = TernaryLinear(w, torch.full((72,), 0.5))
+    want = torch._int_mm(x, w.t().contiguous())
+    assert torch.equal(layer.int_sums(x), want)
+    if layer.kernel != "torch":
+        assert layer.weight.dtype == torch.uint8 and layer.nbytes < 72 * 48 // 2
