@@ -40,6 +40,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.slo.over_http",
         "slo's workload over HTTP: orcaserve's classes vs vLLM's priority policy",
     ),
+    "latency": (
+        "orcaserve.bench.engine.latency",
+        "1, 2 and 4 streams offline and over HTTP: tok/s, ms per token, DRAM roof",
+    ),
     "tp": (
         "orcaserve.bench.engine.tensor_parallel",
         "tensor parallel ranks vs one process: tok/s, collectives' share, RSS",
