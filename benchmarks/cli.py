@@ -58,6 +58,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "gemm": ("orcaserve.bench.cpu.gemm", "bf16/fp32 GEMMs at SmolLM2's shapes, ms per call"),
         "quant": ("orcaserve.bench.cpu.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
         "int8": ("orcaserve.bench.cpu.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
+        "gemv-copy": ("orcaserve.bench.cpu.gemv_copy", "bf16 decode, 1-4 streams, with and without the GEMV copy"),
     },
     "gpu": {
         "preflight": ("orcaserve.bench.gpu.preflight", "versions, GPU, API probes; whether the steps can run"),
