@@ -41,6 +41,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="engine argument override")
     ap.add_argument("--peers", default="", help="llamacpp,vllm over HTTP on the same model, where installed")
     ap.add_argument("--breakdown", action="store_true", help="offline: ms per decode step by part (step_breakdown.py)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    ap.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall", help="--breakdown: cpu is thread CPU time (use --threads 1)"
+    )
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -120,8 +124,13 @@ def _http_orcaserve(args, model: str, overrides: dict, streams: list[int], vocab
 
 
 def run(args: argparse.Namespace) -> dict:
+    import torch
+
     from orcaserve.scheduler.engine import Engine
     from orcaserve.scheduler.model.loader import default_model_path
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     model = args.model or default_model_path()
     overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
@@ -154,7 +163,9 @@ def run(args: argparse.Namespace) -> dict:
         from orcaserve.bench.engine.step_breakdown import breakdown
 
         prompts = {n: _prompts(n, args.input_len, vocab, args.seed) for n in streams}
-        res["breakdown"] = {str(n): breakdown(engine, prompts[n], args.output_len) for n in streams}
+        clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+        res["breakdown"] = {str(n): breakdown(engine, prompts[n], args.output_len, clock) for n in streams}
+        res["breakdown_clock"] = args.clock
     del engine  # its memory back before the server loads its own
     if "http" in modes:
         res["systems"]["orcaserve http"] = _http_orcaserve(args, model, engine_args, streams, vocab)
@@ -187,6 +198,7 @@ def report(res: dict) -> None:
             )
     for n, b in res.get("breakdown", {}).items():
         parts = ", ".join(f"{k} {b[k]:.2f}" for k in ("model", "lm_head", "sampler", "postprocess", "host"))
-        print(f"decode step at {n} stream(s), ms: {b['step']:.2f} = {parts} (host: the step less model and sampler)")
+        clock = "thread CPU " if res.get("breakdown_clock") == "cpu" else ""
+        print(f"decode step at {n} stream(s), {clock}ms: {b['step']:.2f} = {parts} (host: step - model - sampler)")
     for name, why in res.get("skipped", {}).items():
         print(f"{name}: skipped ({why})")

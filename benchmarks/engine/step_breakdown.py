@@ -14,20 +14,27 @@ from typing import Any
 PARTS = ("model", "lm_head", "sampler", "postprocess")
 
 
-def _timed(totals: dict[str, float], name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+Clock = Callable[[], float]
+
+
+def _timed(totals: dict[str, float], name: str, fn: Callable[..., Any], clock: Clock) -> Callable[..., Any]:
     def wrapper(*a: Any, **k: Any) -> Any:
-        t = time.perf_counter()
+        t = clock()
         try:
             return fn(*a, **k)
         finally:
-            totals[name] += time.perf_counter() - t
+            totals[name] += clock() - t
 
     return wrapper
 
 
-def breakdown(engine: Any, prompts: list[list[int]], output_len: int) -> dict[str, float]:
+def breakdown(
+    engine: Any, prompts: list[list[int]], output_len: int, clock: Clock = time.perf_counter
+) -> dict[str, float]:
     """ms per decode step of each part, over the decode steps of one run of `prompts` (the steps
-    with a prompt chunk are left out); `host` is the step less the model run and the sampler."""
+    with a prompt chunk are left out); `host` is the step less the model run and the sampler.
+    `clock`: wall time, or `time.thread_time` (with one torch thread every part runs on this one,
+    and its CPU time is what a loaded machine does not inflate)."""
     from orcaserve.scheduler.sampling_params import SamplingParams
 
     totals = dict.fromkeys(PARTS, 0.0)
@@ -35,17 +42,17 @@ def breakdown(engine: Any, prompts: list[list[int]], output_len: int) -> dict[st
     saved = (runner.execute, sampler.sample, post.step)
     model = runner.model
     head = getattr(model, "lm_head", None)
-    runner.execute = _timed(totals, "model", runner.execute)
-    sampler.sample = _timed(totals, "sampler", sampler.sample)
-    post.step = _timed(totals, "postprocess", post.step)
+    runner.execute = _timed(totals, "model", runner.execute, clock)
+    sampler.sample = _timed(totals, "sampler", sampler.sample, clock)
+    post.step = _timed(totals, "postprocess", post.step, clock)
     hook = None
     if head is not None:  # the lean decoder calls lm_head's forward, through the module hooks
         starts: list[float] = []
-        pre = head.register_forward_pre_hook(lambda *_: starts.append(time.perf_counter()))
+        pre = head.register_forward_pre_hook(lambda *_: starts.append(clock()))
         hook = (
             pre,
             head.register_forward_hook(
-                lambda *_: totals.__setitem__("lm_head", totals["lm_head"] + time.perf_counter() - starts.pop())
+                lambda *_: totals.__setitem__("lm_head", totals["lm_head"] + clock() - starts.pop())
             ),
         )
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
@@ -55,11 +62,11 @@ def breakdown(engine: Any, prompts: list[list[int]], output_len: int) -> dict[st
         engine.step()  # the prompts (one chunk each at these lengths)
         for k in totals:
             totals[k] = 0.0
-        steps, start = 0, time.perf_counter()
+        steps, start = 0, clock()
         while engine.has_unfinished():
             engine.step()
             steps += 1
-        wall = time.perf_counter() - start
+        wall = clock() - start
     finally:
         runner.execute, sampler.sample, post.step = saved
         for h in hook or ():
