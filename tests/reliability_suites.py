@@ -269,7 +269,10 @@ def kv_exhaustion(ts: TorchServe, offline: Engine, n: int = 12, model: str = "sm
         str(store),
         fmt="default",
         force=True,
-        overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING},
+        # The cache seats about two requests at a time, so the last waits on most of the others before
+        # its first token: a deadline far beyond that, on a loaded machine too.
+        overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING}
+        | {"default_timeout": 900},
     )
     ts.register(f"{model}.mar")
     try:
