@@ -40,7 +40,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def second_copy_bytes() -> int:
     """Bytes of every live `Linear`'s GEMV copy."""
-    return sum(o.gemv_weight.nbytes for o in gc.get_objects() if isinstance(o, Linear) and o.gemv_weight is not None)
+    return sum(o.gemv_weight.nbytes for o in gc.get_objects() if type(o) is Linear and o.gemv_weight is not None)
 
 
 def _engine(model: str, single_copy: bool):
