@@ -28,9 +28,19 @@ def read_bandwidth(mib: int = 512, repeats: int = 5) -> float:
     return x.numel() * 4 / best / 1e9
 
 
-def bytes_per_token(model: Any, dtype: torch.dtype) -> int:
-    """The weight bytes one decode step reads: every projection and the lm_head, as served."""
+def bytes_per_token(model: Any, dtype: torch.dtype, decoder: Any = None) -> int:
+    """The weight bytes one decode step reads: every projection and the lm_head, as served. With
+    the lean `decoder` (`runner.decoder`), from its own GEMMs: it took the codes off the modules."""
     from orcaserve.scheduler.model.quantized import ACTIVATIONS, BLOCK_BYTES, CODES, linears
+
+    if decoder is not None:
+        gemms = [
+            decoder.lm_head,
+            *(g for layer in decoder.layers for g in (layer.qkv, layer.o, layer.gate_up, layer.down)),
+        ]
+        # a quantized GEMM's bytes in its kernel's layout; a dense one reads one copy in dtype
+        dense = torch.finfo(dtype).bits // 8
+        return sum(g.nbytes() if hasattr(g, "nbytes") else g.in_features * g.out_features * dense for g in gemms)
 
     total = 0
     for _, module in linears(model):

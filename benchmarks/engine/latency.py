@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> dict:
     engine = Engine.from_pretrained(model, **engine_args)
     vocab = engine.vocab_size
     gbps = dram.read_bandwidth()
-    per_token = dram.bytes_per_token(engine.runner.model, engine.config.resolved_dtype())
+    per_token = dram.bytes_per_token(engine.runner.model, engine.config.resolved_dtype(), engine.runner.decoder)
     roof = gbps * 1e9 / per_token
     res: dict = {
         "model": model,
