@@ -40,6 +40,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.slo.over_http",
         "slo's workload over HTTP: orcaserve's classes vs vLLM's priority policy",
     ),
+    "latency": (
+        "orcaserve.bench.engine.latency",
+        "1, 2 and 4 streams offline and over HTTP: tok/s, ms per token, DRAM roof",
+    ),
     "tp": (
         "orcaserve.bench.engine.tensor_parallel",
         "tensor parallel ranks vs one process: tok/s, collectives' share, RSS",
@@ -59,6 +63,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "quant": ("orcaserve.bench.cpu.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
         "int8": ("orcaserve.bench.cpu.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
         "ternary": ("orcaserve.bench.cpu.gemm", "BitNet's ternary GEMM vs its twin and bf16 at 2B4T's shapes, GB/s"),
+        "gemv-copy": ("orcaserve.bench.cpu.gemv_copy", "bf16 decode, 1-4 streams, with and without the GEMV copy"),
     },
     "gpu": {
         "preflight": ("orcaserve.bench.gpu.preflight", "versions, GPU, API probes; whether the steps can run"),

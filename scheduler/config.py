@@ -24,7 +24,7 @@ _DTYPES = {
     "bf16": torch.bfloat16,
 }
 
-QUANTIZATIONS = (None, "gguf", "int8", "int4")
+QUANTIZATIONS = (None, "none", "gguf", "int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -64,9 +64,12 @@ class EngineConfig:
     # Serve an architecture that has no token-exact test (scheduler/model/families.py), at the
     # user's own risk; by default such a model is refused at load.
     allow_unverified_architecture: bool = False
-    # Linear weights kept in low-bit blocks (docs/serving.md "Quantized weights"): None dequantizes
-    # a GGUF to `dtype` as before; "gguf" keeps the file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks; "int8"
-    # (q8_0) and "int4" (q4_1) quantize at load. `dtype` stays the activations' and KV cache's type.
+    # Linear weights kept in low-bit blocks (docs/quantized-weights.md): "gguf" keeps the file's
+    # Q8_0/Q4_0/Q4_1/Q4_K/Q6_K blocks; "int8" (q8_0) and "int4" (q4_1) quantize at load; "none"
+    # serves every weight dense in `dtype`, a GGUF dequantized (the exact path). None: chosen by
+    # from_pretrained for the file (model/defaults.py: a GGUF on a CPU with integer dot products gets
+    # "gguf" with int8 activations, anything else "none"); a model handed to from_model stays dense.
+    # `dtype` stays the activations' and KV cache's type.
     quantization: str | None = None
     # Schedule step N+1 while the device runs step N (docs/host-overlap.md). None: on for CUDA,
     # off on the CPU, where the model's threads are the host's and nothing overlaps.
@@ -78,9 +81,10 @@ class EngineConfig:
     # Latency targets per class of traffic (docs/latency-targets.md): class name -> {ttft_ms,
     # tpot_ms, slo_reject}; a request names its class (`Engine.add_request(slo_class=...)`).
     slo_classes: dict[str, dict] | None = None
-    # With quantization: None keeps the GEMMs bit for bit the fp32 one on the dequantized weights;
-    # "int8" quantizes each row of activations per block of 32 and runs integer dot products against
-    # the codes (docs/int8-activations.md): faster where the CPU has VNNI, not bitwise fp32.
+    # With quantization named: None keeps the GEMMs bit for bit the fp32 one on the dequantized
+    # weights; "int8" quantizes each row of activations per block of 32 and runs integer dot products
+    # against the codes (docs/int8-activations.md): faster where the CPU has VNNI, not bitwise fp32.
+    # With quantization None, chosen with it (model/defaults.py).
     activations: str | None = None
     # LoRA adapters served beside the base model (docs/lora.md): name -> directory in PEFT's format,
     # loaded at start; a request names one (`EngineRequest.lora`; over HTTP the `model` field).
@@ -129,15 +133,15 @@ class EngineConfig:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.activations not in (None, "int8"):
             raise ValueError(f"activations must be 'int8' or null, got {self.activations!r}")
-        if self.activations is not None and self.quantization is None:
+        if self.activations is not None and self.quantization == "none":
             raise ValueError(
                 f"activations={self.activations!r} runs against quantized weights only: "
                 "set quantization to gguf, int8 or int4"
             )
         # Refused here, before any weight is loaded: off the CPU the PyTorch twin would keep an fp32
-        # copy of every quantized weight (docs/serving.md "Quantized weights").
-        if self.quantization is not None and self.resolved_device().type != "cpu":
-            raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set null")
+        # copy of every quantized weight (docs/quantized-weights.md).
+        if self.quantized() is not None and self.resolved_device().type != "cpu":
+            raise ValueError(f"quantization={self.quantization!r} runs on the CPU's low-bit GEMMs only: set none")
         check_slo_classes(self.slo_classes)
         self.resolved_dtype()  # validates
         self._check_tensor_parallel()
@@ -146,7 +150,7 @@ class EngineConfig:
             self.max_loras,
             self.max_lora_rank,
             tensor_parallel_size=self.tensor_parallel_size,
-            quantization=self.quantization,
+            quantization=self.quantized(),
             device=self.resolved_device(),
         )
         spec = SpeculativeConfig.parse(self.speculative)  # raises naming the key
@@ -163,15 +167,20 @@ class EngineConfig:
         tp = self.tensor_parallel_size
         if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
             raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
-        if tp > 1 and self.quantization is not None:
+        if tp > 1 and self.quantized() is not None:
             raise TensorParallelUnsupported(
-                f"quantization={self.quantization!r} is not split over ranks: set null with tensor_parallel_size > 1"
+                f"quantization={self.quantization!r} is not split over ranks: set none with tensor_parallel_size > 1"
             )
         if tp > 1 and self.resolved_device().type != "cpu":
             raise TensorParallelUnsupported("tensor parallelism runs on the CPU (gloo) only: NCCL ranks are not built")
         if tp > 1 and self.async_scheduling:
             # The other ranks would need the previous step's ids to fill placeholders (docs/tensor-parallel.md).
             raise TensorParallelUnsupported("async_scheduling is not built for tensor_parallel_size > 1: set it null")
+
+    def quantized(self) -> str | None:
+        """The low-bit format the weights are served in; None: dense (also where the choice was
+        left to from_pretrained and this config reached from_model unresolved)."""
+        return None if self.quantization in (None, "none") else self.quantization
 
     def resolved_device(self) -> torch.device:
         if self.device is not None:

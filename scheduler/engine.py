@@ -28,7 +28,9 @@ from orcaserve.scheduler.intake import RequestIntake
 from orcaserve.scheduler.launch import BatchModel, Failures, Launched, needs_host, run_batch
 from orcaserve.scheduler.lora.load import load_lora_set
 from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
+from orcaserve.scheduler.model.defaults import choose_weights
 from orcaserve.scheduler.model.grammar import Grammars
+from orcaserve.scheduler.model.hub import resolve_model
 from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.sampler import Sampler
@@ -127,7 +129,8 @@ class Engine:
     def from_pretrained(cls, path: str, **engine_args) -> Engine:
         """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
         model/hub.py) and build an engine for it."""
-        config = EngineConfig(**engine_args)
+        # quantization left null: chosen for the file (model/defaults.py, docs/quantized-weights.md "Defaults")
+        config = choose_weights(EngineConfig(**engine_args), resolve_model(path))
         if config.tensor_parallel_size > 1:  # ranks started and each loads its slices (docs/tensor-parallel.md)
             from orcaserve.scheduler.model.parallel.launch import start_engine
 
@@ -135,7 +138,7 @@ class Engine:
         # Quantized: filled a tensor at a time, codes from each one's fp32 values (docs/serving.md
         # "Memory at load"); the rest comes in dtype.
         load_dtype = config.resolved_dtype()
-        model, tokenizer = load_model_and_tokenizer(path, load_dtype, config.resolved_device(), config.quantization)
+        model, tokenizer = load_model_and_tokenizer(path, load_dtype, config.resolved_device(), config.quantized())
         return cls.from_model(model, tokenizer, config)
 
     @classmethod

@@ -27,15 +27,16 @@ import requests
 from fuzz_bodies import chats, completions  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from openai_http import CHAT, COMPLETIONS, PROMPTS, call, expected, metric, read_stream  # noqa: E402
+from openai_http import CHAT, COMPLETIONS, EXACT, PROMPTS, call, expected, metric, read_stream  # noqa: E402
 
 from orcaserve.bench.serve.harness import REPO, TorchServe  # noqa: E402
 from orcaserve.handler.archive import build  # noqa: E402
 from orcaserve.scheduler import Engine, default_model_path  # noqa: E402
 
 MODEL = "smollm2"
-# fp32 so greedy answers match the offline engine to the token; a small cache keeps blocks visible.
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, "dtype": "float32"}
+# EXACT: greedy answers match the offline engine to the token, through preemptions; a small cache
+# keeps blocks visible.
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
 SERVING = {"default_timeout": 120, "max_tokens_limit": 64}
 
 
@@ -268,7 +269,10 @@ def kv_exhaustion(ts: TorchServe, offline: Engine, n: int = 12, model: str = "sm
         str(store),
         fmt="default",
         force=True,
-        overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING},
+        # The cache seats about two requests at a time, so the last waits on most of the others before
+        # its first token: a deadline far beyond that, on a loaded machine too.
+        overrides={**ENGINE_ARGS, "kv_cache_memory": 24 * block_bytes, "max_num_seqs": 8, **SERVING}
+        | {"default_timeout": 900},
     )
     ts.register(f"{model}.mar")
     try:

@@ -34,6 +34,9 @@ TORCH_DTYPE = {cell: {"fp32": "float32", "bf16": "bfloat16"}[row] for cell, row 
 # orcaserve's engine arguments beyond the dtype, per cell dtype (offline flags, archive overrides).
 _A8 = {"quantization": "gguf", "activations": "int8"}
 ENGINE_OPTIONS = {"gguf": {"quantization": "gguf"}, "gguf-a8": _A8, "gguf-a8-bf16": _A8}
+# The fp32 and bf16 cells over HTTP: dense named, since a GGUF left to the engine is served quantized
+# (docs/quantized-weights.md "Defaults"); offline, offline.py's Engine.from_model keeps it dense.
+DENSE = {"quantization": "none"}
 # Both systems run every part with these (the JSON's settings["engine"]).
 ENGINE_LIMITS = {"max_num_seqs": 32, "max_num_batched_tokens": 512, "max_model_len": 1024}
 
@@ -177,7 +180,7 @@ def load_http(
 def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
     from orcaserve.bench.serve.local import orcaserve_archive, torchserve
 
-    overrides = {**ENGINE_LIMITS, "dtype": TORCH_DTYPE[dtype], **ENGINE_OPTIONS.get(dtype, {})}
+    overrides = {**ENGINE_LIMITS, "dtype": TORCH_DTYPE[dtype], **ENGINE_OPTIONS.get(dtype, DENSE)}
     root = work / f"torchserve-{model.name}-{dtype}"
     orcaserve_archive(root, model.name, overrides, model.orcaserve_model(dtype))
     t = time.perf_counter()

@@ -39,11 +39,14 @@ def prepare_model(model: CausalLM, config: EngineConfig) -> KVSizing:
     """Check `model`, quantize it if the config asks, move it to the config's device and dtype
     (in place, in eval mode), and size the KV cache; raises ValueError for what cannot be served."""
     check_architecture(model, config.allow_unverified_architecture)
-    check_quantization(model, config.quantization)
+    quantization = config.quantized()
+    if config.activations is not None and quantization is None:  # left to from_pretrained, not resolved
+        raise ValueError(f"activations={config.activations!r} runs against quantized weights only: set quantization")
+    check_quantization(model, quantization)
     device, dtype = config.resolved_device(), config.resolved_dtype()
     check_bitnet(model, device)
-    if config.quantization:  # before the cast to dtype: codes from the fp32 weights
-        quantize_model(model, config.quantization, dtype)
+    if quantization:  # before the cast to dtype: codes from the fp32 weights
+        quantize_model(model, quantization, dtype)
         mark_activations(model, config.activations)
     model.to(device=device, dtype=dtype).eval()
     layers, n_kv, head_dim = model_dims(model.config)

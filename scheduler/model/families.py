@@ -80,7 +80,7 @@ def check_quantization(model: Any, quantization: str | None) -> None:
     if quantization is not None and not lean_supports(model):
         raise UnsupportedArchitecture(
             f"quantization={quantization!r} is served by the lean decoder only ({', '.join(LEAN)}); "
-            f"{type(model).__name__} runs through transformers' forward: set quantization to null"
+            f"{type(model).__name__} runs through transformers' forward: set quantization to none"
         )
 
 

@@ -55,6 +55,10 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     if quantization is not None:  # the codes are made from the fp32 weights (quantize_model)
         log.warning("%s has no safetensors: loaded whole in fp32 before quantization", path)
         dtype = torch.float32
+    if "gguf_file" in kwargs:  # dense in dtype: dequantized at load, never transformers' packed GGUF modules
+        from transformers import GgufConfig
+
+        kwargs["quantization_config"] = GgufConfig(dequantize=True)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kwargs)
     model.to(device).eval()
     if "gguf_file" in kwargs:  # where quantization "gguf" reads the blocks back (quantized.py)

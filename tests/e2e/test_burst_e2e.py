@@ -10,7 +10,7 @@ import time
 
 import openai_http
 import pytest
-from openai_http import COMPLETIONS
+from openai_http import COMPLETIONS, EXACT
 
 from orcaserve.bench.serve.harness import serving
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "burst"
 SEATS, QUEUE = 4, 4
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": SEATS, "max_num_batched_tokens": 256, "dtype": "float32"}
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": SEATS, "max_num_batched_tokens": 256, **EXACT}
 PROMPT, MAX_TOKENS = "The quick brown fox", 24
 
 

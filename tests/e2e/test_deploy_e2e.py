@@ -5,7 +5,9 @@
 - an archive with its weights bundled, built in one model store that is then moved to another
   absolute path (the model's source directory deleted), served from the new place;
 - the gauges the Gateway API Inference Extension's endpoint picker reads (GATEWAY_METRICS), from
-  TorchServe's metrics endpoint while requests run: they move with the load and return to zero.
+  TorchServe's metrics endpoint while requests run: they move with the load and return to zero;
+- the default model with the engine's default weights (a GGUF from its own blocks with int8
+  activations where the CPU has integer dot products): its answer against its offline engine.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from orcaserve.bench.models.tiny import hf_greedy, tiny_model
 from orcaserve.bench.serve.harness import TorchServe, registered
 from orcaserve.handler.archive import build
 from orcaserve.handler.metrics import CACHE_INFO_METRIC, GATEWAY_METRICS
-from orcaserve.scheduler import Engine, SamplingParams
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.model.defaults import integer_dot_products
 
 pytestmark = pytest.mark.slow
 
 HUB_ID = "orca-test/tiny-llama"
 TINY_ARGS = {"kv_cache_memory": "4MiB", "dtype": "float32", "max_num_seqs": 8}
-# The default model with two sequences at a time: six requests keep four waiting.
-LOADED_ARGS = {"kv_cache_memory": "64MiB", "dtype": "float32", "max_num_seqs": 2, "tenant_header": "X-Tenant-Id"}
+# The default model with two sequences at a time: six requests keep four waiting. EXACT, the
+# configuration the block count below is computed for.
+LOADED_ARGS = {"kv_cache_memory": "64MiB", **openai_http.EXACT, "max_num_seqs": 2, "tenant_header": "X-Tenant-Id"}
+# The default model as `make serve` serves it: the weights, activations and dtype left to the engine.
+DEFAULTS_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 4}
 PROMPTS = [[5, 77, 301, 12, 9], [400, 3, 3, 18, 250, 61, 7]]
 
 
@@ -64,11 +70,12 @@ def ts(tmp_path_factory, tiny):
     build(str(source), "travel", str(built), overrides=TINY_ARGS, bundle=True)
     shutil.rmtree(source)
     build("default", "loaded", str(built), overrides=LOADED_ARGS)
+    build("default", "defaults", str(built), overrides=DEFAULTS_ARGS)
     store = root / "elsewhere" / "store"
     store.parent.mkdir()
     shutil.move(str(built), str(store))  # another absolute path: what copying to a host does
     server = TorchServe(root / "work", store, env={"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"})
-    with registered(server, ["hubtiny.mar", "travel.mar", "loaded.mar"]):
+    with registered(server, ["hubtiny.mar", "travel.mar", "loaded.mar", "defaults.mar"]):
         yield server
 
 
@@ -150,3 +157,23 @@ def test_metrics_endpoint_needs_no_token(ts):
 
     r = requests.get(ts.url("/metrics", "metrics"), timeout=30)
     assert r.status_code == 200 and GATEWAY_METRICS["total-queued-requests-metric"] in r.text
+
+
+def test_the_default_weights_answer_as_their_offline_engine(ts):
+    """`make serve`'s settings on a CPU with integer dot products: the GGUF's own blocks against int8
+    activations (docs/quantized-weights.md "Defaults"), not the dense model's tokens. One request at
+    a time, its greedy answer is the offline engine's under the same settings, and it is sensible."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # beside the server on 2 cores: see test_torchserve_e2e.offline
+    try:
+        offline = Engine.from_pretrained(default_model_path(), **DEFAULTS_ARGS)
+        want = offline.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))[0]
+    finally:
+        torch.set_num_threads(threads)
+    if integer_dot_products():
+        assert (offline.config.quantization, offline.config.activations) == ("gguf", "int8")
+    got = openai_http.result(ts, "defaults", "completions", "The capital of France is", 16, stream=False)
+    assert got["text"] == want.text and got["usage"]["completion_tokens"] == len(want.output_token_ids)
+    assert got["finish_reason"] == want.finish_reason and "Paris" in want.text, want.text

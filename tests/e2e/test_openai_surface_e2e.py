@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from openai_http import render
+from openai_http import EXACT, render
 
 from orcaserve.bench.serve.harness import serving
 from orcaserve.handler.openai.protocol import IGNORED_HEADER
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
 MODEL = "smollm2"
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, "dtype": "float32"}
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
 PROMPT = "The capital of France is"
 QUESTION = [{"role": "user", "content": "Name a primary color."}]
 

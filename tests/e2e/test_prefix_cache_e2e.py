@@ -8,7 +8,7 @@ import time
 
 import openai_http
 import pytest
-from openai_http import CHAT, COMPLETIONS, read_stream
+from openai_http import CHAT, COMPLETIONS, EXACT, read_stream
 
 from orcaserve.bench.serve.harness import TorchServe, serving
 from orcaserve.handler.openai.tenancy import derive_cache_salt
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-tenants"
 HEADER = "X-Tenant-Id"
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, "dtype": "float32"}
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, **EXACT}
 SYSTEM = (
     "You are the help desk of the Orca Hotel. Check-in is from 3 pm, check-out until 11 am. Breakfast "
     "is served from 7 to 10 in the garden room. The pool opens at 8 and closes at 20. Pets are welcome "

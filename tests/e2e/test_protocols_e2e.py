@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import requests
+from openai_http import EXACT
 from thinking_models import ANSWER, ANSWER_THINKING, QWEN3_TEMPLATE, cut, served
 
 from orcaserve.bench.serve.harness import TorchServe, registered
@@ -18,7 +19,8 @@ anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 
 MODEL, THINKER = "smollm2", "thinker"
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, "dtype": "float32"}
+# The dense exact configuration (openai_http.EXACT): the protocols are proven, not the default's arithmetic.
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, **EXACT}
 QUESTION = "Name a primary color."
 THINKER_QUESTION = "Is 2 < 3?"  # the prompt the thinker's chain starts from (thinking_models.served)
 GREEDY = {"temperature": 0}  # the `anthropic` client sends sampling fields as extra body fields

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai_http
 import pytest
 import requests
-from openai_http import CHAT, PROMPTS, expected, read_stream
+from openai_http import CHAT, EXACT, PROMPTS, expected, read_stream
 
 from orcaserve.bench.serve.harness import TorchServe, serving
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
@@ -23,8 +23,9 @@ pytestmark = pytest.mark.slow
 
 MODEL = "smollm2"
 # A small KV cache (91 blocks of 16 tokens) keeps memory low and makes block accounting visible.
-# fp32: greedy answers over HTTP are held to the offline engine token for token.
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, "dtype": "float32"}
+# EXACT: greedy answers over HTTP are held to the offline engine token for token (the default
+# weights are served in test_deploy_e2e).
+ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?", "Say hello."]
 
 

@@ -141,7 +141,7 @@ def test_config_checks():
 
     assert EngineConfig(quantization="int4", activations="int8", device="cpu").activations == "int8"
     with pytest.raises(ValueError, match="quantized weights only"):
-        EngineConfig(activations="int8", device="cpu")
+        EngineConfig(quantization="none", activations="int8", device="cpu")
     with pytest.raises(ValueError, match="activations must be"):
         EngineConfig(quantization="gguf", activations="int4", device="cpu")
 
