@@ -95,12 +95,12 @@ class Admission:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        name_this_thread("orca-admission")
         if self._nice:
             try:
                 os.nice(self._nice)  # on Linux, the niceness of the calling thread only
             except OSError:
                 log.warning("admission thread: could not lower its CPU priority")
+        name_this_thread("orca-admission")
         while self._handle(self._queue.get()):
             pass
 

@@ -4,7 +4,7 @@ engine's threads apart (Python's own thread names stay inside Python). Linux onl
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import sys
 
 _PR_SET_NAME = 15
@@ -15,7 +15,11 @@ def name_this_thread(name: str) -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
-    except (OSError, AttributeError):  # no libc to be found: the name is cosmetic
+        _libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl to be found: the name is cosmetic
         pass
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)  # the C library this process already has loaded: no lookup, no subprocess

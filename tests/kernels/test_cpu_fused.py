@@ -139,11 +139,11 @@ def test_bf16_engine_fused_matches_unfused(engine_for):
     assert decoder is not None and decoder.fused
     forward, pairs = decoder.forward, []
 
-    def both_ways(*args):
+    def both_ways(*args, **kwargs):
         decoder.fused = False
-        unfused = forward(*args)
+        unfused = forward(*args, **kwargs)
         decoder.fused = True
-        fused = forward(*args)  # rewrites this step's K/V: the run goes on with the fused values
+        fused = forward(*args, **kwargs)  # rewrites this step's K/V: the run goes on with the fused values
         pairs.append((unfused, fused))
         return fused
 
