@@ -9,6 +9,7 @@ from typing import Any
 from orcaserve.scheduler.lora.adapter import ModuleShapes, load_adapter
 from orcaserve.scheduler.lora.config import LoraUnsupported
 from orcaserve.scheduler.lora.resident import LoraSet
+from orcaserve.scheduler.model.bitnet import ARCHITECTURE as BITNET
 from orcaserve.scheduler.model.families import LEAN, lean_supports
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def load_lora_set(model: Any, adapters: Mapping[str, str] | None, max_rank: int)
             f"LoRA adapters are served by the lean decoder ({', '.join(LEAN)}); {type(model).__name__} "
             "runs through transformers' forward, where they are not applied"
         )
-    if type(model).__name__ == "BitNetForCausalLM":
+    if type(model).__name__ == BITNET:
         raise LoraUnsupported(
             "LoRA adapters over a BitNet model are not proven exact (its projections quantize their inputs): "
             "serve the base model alone"

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from orcaserve.scheduler.model.bitnet import ARCHITECTURE as BITNET
+
 log = logging.getLogger(__name__)
 
 # Served by the lean decoder (decoder.py), which reproduces these (SiLU MLP, no extra multipliers;
 # BitNet's sub-layer norms, ReLU^2 and ternary projections: bitnet.py).
-LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "BitNetForCausalLM")
-_ACTIVATIONS = {"BitNetForCausalLM": "relu2"}  # the MLP activation the decoder computes; else SiLU
+LEAN = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", BITNET)
+_ACTIVATIONS = {BITNET: "relu2"}  # the MLP activation the decoder computes; else SiLU
 
 # Served by transformers' own forward, attention routed through the paged cache (model_runner.py);
 # each has a tiny random-weight model in benchmarks/models/tiny.py and passes tests/model/test_families.py.
@@ -72,7 +74,7 @@ def check_architecture(model: Any, allow_unverified: bool = False) -> None:
 def check_quantization(model: Any, quantization: str | None) -> None:
     """Refuse, at load, quantized weights for a model served through transformers' forward: only
     the lean decoder runs the packed low-bit GEMMs (docs/serving.md "Quantized weights")."""
-    if quantization is not None and type(model).__name__ == "BitNetForCausalLM":
+    if quantization is not None and type(model).__name__ == BITNET:
         raise UnsupportedArchitecture(
             f"quantization={quantization!r} on a BitNet model: its projections are served from their own "
             "ternary weights (docs/bitnet.md); set quantization to null"
