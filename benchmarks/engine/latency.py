@@ -160,12 +160,14 @@ def run(args: argparse.Namespace) -> dict:
             partial(offline_point, engine, args.output_len), streams, args, vocab
         )
     if args.breakdown:
-        from orcaserve.bench.engine.step_breakdown import breakdown
+        from orcaserve.bench.engine.step_breakdown import breakdown, weight_bytes
 
         prompts = {n: _prompts(n, args.input_len, vocab, args.seed) for n in streams}
         clock = time.thread_time if args.clock == "cpu" else time.perf_counter
         res["breakdown"] = {str(n): breakdown(engine, prompts[n], args.output_len, clock) for n in streams}
         res["breakdown_clock"] = args.clock
+        if engine.runner.decoder is not None:
+            res["breakdown_bytes"] = weight_bytes(engine.runner.decoder, engine.config.resolved_dtype())
     del engine  # its memory back before the server loads its own
     if "http" in modes:
         res["systems"]["orcaserve http"] = _http_orcaserve(args, model, engine_args, streams, vocab)
@@ -180,6 +182,17 @@ def run(args: argparse.Namespace) -> dict:
             res["systems"][f"{name} http"] = rows
     report(res)
     return res
+
+
+def _by_op(b: dict, nbytes: dict) -> str:
+    """The lean decoder's ops in ms, each GEMM with the GB/s its weight was read at."""
+    from orcaserve.bench.engine.step_breakdown import GEMMS, OPS
+
+    def gemm(k: str) -> str:
+        rate = f" ({nbytes[k] / b[k] / 1e6:.1f} GB/s)" if b[k] > 0 and k in nbytes else ""
+        return f"{k} {b[k]:.2f}{rate}"
+
+    return ", ".join([*(gemm(k) for k in (*GEMMS, "lm_head")), *(f"{k} {b[k]:.2f}" for k in (*OPS, "forward_rest"))])
 
 
 def report(res: dict) -> None:
@@ -200,5 +213,7 @@ def report(res: dict) -> None:
         parts = ", ".join(f"{k} {b[k]:.2f}" for k in ("model", "lm_head", "sampler", "postprocess", "host"))
         clock = "thread CPU " if res.get("breakdown_clock") == "cpu" else ""
         print(f"decode step at {n} stream(s), {clock}ms: {b['step']:.2f} = {parts} (host: step - model - sampler)")
+        if "forward_rest" in b:
+            print(f"  of the model, by op: {_by_op(b, res.get('breakdown_bytes', {}))}")
     for name, why in res.get("skipped", {}).items():
         print(f"{name}: skipped ({why})")

@@ -33,3 +33,35 @@ def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
 
 def test_read_bandwidth_is_a_rate():
     assert 0.1 < dram.read_bandwidth(mib=64, repeats=2) < 10_000
+
+
+def test_breakdown_times_the_lean_decoders_ops(tmp_path, tokenizer, capsys):
+    """--breakdown splits the model run op by op on the lean decoder, the lm_head included (its
+    GEMM is the decoder's own, not the model's module), and leaves the engine as it found it."""
+    model = tiny_family("LlamaForCausalLM")
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "latency.json"
+    argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1", "--input-len", "4", "--output-len", "6"]
+    argv += ["--repeats", "1", "--modes", "offline", "--set", "dtype=float32", "--breakdown", "--out", str(out)]
+    assert cli.main(argv) == 0
+    res = json.loads(out.read_text())
+    b = res["breakdown"]["1"]
+    for part in ("qkv", "o", "gate_up", "down", "lm_head", "attention", "add_rms_norm", "silu_mul"):
+        assert b[part] > 0, part
+    assert b["model"] >= sum(b[k] for k in ("qkv", "o", "gate_up", "down", "lm_head", "attention"))
+    # 2 layers' q/k/v (64 + 2 x 32 outputs of 64) in fp32
+    assert res["breakdown_bytes"]["qkv"] == 4 * 2 * (64 + 2 * 32) * 64
+    assert "of the model, by op: qkv" in capsys.readouterr().out
+
+
+def test_breakdown_restores_the_engine(tokenizer):
+    from orcaserve.bench.engine.step_breakdown import breakdown
+    from orcaserve.scheduler.engine import Engine
+
+    engine = Engine.from_model(tiny_family("LlamaForCausalLM"), tokenizer, dtype="float32", max_num_seqs=1)
+    decoder, backend = engine.runner.decoder, engine.runner.backend
+    before = [layer.qkv for layer in decoder.layers], decoder.lm_head, decoder.add_rms_norm_op
+    breakdown(engine, [[5, 6, 7]], 4)
+    assert ([layer.qkv for layer in decoder.layers], decoder.lm_head, decoder.add_rms_norm_op) == before
+    assert "attend" not in vars(backend) and "forward" not in vars(decoder)
