@@ -52,6 +52,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.engine.speculative",
         "speculative decoding (prompt lookup) on vs off: copy-heavy, open-ended",
     ),
+    "lora": (
+        "orcaserve.bench.engine.lora",
+        "LoRA adapters mixed in one step against the base model alone: tok/s, memory per adapter",
+    ),
     "gpu": ("", "the GPU check's steps (benchmarks/gpu_check.sh runs them in a time budget)"),
 }
 

@@ -6,8 +6,10 @@ decoder's fused projections lay out their outputs: q/k/v in one GEMM's columns, 
 another's. `LoraSet.step` reads a scheduled batch and returns a `LoraStep`: per adapter the rows
 its requests feed in this step (one contiguous run where they are adjacent, else gathered by
 index), or None when no request of the step names an adapter, so a step of the base model alone
-runs exactly as without adapters. `LoraStep.apply` adds the update of one fused projection through
-the dispatch table's `lora_sgmv` kernel.
+runs exactly as without adapters. `LoraStep.apply` adds the update of one fused projection: through
+the dispatch table's `lora_sgmv` kernel, one GEMM pair per adapter, when the step holds one
+adapter; through `lora_batched`, one batched GEMM pair for all of them, when it holds several
+(docs/lora.md "Several adapters in one step").
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 
 from orcaserve.kernels import dispatch
-from orcaserve.kernels.pytorch.lora import LoraGroup, lora_sgmv
+from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
 from orcaserve.scheduler.lora.adapter import LoraAdapter, ModuleShapes
 
 # The lean decoder's fused projections and the modules whose outputs they concatenate, in order.
@@ -36,6 +38,7 @@ class LoraSet:
 
     def __init__(self, adapters: Iterable[LoraAdapter], base: ModuleShapes, dtype: torch.dtype) -> None:
         self.adapters = list(adapters)
+        self.dtype = dtype
         self.slots = {a.name: i for i, a in enumerate(self.adapters)}
         self.op: Any = _KERNELS[dispatch.resolve("lora_sgmv", dtype)]
         # (layer, fused) -> [(first column, last column, {slot: (A, B, scale)})] for each module
@@ -57,6 +60,12 @@ class LoraSet:
                     col += width
                 if entries:
                     self.table[layer, fused] = entries
+        # (layer, fused) -> [(first column, last column, A [S * R, in], B [out, S * R])]: every
+        # slot's weights stacked, zero-padded to the largest rank R of the resident adapters (zeros
+        # for a slot that does not target the module), for several adapters in one step.
+        self.rank = max(a.rank for a in self.adapters)
+        n = len(self.adapters)
+        self.stacked = {key: [_stack(entry, n, self.rank) for entry in entries] for key, entries in self.table.items()}
 
     @property
     def names(self) -> list[str]:
@@ -78,11 +87,31 @@ class LoraSet:
             row += n
         if not runs:
             return None
-        return LoraStep(self, {slot: _rows(spans) for slot, spans in runs.items()})
+        batch = None
+        if len(runs) > 1:
+            row_slot = [-1] * row
+            for slot, spans in runs.items():
+                for s, e in spans:
+                    row_slot[s:e] = [slot] * (e - s)
+            batch = LoraBatch.of(row_slot, len(self.adapters), self.rank, [a.scale for a in self.adapters], self.dtype)
+        return LoraStep(self, {slot: _rows(spans) for slot, spans in runs.items()}, batch)
 
     def uniform(self, name: str, num_rows: int) -> LoraStep:
         """Every one of `num_rows` rows under adapter `name` (a prompt's own forward: prompt_logprobs.py)."""
         return LoraStep(self, {self.slots[name]: slice(0, num_rows)})
+
+
+def _stack(
+    entry: tuple[int, int, dict[int, tuple[torch.Tensor, torch.Tensor, float]]], num_slots: int, rank: int
+) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    first, last, per_slot = entry
+    some_a, some_b, _ = next(iter(per_slot.values()))
+    a_all = some_a.new_zeros(num_slots, rank, some_a.shape[1])  # [S, R, in]
+    b_all = some_b.new_zeros(some_b.shape[0], num_slots, rank)  # [out, S, R]
+    for slot, (a, b, _) in per_slot.items():
+        a_all[slot, : a.shape[0]] = a
+        b_all[:, slot, : b.shape[1]] = b
+    return first, last, a_all.view(-1, some_a.shape[1]), b_all.view(some_b.shape[0], -1)
 
 
 def _rows(spans: list[tuple[int, int]]) -> slice | torch.Tensor:
@@ -94,13 +123,18 @@ def _rows(spans: list[tuple[int, int]]) -> slice | torch.Tensor:
 class LoraStep:
     """One step's adapters: slot -> the rows it updates."""
 
-    def __init__(self, loras: LoraSet, rows: dict[int, slice | torch.Tensor]) -> None:
+    def __init__(self, loras: LoraSet, rows: dict[int, slice | torch.Tensor], batch: LoraBatch | None = None) -> None:
         self.loras = loras
         self.rows = rows
+        self.batch = batch  # several adapters: their rows laid out for the batched update
 
     def apply(self, layer: int, fused: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add to `y` [T, out] (fused projection `fused` of `layer`, from `x` [T, in]) the update
         of every adapter with rows in the step, in place."""
+        if self.batch is not None:
+            for first, last, a, b in self.loras.stacked.get((layer, fused), ()):
+                lora_batched(y[:, first:last], x, self.batch, a, b)
+            return
         for first, last, per_slot in self.loras.table.get((layer, fused), ()):
             groups = [LoraGroup(rows, *per_slot[slot]) for slot, rows in self.rows.items() if slot in per_slot]
             if groups:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.kernels import dispatch
-from orcaserve.kernels.pytorch.lora import LoraGroup, lora_sgmv
+from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -49,3 +49,41 @@ def test_the_table_names_the_pytorch_twin_on_every_capability(dtype):
     for cap in dispatch.CAPABILITIES:
         assert dispatch.choice("lora_sgmv", dtype, cap).runs == "torch"
     assert dispatch.resolve("lora_sgmv", dtype) == "torch"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("present", [(0, 1, 2, 3), (1, 3)])
+def test_the_batched_update_equals_one_gemm_pair_per_adapter(dtype, present):
+    """`lora_batched` (several adapters in one step) against `lora_sgmv` over the same groups:
+    ranks padded with zeros, a slot that does not target the projection adds nothing, only the
+    adapters present read, rows of no adapter and pad rows untouched."""
+    gen = torch.Generator().manual_seed(1)
+    t, d_in, d_out, ranks = 19, 32, 40, (8, 4, 0, 8)  # slot 2 does not target this projection
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    x, y = rand(t + 3, d_in), rand(t + 3, d_out)  # 3 pad rows past the step's t
+    weights = [(rand(r, d_in), rand(d_out, r)) if r else None for r in ranks]
+    scales = [2.0, 0.5, 1.0, 0.7071]
+    a_all, b_all = torch.zeros(4, 8, d_in, dtype=dtype), torch.zeros(d_out, 4, 8, dtype=dtype)
+    for s, w in enumerate(weights):
+        if w is not None:
+            a_all[s, : w[0].shape[0]], b_all[:, s, : w[1].shape[1]] = w
+    rows = {0: [0, 1, 2, 7], 1: [4, 5], 2: [6], 3: [10, 11, 12, 13, 18]}
+    groups = {s: rows[s] for s in present}
+    row_slot = [next((s for s, r in groups.items() if i in r), -1) for i in range(t)]
+    out = y.clone()
+    batch = LoraBatch.of(row_slot, 4, 8, scales, dtype)
+    assert batch.every == (present == (0, 1, 2, 3))
+    lora_batched(out, x, batch, a_all.view(32, d_in), b_all.view(d_out, 32))
+    want = y.clone()
+    lora_sgmv(
+        want,
+        x,
+        [LoraGroup(torch.tensor(r), *weights[s], scales[s]) for s, r in groups.items() if weights[s] is not None],
+    )
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out, want, atol=tol, rtol=tol)
+    untouched = [r for r in range(t + 3) if all(r not in g for g in groups.values())]
+    assert torch.equal(out[untouched], y[untouched])

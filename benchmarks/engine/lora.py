@@ -1,0 +1,196 @@
+"""`orcaserve-bench lora`: many LoRA adapters mixed in one step against the base model alone
+(docs/lora.md "What it costs"; dated runs in docs/performance-log.md).
+
+    orcaserve-bench lora                                   # SmolLM2, 1/4/16 adapters x rank 8/16/64
+    orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform,zipf --out lora.json
+
+For each (adapter count, rank) one engine is built with that many random adapters in PEFT's format
+(every projection of every layer targeted, B nonzero: written to a temporary directory, read
+through the engine's own loader). On that engine the same closed-loop workload (`--clients`
+clients, `--requests` requests of `--input-len` random prompt tokens and `--output-len` greedy
+tokens, EOS ignored) runs with every request on the base model and with the requests spread over
+the adapters, uniformly or by a Zipf law (adapter i drawn with weight 1 / (i + 1)), alternating
+base and mixed runs `--repeats` times (the machine may be shared) and keeping medians. Printed:
+tokens/s of each, the ratio mixed / base, the steps that carried an adapter, and memory per adapter.
+Adapters are served over dense weights (docs/lora.md "What is refused"): a GGUF loads dense.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler.lora.adapter import TARGETS
+
+# Each target's (in, out) width from a transformers config.
+_WIDTHS = {
+    "q_proj": lambda c, d: (c.hidden_size, c.num_attention_heads * d),
+    "k_proj": lambda c, d: (c.hidden_size, c.num_key_value_heads * d),
+    "v_proj": lambda c, d: (c.hidden_size, c.num_key_value_heads * d),
+    "o_proj": lambda c, d: (c.num_attention_heads * d, c.hidden_size),
+    "gate_proj": lambda c, d: (c.hidden_size, c.intermediate_size),
+    "up_proj": lambda c, d: (c.hidden_size, c.intermediate_size),
+    "down_proj": lambda c, d: (c.intermediate_size, c.hidden_size),
+}
+
+
+def model_config(path: str) -> Any:
+    """transformers' config of an HF directory or a .gguf file."""
+    from transformers import AutoConfig
+
+    p = Path(path)
+    if p.suffix == ".gguf":
+        return AutoConfig.from_pretrained(str(p.parent), gguf_file=p.name)
+    return AutoConfig.from_pretrained(str(p))
+
+
+def write_adapter(path: Path, config: Any, rank: int, seed: int, std: float = 0.02) -> int:
+    """A random rank-`rank` adapter on every projection of every layer, in PEFT's format; its bytes."""
+    from safetensors.torch import save_file
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(config.num_hidden_layers):
+        for module, block in TARGETS.items():
+            in_f, out_f = _WIDTHS[module](config, head_dim)
+            key = f"base_model.model.model.layers.{layer}.{block}.{module}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, in_f, generator=gen) * std
+            tensors[f"{key}.lora_B.weight"] = torch.randn(out_f, rank, generator=gen) * std
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    spec = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGETS)}
+    (path / "adapter_config.json").write_text(json.dumps(spec))
+    return sum(t.numel() for t in tensors.values())
+
+
+def pick(names: list[str], traffic: str, count: int, seed: int) -> list[str | None]:
+    """Each request's adapter: None for the base run, else uniform or Zipf over `names`."""
+    if traffic == "base":
+        return [None] * count
+    rng = random.Random(seed)
+    if traffic == "uniform":
+        return [names[i % len(names)] for i in range(count)]
+    weights = [1 / (i + 1) for i in range(len(names))]
+    return list(rng.choices(names, weights=weights, k=count))
+
+
+def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], clients: int, out_len: int) -> dict:
+    """Closed loop: `clients` requests in flight, each prompt once, greedy, `out_len` tokens."""
+    params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
+    steps_with_adapter = 0
+    loras_set = engine.runner.loras
+    step = loras_set.step
+
+    def counting(*a: Any) -> Any:
+        nonlocal steps_with_adapter
+        got = step(*a)
+        steps_with_adapter += got is not None
+        return got
+
+    loras_set.step = counting
+    in_flight, nxt, tokens, steps = 0, 0, 0, 0
+    start = time.perf_counter()
+    try:
+        while nxt < len(prompts) or in_flight:
+            while in_flight < clients and nxt < len(prompts):
+                engine.add_request(f"r{nxt}", prompts[nxt], params, lora=loras[nxt])
+                nxt, in_flight = nxt + 1, in_flight + 1
+            steps += 1
+            for out in engine.step():
+                if out.finished:
+                    tokens += len(out.output_token_ids)
+                    in_flight -= 1
+    finally:
+        del loras_set.step  # the instance attribute: the class's method again
+    wall = time.perf_counter() - start
+    return {"tok_s": tokens / wall, "steps": steps, "steps_with_adapter": steps_with_adapter}
+
+
+def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffic: str, args: Any) -> dict:
+    """Base and mixed runs alternated `args.repeats` times on one engine; medians and every run."""
+    base: list[float] = []
+    mixed: list[float] = []
+    share: list[float] = []
+    for r in range(args.repeats):
+        got = run_load(engine, prompts, pick(names, "base", len(prompts), r), args.clients, args.output_len)
+        base.append(got["tok_s"])
+        got = run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients, args.output_len)
+        mixed.append(got["tok_s"])
+        share.append(got["steps_with_adapter"] / got["steps"])
+    base_tok_s, mixed_tok_s = statistics.median(base), statistics.median(mixed)
+    return {
+        "base_tok_s": round(base_tok_s, 2),
+        "mixed_tok_s": round(mixed_tok_s, 2),
+        "ratio": round(mixed_tok_s / base_tok_s, 3),
+        "base_runs": [round(x, 1) for x in base],
+        "mixed_runs": [round(x, 1) for x in mixed],
+        "steps_with_adapter": round(statistics.mean(share), 3),
+    }
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", default=None, help="HF dir or .gguf (default: the bundled SmolLM2 GGUF)")
+    ap.add_argument("--adapters", default="1,4,16", help="adapter counts, comma-separated")
+    ap.add_argument("--ranks", default="8,16,64", help="adapter ranks, comma-separated")
+    ap.add_argument("--traffic", default="uniform,zipf", help="uniform and/or zipf over the adapters")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="alternated base/mixed rounds; medians kept")
+    ap.add_argument("--dtype", default=None)
+
+
+def run(args: argparse.Namespace) -> dict:
+    path = args.model or default_model_path()
+    config = model_config(path)
+    rng = random.Random(0)
+    vocab = config.vocab_size
+    prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.input_len)] for _ in range(args.requests)]
+    traffics = args.traffic.split(",")
+    results: dict[str, Any] = {"model": path, "clients": args.clients, "requests": args.requests, "runs": []}
+    print(
+        f"{'adapters':>8}{'rank':>6}{'traffic':>9}{'base tok/s':>12}{'mixed tok/s':>13}{'ratio':>8}"
+        f"{'steps w/ adapter':>18}{'MiB/adapter':>13}",
+        file=sys.stderr,
+    )
+    for rank in map(int, args.ranks.split(",")):
+        for count in map(int, args.adapters.split(",")):
+            with tempfile.TemporaryDirectory(prefix="orca-lora-bench-") as tmp:
+                adapters = {}
+                for i in range(count):
+                    write_adapter(Path(tmp) / f"a{i}", config, rank, seed=1000 * rank + i)
+                    adapters[f"a{i}"] = str(Path(tmp) / f"a{i}")
+                engine = Engine.from_pretrained(
+                    path,
+                    dtype=args.dtype,
+                    max_num_seqs=args.clients,
+                    enable_prefix_caching=False,
+                    lora_adapters=adapters,
+                    max_lora_rank=max(16, rank),
+                )
+                mib = statistics.mean(a.nbytes for a in engine.runner.loras.adapters) / 2**20
+                names = list(adapters)
+                engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4))  # warm-up
+                for traffic in traffics:
+                    row = {"adapters": count, "rank": rank, "traffic": traffic, "mib_per_adapter": round(mib, 2)}
+                    row.update(alternate(engine, prompts, names, traffic, args))
+                    results["runs"].append(row)
+                    print(
+                        f"{count:>8}{rank:>6}{traffic:>9}{row['base_tok_s']:>12.1f}{row['mixed_tok_s']:>13.1f}"
+                        f"{row['ratio']:>7.2f}x{row['steps_with_adapter']:>18.2f}{mib:>13.2f}",
+                        file=sys.stderr,
+                    )
+                del engine
+    return results

@@ -1,0 +1,27 @@
+"""`orcaserve-bench lora`: the random adapters it writes are read by the engine's own loader at
+the base model's shapes (every projection of every layer), and its traffic shapes pick as named."""
+
+from __future__ import annotations
+
+import torch
+
+from orcaserve.bench.engine.lora import pick, write_adapter
+from orcaserve.bench.models.tiny import tiny_family
+from orcaserve.scheduler.lora.adapter import TARGETS, ModuleShapes, load_adapter
+
+
+def test_the_benchmarks_adapters_load_at_the_base_models_shapes(tmp_path):
+    base = tiny_family("llama")
+    write_adapter(tmp_path / "a", base.config, rank=4, seed=0)
+    shapes = ModuleShapes.of(base)
+    adapter = load_adapter("a", str(tmp_path / "a"), shapes, 16, torch.float32, torch.device("cpu"))
+    assert adapter.rank == 4 and adapter.modules == frozenset(TARGETS)
+    assert len(adapter.weights) == shapes.num_layers * len(TARGETS)
+
+
+def test_traffic_shapes():
+    names = [f"a{i}" for i in range(4)]
+    assert pick(names, "base", 3, 0) == [None] * 3
+    assert pick(names, "uniform", 8, 0) == names * 2
+    zipf = pick(names, "zipf", 400, 0)
+    assert zipf.count("a0") > zipf.count("a3") > 0
