@@ -43,6 +43,7 @@ from orcaserve.handler.reasoning import ReasoningStyle, reasoning_style
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
+from orcaserve.handler.torchserve.stream_frames import StreamFrames
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import EngineError, InternalError, ShuttingDown
@@ -75,6 +76,7 @@ class OrcaHandler:
         self._reasoning: ReasoningStyle | None = None  # the model's reasoning parser (reasoning.py)
         self._counter: Any = None  # a tokenizer of count_tokens' own (protocols.py), used off this thread
         self._adapters: list[str] = []  # the LoRA adapters served, read once the engine is built
+        self._frames: StreamFrames | None = None  # every stream's chunks of a round in one frame
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def initialize(self, context: Any) -> None:
@@ -141,6 +143,7 @@ class OrcaHandler:
         model_name: str,
     ) -> None:
         self.config, self.model_name = config, model_name
+        self._frames = StreamFrames(config.max_frame_bytes)
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.engine_loop = make_loop(self.metrics.on_step, self.metrics.on_refused)
         engine = self.engine_loop.engine  # its cache's shape is fixed: safe to read from this thread
@@ -204,7 +207,7 @@ class OrcaHandler:
         """Serve one request (TorchServe async mode sends batches of one)."""
         socket_lock.install(getattr(context, "cl_socket", None))
         request_id = context.get_request_id(0) or f"req-{time.time_ns()}"
-        reply = Reply(context, (self.config or HandlerConfig).max_frame_bytes)
+        reply = Reply(context, (self.config or HandlerConfig).max_frame_bytes, self._frames)
         endpoint: Endpoint | None = None
         self._active += 1
         try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import time
 from collections import deque
@@ -11,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from orcaserve.kernels import get_backend
+from orcaserve.scheduler import engine_build, offline
 from orcaserve.scheduler.config import EngineConfig
 from orcaserve.scheduler.core.choices import Choices
 from orcaserve.scheduler.core.fair_share import TenantShares
@@ -27,22 +26,19 @@ from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.intake import RequestIntake
 from orcaserve.scheduler.launch import BatchModel, Failures, Launched, needs_host, run_batch
 from orcaserve.scheduler.lora.load import load_lora_set
-from orcaserve.scheduler.model.build import allocate_kv_caches, prepare_model
-from orcaserve.scheduler.model.defaults import choose_weights
+from orcaserve.scheduler.model.build import allocate_kv_caches
 from orcaserve.scheduler.model.grammar import Grammars
-from orcaserve.scheduler.model.hub import resolve_model
-from orcaserve.scheduler.model.loader import eos_token_ids, load_model_and_tokenizer
+from orcaserve.scheduler.model.loader import eos_token_ids
 from orcaserve.scheduler.model.model_runner import CausalLM, ModelRunner
 from orcaserve.scheduler.model.sampler import Sampler
 from orcaserve.scheduler.prompt import Prompt
-from orcaserve.scheduler.sampling_params import RequestOutputKind, SamplingParams
+from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.decoding import SpecDecoding
 
 log = logging.getLogger(__name__)
 
 TRACE_STEPS = 100_000
-FINAL_ONLY = RequestOutputKind.FINAL_ONLY
 
 
 class Engine:
@@ -94,7 +90,6 @@ class Engine:
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.choices = Choices()  # requests with n > 1
         self.prompt_jobs = PromptJobs()  # requests held while their prompt's log-probabilities compute
-        self._ids = itertools.count()
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
@@ -127,28 +122,16 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str, **engine_args) -> Engine:
-        """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache:
-        model/hub.py) and build an engine for it."""
-        # quantization left null: chosen for the file (model/defaults.py, docs/quantized-weights.md "Defaults")
-        config = choose_weights(EngineConfig(**engine_args), resolve_model(path))
-        if config.tensor_parallel_size > 1:  # ranks started and each loads its slices (docs/tensor-parallel.md)
-            from orcaserve.scheduler.model.parallel.launch import start_engine
-
-            return start_engine(cls, path, config)
-        # Quantized: filled a tensor at a time, codes from each one's fp32 values (docs/serving.md
-        # "Memory at load"); the rest comes in dtype.
-        load_dtype = config.resolved_dtype()
-        model, tokenizer = load_model_and_tokenizer(path, load_dtype, config.resolved_device(), config.quantized())
-        return cls.from_model(model, tokenizer, config)
+        """Load `path` (HF directory, .gguf file, or hub id in the local Hugging Face cache) and
+        build an engine for it (engine_build.py)."""
+        return engine_build.from_pretrained(cls, path, **engine_args)
 
     @classmethod
     def from_model(cls, model: CausalLM, tokenizer, config: EngineConfig | None = None, **engine_args) -> Engine:
         """Build an engine around a loaded transformers model (moved to the config's device and
         dtype), sizing the KV cache from `kv_cache_memory`. The engine takes over the model: its
         attention is routed through the paged cache from now on."""
-        config = config or EngineConfig(**engine_args)
-        sizing = prepare_model(model, config)  # checks, device and dtype, the cache's size (model/build.py)
-        return cls(model, tokenizer, config, sizing.num_blocks, sizing.max_model_len)
+        return engine_build.from_model(cls, model, tokenizer, config or EngineConfig(**engine_args))
 
     @property
     def lora_names(self) -> list[str]:
@@ -304,24 +287,5 @@ class Engine:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """Run all prompts to completion; final outputs in the order of the prompts (a prompt with
-        `n` choices gives n outputs, by index)."""
-        if params is None or isinstance(params, SamplingParams):
-            params = [params or SamplingParams()] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        # Only the final outputs are read here: the others need not be built.
-        params = [p if p.output_kind is FINAL_ONLY else dataclasses.replace(p, output_kind=FINAL_ONLY) for p in params]
-        ids = [f"generate-{next(self._ids)}" for _ in prompts]
-        try:
-            for rid, prompt, p in zip(ids, prompts, params):
-                self.add_request(rid, prompt, p)
-        except ValueError:
-            for rid in ids:
-                self.abort(rid)
-            raise
-        final: dict[tuple[str, int], RequestOutput] = {}
-        while len(final) < sum(p.n for p in params):
-            for out in self.step():
-                if out.finished:
-                    final[out.request_id, out.index] = out
-        return [final[rid, i] for rid, p in zip(ids, params) for i in range(p.n)]
+        `n` choices gives n outputs, by index): offline.py."""
+        return offline.generate(self, prompts, params)

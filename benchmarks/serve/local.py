@@ -29,10 +29,10 @@ def orcaserve_archive(work: Path, name: str, overrides: dict, model: str = "defa
 
 
 @contextmanager
-def torchserve(work: Path, names: list[str], queue: int = 1000) -> Iterator[TorchServe]:
+def torchserve(work: Path, names: list[str], queue: int = 1000, extra: dict | None = None) -> Iterator[TorchServe]:
     """TorchServe serving the archives `names` of `work`'s model store, registered; its logs are
-    printed if start-up fails."""
-    config = {"job_queue_size": str(queue), "default_response_timeout": "900"}
+    printed if start-up fails. `extra`: more config.properties entries (they win)."""
+    config = {"job_queue_size": str(queue), "default_response_timeout": "900", **(extra or {})}
     with registered(TorchServe(work / "ts", work / "model-store", extra_config=config), names) as ts:
         yield ts
 
@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-batch-delay", type=int, default=100, help="the baseline's maxBatchDelay (ms)")
     g.add_argument("--dtype", default=None, help="both systems' dtype (default: their shared rule)")
     g.add_argument("--workdir", default=None, help="TorchServe's scratch folder (default: a temporary one)")
+    g.add_argument(
+        "--ts-config", action="append", default=[], metavar="KEY=VALUE", help="TorchServe config.properties entry"
+    )
 
 
 @contextmanager
@@ -62,5 +65,6 @@ def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None, int | N
     if BASELINE in args.model:
         build_archive(str(work / "model-store"), BASELINE, args.batch_size, args.max_batch_delay, dtype=args.dtype)
     print(f"== TorchServe in {work}", flush=True)
-    with torchserve(work, args.model) as ts:
+    extra = dict(s.partition("=")[::2] for s in args.ts_config)
+    with torchserve(work, args.model, extra=extra) as ts:
         yield ts.url(""), ts.keys.get("inference"), ts.proc.pid if ts.proc else None

@@ -28,6 +28,9 @@ from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.errors import InternalError
 from orcaserve.scheduler.model.logprobs import TokenLogprob
 
+_MARK = "\ue000orcaserve-text\ue000"  # private-use characters: JSON keeps them as they are
+_MARK_JSON = json.dumps(_MARK, ensure_ascii=False)
+
 
 class Shaper:
     """Shapes one request's outputs; the endpoint kinds differ in `_opening`, `_logprobs` and
@@ -55,6 +58,7 @@ class Shaper:
         self._offsets: dict[int, int] = {}  # per choice: where its next token's text starts (`text_offset`)
         self._finals: list[RequestOutput] = []
         self._held: dict[int, str] = {}  # per choice: text held back to be parsed into tool calls (tools.py)
+        self._templates: dict[int, list[str]] = {}  # per choice: its text event around the text (`_text_event`)
 
     # ---- non-streamed ------------------------------------------------------------------------
     def response(self, finals: dict[int, RequestOutput]) -> str:
@@ -96,7 +100,9 @@ class Shaper:
             if req.tool_spec is not None and req.tool_spec.parses:  # parsed into tool calls at the end
                 self._held[index] = self._held.get(index, "") + text
                 text, new_logprobs = "", []
-            if text or new_logprobs or thought:  # a token's logprob goes out even while its text is held
+            if text and not new_logprobs and not thought:  # the common event: new text alone
+                pieces.append(self._text_event(index, text))
+            elif text or new_logprobs or thought:  # a token's logprob goes out even while its text is held
                 logprobs, self._offsets[index] = self._logprobs(new_logprobs or None, self._offsets[index])
                 chunk = self._chunk(text, logprobs=logprobs, index=index)
                 pieces.append(sse(reasoning_content.add_thinking(chunk, thought)))
@@ -113,6 +119,17 @@ class Shaper:
             pieces.append(SSE_DONE)
             self.done = True
         return "".join(pieces)
+
+    def _text_event(self, index: int, text: str) -> str:
+        """`sse(self._chunk(text, index=index))`, byte for byte, from the choice's event with its
+        text cut out (built once): one string encoded per token instead of the chunk's dicts."""
+        template = self._templates.get(index)
+        if template is None:
+            whole = sse(self._chunk(_MARK, index=index))
+            template = self._templates[index] = whole.split(_MARK_JSON)
+        if len(template) != 2:  # the marker met elsewhere (a model name): no template
+            return sse(self._chunk(text, index=index))
+        return json.dumps(text, ensure_ascii=False).join(template)
 
     def error_event(self, error: HttpError) -> str:
         """An error once the stream's 200 went out: in-band, as OpenAI's streaming API does."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
 from orcaserve.handler.openai.errors import HttpError
 from orcaserve.handler.openai.protocol import HTTP_PHRASES
 from orcaserve.handler.openai.responses import SSE_DONE, sse
+from orcaserve.handler.torchserve.stream_frames import StreamFrames, prediction_head
 
 
 class Reply:
@@ -26,14 +28,20 @@ class Reply:
     never answered, the client waits out its own timeout): a body longer than `max_frame_bytes` (a
     non-streamed answer with log-probabilities runs to megabytes) goes out as several frames, which
     the client receives as chunks of one body.
+
+    With `frames`, streamed chunks join the other streams' of the same event-loop round in one
+    frame (`stream_frames.py`); what is queued there goes out before this request's final frame.
     """
 
-    def __init__(self, context: Any, max_frame_bytes: int) -> None:
+    def __init__(self, context: Any, max_frame_bytes: int, frames: StreamFrames | None = None) -> None:
         self.context = context
         self.started = False  # a frame went out
         self.opened = False  # a streamed 200 is chosen: errors go in-band from now on
         self.max_frame_bytes = max_frame_bytes
         self._in_band: Callable[[HttpError], str] | None = None
+        # Only rank 0 answers (as `send_intermediate_predict_response` checks).
+        self._frames = frames if os.getenv("LOCAL_RANK", "0") == "0" else None
+        self._head: bytes | None = None  # this stream's prediction before its body (stream_frames.py)
 
     def open(self, content_type: str, in_band: Callable[[HttpError], str] | None = None) -> None:
         """Choose a streamed 200 answer of `content_type`; its first frame goes out with `send`.
@@ -45,10 +53,18 @@ class Reply:
 
     def send(self, text: str) -> None:
         """Intermediate frames (written now, from the asyncio thread), each at most
-        `max_frame_bytes` of the body."""
+        `max_frame_bytes` of the body; with `frames`, queued for the round's frame."""
+        data = text.encode()
+        self.started = True
+        if self._frames is not None:
+            if self._head is None:
+                self._head = prediction_head(self.context)
+            sock = self.context.cl_socket
+            for start in range(0, max(len(data), 1), self.max_frame_bytes):
+                self._frames.add(sock, self._head, data[start : start + self.max_frame_bytes])
+            return
         from ts.handler_utils.utils import send_intermediate_predict_response
 
-        data = text.encode()
         for start in range(0, max(len(data), 1), self.max_frame_bytes):
             send_intermediate_predict_response(
                 [data[start : start + self.max_frame_bytes]],
@@ -57,13 +73,13 @@ class Reply:
                 200,
                 self.context,
             )
-        self.started = True
 
     def send_complete(self, text: str) -> None:
         """A complete (non-chunked) response: status, headers and body in one frame."""
         from ts.protocol.otf_message_handler import create_predict_response
 
         frame = create_predict_response([text], self.context.request_ids, "Prediction error", 200, self.context)
+        self.flush()
         self.context.cl_socket.sendall(frame)
         self.started = True
 
@@ -88,4 +104,10 @@ class Reply:
             self.send(text)
             text = ""
         self.context.set_response_header(0, "ts_stream_next", "false")
+        self.flush()  # the final frame goes out from another thread once `handle` returns
         return text
+
+    def flush(self) -> None:
+        """Write the chunks queued for this round now (`stream_frames.py`)."""
+        if self._frames is not None:
+            self._frames.flush()

@@ -45,25 +45,30 @@ def _str(buf: memoryview, pos: int) -> tuple[bytes, int]:
 
 
 def parse_frames(data: bytes) -> list[dict]:
-    """Decode `create_predict_response` frames (one request each) in arrival order."""
+    """Decode predict-response frames into their predictions (one per request and frame; a
+    streamed round's frame carries several), in arrival order."""
     frames, buf, pos = [], memoryview(data), 0
     while pos < len(data):
         _code, pos = _int(buf, pos)
         _msg, pos = _str(buf, pos)
-        rid, pos = _str(buf, pos)
-        ctype, pos = _str(buf, pos)
-        status, pos = _int(buf, pos)
-        _phrase, pos = _str(buf, pos)
-        nh, pos = _int(buf, pos)
-        headers = {}
-        for _ in range(nh):
-            k, pos = _str(buf, pos)
-            v, pos = _str(buf, pos)
-            headers[k.decode()] = v.decode()
-        body, pos = _str(buf, pos)
-        end, pos = _int(buf, pos)
-        assert end == -1
-        frames.append({"id": rid.decode(), "type": ctype.decode(), "status": status, "headers": headers, "body": body})
+        while True:
+            n, _ = _int(buf, pos)
+            if n == -1:
+                pos += 4
+                break
+            rid, pos = _str(buf, pos)
+            ctype, pos = _str(buf, pos)
+            status, pos = _int(buf, pos)
+            _phrase, pos = _str(buf, pos)
+            nh, pos = _int(buf, pos)
+            headers = {}
+            for _ in range(nh):
+                k, pos = _str(buf, pos)
+                v, pos = _str(buf, pos)
+                headers[k.decode()] = v.decode()
+            body, pos = _str(buf, pos)
+            prediction = {"id": rid.decode(), "type": ctype.decode(), "status": status, "headers": headers}
+            frames.append({**prediction, "body": body})
     return frames
 
 
