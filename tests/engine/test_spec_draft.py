@@ -142,3 +142,12 @@ def test_a_draft_with_another_vocabulary_or_tokenizer_is_refused(engine_for, tok
     path = _draft_dir(tmp_path_factory, other, model, "draft-tokenizer")
     with pytest.raises(ValueError, match="tokenizer differs from the target's"):
         engine_for(model, speculative=_draft(path))
+
+
+def test_every_method_has_its_settings_and_a_proposer():
+    """spec/config.py checks a method's settings from its table, spec/proposers.py builds it from
+    the proposers' table: the two name the same methods."""
+    from orcaserve.scheduler.spec.config import METHOD_KEYS
+    from orcaserve.scheduler.spec.proposers import PROPOSERS
+
+    assert set(METHOD_KEYS) == set(PROPOSERS) == {"ngram", "draft"}
