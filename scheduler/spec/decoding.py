@@ -63,6 +63,8 @@ class SpecDecoding:
         """Give the step's eligible decode rows their proposals (see the module's docstring);
         `budget`: the tokens the scheduler left in the step (`Scheduler.budget_left`)."""
         self._forget_finished()
+        for rid in sched.preempted:  # its draft state goes with its blocks (rebuilt when it speculates again)
+            self.proposer.drop(rid)
         if sched.shape is None:  # the scheduler's cost model is off: the step's shape for this one
             sched.sampling = []
             sched.seal(True)
@@ -72,8 +74,6 @@ class SpecDecoding:
         if not candidates or budget <= 0 or rows_left <= 0:
             self.stats.steps_off += bool(candidates)
             return
-        for rid in sched.preempted:  # its draft state goes with its blocks (rebuilt when it speculates again)
-            self.proposer.drop(rid)
         rows: list[tuple[Request, int]] = []  # the rows asked for proposals, each with its K
         for req, k in self.policy.plan(sched, candidates):
             out_left = req.params.max_tokens - len(req.output_token_ids) - 1  # emitted: at most k + 1
