@@ -1,6 +1,7 @@
 """Speculative decoding's metrics (docs/speculative-decoding.md "Metrics"): proposed and accepted
-tokens, the steps that speculated and those that could have and did not, as counters, and the mean
-accepted length as a gauge; the dimension `Method` names the proposer. Emitted by `EngineMetrics`.
+tokens, the steps that speculated, those that could have and did not and those whose proposer
+raised, as counters, and the mean accepted length as a gauge; the dimension `Method` names the
+proposer. Emitted by `EngineMetrics`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ SPEC_METRICS: dict[str, tuple[str, MetricTypes, str, str]] = {
     "orca_spec_accepted_tokens_total": ("count", C, "proposed tokens accepted", "accepted"),
     "orca_spec_steps_on_total": ("count", C, "steps in which a row speculated", "steps_on"),
     "orca_spec_steps_off_total": ("count", C, "steps whose decode rows could have speculated and did not", "steps_off"),
+    "orca_spec_failed_steps_total": ("count", C, "steps whose proposer raised: they decoded plainly", "failed_steps"),
     "orca_spec_mean_accepted_length": ("tokens", G, "tokens a speculated row emitted per step", "mean_accepted_length"),
 }
 

@@ -35,6 +35,7 @@ from orcaserve.scheduler.prompt import Prompt
 from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.decoding import SpecDecoding
+from orcaserve.scheduler.spec.target import Target
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,8 @@ class Engine:
         # Test hook: called with each step's batch before the model runs; raising fails that step.
         self.fault_hook: Callable[[SchedulerOutput], None] | None = None
         spec = SpeculativeConfig.parse(config.speculative)  # docs/speculative-decoding.md
-        self.spec = SpecDecoding(spec, config.max_num_seqs, max_model_len, self.vocab_size) if spec else None
+        target = Target(config, tokenizer, self.vocab_size, max_model_len, num_blocks)
+        self.spec = SpecDecoding(spec, target) if spec else None  # a draft model loads here
 
     @classmethod
     def from_pretrained(cls, path: str, **engine_args) -> Engine:

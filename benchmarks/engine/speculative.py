@@ -1,8 +1,11 @@
-"""Speculative decoding (prompt lookup) on vs off: copy-heavy and open-ended prompts, 1 / 4 / 16 /
-32 clients, offline (docs/speculative-decoding.md; dated runs in docs/performance-log.md).
+"""Speculative decoding (prompt lookup or a draft model) on vs off: copy-heavy and open-ended
+prompts, 1 / 4 / 16 / 32 clients, offline (docs/speculative-decoding.md; dated runs in
+docs/performance-log.md).
 
     orcaserve-bench spec                                  # SmolLM2, every set and client count
     orcaserve-bench spec --clients 1,4 --max-tokens 96 --out spec.json
+    orcaserve-bench spec --method draft --draft-model DIR_OR_GGUF
+    orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1   # synthetic pair: spec_draft.py
 
 Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made
 from the project's own source and docstrings (shipped with it); open-ended ones ask for new text.
@@ -27,6 +30,9 @@ from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.prompt import ChatPrompt
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.decoding import SpecDecoding
+from orcaserve.scheduler.spec.policy import SpecPolicy
+from orcaserve.scheduler.spec.stats import SpecStats
+from orcaserve.scheduler.spec.target import Target
 
 
 def copy_heavy_prompts() -> list[str]:
@@ -85,21 +91,57 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sets", default="copy,open", help="prompt sets: copy (copy-heavy), open (open-ended)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--method", default="ngram", choices=("ngram", "draft"), help="the proposer")
+    ap.add_argument("--draft-model", default=None, help="method draft: the draft's HF dir or .gguf")
+    ap.add_argument(
+        "--agreement",
+        default=None,
+        help="method draft: comma-separated agreements of a synthetic target/draft pair (spec_draft.py); "
+        "the draft defaults to a random 4-layer model of SmolLM2's width",
+    )
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--quantization", default=None, help="the target's (null: chosen for the file; none: dense)")
+
+
+def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
+    """The engine's speculation as `args` ask (a draft model loads here, beside the engine's)."""
+    setting: dict = {"method": args.method, "num_speculative_tokens": args.num_speculative_tokens}
+    if args.method == "draft":
+        from orcaserve.bench.models.random_checkpoint import checkpoint_path
+
+        setting["model"] = args.draft_model or checkpoint_path("smollm2-draft")
+    cfg = SpeculativeConfig.parse(setting)
+    assert cfg is not None
+    target = Target(engine.config, engine.tokenizer, engine.vocab_size, engine.max_model_len, engine.kv.pool.num_blocks)
+    return SpecDecoding(cfg, target)
 
 
 def run(args: argparse.Namespace) -> dict:
-    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": args.num_speculative_tokens})
-    assert cfg is not None
+    if args.method == "draft" and args.draft_model is None and args.agreement is None:
+        raise SystemExit("--method draft needs --draft-model, or --agreement for the synthetic pair")
     engine = Engine.from_pretrained(
-        args.model or default_model_path(), dtype=args.dtype, max_num_seqs=32, enable_prefix_caching=False
+        args.model or default_model_path(),
+        dtype=args.dtype,
+        quantization=args.quantization,
+        max_num_seqs=32,
+        enable_prefix_caching=False,
     )
     engine.generate(["warm up"], SamplingParams(max_tokens=4))
+    spec = speculation(engine, args)
     sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
-    results: dict = {"model": args.model or "SmolLM2-135M-Instruct (default)", "runs": []}
+    if args.agreement is not None:
+        from orcaserve.bench.engine.spec_draft import run_synthetic
+
+        prompts = [p for name in args.sets.split(",") for p in sets[name]]
+        return {
+            "model": args.model or "SmolLM2-135M-Instruct (default)",
+            **run_synthetic(args, engine, spec, prompts, run_set),
+        }
+    method = args.method
+    results: dict = {"model": args.model or "SmolLM2-135M-Instruct (default)", "method": method, "runs": []}
     print(
-        f"{'set':<6}{'clients':>8}{'off tok/s':>11}{'ngram tok/s':>13}{'speed-up':>10}{'accept':>8}{'mean len':>10}"
+        f"{'set':<6}{'clients':>8}{'off tok/s':>11}{method + ' tok/s':>13}{'speed-up':>10}{'accept':>8}{'mean len':>10}"
         f"{'steps on/off':>14}{'same':>6}",
         file=sys.stderr,
     )
@@ -108,23 +150,24 @@ def run(args: argparse.Namespace) -> dict:
             n = args.requests or max(4, clients)
             engine.spec = None
             off = run_set(engine, sets[name], clients, n, args.max_tokens)
-            engine.spec = SpecDecoding(cfg, engine.config.max_num_seqs, engine.max_model_len, engine.vocab_size)
+            spec.stats, spec.policy = SpecStats(method=method), SpecPolicy(spec.config)  # afresh, the proposer kept
+            engine.spec = spec
             on = run_set(engine, sets[name], clients, n, args.max_tokens)
-            stats = engine.spec.stats.to_dict()
+            stats = spec.stats.to_dict()
             row = {
                 "set": name,
                 "clients": clients,
                 "requests": n,
                 "off_tok_s": round(off["tok_s"], 2),
-                "ngram_tok_s": round(on["tok_s"], 2),
+                f"{method}_tok_s": round(on["tok_s"], 2),
                 "speedup": round(on["tok_s"] / off["tok_s"], 3),
                 "same_tokens": off["outputs"] == on["outputs"],
                 "spec": stats,
-                "declined_steps": engine.spec.policy.declined_steps,
+                "declined_steps": spec.policy.declined_steps,
             }
             results["runs"].append(row)
             print(
-                f"{name:<6}{clients:>8}{row['off_tok_s']:>11.1f}{row['ngram_tok_s']:>13.1f}{row['speedup']:>9.2f}x"
+                f"{name:<6}{clients:>8}{row['off_tok_s']:>11.1f}{row[f'{method}_tok_s']:>13.1f}{row['speedup']:>9.2f}x"
                 f"{stats['acceptance_rate']:>8.2f}{stats['mean_accepted_length']:>10.2f}"
                 f"{stats['steps_on']:>7}/{stats['steps_off']:<6}{str(row['same_tokens']):>6}",
                 file=sys.stderr,

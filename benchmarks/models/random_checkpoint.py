@@ -6,6 +6,10 @@ The 1B shape is Llama-3.2-1B's (hidden 2048, 16 layers, 32 heads, 8 KV heads, ML
 embeddings, vocab 128256; 1.24 B parameters with the embedding). Weights are N(0, 0.02), so answers
 are noise: throughput runs ignore EOS, and then weights do not change the work. The tokenizer is
 SmolLM2's (the default model's), enough to encode prompts; ids past its 49,152 decode to nothing.
+The smollm2-draft shape is SmolLM2-135M's width (hidden 576, 9 / 3 heads of 64, MLP 1536, its
+vocabulary and tied embeddings) with 4 layers instead of 30: a draft for SmolLM2 in
+`orcaserve-bench spec --agreement` (benchmarks/engine/spec_draft.py), 49 M parameters, 28 M of
+them the embedding its lm_head reads.
 Cached under ~/.cache/orcaserve/random-<shape>/ and reused when its config is there.
 """
 
@@ -25,6 +29,19 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
         max_position_embeddings=4096,
         rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+    ),
+    "smollm2-draft": dict(
+        hidden_size=576,
+        num_hidden_layers=4,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        intermediate_size=1536,
+        vocab_size=49152,
+        tie_word_embeddings=True,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
         rms_norm_eps=1e-5,
     ),
 }

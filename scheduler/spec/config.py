@@ -1,9 +1,11 @@
 """The `speculative` engine argument, checked at load (docs/speculative-decoding.md "Configuration").
 
 In vLLM's words: `{method: ngram, num_speculative_tokens: K, prompt_lookup_min: a,
-prompt_lookup_max: b}`. A bad value is refused with a message naming the key; a combination not
-built yet (a draft model, a GPU, asynchronous scheduling, tensor parallelism) is refused with the
-reason, before any weight is loaded.
+prompt_lookup_max: b}` (prompt lookup) or `{method: draft, model: <HF dir or .gguf>,
+num_speculative_tokens: K}` (a smaller model proposing, scheduler/spec/draft.py). A bad value is
+refused with a message naming the key; a combination not built yet (a GPU, asynchronous
+scheduling, tensor parallelism) is refused with the reason, before any weight is loaded. The
+draft's own checks (its vocabulary against the target's) come when it loads, with the engine.
 """
 
 from __future__ import annotations
@@ -12,16 +14,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orcaserve.scheduler.spec.proposers import PROPOSERS
-
 # The most proposals a row may carry in a step: far beyond where prompt lookup still pays.
 MAX_SPECULATIVE_TOKENS = 16
 MAX_LOOKUP = 16
+# The settings of each method (the proposers' table, spec/proposers.py `PROPOSERS`, has one
+# proposer per method named here; a test holds the two to the same names).
+COMMON = frozenset({"method", "num_speculative_tokens", "min_accepted"})
+METHOD_KEYS: dict[str, frozenset[str]] = {
+    "ngram": COMMON | {"prompt_lookup_min", "prompt_lookup_max"},
+    "draft": COMMON | {"model", "quantization"},
+}
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """Prompt lookup: proposals from the request's own prompt and output (no second model)."""
+    """Prompt lookup (ngram: proposals from the request's own prompt and output) or a draft
+    model (draft: `model`, its weights' `quantization`, null: chosen for the file as the
+    engine's are)."""
 
     method: str
     num_speculative_tokens: int
@@ -30,6 +39,8 @@ class SpeculativeConfig:
     # Stop proposing for a request whose accepted tokens per speculated step stay below this
     # (docs/speculative-decoding.md "When it pays").
     min_accepted: float = 0.3
+    model: str | None = None
+    quantization: str | None = None
 
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
@@ -40,14 +51,10 @@ class SpeculativeConfig:
         if not isinstance(value, Mapping):
             raise ValueError(f"speculative must be a mapping such as {{method: ngram, ...}} or null, got {value!r}")
         method = value.get("method")
-        if method == "draft":
-            raise ValueError(
-                "speculative.method 'draft' (a draft model) is not built yet: use method 'ngram' (prompt lookup)"
-            )
-        if not isinstance(method, str) or method not in PROPOSERS:
-            known_methods = " or ".join(repr(m) for m in PROPOSERS)
+        if not isinstance(method, str) or method not in METHOD_KEYS:
+            known_methods = " or ".join(repr(m) for m in METHOD_KEYS)
             raise ValueError(f"speculative.method must be {known_methods}, got {method!r}")
-        known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "min_accepted"}
+        known = METHOD_KEYS[method]
         for key in value:
             if key not in known:
                 raise ValueError(
@@ -70,7 +77,12 @@ class SpeculativeConfig:
         floor = value.get("min_accepted", cls.min_accepted)
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= floor <= k:
             raise ValueError(f"speculative.min_accepted must be a number in [0, {k}], got {floor!r}")
-        return cls(method, k, low, high, float(floor))
+        model, quantization = value.get("model"), value.get("quantization")
+        if method == "draft" and (not isinstance(model, str) or not model):
+            raise ValueError(f"speculative.model (the draft's HF directory or .gguf file) is required, got {model!r}")
+        if quantization is not None and not isinstance(quantization, str):
+            raise ValueError(f"speculative.quantization must be a string or null, got {quantization!r}")
+        return cls(method, k, low, high, float(floor), model, quantization)
 
     def check_engine(
         self, device: str, async_scheduling: bool | None, tensor_parallel_size: int, max_num_seqs: int

@@ -20,6 +20,7 @@ Three calls from the engine's step, around the model run:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.policy import SpecPolicy
 from orcaserve.scheduler.spec.proposers import PROPOSERS
 from orcaserve.scheduler.spec.stats import SpecStats
+from orcaserve.scheduler.spec.target import Target
 from orcaserve.scheduler.spec.verify import accepted_length
 
 if TYPE_CHECKING:
@@ -38,18 +40,20 @@ if TYPE_CHECKING:
     from orcaserve.scheduler.core.step_output import SchedulerOutput
     from orcaserve.scheduler.launch import Launched
 
+log = logging.getLogger(__name__)
+
 
 class SpecDecoding:
     """The engine's speculation: proposer, per-step decisions (policy.py) and counters."""
 
-    def __init__(self, config: SpeculativeConfig, max_num_seqs: int, max_model_len: int, vocab_size: int) -> None:
+    def __init__(self, config: SpeculativeConfig, target: Target) -> None:
         self.config = config
-        self.proposer = PROPOSERS[config.method](config)
+        self.proposer = PROPOSERS[config.method](config, target)  # a draft model loads here
         self.policy = SpecPolicy(config)
-        self.stats = SpecStats()
-        self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len
-        self.vocab_size = vocab_size
+        self.stats = SpecStats(method=config.method)
+        self.max_num_seqs = target.config.max_num_seqs
+        self.max_model_len = target.max_model_len
+        self.vocab_size = target.vocab_size
         self._tracked: dict[str, Request] = {}  # requests the proposer and the policy hold state for
         self._rng: dict[str, torch.Tensor] = {}  # a seeded sampled row's generator state before the step
         self._merge = False  # a request emitted several tokens this step
@@ -59,6 +63,8 @@ class SpecDecoding:
         """Give the step's eligible decode rows their proposals (see the module's docstring);
         `budget`: the tokens the scheduler left in the step (`Scheduler.budget_left`)."""
         self._forget_finished()
+        for rid in sched.preempted:  # its draft state goes with its blocks (rebuilt when it speculates again)
+            self.proposer.drop(rid)
         if sched.shape is None:  # the scheduler's cost model is off: the step's shape for this one
             sched.sampling = []
             sched.seal(True)
@@ -68,25 +74,26 @@ class SpecDecoding:
         if not candidates or budget <= 0 or rows_left <= 0:
             self.stats.steps_off += bool(candidates)
             return
-        plan = self.policy.plan(sched, candidates)
-        spec: dict[str, list[int]] = {}
-        for req, k in plan:
-            rid = req.request_id
+        rows: list[tuple[Request, int]] = []  # the rows asked for proposals, each with its K
+        for req, k in self.policy.plan(sched, candidates):
             out_left = req.params.max_tokens - len(req.output_token_ids) - 1  # emitted: at most k + 1
             k = min(k, budget, rows_left, out_left, self.max_model_len - req.num_tokens - 1)
             if req.params.num_speculative_tokens is not None:
                 k = min(k, req.params.num_speculative_tokens)
             if k <= 0:
                 continue
-            self._tracked[rid] = req
-            drafts = self.proposer.propose(rid, req.all_token_ids, k)
+            self._tracked[req.request_id] = req
+            rows.append((req, k))
+            budget -= k
+            rows_left -= k
+        spec: dict[str, list[int]] = {}
+        for (req, _), drafts in zip(rows, self._proposals(rows)):
+            rid = req.request_id
             if not drafts or not kv.allocate_slots(req, 1 + len(drafts)):
                 continue  # no proposal, or no room: a plain decode
             req.all_token_ids.extend(drafts)  # for this step only: `accept` keeps what the target agreed with
             nst[rid] = 1 + len(drafts)
             spec[rid] = drafts
-            budget -= len(drafts)
-            rows_left -= len(drafts)
             if req.generator is not None and not req.params.greedy:
                 self._rng[rid] = req.generator.get_state()
         if not spec:
@@ -98,6 +105,26 @@ class SpecDecoding:
         sampling, sched.sampling = sched.sampling, []
         sched.seal(True)  # the step's shape (tokens, rows, context) as it now runs
         sched.sampling = [r for r in sampling for _ in range(1 + len(spec.get(r.request_id, ())))]
+
+    def _proposals(self, rows: list[tuple[Request, int]]) -> list[list[int]]:
+        """The proposer's answer for `rows`; if it raises (a draft model's forward), this step
+        goes without proposals (its rows decode plainly, counted) and their proposer state is
+        dropped, rebuilt when they speculate again: a failing proposer never fails a request."""
+        if not rows:
+            return []
+        try:
+            return self.proposer.propose_batch(rows)
+        except Exception as e:
+            log.warning(
+                "speculation's %s proposer failed (%s: %s); the step decodes plainly",
+                self.config.method,
+                type(e).__name__,
+                e,
+            )
+            self.stats.failed_steps += 1
+            for req, _ in rows:
+                self.proposer.drop(req.request_id)
+            return []
 
     # ---- after the model ran ---------------------------------------------------------------
     def accept(self, sched: SchedulerOutput, launched: Launched) -> None:

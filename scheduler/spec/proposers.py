@@ -1,14 +1,21 @@
 """Proposers: where a request's proposed next tokens come from, one object per method in a table
-(docs/speculative-decoding.md "Prompt lookup").
+(docs/speculative-decoding.md "Prompt lookup", "Draft model").
 
-A proposer is asked, for one request at a time, for up to `k` tokens that may follow its tokens so
-far; it keeps what it learned about a request between steps and forgets it when told (`drop`).
+A proposer is asked, for all the step's speculating rows at once (`propose_batch`: a draft model
+runs one forward per proposal position for all of them), for up to `k` tokens that may follow each
+request's tokens so far; it keeps what it learned about a request between steps and forgets it
+when told (`drop`: the request finished or was preempted).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.spec.config import SpeculativeConfig
+from orcaserve.scheduler.spec.draft import DraftProposer
+from orcaserve.scheduler.spec.target import Target
 
 
 class LookupSettings(Protocol):
@@ -23,7 +30,9 @@ class LookupSettings(Protocol):
 
 
 class Proposer(Protocol):
-    def propose(self, request_id: str, tokens: Sequence[int], k: int) -> list[int]: ...
+    def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
+        """Up to k proposals for each (request, k), in order ([] : none)."""
+        ...
 
     def drop(self, request_id: str) -> None: ...
 
@@ -76,8 +85,14 @@ class NgramProposer:
                 return out
         return []
 
+    def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
+        return [self.propose(req.request_id, req.all_token_ids, k) for req, k in rows]
+
     def drop(self, request_id: str) -> None:
         self._index.pop(request_id, None)
 
 
-PROPOSERS: dict[str, Callable[[LookupSettings], Proposer]] = {"ngram": NgramProposer}
+PROPOSERS: dict[str, Callable[[SpeculativeConfig, Target], Proposer]] = {
+    "ngram": lambda config, target: NgramProposer(config),
+    "draft": DraftProposer,
+}

@@ -15,6 +15,7 @@ class SpecStats:
     speculated_rows: int = 0  # row-steps that carried proposals
     steps_on: int = 0  # steps in which at least one row speculated
     steps_off: int = 0  # steps with decode rows that could have speculated and did not
+    failed_steps: int = 0  # steps whose proposer raised (a draft model's forward): they decoded plainly
 
     def record(self, proposed: int, accepted: int) -> None:
         self.proposed += proposed
@@ -40,4 +41,5 @@ class SpecStats:
             "speculated_rows": self.speculated_rows,
             "steps_on": self.steps_on,
             "steps_off": self.steps_off,
+            "failed_steps": self.failed_steps,
         }

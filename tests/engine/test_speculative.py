@@ -5,81 +5,24 @@ settings refused at load."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from spec_workload import on_equals_off_under_pressure, spec_prompts, speculating
 
-from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy, tiny_model
+from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.scheduler import EngineConfig, SamplingParams
 from orcaserve.scheduler.errors import InvalidRequest
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
-BLOCK_BYTES = 2 * 2 * 16 * 2 * 16 * 4  # layers x K/V x slots x KV heads x head dim x fp32, tiny models
-
-
-def _speculating(engine):
-    """`engine` with its speculation policy kept in its learning phase, where every eligible row
-    speculates: the cost model learns from measured step times, so on a loaded machine it may
-    decline a different share of steps from run to run, and these tests check exactness with as
-    many speculated rows as the rows allow (the policy's own choices: test_spec_sampler.py)."""
-    engine.spec.policy.observe_step = lambda shape, seconds: None
-    return engine
-
-
-def _prompts(seed: int, n: int) -> list[list[int]]:
-    """Prompts that repeat themselves (prompt lookup finds its n-grams) and random ones."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(n):
-        if i % 3 == 2:
-            out.append([rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(2, 90))])
-        else:
-            unit = [rng.randrange(3, TINY_VOCAB) for _ in range(rng.randint(2, 9))]
-            out.append((unit * 40)[: rng.randint(10, 120)])
-    return out
-
-
-def _run(engine, work, params, stagger=True):
-    """Every request to the end, three new ones every other step; outputs by request id, and the
-    delta outputs of each."""
-    final, deltas, pending, step = {}, {}, list(enumerate(work)), 0
-    while pending or engine.has_unfinished():
-        if not stagger or step % 2 == 0:
-            for i, prompt in pending[: 3 if stagger else len(pending)]:
-                engine.add_request(f"r{i}", prompt, params(i))
-            pending = pending[3 if stagger else len(pending) :]
-        for out in engine.step():
-            deltas.setdefault((out.request_id, out.index), []).append(out)
-            if out.finished:
-                final[(out.request_id, out.index)] = out
-        step += 1
-    return final, deltas
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_greedy_equals_off_and_transformers_under_chunks_cache_hits_and_preemption(arch, engine_for):
     model = tiny_model(arch)
-    work = _prompts(seed=3, n=18)
+    work = spec_prompts(seed=3, n=18)
     work += [work[0] + [7, 8], work[1][:40]]  # prefix-cache hits on earlier prompts
-    lengths = [random.Random(i).randint(8, 40) for i in range(len(work))]
-    params = lambda i: SamplingParams(temperature=0, max_tokens=lengths[i], ignore_eos=True)  # noqa: E731
-    # 40 blocks of 16 slots: the requests together need more, so decodes preempt; a 48-token
-    # budget chunks the long prompts beside speculated decodes.
-    args = dict(max_num_seqs=8, max_num_batched_tokens=48, kv_cache_memory=40 * BLOCK_BYTES)
-    on = _speculating(engine_for(model, speculative=NGRAM, **args))
-    off = engine_for(model, **args)
-    got, deltas = _run(on, work, params)
-    want, _ = _run(off, work, params)
-    for i, prompt in enumerate(work):
-        out = got[(f"r{i}", 0)]
-        assert out.output_token_ids == want[(f"r{i}", 0)].output_token_ids == hf_greedy(model, prompt, lengths[i])
-        assert out.completion_tokens == lengths[i] and out.finish_reason == "length"
-        streamed = [t for d in deltas[(f"r{i}", 0)] for t in d.new_token_ids]
-        assert streamed == out.output_token_ids and "".join(d.new_text for d in deltas[(f"r{i}", 0)]) == out.text
+    on = on_equals_off_under_pressure(engine_for, model, NGRAM, work)
     stats = on.spec.stats
     assert stats.accepted >= 5 and stats.proposed > stats.accepted, stats
-    assert any(len(d.new_token_ids) > 1 for ds in deltas.values() for d in ds), "no output carried several tokens"
-    assert on.stats.num_preemptions > 0
     assert on.kv.pool.num_free == on.kv.pool.num_blocks and not on.spec._tracked
 
 
@@ -87,7 +30,7 @@ def test_stops_and_limits_inside_accepted_runs_end_where_off_would(engine_for, t
     model = tiny_model("llama")
     prompt = ([306, 281, 69] * 20)[:57]
     off = engine_for(model)
-    on = _speculating(engine_for(model, speculative={**NGRAM, "num_speculative_tokens": 6}))
+    on = speculating(engine_for(model, speculative={**NGRAM, "num_speculative_tokens": 6}))
     full = off.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0]
     tokens = full.output_token_ids
     cases = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in range(1, 30)]
@@ -102,7 +45,7 @@ def test_stops_and_limits_inside_accepted_runs_end_where_off_would(engine_for, t
     assert on.spec.stats.accepted >= 10
     # the model's length limit inside a run
     short_off = engine_for(model, max_model_len=70)
-    short_on = _speculating(engine_for(model, max_model_len=70, speculative=NGRAM))
+    short_on = speculating(engine_for(model, max_model_len=70, speculative=NGRAM))
     p = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     a, b = short_off.generate([prompt], p)[0], short_on.generate([prompt], p)[0]
     assert b.output_token_ids == a.output_token_ids and len(a.output_token_ids) == 70 - len(prompt)
@@ -113,7 +56,7 @@ def test_stops_and_limits_inside_accepted_runs_end_where_off_would(engine_for, t
 
 def test_n_choices_logprobs_and_seeded_sampling_equal_off(engine_for):
     model = tiny_model("qwen2")
-    work = _prompts(seed=5, n=6)
+    work = spec_prompts(seed=5, n=6)
     params = [
         SamplingParams(temperature=0, max_tokens=24, n=2, logprobs=3, ignore_eos=True),
         SamplingParams(temperature=0.8, max_tokens=24, seed=11, ignore_eos=True),
@@ -122,7 +65,7 @@ def test_n_choices_logprobs_and_seeded_sampling_equal_off(engine_for):
         SamplingParams(temperature=0, max_tokens=24, logit_bias={45: 3.0}, ignore_eos=True),
         SamplingParams(temperature=0.3, max_tokens=24, seed=14, ignore_eos=True),
     ]
-    on = _speculating(engine_for(model, speculative=NGRAM))
+    on = speculating(engine_for(model, speculative=NGRAM))
     off = engine_for(model)
     got, want = on.generate(work, params), off.generate(work, params)
     for a, b in zip(want, got):
@@ -143,7 +86,7 @@ def test_rows_that_do_not_speculate(engine_for):
     model = tiny_model("llama")
     prompt = [9, 10, 11, 12] * 10
     off = engine_for(model)
-    on = _speculating(engine_for(model, speculative=NGRAM))
+    on = speculating(engine_for(model, speculative=NGRAM))
     for p in (
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, num_speculative_tokens=0),
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
@@ -158,7 +101,8 @@ def test_rows_that_do_not_speculate(engine_for):
 @pytest.mark.parametrize(
     "value, match",
     [
-        ({"method": "draft", "model": "x", "num_speculative_tokens": 4}, "'draft'.*not built yet"),
+        ({"method": "draft", "num_speculative_tokens": 4}, "speculative.model .* is required"),
+        ({"method": "draft", "model": "x", "num_speculative_tokens": 4, "prompt_lookup_min": 2}, "prompt_lookup_min"),
         ({"method": "eagle", "num_speculative_tokens": 4}, "speculative.method"),
         ({"method": "ngram"}, "num_speculative_tokens is required"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),

@@ -1,0 +1,108 @@
+"""Draft-model speculation's economics: speed-up against acceptance with a synthetic target/draft
+pair whose agreement is set (docs/speculative-decoding.md "Draft model"; dated runs in
+docs/performance-log.md).
+
+    orcaserve-bench spec --method draft --agreement 0,0.5,0.7,0.8,0.9,1
+    orcaserve-bench spec --method draft --agreement 0.8 --draft-model DIR --max-tokens 64
+
+The target is `--model` (SmolLM2-135M-Instruct by default). The draft is a real model that runs
+its real forwards, K per speculated step for all rows, with its own paged KV (by default a random
+checkpoint of SmolLM2's width with 4 layers of its 30, benchmarks/models/random_checkpoint.py
+"smollm2-draft"); only its proposals are replaced: each becomes the target's own greedy token at
+that position (from a run with speculation off) with probability `agreement`, else another token.
+So the draft costs what such a draft costs, and a proposal is accepted with probability close to
+`agreement` (its tokens past a rejection are the off run's, not the new ones: one per mille may
+differ where the target's bf16 numerics flip a near-tie). Every decode row proposes K tokens
+every step (the policy that decides when speculation pays is bypassed: this measures what a
+speculated step costs and brings at each acceptance). Off and draft runs alternate on one engine;
+the outputs are compared token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from collections.abc import Sequence
+
+from orcaserve.scheduler import Engine
+from orcaserve.scheduler.core.request import Request
+from orcaserve.scheduler.spec.decoding import SpecDecoding
+from orcaserve.scheduler.spec.proposers import Proposer
+
+
+class SetAgreement:
+    """A draft whose proposals are replaced by the target's own tokens, each with probability
+    `agreement` (else the token after it in the vocabulary); the draft still runs."""
+
+    def __init__(self, draft: Proposer, answers: dict[str, list[int]], agreement: float, vocab: int):
+        """`answers`: request id -> the target's greedy output (every run names its requests alike)."""
+        self.draft, self.answers, self.agreement, self.vocab = draft, answers, agreement, vocab
+        self.rng = random.Random(0)
+
+    def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
+        out = []
+        for (req, _), own in zip(rows, self.draft.propose_batch(rows)):
+            truth = self.answers.get(req.request_id, [])
+            at = len(req.output_token_ids)
+            proposals = []
+            for i, token in enumerate(own):
+                t = truth[at + i] if at + i < len(truth) else token
+                proposals.append(t if self.rng.random() < self.agreement else (t + 1) % self.vocab)
+            out.append(proposals)
+        return out
+
+    def drop(self, request_id: str) -> None:
+        self.draft.drop(request_id)
+
+
+def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, prompts: list, run_set) -> dict:
+    """Off, then draft at each agreement (an off run before each), one stream by default."""
+    from orcaserve.scheduler.spec.policy import SpecPolicy
+    from orcaserve.scheduler.spec.stats import SpecStats
+
+    k = spec.config.num_speculative_tokens
+    clients = int(args.clients.split(",")[0])
+    n = args.requests or max(4, clients)
+    draft = spec.proposer
+    engine.spec = None
+    base = run_set(engine, prompts, clients, n, args.max_tokens)
+    answers = base["outputs"]
+    results: dict = {
+        "runs": [],
+        "k": k,
+        "clients": clients,
+        "requests": n,
+        "draft": args.draft_model or "smollm2-draft",
+    }
+    print(
+        f"{'agreement':>10}{'off tok/s':>11}{'draft tok/s':>13}{'speed-up':>10}{'accept':>8}{'mean len':>10}"
+        f"{'same':>6}",
+        file=sys.stderr,
+    )
+    for agreement in map(float, args.agreement.split(",")):
+        engine.spec = None
+        off = run_set(engine, prompts, clients, n, args.max_tokens)
+        spec.proposer = SetAgreement(draft, answers, agreement, engine.vocab_size)
+        spec.stats, spec.policy = SpecStats(method="draft"), SpecPolicy(spec.config)
+        spec.policy.plan = lambda sched, candidates: [(r, k) for r in candidates]  # every row, K each
+        engine.spec = spec
+        on = run_set(engine, prompts, clients, n, args.max_tokens)
+        stats = spec.stats.to_dict()
+        row = {
+            "agreement": agreement,
+            "off_tok_s": round(off["tok_s"], 2),
+            "draft_tok_s": round(on["tok_s"], 2),
+            "speedup": round(on["tok_s"] / off["tok_s"], 3),
+            "same_tokens": off["outputs"] == on["outputs"],
+            "spec": stats,
+        }
+        results["runs"].append(row)
+        print(
+            f"{agreement:>10.2f}{row['off_tok_s']:>11.1f}{row['draft_tok_s']:>13.1f}{row['speedup']:>9.2f}x"
+            f"{stats['acceptance_rate']:>8.2f}{stats['mean_accepted_length']:>10.2f}{str(row['same_tokens']):>6}",
+            file=sys.stderr,
+        )
+    engine.spec = None
+    spec.proposer = draft
+    return results
