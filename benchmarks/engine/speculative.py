@@ -10,9 +10,11 @@ docs/performance-log.md).
 Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made
 from the project's own source and docstrings (shipped with it); open-ended ones ask for new text.
 Each client runs one request after another (a closed loop), greedy, up to `--max-tokens` tokens.
-Off and on alternate on one engine (the same weights, cache and threads; the machine may be
-shared, so runs alternate rather than follow each other), and the outputs of the two are compared
-token for token. The prefix cache is off: with it, the second run of a pair would find the first
+Off and on alternate on one engine, `--repeats` pairs per point with medians kept (the same
+weights, cache and threads; the machine may be shared, so runs alternate rather than follow each
+other), and the outputs of the two are compared token for token. Before a point's pairs, one run
+with speculation on, not counted, teaches the policy's step-cost model that load, as a running
+server has learnt it; the model is kept over the point's runs. The prefix cache is off: with it, the second run of a pair would find the first
 one's prompts cached, computing less (a speed-up that is not speculation's) and, in bf16, a
 prompt's last chunk over cached K/V rather than in one prefill (numerics that are not
 speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed, accepted,
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import statistics
 import sys
 import time
 
@@ -100,6 +103,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "the draft defaults to a random 4-layer model of SmolLM2's width",
     )
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
+    ap.add_argument("--repeats", type=int, default=3, help="off/on pairs per point, alternated; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default=None, help="the target's (null: chosen for the file; none: dense)")
 
@@ -115,6 +119,35 @@ def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
     assert cfg is not None
     target = Target(engine.config, engine.tokenizer, engine.vocab_size, engine.max_model_len, engine.kv.pool.num_blocks)
     return SpecDecoding(cfg, target)
+
+
+def alternate(
+    engine: Engine, spec: SpecDecoding, method: str, prompts: list[str], clients: int, n: int, args: argparse.Namespace
+) -> tuple[dict, dict]:
+    """Off and on alternated `args.repeats` times; medians of tok/s, the last run's outputs and the
+    stats of the runs on. One run on first, not counted, teaches the policy's step-cost model this
+    load (as a running server has learnt it); the model is kept across the runs, each run's
+    per-request state and stats start afresh."""
+    spec.policy = SpecPolicy(spec.config)
+    engine.spec = spec
+    run_set(engine, prompts, clients, n, args.max_tokens)
+    offs: list[dict] = []
+    ons: list[dict] = []
+    stats = SpecStats(method=method)
+    for _ in range(args.repeats):
+        engine.spec = None
+        offs.append(run_set(engine, prompts, clients, n, args.max_tokens))
+        cost, spec.policy = spec.policy.cost, SpecPolicy(spec.config)
+        spec.policy.cost, spec.stats = cost, stats  # the stats add up over the runs on
+        engine.spec = spec
+        ons.append(run_set(engine, prompts, clients, n, args.max_tokens))
+    engine.spec = None
+
+    def summary(runs: list[dict]) -> dict:
+        rates = [r["tok_s"] for r in runs]
+        return {"tok_s": statistics.median(rates), "runs": [round(x, 1) for x in rates], "outputs": runs[-1]["outputs"]}
+
+    return summary(offs), summary(ons)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -148,11 +181,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.sets.split(","):
         for clients in map(int, args.clients.split(",")):
             n = args.requests or max(4, clients)
-            engine.spec = None
-            off = run_set(engine, sets[name], clients, n, args.max_tokens)
-            spec.stats, spec.policy = SpecStats(method=method), SpecPolicy(spec.config)  # afresh, the proposer kept
-            engine.spec = spec
-            on = run_set(engine, sets[name], clients, n, args.max_tokens)
+            off, on = alternate(engine, spec, method, sets[name], clients, n, args)
             stats = spec.stats.to_dict()
             row = {
                 "set": name,
@@ -160,6 +189,8 @@ def run(args: argparse.Namespace) -> dict:
                 "requests": n,
                 "off_tok_s": round(off["tok_s"], 2),
                 f"{method}_tok_s": round(on["tok_s"], 2),
+                "off_runs": off["runs"],
+                f"{method}_runs": on["runs"],
                 "speedup": round(on["tok_s"] / off["tok_s"], 3),
                 "same_tokens": off["outputs"] == on["outputs"],
                 "spec": stats,
