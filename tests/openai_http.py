@@ -38,6 +38,16 @@ PROMPTS = [
 # answers over HTTP are the offline engine's token for token.
 EXACT = {"dtype": "float32", "quantization": "none"}
 
+# The server the read-only suites share (tests/e2e/conftest.py `shared_ts`): the default model as
+# SHARED_MODEL with SHARED_ARGS, the offline engine's arguments too. A small KV cache (91 blocks of 16
+# tokens) keeps memory low and makes block accounting visible. The frontend's frame limit is far
+# below its default (6,553,500 bytes) so that an answer with log-probabilities outgrows it and goes
+# out in frames of max_frame_bytes (test_torchserve_e2e).
+SHARED_MODEL = "smollm2"
+SHARED_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
+MAX_RESPONSE_SIZE = 65536
+SHARED_SERVING = {"default_timeout": 300, "max_frame_bytes": MAX_RESPONSE_SIZE // 2}
+
 COMPLETIONS = "/1.0/v1/completions"
 CHAT = "/1.0/v1/chat/completions"
 

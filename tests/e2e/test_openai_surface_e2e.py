@@ -2,49 +2,34 @@
 OpenAI fields accepted and ignored (named in a header), `echo` with the prompt's
 log-probabilities, and `n` choices, streamed and not, seeded and reproducible.
 
-One server for the module; greedy answers are held to the offline engine's with the same engine
-arguments, the prompt's log-probabilities to transformers' own forward."""
+On the suites' shared server (conftest.py); greedy answers are held to the offline engine's with the
+same engine arguments, the prompt's log-probabilities to transformers' own forward."""
 
 from __future__ import annotations
 
 import pytest
 import requests
-from openai_http import EXACT, render
+from openai_http import SHARED_MODEL, render
 
-from orcaserve.bench.serve.harness import serving
 from orcaserve.handler.openai.protocol import IGNORED_HEADER
-from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.scheduler import SamplingParams
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
-MODEL = "smollm2"
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
+MODEL = SHARED_MODEL
 PROMPT = "The capital of France is"
 QUESTION = [{"role": "user", "content": "Name a primary color."}]
 
 
 @pytest.fixture(scope="module")
-def ts(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("torchserve"), MODEL, ENGINE_ARGS) as server:
-        yield server
+def ts(shared_ts):
+    return shared_ts
 
 
 @pytest.fixture(scope="module")
 def client(ts):
     return openai.OpenAI(base_url=ts.url(f"/predictions/{MODEL}/1.0/v1"), api_key=ts.keys["inference"])
-
-
-@pytest.fixture(scope="module")
-def offline():
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # beside the server's worker on a small shared machine
-    try:
-        yield Engine.from_pretrained(default_model_path(), **ENGINE_ARGS)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_models_list(ts, client, offline):

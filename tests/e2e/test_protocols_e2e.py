@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import pytest
 import requests
-from openai_http import EXACT
+from openai_http import EXACT, SHARED_MODEL
 from thinking_models import ANSWER, ANSWER_THINKING, QWEN3_TEMPLATE, cut, served
-
-from orcaserve.bench.serve.harness import TorchServe, registered
 
 pytestmark = pytest.mark.slow
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")
 
-MODEL, THINKER = "smollm2", "thinker"
-# The dense exact configuration (openai_http.EXACT): the protocols are proven, not the default's arithmetic.
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, **EXACT}
+# The default model on the suites' shared server (conftest.py) and a thinker registered beside it,
+# both in the dense exact configuration (openai_http.EXACT): the protocols are proven, not the
+# default's arithmetic.
+MODEL, THINKER = SHARED_MODEL, "thinker"
+THINKER_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, **EXACT}
 QUESTION = "Name a primary color."
 THINKER_QUESTION = "Is 2 < 3?"  # the prompt the thinker's chain starts from (thinking_models.served)
 GREEDY = {"temperature": 0}  # the `anthropic` client sends sampling fields as extra body fields
@@ -32,18 +32,14 @@ WEATHER = {
 
 
 @pytest.fixture(scope="module")
-def ts(tmp_path_factory, tokenizer):
-    from orcaserve.handler.archive import build
-
-    root = tmp_path_factory.mktemp("torchserve")
+def ts(shared_ts, registered_archive, tmp_path_factory, tokenizer):
+    """The suites' shared server (conftest.py) with the thinker registered beside its model."""
+    root = tmp_path_factory.mktemp("thinker")
     tok, model = served(tokenizer, QWEN3_TEMPLATE, cut(3, 5, False))  # `<thi|nk>`, `</thi|nk>`: split tags
     model.save_pretrained(root / "thinker-model")
     tok.save_pretrained(root / "thinker-model")
-    store = root / "model-store"
-    build("default", MODEL, str(store), overrides=ENGINE_ARGS)
-    build(str(root / "thinker-model"), THINKER, str(store), overrides=ENGINE_ARGS)  # reasoning_parser: auto
-    with registered(TorchServe(root / "work", store), [f"{MODEL}.mar", f"{THINKER}.mar"]) as server:
-        yield server
+    registered_archive(THINKER, str(root / "thinker-model"), THINKER_ARGS)  # reasoning_parser: auto
+    return shared_ts
 
 
 def claude_for(ts, model: str):

@@ -14,17 +14,15 @@ import re
 
 import jsonschema
 import pytest
-from openai_http import EXACT
+from openai_http import SHARED_MODEL
 from tool_turns import tool_turns
-
-from orcaserve.bench.serve.harness import serving
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 
-MODEL = "smollm2"
-# EXACT: the answers' shapes asserted below are the dense fp32 model's.
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 512, **EXACT}
+# The suites' shared server (conftest.py), in the dense exact configuration: the answers' shapes
+# asserted below are the dense fp32 model's.
+MODEL = SHARED_MODEL
 PERSON = {
     "type": "object",
     "properties": {
@@ -61,9 +59,8 @@ PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATH
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("torchserve"), MODEL, ENGINE_ARGS) as server:
-        yield openai.OpenAI(base_url=server.url(f"/predictions/{MODEL}/1.0/v1"), api_key=server.keys["inference"])
+def client(shared_ts):
+    return openai.OpenAI(base_url=shared_ts.url(f"/predictions/{MODEL}/1.0/v1"), api_key=shared_ts.keys["inference"])
 
 
 def _create(client, stream: bool, **kwargs):

@@ -1,6 +1,7 @@
 """End to end: a real TorchServe, the model registered through the management API, HTTP clients.
 
-One server for the module (loading the model is the slow part). Greedy outputs over HTTP are held
+On the suites' shared server (conftest.py: loading the model is the slow part); scaling and
+unregistering act on a spare archive registered beside its model. Greedy outputs over HTTP are held
 to the engine's offline `generate` with the same engine arguments.
 """
 
@@ -14,57 +15,36 @@ from concurrent.futures import ThreadPoolExecutor
 import openai_http
 import pytest
 import requests
-from openai_http import CHAT, EXACT, PROMPTS, expected, read_stream
+from openai_http import CHAT, MAX_RESPONSE_SIZE, PROMPTS, SHARED_ARGS, SHARED_MODEL, expected, read_stream
 
-from orcaserve.bench.serve.harness import TorchServe, serving
-from orcaserve.scheduler import Engine, SamplingParams, default_model_path
+from orcaserve.bench.serve.harness import TorchServe
+from orcaserve.scheduler import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-MODEL = "smollm2"
-# A small KV cache (91 blocks of 16 tokens) keeps memory low and makes block accounting visible.
-# EXACT: greedy answers over HTTP are held to the offline engine token for token (the default
-# weights are served in test_deploy_e2e).
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
+# The shared server's (openai_http.SHARED_ARGS, EXACT: greedy answers over HTTP are held to the
+# offline engine token for token; the default weights are served in test_deploy_e2e). SPARE: the
+# same model under another name, for the tests that scale and unregister a worker.
+MODEL, SPARE = SHARED_MODEL, "smollm2-spare"
 QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 + 2?", "Say hello."]
 
 
-# The frontend's frame limit, far below its default (6,553,500 bytes), so that an answer with
-# log-probabilities outgrows it (test_an_answer_longer_than_the_frontends_frame_limit_arrives_whole).
-MAX_RESPONSE_SIZE = 65536
+@pytest.fixture(scope="module")
+def ts(shared_ts):
+    return shared_ts
 
 
 @pytest.fixture(scope="module")
-def ts(tmp_path_factory):
-    with serving(
-        tmp_path_factory.mktemp("torchserve"),
-        MODEL,
-        {**ENGINE_ARGS, "default_timeout": 300, "max_frame_bytes": MAX_RESPONSE_SIZE // 2},
-        {"max_response_size": str(MAX_RESPONSE_SIZE)},
-    ) as server:
-        yield server
+def spare(registered_archive) -> str:
+    return registered_archive(SPARE, "default", SHARED_ARGS)
 
 
-@pytest.fixture(scope="module")
-def offline():
-    import torch
-
-    # One intra-op thread: beside the server's worker on a small shared machine, two OpenMP
-    # threads that spin-wait for a busy core make generation 20x slower, not faster.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield Engine.from_pretrained(default_model_path(), **ENGINE_ARGS)
-    finally:
-        torch.set_num_threads(threads)
+def call(ts: TorchServe, path: str, body, stream: bool = False, headers=None, timeout: float = 300, model=MODEL):
+    return openai_http.call(ts, model, path, body, stream, headers, timeout)
 
 
-def call(ts: TorchServe, path: str, body, stream: bool = False, headers=None, timeout: float = 300):
-    return openai_http.call(ts, MODEL, path, body, stream, headers, timeout)
-
-
-def result(ts: TorchServe, kind: str, prompt: str, max_tokens: int, stream: bool, **extra) -> dict:
-    return openai_http.result(ts, MODEL, kind, prompt, max_tokens, stream, **extra)
+def result(ts: TorchServe, kind: str, prompt: str, max_tokens: int, stream: bool, model=MODEL, **extra) -> dict:
+    return openai_http.result(ts, model, kind, prompt, max_tokens, stream, **extra)
 
 
 def test_requests_without_token_are_refused(ts):
@@ -185,6 +165,7 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_timeout_aborts_and_frees_blocks(ts):
+    aborts = _metric(ts.metrics(), "orca_aborts_total")  # the shared server's count so far
     r = result(ts, "completions", "Count to a thousand:", 1000, stream=False, ignore_eos=True, timeout=1.5)
     # A deadline cuts the answer short as max_tokens does: OpenAI's "length" (docs/serving.md).
     assert r["finish_reason"] == "length" and 0 < r["usage"]["completion_tokens"] < 1000
@@ -196,7 +177,7 @@ def test_timeout_aborts_and_frees_blocks(ts):
     deadline = time.time() + 20
     while True:  # metrics travel through the frontend's log parser: allow a moment
         m = ts.metrics()
-        if _metric(m, "orca_kv_blocks_used") == 0 and _metric(m, "orca_aborts_total") >= 3:
+        if _metric(m, "orca_kv_blocks_used") == 0 and _metric(m, "orca_aborts_total") >= aborts + 3:
             break
         assert time.time() < deadline, m[-3000:]
         time.sleep(0.5)
@@ -346,24 +327,25 @@ def _gone(pid: int, timeout: float) -> bool:
     return False
 
 
-def test_scaling_replaces_the_worker(ts):
-    old = ts.worker_pids(MODEL)
-    r = ts.scale(MODEL, 0)
+def test_scaling_replaces_the_worker(ts, spare):
+    old = ts.worker_pids(spare)
+    r = ts.scale(spare, 0)
     assert r.status_code == 200, r.text
     assert _gone(old[0], 60), "worker process survived scaling to zero"
-    r = ts.scale(MODEL, 1)
+    r = ts.scale(spare, 1)
     assert r.status_code == 200, r.text
-    new = ts.worker_pids(MODEL)
+    new = ts.worker_pids(spare)
     assert len(new) == 1 and new != old
-    out = result(ts, "chat", QUESTIONS[0], 24, stream=False)
+    out = result(ts, "chat", QUESTIONS[0], 24, stream=False, model=spare)
     assert "Paris" in out["text"]
 
 
-def test_unregister_stops_the_worker(ts):
-    pids = ts.worker_pids(MODEL)
+def test_unregister_stops_the_worker(ts, spare):
+    pids = ts.worker_pids(spare)
     assert len(pids) == 1
-    r = ts.unregister(MODEL)
+    r = ts.unregister(spare)
     assert r.status_code == 200, r.text
     assert _gone(pids[0], 60), "worker process survived unregistration"
-    r = call(ts, "", {"prompt": "hi"})
+    r = call(ts, "", {"prompt": "hi"}, model=spare)
     assert r.status_code == 404
+    assert result(ts, "completions", PROMPTS[1], 4, False)["finish_reason"] == "length"  # its neighbour serves on

@@ -37,7 +37,9 @@ def _huge(kind: str, max_model_len: int = 1024) -> str | ChatPrompt:
     return text
 
 
-@pytest.mark.parametrize("kind", ["text", "chat"])
+# The text case is the heavier (a 1 MiB string tokenized whole): slow; the chat case keeps the
+# admission thread's behaviour in the fast run.
+@pytest.mark.parametrize("kind", [pytest.param("text", marks=pytest.mark.slow), "chat"])
 def test_a_huge_prompt_does_not_stall_other_streams(loop, kind):
     """A 1 MiB prompt takes seconds to tokenize (and is refused in the end); a running stream
     keeps getting tokens meanwhile. On the engine thread it got none until the 400 was out."""

@@ -78,6 +78,7 @@ def test_family_matches_one_process(case, tokenizer, tmp_path_factory):
     print(case, compare(ref, got) or "every token equal")
 
 
+@pytest.mark.slow  # the real model over two ranks; the tiny families above keep the ranks' path fast
 def test_smollm2_gguf_matches_one_process(smollm2_path):
     """The default model: a GGUF read tensor by tensor, dequantized, each rank keeping its slices."""
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
