@@ -7,18 +7,18 @@ docs/performance-log.md).
     orcaserve-bench spec --method draft --draft-model DIR_OR_GGUF
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1   # synthetic pair: spec_draft.py
 
-Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made
-from the project's own source and docstrings (shipped with it); open-ended ones ask for new text.
-Each client runs one request after another (a closed loop), greedy, up to `--max-tokens` tokens.
-Off and on alternate on one engine, `--repeats` pairs per point with medians kept (the same
-weights, cache and threads; the machine may be shared, so runs alternate rather than follow each
-other), and the outputs of the two are compared token for token. Before a point's pairs, one run
-with speculation on, not counted, teaches the policy's step-cost model that load, as a running
-server has learnt it; the model is kept over the point's runs. The prefix cache is off: with it, the second run of a pair would find the first
-one's prompts cached, computing less (a speed-up that is not speculation's) and, in bf16, a
-prompt's last chunk over cached K/V rather than in one prefill (numerics that are not
-speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed, accepted,
-mean accepted length) and the steps that speculated.
+Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made from
+the project's own source and docstrings (shipped with it); open-ended ones ask for new text. Each
+client runs one request after another (a closed loop), greedy, up to `--max-tokens` tokens. Off and
+on alternate on one engine, `--repeats` pairs per point with medians kept (the same weights, cache
+and threads; the machine may be shared, so runs alternate rather than follow each other), and the
+outputs of the two are compared token for token. Before a point's pairs, one run with speculation
+on, not counted, teaches the policy's step-cost model that load, as a running server has learnt it;
+the model is kept over the point's runs. The prefix cache is off: with it, the second run of a pair
+would find the first one's prompts cached, computing less (a speed-up that is not speculation's)
+and, in bf16, a prompt's last chunk over cached K/V rather than in one prefill (numerics that are
+not speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed,
+accepted, mean accepted length) and the steps that speculated.
 """
 
 from __future__ import annotations
