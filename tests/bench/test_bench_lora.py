@@ -11,7 +11,7 @@ from orcaserve.scheduler.lora.adapter import TARGETS, ModuleShapes, load_adapter
 
 
 def test_the_benchmarks_adapters_load_at_the_base_models_shapes(tmp_path):
-    base = tiny_family("llama")
+    base = tiny_family("LlamaForCausalLM")
     write_adapter(tmp_path / "a", base.config, rank=4, seed=0)
     shapes = ModuleShapes.of(base)
     adapter = load_adapter("a", str(tmp_path / "a"), shapes, 16, torch.float32, torch.device("cpu"))
