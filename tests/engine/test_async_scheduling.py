@@ -89,7 +89,7 @@ def _workload(seed: int, stop: str | None) -> list[tuple[str, list[int], Samplin
     return work
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "fair"])
+@pytest.mark.parametrize("policy", ["fcfs", pytest.param("fair", marks=pytest.mark.slow)])  # fair: full suite only
 def test_real_model_async_matches_sync(engine_for, policy):
     """Greedy and seeded sampling, n > 1, logprobs, prompt logprobs, a stop string, penalties,
     structured outputs, stop tokens, the prefix cache and preemption (a small KV pool)."""

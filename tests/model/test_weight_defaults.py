@@ -64,6 +64,7 @@ def test_from_model_never_quantizes_unasked(tokenizer):
         Engine.from_model(tiny_family("LlamaForCausalLM"), tokenizer, activations="int8", kv_cache_memory=1 << 20)
 
 
+@pytest.mark.slow  # loads the real model twice over; the full suite runs it
 @needs_int8
 def test_first_load_of_the_default_model(smollm2_path, caplog):
     """A newcomer's first load: quantized with int8 activations, said in the engine's own log line,
@@ -79,6 +80,7 @@ def test_first_load_of_the_default_model(smollm2_path, caplog):
     assert len(out.output_token_ids) == 4
 
 
+@pytest.mark.slow  # a real dense load of the default model; the full suite runs it
 def test_dense_gguf_load_says_nothing_of_packed_weights(smollm2_path, caplog):
     caplog.set_level(logging.INFO)
     engine = Engine.from_pretrained(
