@@ -124,21 +124,19 @@ def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
 def alternate(
     engine: Engine, spec: SpecDecoding, method: str, prompts: list[str], clients: int, n: int, args: argparse.Namespace
 ) -> tuple[dict, dict]:
-    """Off and on alternated `args.repeats` times; medians of tok/s, the last run's outputs and the
-    stats of the runs on. One run on first, not counted, teaches the policy's step-cost model this
-    load (as a running server has learnt it); the model is kept across the runs, each run's
-    per-request state and stats start afresh."""
+    """Off and on alternated `args.repeats` times; medians of tok/s, the last run's outputs, and
+    the stats and declined steps of the runs on added up. One run on first, not counted, teaches
+    the policy's step-cost model this load (as a running server has learnt it); the policy is kept
+    over the point's runs (it drops a request's state when the request finishes)."""
     spec.policy = SpecPolicy(spec.config)
     engine.spec = spec
     run_set(engine, prompts, clients, n, args.max_tokens)
+    spec.policy.declined_steps, spec.stats = 0, SpecStats(method=method)
     offs: list[dict] = []
     ons: list[dict] = []
-    stats = SpecStats(method=method)
     for _ in range(args.repeats):
         engine.spec = None
         offs.append(run_set(engine, prompts, clients, n, args.max_tokens))
-        cost, spec.policy = spec.policy.cost, SpecPolicy(spec.config)
-        spec.policy.cost, spec.stats = cost, stats  # the stats add up over the runs on
         engine.spec = spec
         ons.append(run_set(engine, prompts, clients, n, args.max_tokens))
     engine.spec = None
