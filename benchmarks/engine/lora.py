@@ -11,7 +11,8 @@ clients, `--requests` requests of `--input-len` random prompt tokens and `--outp
 tokens, EOS ignored) runs with every request on the base model and with the requests spread over
 the adapters, uniformly or by a Zipf law (adapter i drawn with weight 1 / (i + 1)), alternating
 base and mixed runs `--repeats` times (the machine may be shared) and keeping medians. Printed:
-tokens/s of each, the ratio mixed / base, the steps that carried an adapter, and memory per adapter.
+tokens/s of each, the ratio mixed / base, the steps that carried an adapter, and memory per adapter
+(its weights and its share of the stacked copy the batched update reads).
 Adapters are served over dense weights (docs/lora.md "What is refused"): a GGUF loads dense.
 """
 
@@ -180,7 +181,7 @@ def run(args: argparse.Namespace) -> dict:
                     lora_adapters=adapters,
                     max_lora_rank=max(16, rank),
                 )
-                mib = statistics.mean(a.nbytes for a in engine.runner.loras.adapters) / 2**20
+                mib = engine.runner.loras.nbytes / count / 2**20  # its weights and its stacked copy
                 names = list(adapters)
                 engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4))  # warm-up
                 for traffic in traffics:

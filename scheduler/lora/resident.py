@@ -68,6 +68,12 @@ class LoraSet:
         self.stacked = {key: [_stack(entry, n, self.rank) for entry in entries] for key, entries in self.table.items()}
 
     @property
+    def nbytes(self) -> int:
+        """What the adapters hold resident: their own weights and the stacked copy."""
+        stacked = sum(a.nbytes + b.nbytes for entries in self.stacked.values() for _, _, a, b in entries)
+        return sum(a.nbytes for a in self.adapters) + stacked
+
+    @property
     def names(self) -> list[str]:
         return [a.name for a in self.adapters]
 

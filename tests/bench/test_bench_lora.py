@@ -25,3 +25,20 @@ def test_traffic_shapes():
     assert pick(names, "uniform", 8, 0) == names * 2
     zipf = pick(names, "zipf", 400, 0)
     assert zipf.count("a0") > zipf.count("a3") > 0
+
+
+def test_resident_memory_counts_the_stacked_copy(tmp_path):
+    """What the benchmark reports per adapter: each adapter's weights and the stacked copy, padded
+    to the largest rank, that a step of several adapters reads."""
+    from orcaserve.scheduler.lora.resident import LoraSet
+
+    base = tiny_family("LlamaForCausalLM")
+    shapes = ModuleShapes.of(base)
+    adapters = []
+    for name, rank in (("a", 4), ("b", 2)):
+        write_adapter(tmp_path / name, base.config, rank=rank, seed=rank)
+        adapters.append(load_adapter(name, str(tmp_path / name), shapes, 16, torch.float32, torch.device("cpu")))
+    loras = LoraSet(adapters, shapes, torch.float32)
+    own = sum(a.nbytes for a in adapters)
+    padded = 2 * adapters[0].nbytes  # both stacked at rank 4
+    assert loras.nbytes == own + padded
