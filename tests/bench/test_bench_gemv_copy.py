@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orcaserve.bench import cli
 from orcaserve.bench.models.tiny import tiny_family
 from orcaserve.kernels import dispatch
 
 
+@pytest.mark.slow  # two decodes of a tiny model through the benchmark; the full suite runs it
 def test_gemv_copy_runs_both_paths(tmp_path, tokenizer, capsys):
     model = tiny_family("LlamaForCausalLM")
     model.save_pretrained(tmp_path / "tiny")

@@ -116,7 +116,7 @@ def test_real_model_async_matches_sync(engine_for, policy):
     assert asyn.stats.prefix_cache_hits > 0
 
 
-@pytest.mark.parametrize("on", [False, True])
+@pytest.mark.parametrize("on", [False, pytest.param(True, marks=pytest.mark.slow)])  # True: full suite only
 def test_final_only_output_is_the_streams_last(engine_for, on):
     """A FINAL_ONLY request gets its final output alone, the same in every field as the last
     output of the same request streamed (DELTA), its times aside (wall clock, set alike)."""

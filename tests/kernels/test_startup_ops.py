@@ -27,6 +27,7 @@ def test_sampler_loads_the_cpu_library_only_for_a_cpu_batch():
     assert r == {"after_init": False, "after_meta": False, "after_cpu": True, "same": True}, r
 
 
+@pytest.mark.slow  # two engines built in a fresh interpreter; the full suite runs it
 def test_cpu_engines_load_the_library_once_and_register_no_custom_op():
     r = probe(PROBES["engine_cpu"])
     if "cpu_engine_skipped" in r:

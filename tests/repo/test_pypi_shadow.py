@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 PROBE = """
@@ -35,6 +37,7 @@ def _installed(dist: str) -> bool:
     return True
 
 
+@pytest.mark.slow  # a fresh interpreter importing the kernels; the full suite runs it
 def test_checkout_root_on_sys_path_keeps_pypi_kernels():
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONSAFEPATH", "PYTHONPATH")}
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
