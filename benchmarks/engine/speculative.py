@@ -106,6 +106,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="off/on pairs per point, alternated; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default=None, help="the target's (null: chosen for the file; none: dense)")
+    ap.add_argument(
+        "--peers",
+        default="",
+        help="llamacpp: llama.cpp's server on the same GGUF, its n-gram speculation on vs off (spec_peers.py)",
+    )
 
 
 def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
@@ -202,4 +207,28 @@ def run(args: argparse.Namespace) -> dict:
                 file=sys.stderr,
             )
     engine.spec = None
+    if "llamacpp" in args.peers.split(","):
+        results["peers"] = peer_table(args, {name: sets[name] for name in args.sets.split(",")}, results["runs"])
     return results
+
+
+def peer_table(args: argparse.Namespace, sets: dict[str, list[str]], ours: list[dict]) -> dict:
+    """llama.cpp's n-gram speculation on the same file and prompts, printed beside the engine's rows."""
+    from orcaserve.bench.engine.spec_peers import llamacpp_rows
+
+    rows, why = llamacpp_rows(args.model or default_model_path(), sets, list(map(int, args.clients.split(","))), args)
+    if not rows:
+        print(f"llama.cpp skipped: {why}", file=sys.stderr)
+        return {"llamacpp": None, "skipped": why}
+    head = f"{'set':<6}{'clients':>8}{'llama.cpp off':>15}{'ngram':>9}{'speed-up':>10}"
+    print(head + f"{'orcaserve ' + args.method + ' / its ngram':>28}", file=sys.stderr)
+    for row in rows:
+        mine = next((r for r in ours if (r["set"], r["clients"]) == (row["set"], row["clients"])), None)
+        ratio = None if mine is None else mine[f"{args.method}_tok_s"] / row["ngram_tok_s"]
+        row["orcaserve_over_llamacpp"] = None if ratio is None else round(ratio, 3)
+        print(
+            f"{row['set']:<6}{row['clients']:>8}{row['off_tok_s']:>15.1f}{row['ngram_tok_s']:>9.1f}"
+            f"{row['speedup']:>9.2f}x{row['orcaserve_over_llamacpp'] or float('nan'):>27.2f}x",
+            file=sys.stderr,
+        )
+    return {"llamacpp": rows}
