@@ -15,10 +15,11 @@ output equals transformers' fp32 forward bit for bit, the contract its tests hol
 Several projections that read the same input (q/k/v, gate/up) are fused into one GEMM: each keeps
 its own weight scale, applied to its own columns (`col_scale`), the same fp32 product per element.
 
-The integer GEMM is the dispatch table's `linear_ternary` row: the C++ kernel over the weights
-packed two bits a weight (csrc/gemm/gemm_ternary.cpp) where the library has it, else the PyTorch
-twin, the oracle every kernel is held to, bit for bit: the weight as int8 values (a byte a
-weight, never floats) and `torch._int_mm`.
+The integer GEMM is the dispatch table's `linear_ternary` row on the CPU: the C++ kernel over the
+weights packed two bits a weight (csrc/gemm/gemm_ternary.cpp) where the library has it, else the
+PyTorch twin; on a GPU the Triton kernel (kernels/triton/ternary.py). The twin is the oracle
+every kernel is held to, bit for bit: the weight as int8 values (a byte a weight, never floats)
+and `torch._int_mm`.
 """
 
 from __future__ import annotations
@@ -64,11 +65,18 @@ class TernaryLinear:
         self.col_scale = col_scale  # [N], fp32 or the model's dtype, as transformers holds it
         self.out_features, self.in_features = weight.shape
         cpu = weight.device.type == "cpu"
-        self.kernel = kernel or (dispatch.resolve("linear_ternary", "int8") if cpu else "torch")
-        self._op: Any = dispatch.orcaserve_op(self.kernel) if self.kernel != "torch" else None
-        if self._op is not None:
+        self.kernel = kernel or (dispatch.resolve("linear_ternary", "int8") if cpu else "triton")
+        self._op: Any = None
+        self.weight: torch.Tensor
+        if self.kernel == "triton":  # the GPU's (kernels/triton/ternary.py); the interpreter runs it on a CPU
+            from orcaserve.kernels.triton.ternary import pack_ternary, ternary_int_mm
+
+            self._op = ternary_int_mm
+            self.weight = pack_ternary(weight)  # four columns' codes a byte
+        elif self.kernel != "torch":
+            self._op = dispatch.orcaserve_op(self.kernel)
             pack = dispatch.orcaserve_op(self.kernel.replace(".linear_ternary", ".pack_ternary_weight", 1))
-            self.weight: torch.Tensor = pack(weight)  # two bits a weight, the kernel's panels
+            self.weight = pack(weight)  # two bits a weight, the kernel's panels
         else:
             self.weight = weight.t().contiguous()  # [K, N] int8: _int_mm's layout
 

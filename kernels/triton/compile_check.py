@@ -39,10 +39,12 @@ from concurrent.futures import ProcessPoolExecutor
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 HEAD_DIMS = (64, 80, 96, 128)
 ARCHS = (80, 90)
-KERNELS = ("unified", "split_k", "reduce", "store_kv", "add_rms_norm", "silu_mul", "rope_store_kv")
-FLAT = ("add_rms_norm", "silu_mul")  # no head dim: built once per configuration
+KERNELS = ("unified", "split_k", "reduce", "store_kv", "add_rms_norm", "silu_mul", "rope_store_kv", "ternary")
+FLAT = ("add_rms_norm", "silu_mul", "ternary")  # no head dim: built once per configuration
+# Pointers of another type than the configuration's dtype: the ternary GEMM's integers.
+POINTERS = {"ternary": {"x_ptr": "*i8", "w_ptr": "*u8", "out_ptr": "*i32"}}
 # --quick: the one configuration (by label) built per fused kernel (bf16; the rotary at head dim 80)
-QUICK_FUSED = {"add_rms_norm": "h4096", "silu_mul": "I>1024", "rope_store_kv": "H9/3"}
+QUICK_FUSED = {"add_rms_norm": "h4096", "silu_mul": "I>1024", "rope_store_kv": "H9/3", "ternary": "M"}
 
 
 def _configs() -> list[tuple[str, str, dict, dict, str]]:
@@ -50,6 +52,7 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
     import torch
     import triton
 
+    from orcaserve.kernels.triton import ternary
     from orcaserve.kernels.triton.attention import select_config
     from orcaserve.kernels.triton.fused import SILU_BLOCK, _num_warps
     from orcaserve.kernels.triton.store_kv import BLOCK_T
@@ -77,6 +80,9 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
             tiles = dict(HEADS_PAD=p2(h + hk), KV_PAD=p2(hk))
             opts = dict(num_warps=0, enable_fp_fusion=False)  # as the launcher
             out.append(("rope_store_kv", f"H{h}/{hk}", tiles, opts, dtype))
+    t = ternary.BLOCK_M, ternary.BLOCK_N, ternary.BLOCK_K
+    tiles = dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K"), t))
+    out.append(("ternary", "M{} N{} K{}".format(*t), tiles, dict(num_warps=4), "bf16"))  # POINTERS types it
     return out
 
 
@@ -85,6 +91,7 @@ def _kernel(name: str):
     from orcaserve.kernels.triton import fused as triton_fused
     from orcaserve.kernels.triton import split_k as triton_split_k
     from orcaserve.kernels.triton import store_kv as triton_store_kv
+    from orcaserve.kernels.triton import ternary as triton_ternary
 
     return {
         "unified": triton_attention._unified_attention_kernel,
@@ -94,6 +101,7 @@ def _kernel(name: str):
         "add_rms_norm": triton_fused._add_rms_norm_kernel,
         "silu_mul": triton_fused._silu_mul_kernel,
         "rope_store_kv": triton_fused._rope_store_kv_kernel,
+        "ternary": triton_ternary._ternary_kernel,
     }[name]
 
 
@@ -141,6 +149,7 @@ def compile_one(job: tuple) -> dict:
 
     fn = _kernel(kernel)
     sig, attrs, consts = _signature(fn, dtype)
+    sig.update(POINTERS.get(kernel, {}))
     consts.update(tiles)
     d_pad = triton.next_power_of_2(head_dim) if head_dim else 0
     if head_dim:
@@ -156,7 +165,7 @@ def compile_one(job: tuple) -> dict:
     row = dict(
         kernel=kernel,
         config=label,
-        dtype=dtype,
+        dtype="int8" if kernel in POINTERS else dtype,
         head_dim=head_dim or "-",
         arch=f"sm_{arch}",
         warps=opts["num_warps"],

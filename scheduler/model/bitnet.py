@@ -26,10 +26,11 @@ def is_ternary(module: Any) -> bool:
 
 def check_bitnet(model: Any, device: Any) -> None:
     """Raise ValueError, at load, for a BitNet model the decoder cannot serve exactly, or on a
-    device without a ternary kernel yet (the CPU has the PyTorch twin)."""
+    device without a ternary kernel (the CPU has its C++ kernel and the PyTorch twin, a CUDA GPU
+    the Triton kernel)."""
     for name, module in model.named_modules():
-        if is_ternary(module) and getattr(device, "type", "cpu") != "cpu":
-            raise ValueError(f"ternary (BitNet) projections are served on the CPU only so far, not {device}")
+        if is_ternary(module) and getattr(device, "type", "cpu") not in ("cpu", "cuda"):
+            raise ValueError(f"ternary (BitNet) projections are served on the CPU and CUDA GPUs, not {device}")
         kind = type(module).__name__
         if kind == "AutoBitLinear":
             raise ValueError(
