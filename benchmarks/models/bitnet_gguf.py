@@ -52,7 +52,8 @@ def gguf_name(key: str) -> str:
 def write_bitnet_gguf(
     checkpoint: str, out: str, qtype: str = "TQ2_0", tied: bool = False, tokenizer_from: str | None = None
 ) -> str:
-    """`checkpoint` (a packed BitNet directory: config.json, model.safetensors) as a GGUF at `out`;
+    """`checkpoint` (a packed BitNet directory: config.json, model.safetensors) as a GGUF at `out`,
+    its projections in `qtype` (TQ1_0, TQ2_0, or F32: the floats, for the refusal test);
     `tokenizer_from`: a GGUF whose tokenizer metadata is copied in (none otherwise)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, RopeScalingType
     from gguf.quants import quantize
@@ -77,7 +78,7 @@ def write_bitnet_gguf(
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_rope_scaling_type(RopeScalingType.LINEAR)  # as the converter's BitnetModel writes
     writer.add_rope_scaling_factor(1.0)
-    writer.add_file_type(LlamaFileType[f"MOSTLY_{qtype}"])
+    writer.add_file_type(LlamaFileType.ALL_F32 if qtype == "F32" else LlamaFileType[f"MOSTLY_{qtype}"])
     for key, field in GGUFReader(tokenizer_from).fields.items() if tokenizer_from else ():
         if key.startswith("tokenizer."):
             sub = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
@@ -93,7 +94,10 @@ def write_bitnet_gguf(
                     scale = tensors.get_tensor(key + "_scale").float()
                     t = unpack_ternary(w).float()
                     dense = (t / scale).numpy()
-                    writer.add_tensor(gguf_name(key), quantize(dense, kind), raw_dtype=kind)
+                    if kind == GGMLQuantizationType.F32:  # a float file, as `--outtype f32` writes
+                        writer.add_tensor(gguf_name(key), dense)
+                    else:
+                        writer.add_tensor(gguf_name(key), quantize(dense, kind), raw_dtype=kind)
                 else:
                     writer.add_tensor(gguf_name(key), w.float().numpy().astype(np.float32))
     writer.write_header_to_file()

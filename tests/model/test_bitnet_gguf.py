@@ -123,3 +123,11 @@ def test_differing_scales_are_refused(source, tmp_path, qtype):
     bad = _edit(path, str(tmp_path / "bad.gguf"), "blk.0.attn_q.weight", rescale)
     with pytest.raises(ValueError, match=r"blk\.0\.attn_q\.weight.*one finite positive scale"):
         load_bitnet_gguf(bad)
+
+
+def test_float_projections_are_refused(source, tmp_path):
+    """A BitNet GGUF with float projections (llama.cpp's `--outtype f32`): not the ternary codes
+    this loader serves, refused with the tensor's name rather than served as floats."""
+    path = write_bitnet_gguf(source, str(tmp_path / "f32.gguf"), "F32")
+    with pytest.raises(ValueError, match=r"blk\.0\.\w+\.weight is F32"):
+        load_bitnet_gguf(path)
