@@ -87,8 +87,7 @@ class TernaryLinear:
         scales = [s.reshape(1).expand(w.shape[0]) for w, (_, s) in zip(weights, parts)]
         return cls(torch.cat(weights), torch.cat(scales))
 
-    @property
-    def nbytes(self) -> int:
+    def nbytes(self) -> int:  # a method, as QuantLinear's: what dram.bytes_per_token sums
         return self.weight.numel() + self.col_scale.numel() * self.col_scale.element_size()
 
     def int_sums(self, x_q: torch.Tensor) -> torch.Tensor:  # [T, K] int8 -> [T, N] int32

@@ -157,7 +157,7 @@ def make(kernel: str, w: torch.Tensor, args: argparse.Namespace) -> Kernel:
     if kernel in ("ternary", "t_ternary"):
         ternary = (w / w.abs().mean()).round().clamp(-1, 1).to(torch.int8)
         layer = TernaryLinear(ternary, torch.ones(w.shape[0]), kernel="torch" if kernel == "t_ternary" else None)
-        return layer, layer.nbytes, torch.bfloat16, layer.kernel
+        return layer, layer.nbytes(), torch.bfloat16, layer.kernel
     if kernel.startswith("t_"):
         return torch_kernel(kernel, w)
     fmt, _, act = kernel.partition("+")

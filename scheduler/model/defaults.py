@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 # general.architecture of the GGUF files whose model the lean decoder serves (decoder.SUPPORTED).
 LEAN_GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+_BITNET = "a BitNet GGUF, its TQ1_0 / TQ2_0 projections served as ternary weights (docs/bitnet.md)"
 
 
 def gguf_architecture(path: str) -> str | None:
@@ -57,6 +58,8 @@ def _dense_because(config: EngineConfig, path: str) -> str | None:
     if config.lora_adapters:
         return "LoRA adapters are served over dense weights (docs/lora.md)"
     arch = gguf_architecture(path)
+    if arch == "bitnet":
+        return _BITNET
     if arch not in LEAN_GGUF_ARCHITECTURES:
         return f"architecture {arch!r} is not served by the lean decoder"
     if not integer_dot_products():
@@ -73,7 +76,9 @@ def choose_weights(config: EngineConfig, path: str) -> EngineConfig:
     if why is not None:
         if config.activations is not None:
             raise ValueError(f"activations={config.activations!r} runs against quantized weights only, and {why}")
-        if path.endswith(".gguf"):
+        if why is _BITNET:
+            log.info("quantization chosen: none, %s", why)
+        elif path.endswith(".gguf"):
             log.info("quantization chosen: none, the GGUF dequantized to %s (%s)", config.resolved_dtype(), why)
         return dataclasses.replace(config, quantization="none")
     log.info(

@@ -47,8 +47,15 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
         path = os.path.dirname(os.path.abspath(path))
     elif not os.path.isdir(path):
         raise FileNotFoundError(f"no such model directory: {path}")
-    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     file = os.path.join(path, kwargs["gguf_file"]) if "gguf_file" in kwargs else path
+    if "gguf_file" in kwargs and _is_bitnet_gguf(file):  # transformers reads no bitnet GGUF (bitnet_gguf.py)
+        from transformers import PreTrainedTokenizerFast
+
+        from orcaserve.scheduler.model.bitnet_gguf import load_bitnet_gguf
+
+        tokenizer: Any = PreTrainedTokenizerFast.from_pretrained(path, **kwargs)  # AutoTokenizer asks the config
+        return load_bitnet_gguf(file).to(device), tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     if quantization is not None and can_stream(file):
         model: Any = load_streamed(file, dtype, quantization)
         return model.to(device), tokenizer
@@ -64,6 +71,14 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
     if "gguf_file" in kwargs:  # where quantization "gguf" reads the blocks back (quantized.py)
         model.orcaserve_gguf_path = os.path.join(path, kwargs["gguf_file"])
     return model, tokenizer
+
+
+def _is_bitnet_gguf(path: str) -> bool:
+    from transformers.integrations.gguf.reader import read_gguf_metadata
+
+    from orcaserve.scheduler.model.bitnet_gguf import ARCHITECTURE
+
+    return read_gguf_metadata(path)[0].get("general.architecture") == ARCHITECTURE
 
 
 def eos_token_ids(model, tokenizer) -> frozenset[int]:

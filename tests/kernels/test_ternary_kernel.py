@@ -64,4 +64,4 @@ def test_layer_uses_the_table_and_packs_two_bits_a_weight():
     want = torch._int_mm(x, w.t().contiguous())
     assert torch.equal(layer.int_sums(x), want)
     if layer.kernel != "torch":
-        assert layer.weight.dtype == torch.uint8 and layer.nbytes < 72 * 48 // 2
+        assert layer.weight.dtype == torch.uint8 and layer.nbytes() < 72 * 48 // 2

@@ -1,0 +1,104 @@
+"""Random BitNet b1.58 checkpoints of the 2B4T shape, packed and in bf16 with the same weights.
+
+    bitnet_2b4t("packed")   # ~/.cache/orcaserve/random-bitnet-2b4t-packed: BitLinear, 2 bits a weight
+    bitnet_2b4t("bf16")     # ~/.cache/orcaserve/random-bitnet-2b4t-bf16: the same model, plain bf16
+
+The shape is microsoft/bitnet-b1.58-2B-4T's (hidden 2560, 30 layers, 20 heads over 5 KV heads, MLP
+6912, vocab 128256, ReLU^2), with tied embeddings as llama.cpp's bitnet files have them. Codes are
+uniform over {-1, 0, +1}, each projection's weight scale a power of two, so `t / weight_scale` is
+exact in bf16: the bf16 checkpoint (no quantization config: plain float projections, served like
+any lean model) holds the same weights. Built a tensor at a time (one safetensors shard per layer),
+never the model in floats; the tokenizer is SmolLM2's, enough to encode prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+SHAPE: dict[str, Any] = dict(
+    hidden_size=2560,
+    intermediate_size=6912,
+    num_hidden_layers=30,
+    num_attention_heads=20,
+    num_key_value_heads=5,
+    vocab_size=128256,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+_PROJ = {  # name -> (out, in)
+    "self_attn.q_proj": ("hidden_size", "hidden_size"),
+    "self_attn.o_proj": ("hidden_size", "hidden_size"),
+    "mlp.gate_proj": ("intermediate_size", "hidden_size"),
+    "mlp.up_proj": ("intermediate_size", "hidden_size"),
+    "mlp.down_proj": ("hidden_size", "intermediate_size"),
+}
+
+
+def _layer(i: int, packed: bool, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    from transformers.integrations.bitnet import pack_weights
+
+    h, kv = SHAPE["hidden_size"], SHAPE["hidden_size"] // SHAPE["num_attention_heads"] * SHAPE["num_key_value_heads"]
+    shapes = {k: (SHAPE[o], SHAPE[n]) for k, (o, n) in _PROJ.items()}
+    shapes["self_attn.k_proj"] = shapes["self_attn.v_proj"] = (kv, h)
+    out: dict[str, torch.Tensor] = {}
+    p = f"model.layers.{i}."
+    for name, shape in sorted(shapes.items()):
+        t = torch.randint(-1, 2, shape, generator=gen, dtype=torch.int8)
+        scale = torch.tensor([2.0 ** int(torch.randint(2, 6, (1,), generator=gen))])
+        if packed:
+            out[p + name + ".weight"] = pack_weights(t)
+            out[p + name + ".weight_scale"] = scale
+        else:
+            out[p + name + ".weight"] = (t.float() / scale).bfloat16()
+    for norm, size in (("input_layernorm", h), ("post_attention_layernorm", h)):
+        out[p + norm + ".weight"] = torch.ones(size, dtype=torch.bfloat16)
+    out[p + "self_attn.attn_sub_norm.weight"] = torch.ones(h, dtype=torch.bfloat16)
+    out[p + "mlp.ffn_sub_norm.weight"] = torch.ones(SHAPE["intermediate_size"], dtype=torch.bfloat16)
+    return out
+
+
+def bitnet_2b4t(kind: str = "packed", out: str | None = None) -> str:
+    """The cached checkpoint's directory ("packed" or "bf16"), built first if missing."""
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, BitNetConfig
+
+    from orcaserve.scheduler import default_model_path
+
+    out = out or os.path.join(os.path.expanduser("~/.cache/orcaserve"), f"random-bitnet-2b4t-{kind}")
+    if os.path.exists(os.path.join(out, "config.json")):
+        return out
+    os.makedirs(out, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)  # the same draws for both kinds: the same weights
+    shards = SHAPE["num_hidden_layers"] + 1
+    index: dict[str, str] = {}
+    for i in range(shards):
+        file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        if i < SHAPE["num_hidden_layers"]:
+            tensors = _layer(i, kind == "packed", gen)
+        else:
+            embed = torch.randn(SHAPE["vocab_size"], SHAPE["hidden_size"], generator=gen) * 0.02
+            tensors = {"model.embed_tokens.weight": embed.bfloat16()}
+            tensors["model.norm.weight"] = torch.ones(SHAPE["hidden_size"], dtype=torch.bfloat16)
+        save_file(tensors, os.path.join(out, file), metadata={"format": "pt"})
+        index.update(dict.fromkeys(tensors, file))
+        del tensors
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": index}, f)
+    raw = BitNetConfig(**SHAPE).to_dict()
+    raw["architectures"] = ["BitNetForCausalLM"]
+    raw["torch_dtype"] = "bfloat16"
+    if kind == "packed":
+        raw["quantization_config"] = {"quant_method": "bitnet", "linear_class": "bitlinear"}
+        raw["quantization_config"]["quantization_mode"] = "offline"
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(raw, f)
+    gguf = default_model_path()
+    AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf)).save_pretrained(out)
+    return out

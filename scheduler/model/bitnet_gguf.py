@@ -1,0 +1,178 @@
+"""BitNet b1.58 from llama.cpp's ternary GGUF files, TQ1_0 and TQ2_0 (docs/bitnet.md, "GGUF files").
+
+transformers does not read a GGUF of architecture `bitnet`; this module builds the same
+`BitNetForCausalLM` its loader builds from a packed checkpoint, each projection a `BitLinear`
+(codes packed four to a byte, one `weight_scale`), so that everything after the load (the checks,
+the lean decoder's `TernaryLinear`, the C++ kernel's packing) is the checkpoint's path.
+
+A TQ block holds 256 weights of one row, codes in {-1, 0, +1} and its own fp16 scale `d`: the
+weight is `d * code`. BitNet's arithmetic has one scale per tensor, `y = linear(x_q, t) /
+(weight_scale * s)`, so a tensor is served only if every block with a nonzero code carries the
+same finite, positive `d`; its `weight_scale` is then `1 / d` in fp32, and the served model is bit
+for bit transformers' fp32 forward of the packed checkpoint with those codes and scales. The codes
+are decoded by gguf-py (its TQ1_0 / TQ2_0 dequantization of the blocks with `d` set to 1), one
+tensor at a time: the whole model is never in floats. A TQ2_0 code of 3 (the value 2), differing
+scales within a tensor, or a projection of any other type is refused with the tensor's name.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from orcaserve.scheduler.model.stream_load import _put
+
+log = logging.getLogger(__name__)
+
+ARCHITECTURE = "bitnet"  # general.architecture as llama.cpp's converter writes it
+TERNARY = ("TQ1_0", "TQ2_0")
+
+# bitnet.<key> -> BitNetConfig field (llama.cpp's metadata keys, gguf-py's Keys)
+_CONFIG = {
+    "context_length": "max_position_embeddings",
+    "embedding_length": "hidden_size",
+    "block_count": "num_hidden_layers",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.layer_norm_rms_epsilon": "rms_norm_eps",
+    "vocab_size": "vocab_size",
+}
+_TOKENS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "padding_token_id": "pad_token_id"}
+_ROPE_THETA = 10000.0  # llama.cpp's freq_base where the file has none
+
+# GGUF tensor name (blk.N. stripped) -> transformers parameter (model.layers.N. stripped)
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+_TOP["output.weight"] = "lm_head.weight"
+_LAYER = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_sub_norm.weight": "self_attn.attn_sub_norm.weight",
+    "ffn_sub_norm.weight": "mlp.ffn_sub_norm.weight",
+    "attn_q.weight": "self_attn.q_proj",
+    "attn_k.weight": "self_attn.k_proj",
+    "attn_v.weight": "self_attn.v_proj",
+    "attn_output.weight": "self_attn.o_proj",
+    "ffn_gate.weight": "mlp.gate_proj",
+    "ffn_up.weight": "mlp.up_proj",
+    "ffn_down.weight": "mlp.down_proj",
+}
+
+
+def _field(reader: Any, key: str) -> Any:
+    """A metadata value; an fp32 as its shortest decimal (1e-05, not 9.99999974e-06), as a config
+    file would hold it: the same fp32 wherever the model computes with it."""
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    value = field.contents()
+    return float(str(np.float32(value))) if isinstance(value, float) else value
+
+
+def bitnet_config(reader: Any) -> Any:
+    """The BitNetConfig a `bitnet` GGUF's metadata describes; raises ValueError where the lean
+    decoder would compute another model (another head size or rope scaling)."""
+    from transformers import BitNetConfig
+
+    arch = _field(reader, "general.architecture")
+    if arch != ARCHITECTURE:
+        raise ValueError(f"general.architecture is {arch!r}, not {ARCHITECTURE!r}")
+    values: dict[str, Any] = {}
+    for key, name in _CONFIG.items():
+        value = _field(reader, f"{ARCHITECTURE}.{key}")
+        if value is not None:
+            values[name] = value
+    if "vocab_size" not in values:  # older converters write no vocab_size: the embedding's rows
+        embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+        values["vocab_size"] = int(embed.shape[1])
+    for key, name in _TOKENS.items():
+        values[name] = _field(reader, f"tokenizer.ggml.{key}")
+    heads, hidden = values["num_attention_heads"], values["hidden_size"]
+    rot = _field(reader, f"{ARCHITECTURE}.rope.dimension_count")
+    if rot is not None and rot != hidden // heads:
+        raise ValueError(f"rope.dimension_count {rot} is not the head size {hidden // heads}: not served")
+    scaling = _field(reader, f"{ARCHITECTURE}.rope.scaling.type")
+    factor = _field(reader, f"{ARCHITECTURE}.rope.scaling.factor")
+    if scaling not in (None, "none", "linear") or (scaling == "linear" and factor not in (None, 1.0)):
+        raise ValueError(f"rope scaling {scaling!r} (factor {factor}) is not served for BitNet")
+    theta = _field(reader, f"{ARCHITECTURE}.rope.freq_base")
+    values["rope_parameters"] = {"rope_type": "default", "rope_theta": float(theta or _ROPE_THETA)}
+    values["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    config = BitNetConfig(**values)
+    config.architectures = ["BitNetForCausalLM"]
+    return config
+
+
+def ternary_codes(name: str, raw: np.ndarray, kind: Any, shape: tuple[int, int]) -> tuple[torch.Tensor, float]:
+    """([N, K] int8 codes, d) of a TQ1_0 / TQ2_0 tensor `name` (raw: its blocks' bytes); raises
+    ValueError naming the tensor where it is not one scale times {-1, 0, +1}."""
+    from gguf import GGML_QUANT_SIZES, dequantize
+
+    n, k = shape
+    block, size = GGML_QUANT_SIZES[kind]
+    blocks = np.array(raw, dtype=np.uint8).reshape(n * k // block, size)  # a copy: d is rewritten below
+    d = blocks[:, -2:].copy().view(np.float16).astype(np.float32)[:, 0]  # [blocks], the last 2 bytes
+    blocks[:, -2:] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
+    codes = dequantize(blocks, kind).reshape(n, k)  # gguf-py's decoding, times 1
+    if not np.isin(codes, (-1.0, 0.0, 1.0)).all():
+        raise ValueError(f"{name}: a {kind.name} code outside {{-1, 0, +1}}: not a ternary weight")
+    live = d[np.abs(codes.reshape(-1, block)).max(axis=1) > 0]  # blocks with a nonzero code
+    scale = float(live[0]) if live.size else 1.0  # an all-zero tensor: any scale gives 0
+    if live.size and (not np.all(live == live[0]) or not np.isfinite(scale) or scale <= 0):
+        found = np.unique(live)[:4].tolist()
+        raise ValueError(
+            f"{name}: its {kind.name} blocks carry scales {found}{' ...' if np.unique(live).size > 4 else ''}; "
+            "BitNet serves one finite positive scale per tensor"
+        )
+    return torch.from_numpy(codes.astype(np.int8)), scale
+
+
+def _parameter(name: str) -> str:
+    if name in _TOP:
+        return _TOP[name]
+    head, _, rest = name.partition(".")
+    layer, _, tail = rest.partition(".")
+    if head != "blk" or not layer.isdigit() or tail not in _LAYER:
+        raise ValueError(f"{name}: no tensor of that name in a BitNet model")
+    return f"model.layers.{layer}.{_LAYER[tail]}"
+
+
+def load_bitnet_gguf(path: str) -> Any:
+    """The BitNetForCausalLM of a `bitnet` GGUF at `path`, on the CPU: projections as BitLinear
+    (packed codes, weight_scale = 1 / d in fp32), the rest in fp32 as gguf-py dequantizes it."""
+    from accelerate import init_empty_weights
+    from gguf import GGUFReader
+    from gguf import dequantize as gguf_dequantize
+    from transformers import BitNetForCausalLM
+    from transformers.integrations.bitnet import BitLinear, pack_weights
+
+    reader = GGUFReader(path)
+    config = bitnet_config(reader)
+    with init_empty_weights():
+        model = BitNetForCausalLM(config)
+    for t in reader.tensors:
+        key = _parameter(t.name)
+        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dimensions innermost first
+        if key.endswith("_proj"):  # a ternary projection, a BitLinear of the packed checkpoint
+            if t.tensor_type.name not in TERNARY:
+                raise ValueError(f"{t.name} is {t.tensor_type.name}: a BitNet GGUF's projections are TQ1_0 or TQ2_0")
+            codes, d = ternary_codes(t.name, t.data, t.tensor_type, (shape[0], shape[1]))
+            layer = BitLinear(shape[1], shape[0], bias=False, dtype=torch.float32)
+            layer.weight.copy_(pack_weights(codes))  # [N/4, K] uint8, transformers' packing
+            layer.weight_scale.fill_(1.0 / d)  # fp32
+            owner, _, attr = key.rpartition(".")
+            setattr(model.get_submodule(owner), attr, layer)
+            continue
+        w = torch.from_numpy(np.array(gguf_dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(shape)
+        _put(model, key, w)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"{path} has no tensor for {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}")
+    model.generation_config.eos_token_id = config.eos_token_id
+    log.info("BitNet GGUF %s: %d layers of ternary projections", path, config.num_hidden_layers)
+    return model.eval()
