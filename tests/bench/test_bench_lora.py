@@ -38,7 +38,7 @@ def test_resident_memory_counts_the_stacked_copy(tmp_path):
     for name, rank in (("a", 4), ("b", 2)):
         write_adapter(tmp_path / name, base.config, rank=rank, seed=rank)
         adapters.append(load_adapter(name, str(tmp_path / name), shapes, 16, torch.float32, torch.device("cpu")))
-    loras = LoraSet(adapters, shapes, torch.float32)
+    loras = LoraSet(adapters, shapes, torch.float32, max_loras=2)  # both stacked at once
     own = sum(a.nbytes for a in adapters)
     padded = 2 * adapters[0].nbytes  # both stacked at rank 4
     assert loras.nbytes == own + padded
