@@ -182,6 +182,8 @@ class Engine:
         elif prompt is not None or params is not None or fields:
             raise TypeError("add_request takes an EngineRequest alone, or a request id, a prompt and fields")
         self.intake.add(request)
+        if request.lora is not None:
+            self.loras.requests[request.lora] += 1  # per-adapter metrics
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
         return self.intake.abort(request_id, reason)  # its final output (`RequestIntake.abort`)
@@ -195,7 +197,7 @@ class Engine:
     def snapshot(self) -> StatsSnapshot:
         """The numbers metrics read, as of now (core/stats_snapshot.py); on the thread that owns the engine."""
         spec = None if self.spec is None else self.spec.stats
-        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost, spec)
+        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost, spec, self.loras.stats())
 
     def _record_occupancy(self) -> None:
         self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)

@@ -18,6 +18,7 @@ one step").
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -63,6 +64,7 @@ class LoraSet:
         self._keys: frozenset[Key] = frozenset()
         self._stacks: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stacked: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+        self.tokens: Counter[str] = Counter()  # tokens computed under each adapter (metrics)
         for adapter in adapters:
             self.add(adapter)
         self.sync()
@@ -163,6 +165,7 @@ class LoraSet:
         for rid, n in num_scheduled_tokens.items():
             name = requests[rid].lora
             if name is not None:
+                self.tokens[name] += n
                 spans = runs.setdefault(name, [])
                 if spans and spans[-1][1] == row:  # adjacent to the last run of the same adapter
                     spans[-1] = (spans[-1][0], row + n)

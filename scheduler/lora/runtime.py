@@ -12,7 +12,9 @@ never served under the new ones.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +22,23 @@ from orcaserve.scheduler.errors import UnknownModel
 from orcaserve.scheduler.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from orcaserve.scheduler.lora.config import check_adapter_name
 from orcaserve.scheduler.lora.resident import LoraSet
+
+
+@dataclass(frozen=True)
+class LoraStats:
+    """The adapters' numbers at one moment, for metrics (`Engine.snapshot`): per adapter the
+    requests that named it and the tokens computed under it (prompt and generated, recomputation
+    included), the adapters on the host and stacked, and the loads, unloads, slot swaps and
+    evictions so far."""
+
+    requests: tuple[tuple[str, int], ...]
+    tokens: tuple[tuple[str, int], ...]
+    loaded: int
+    stacked: int
+    loads: int
+    unloads: int
+    swaps: int
+    evictions: int
 
 
 class LoraRegistry:
@@ -37,6 +56,7 @@ class LoraRegistry:
         self.draining: set[str] = set()
         self.num_loads = 0  # adapters loaded while serving
         self.num_unloads = 0
+        self.requests: Counter[str] = Counter()  # requests that named each adapter (Engine.add_request)
         self._generation = 0
 
     @property
@@ -90,3 +110,18 @@ class LoraRegistry:
         for name in [n for n in self.draining if n not in busy]:
             self.loras.remove(name)
             self.draining.discard(name)
+
+    def stats(self) -> LoraStats | None:
+        loras = self.loras
+        if loras is None:
+            return None
+        return LoraStats(
+            requests=tuple(self.requests.items()),
+            tokens=tuple(loras.tokens.items()),
+            loaded=len(loras.adapters),
+            stacked=sum(name is not None for name in loras.slots.names),
+            loads=self.num_loads,
+            unloads=self.num_unloads,
+            swaps=loras.slots.num_swaps,
+            evictions=loras.slots.num_evictions,
+        )
