@@ -84,7 +84,7 @@ class LoraAdmin:
             raise ProtocolError("lora_name must be a non-empty string", "lora_name")
         if kind == UNLOAD:
             try:
-                await asyncio.wrap_future(self.loop.call(lambda e: e.loras.remove(name, e.loras_in_use())))
+                await asyncio.wrap_future(self.loop.call(lambda e: e.loras.remove(name)))
             except UnknownModel as err:
                 raise ProtocolError(err.message, "lora_name", 404, "invalid_request_error", "model_not_found") from None
             self.adapters = [n for n in self.adapters if n != name]

@@ -88,9 +88,6 @@ class Engine:
             cuda_graphs=config.resolved_cuda_graphs(),
         )
         self.runner.loras = loras  # each step's rows grouped by adapter (lora/resident.py)
-        # The adapters served by name, loaded and unloaded while serving too (lora/runtime.py).
-        max_cpu_loras = lora_limits(config.lora_adapters, config.max_loras, config.max_cpu_loras)[1]
-        self.loras = LoraRegistry(loras, max_cpu_loras, config.max_lora_rank)
         self.runner.warm_up(config.max_num_batched_tokens, config.max_num_seqs)
         self.sampler = Sampler()
         self.grammars = Grammars(tokenizer, self.vocab_size)  # structured outputs, compiled once each
@@ -100,6 +97,10 @@ class Engine:
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
+        # The adapters served by name, loaded and unloaded while serving too (lora/runtime.py); an
+        # unloaded one is dropped once no request in flight names it.
+        max_cpu_loras = lora_limits(config.lora_adapters, config.max_loras, config.max_cpu_loras)[1]
+        self.loras = LoraRegistry(loras, max_cpu_loras, config.max_lora_rank, self._in_flight)
         # Requests in (checked, tokenized, queued) and out (aborts): intake.py.
         self.intake = RequestIntake(
             config=config,
@@ -145,11 +146,6 @@ class Engine:
     def lora_names(self) -> list[str]:
         """The LoRA adapters served (`lora_adapters`, then those loaded since): a request's `lora` names one."""
         return list(self.loras.keys)
-
-    def loras_in_use(self) -> set[str | None]:
-        """The adapters the requests in flight name (an unloaded one is dropped once none does)."""
-        reqs = (*self.scheduler.requests.values(), *self.prompt_jobs.requests(), *self.choices.requests())
-        return {r.lora for r in reqs}
 
     @property
     def slo_classes(self) -> dict[str, SloClass]:
@@ -199,6 +195,9 @@ class Engine:
         spec = None if self.spec is None else self.spec.stats
         return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost, spec, self.loras.stats())
 
+    def _in_flight(self) -> tuple[Request, ...]:
+        return (*self.scheduler.requests.values(), *self.prompt_jobs.requests(), *self.choices.requests())
+
     def _record_occupancy(self) -> None:
         self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
 
@@ -216,7 +215,7 @@ class Engine:
         one chunk of the oldest prompt log-probabilities job (`_advance_prompt_job`).
         """
         started = time.time()
-        self.loras.reap(self.loras_in_use)  # unloaded adapters no request uses any more (lora/runtime.py)
+        self.loras.reap()  # unloaded adapters no request uses any more (lora/runtime.py)
         outputs = self._collect() if self.prompt_jobs else []  # a prompt job runs on the host
         outputs += self._advance_prompt_job()
         sched = self.scheduler.schedule()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -46,8 +47,11 @@ class LoraRegistry:
     which the intake reads: a request may name an adapter only while it is here), and those
     unloaded but still finishing requests (`draining`)."""
 
-    def __init__(self, loras: LoraSet | None, max_cpu_loras: int, max_rank: int) -> None:
+    def __init__(
+        self, loras: LoraSet | None, max_cpu_loras: int, max_rank: int, in_flight: Callable[[], Iterable[Any]] = tuple
+    ) -> None:
         self.loras = loras
+        self.in_flight = in_flight  # the requests in flight (their `lora`): the engine's
         self.max_cpu_loras = max_cpu_loras
         self.max_rank = max_rank
         # name -> prefix-cache identity: the name for an adapter loaded at start (the keys it always
@@ -91,22 +95,21 @@ class LoraRegistry:
         self.keys[adapter.name] = f"{adapter.name} {self._generation}"
         self.num_loads += 1
 
-    def remove(self, name: str, in_use: Iterable[str | None]) -> None:
+    def remove(self, name: str) -> None:
         """Stop serving `name` (engine thread): new requests naming it are refused from now on;
-        requests in flight (`in_use`: the adapters they name) finish under it. Raises UnknownModel
-        for a name not served."""
+        requests in flight finish under it. Raises UnknownModel for a name not served."""
         if name not in self.keys:
             raise UnknownModel(name, sorted(self.keys))
         del self.keys[name]
         self.draining.add(name)
         self.num_unloads += 1
-        self.reap(set(in_use))
+        self.reap()
 
-    def reap(self, in_use: Iterable[str | None] | Callable[[], Iterable[str | None]]) -> None:
-        """Drop the weights of each unloaded adapter no request uses any more."""
+    def reap(self) -> None:
+        """Drop the weights of each unloaded adapter no request in flight names any more."""
         if not self.draining or self.loras is None:
             return
-        busy = set(in_use() if callable(in_use) else in_use)
+        busy = {r.lora for r in self.in_flight()}
         for name in [n for n in self.draining if n not in busy]:
             self.loras.remove(name)
             self.draining.discard(name)

@@ -120,7 +120,7 @@ def test_load_and_unload_while_serving(engine_for, tmp_path):
     reg.add(reg.read("c", paths["c"]))  # while "a1" runs
     engine.add_request("c1", prompt, params, lora="c")
     engine.step()
-    reg.remove("a", engine.loras_in_use())  # "a1" is still in flight
+    reg.remove("a")  # "a1" is still in flight
     with pytest.raises(UnknownModel):
         engine.add_request("a2", prompt, params, lora="a")
     with pytest.raises(AdapterError, match="unloading"):
@@ -159,6 +159,6 @@ def test_bad_adapters_at_run_time_are_refused_and_serving_goes_on(engine_for, tm
     with pytest.raises(AdapterError, match="max_cpu_loras=2"):
         reg.add(reg.read("c", paths["c"]))
     with pytest.raises(UnknownModel):
-        reg.remove("c", engine.loras_in_use())
+        reg.remove("c")
     outs = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(outs[0].output_token_ids) == 3 and engine.lora_names == ["a", "b"]

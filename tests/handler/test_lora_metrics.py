@@ -34,7 +34,7 @@ def test_lora_series_go_out_from_the_snapshot(engine_for, metrics_cache, caplog,
         while engine.has_unfinished():
             engine.step()
             metrics.on_step(engine.snapshot())
-        engine.loras.remove("b", engine.loras_in_use())
+        engine.loras.remove("b")
         metrics.on_step(engine.snapshot())
     totals: dict[tuple[str, str], float] = {}
     for m in map(LINE.search, caplog.messages):
