@@ -144,14 +144,17 @@ class LoraSet:
                 self._fill(slot, name)
 
     def _fill(self, slot: int, name: str | None) -> None:
-        adapter = None if name is None else self.adapters[name]
+        """Slot `slot` holds `name`'s weights (None: zeros), zero-padded past its rank."""
+        weights = {} if name is None else self.adapters[name].weights
         for key, (a_all, b_all) in self._stacks.items():
-            a_all[slot].zero_()
-            b_all[:, slot].zero_()
-            if adapter is not None and key in adapter.weights:
-                a, b = adapter.weights[key]
-                a_all[slot, : a.shape[0]] = a
-                b_all[:, slot, : b.shape[1]] = b
+            pair = weights.get(key)
+            rank = 0 if pair is None else pair[0].shape[0]
+            if pair is not None:
+                a_all[slot, :rank] = pair[0]
+                b_all[:, slot, :rank] = pair[1]
+            if rank < a_all.shape[1]:  # what the copy did not overwrite
+                a_all[slot, rank:].zero_()
+                b_all[:, slot, rank:].zero_()
 
     # ---- a step's rows -------------------------------------------------------------------------
     def step(self, num_scheduled_tokens: Mapping[str, int], requests: Mapping[str, Any]) -> LoraStep | None:
