@@ -4,6 +4,7 @@
     orcaserve-bench lora                                   # SmolLM2, 1/4/16 adapters x rank 8/16/64
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform,zipf --out lora.json
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
+    orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
 
 For each (adapter count, rank) one engine is built with that many random adapters in PEFT's format
 (every projection of every layer targeted, B nonzero: written to a temporary directory, read
@@ -175,11 +176,18 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternated base/mixed rounds; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
+    ap.add_argument("--swap-cost", action="store_true", help="time slot swaps and adapter reads only (lora_swap.py)")
 
 
 def run(args: argparse.Namespace) -> dict:
     path = args.model or default_model_path()
     config = model_config(path)
+    if args.swap_cost:
+        from orcaserve.bench.engine.lora_swap import swap_cost
+
+        dtype = getattr(torch, args.dtype or "bfloat16")
+        rank, count = int(args.ranks.split(",")[0]), int(args.adapters.split(",")[-1])
+        return swap_cost(config, rank, count, args.max_loras or max(1, count // 2), dtype)
     rng = random.Random(0)
     vocab = config.vocab_size
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.input_len)] for _ in range(args.requests)]

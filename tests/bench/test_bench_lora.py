@@ -59,3 +59,14 @@ def test_run_load_counts_slot_evictions_and_swap_time(engine_for, tmp_path):
     got = run_load(engine, prompts, ["a0", "a1", "a2", None, "a1", "a0"], clients=4, out_len=3)
     assert got["evictions"] > 0 and 0 < got["sync_share"] < 1 and got["steps_with_adapter"] > 0
     assert "step" not in vars(engine.runner.loras) and "sync" not in vars(engine.runner.loras)
+
+
+def test_swap_cost_times_reads_and_swaps():
+    from orcaserve.bench.engine.lora_swap import swap_cost
+
+    threads = torch.get_num_threads()
+    try:
+        got = swap_cost(tiny_family("LlamaForCausalLM").config, 4, 3, 1, torch.float32, swaps=4)
+    finally:
+        torch.set_num_threads(threads)
+    assert got["evictions"] == 4 and got["swap_ms"] > 0 and got["load_ms"] > 0
