@@ -102,6 +102,8 @@ class HandlerConfig:
     (docs/latency-targets.md). None: no class, no target.
     reasoning_parser: how the model's `<think>` thinking is split from its answer (qwen3,
     deepseek_r1; auto: from the chat template; None: not split) (docs/protocols.md, 'Reasoning').
+    lora_runtime_updates: the routes that load and unload LoRA adapters while serving, behind the
+    management key (docs/lora.md, 'Loading and unloading while serving'); off by default.
     Limits (docs/reliability.md#limits): `max_body_bytes` per request body, `max_tokens_limit` on
     a request's `max_tokens`, `max_waiting_requests` sequences waiting beyond the engine's
     `max_num_seqs` seats, per worker (beyond seats plus queue: 503 with Retry-After). None =
@@ -124,6 +126,7 @@ class HandlerConfig:
     slo_class_header: str | None = None
     tenant_slo_class: dict[str, str] = dataclasses.field(default_factory=dict)
     reasoning_parser: str | None = "auto"
+    lora_runtime_updates: bool = False
 
     SERVING_KEYS = (
         "model_path",
@@ -139,6 +142,7 @@ class HandlerConfig:
         "slo_class_header",
         "tenant_slo_class",
         "reasoning_parser",
+        "lora_runtime_updates",
     )
 
     @classmethod
@@ -169,6 +173,11 @@ class HandlerConfig:
         if "max_frame_bytes" in section:  # never unlimited: the frontend's own limit would hit
             value = parse_bytes(section.pop("max_frame_bytes"), "max_frame_bytes")
             serving["max_frame_bytes"] = _positive("max_frame_bytes", value, allow_none=False)
+        runtime = serving["lora_runtime_updates"] = section.pop("lora_runtime_updates", False)
+        if not isinstance(runtime, bool):
+            raise ValueError(f"lora_runtime_updates must be true or false, got {runtime!r}")
+        if runtime:  # the engine holds a LoRA set even with no adapter at start (lora/runtime.py)
+            section.setdefault("enable_lora", True)
         if "kv_cache_memory" in section:
             section["kv_cache_memory"] = parse_bytes(section["kv_cache_memory"])
         adapters = section.get("lora_adapters")

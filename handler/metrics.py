@@ -16,6 +16,7 @@ from typing import Any
 
 from ts.metrics.metric_type_enum import MetricTypes
 
+from orcaserve.handler.lora_metrics import ADAPTER_METRICS, LORA_METRICS, LoraMetrics
 from orcaserve.handler.slo_metrics import SLO_METRICS, STEP_COST_METRICS, SloMetrics
 from orcaserve.handler.spec_metrics import SPEC_METRICS, SpecMetrics
 from orcaserve.handler.tenant_metrics import FAIRNESS_METRIC, TENANT_METRICS, TenantMetrics
@@ -97,6 +98,10 @@ class EngineMetrics:
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             for name, (unit, kind, *_) in SPEC_METRICS.items():
                 self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Method"], kind)
+            for name, (unit, kind, *_) in LORA_METRICS.items():
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
+            for name, (unit, kind, _) in ADAPTER_METRICS.items():
+                self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, [*DIMENSIONS, "Adapter"], kind)
             name, unit, kind, _ = FAIRNESS_METRIC
             self._metrics[name] = metrics_cache.add_metric_to_cache(name, unit, list(DIMENSIONS), kind)
             name, unit, kind, _ = REFUSED_METRIC
@@ -107,6 +112,7 @@ class EngineMetrics:
         self._tenants = TenantMetrics(self._emit)
         self._slo = SloMetrics(self._emit)
         self._spec = SpecMetrics(self._emit)
+        self._lora = LoraMetrics(self._emit)
         self._last_gauges: tuple = ()
         self._last_gauge_time = 0.0
         self._counted = {
@@ -164,6 +170,7 @@ class EngineMetrics:
             s.num_aborted,
             s.num_failed,
             s.num_preemptions,
+            s.lora,  # an adapter loaded or unloaded while idle
         )
         now = time.monotonic()
         since = now - self._last_gauge_time
@@ -193,6 +200,7 @@ class EngineMetrics:
         self._tenants.on_emission(s.tenants)
         self._slo.on_emission(s)
         self._spec.on_emission(s.spec)
+        self._lora.on_emission(s.lora)
 
     def _emit_deltas(self, totals: dict[str, int]) -> None:
         for name, total in totals.items():

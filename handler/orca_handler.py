@@ -30,6 +30,7 @@ import torch
 
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.faults import FaultInjector
+from orcaserve.handler.lora_admin import LOAD, UNLOAD, LoraAdmin
 from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.errors import http_error
@@ -76,6 +77,7 @@ class OrcaHandler:
         self._reasoning: ReasoningStyle | None = None  # the model's reasoning parser (reasoning.py)
         self._counter: Any = None  # a tokenizer of count_tokens' own (protocols.py), used off this thread
         self._adapters: list[str] = []  # the LoRA adapters served, read once the engine is built
+        self._lora_admin: LoraAdmin | None = None  # their runtime loads and unloads (lora_admin.py)
         self._frames: StreamFrames | None = None  # every stream's chunks of a round in one frame
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -152,7 +154,8 @@ class OrcaHandler:
         self._logprobs = LogprobsRenderer(tokenizer)
         self._reasoning = reasoning_style(config.reasoning_parser, tokenizer)
         self._counter = copy.deepcopy(tokenizer)
-        self._adapters = engine.lora_names
+        self._lora_admin = LoraAdmin(config.lora_runtime_updates, model_name, self.engine_loop)
+        self._adapters = self._lora_admin.adapters
         self.initialized = True
 
     def _install_sigterm(self) -> None:
@@ -237,6 +240,11 @@ class OrcaHandler:
         assert cfg is not None and metrics is not None  # set with `initialized`
         check_size(raw, context.get_request_header(0, "content-length"), cfg.max_body_bytes)
         body = decode_body(raw)
+        if endpoint.kind in (LOAD, UNLOAD) and self._lora_admin is not None:
+            answer = await self._lora_admin.serve(endpoint.kind, body, context.get_all_request_header(0) or {})
+            self._adapters = self._lora_admin.adapters
+            context.set_response_content_type(0, "text/plain")
+            return answer
         req = endpoint.parse(body, request_id, cfg, self._reasoning)
         if req.ignored:
             context.set_response_header(0, IGNORED_HEADER, ",".join(req.ignored))
@@ -245,7 +253,7 @@ class OrcaHandler:
             context.set_response_content_type(0, "application/json")
             return await count_tokens(self._counter, req, engine.vocab_size, engine.max_model_len)
         request = with_tenancy(req, context.get_all_request_header(0) or {}, cfg)  # refuses a missing tenant
-        request = with_model(request, req.model, self.model_name, self._adapters)
+        request = with_model(request, req.model, self.model_name, self._adapters, cfg.lora_runtime_updates)
         self._faults.arm(request_id, body.get("user"))
         stream = self.engine_loop.submit(request, event_loop=asyncio.get_running_loop())
         shaper = endpoint.shaper(req, request_id, self.model_name, self._logprobs, self._reasoning)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from orcaserve.handler.anthropic import messages as anthropic
 from orcaserve.handler.anthropic.request import chat_body as anthropic_chat_body
 from orcaserve.handler.edge_shaper import EdgeShaper
+from orcaserve.handler.lora_admin import LOAD, UNLOAD
 from orcaserve.handler.openai import reasoning_content, responses_api
 from orcaserve.handler.openai.errors import HttpError
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
@@ -101,6 +102,9 @@ MESSAGES = Endpoint("messages", CHAT, _ANTHROPIC_SHAPER, anthropic_chat_body, an
 COUNT_TOKENS = Endpoint("count_tokens", CHAT, _ANTHROPIC_SHAPER, _count_body, anthropic.anthropic_error, True)
 _RESPONSES_SHAPER = _edge(responses_api.response, responses_api.ResponseEvents)
 RESPONSES = Endpoint("responses", CHAT, _RESPONSES_SHAPER, responses_api.chat_body)
+# LoRA adapters loaded and unloaded while serving (handler/lora_admin.py): no generation, no shaper.
+LORA_LOAD = Endpoint("load_lora_adapter", LOAD, shaper_for)
+LORA_UNLOAD = Endpoint("unload_lora_adapter", UNLOAD, shaper_for)
 
 # URL path (TorchServe's `url_path` header, `v1/` optional) -> protocol; a new protocol is one
 # object and one line.
@@ -112,6 +116,8 @@ PROTOCOLS: dict[str, Endpoint] = {
     "v1/messages": MESSAGES,
     "v1/messages/count_tokens": COUNT_TOKENS,
     "v1/responses": RESPONSES,
+    "v1/load_lora_adapter": LORA_LOAD,
+    "v1/unload_lora_adapter": LORA_UNLOAD,
 }
 
 

@@ -39,6 +39,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
 - lora_sgmv (LoRA adapters' update, docs/lora.md): PyTorch's GEMMs (kernels/pytorch/lora.py), the
   oracle a C++ operator will be held to.
+- lora_batched (several adapters in one step, docs/lora.md): two dense GEMMs over the stacked
+  adapters (kernels/pytorch/lora.py), held to lora_sgmv.
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
   sums, so bit for bit torch._int_mm over the same values.
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
@@ -115,6 +117,10 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
     # every capability until a C++ operator proves faster and exact against it.
     ("lora_sgmv", "float32"): (("torch",) * 5, ("torch",)),
     ("lora_sgmv", "bfloat16"): (("torch",) * 5, ("torch",)),
+    # Several adapters in one step: every adapter's rows at once over the stacked weights, two dense
+    # GEMMs per projection (docs/lora.md "Several adapters in one step"); the PyTorch path too.
+    ("lora_batched", "float32"): (("torch",) * 5, ("torch",)),
+    ("lora_batched", "bfloat16"): (("torch",) * 5, ("torch",)),
     # GGUF block formats (kernels/quant.py), the "dtype" a format name: the project's GEMM over codes.
     ("linear_quant", "q8_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),

@@ -88,11 +88,15 @@ class EngineConfig:
     activations: str | None = None
     # LoRA adapters served beside the base model (docs/lora.md): name -> directory in PEFT's format,
     # loaded at start; a request names one (`EngineRequest.lora`; over HTTP the `model` field).
-    # max_loras: adapters resident for the steps (None: as many as given; fewer is refused until
-    # adapters swap in from the host); max_lora_rank: the largest rank accepted.
+    # max_loras: adapters stacked for the steps (None: as many as given, at least 1); max_cpu_loras:
+    # adapters held on the host, stacked by LRU as requests need them (None: as many as given, at
+    # least max_loras); max_lora_rank: the largest rank accepted; enable_lora: serve adapters even
+    # with none given (loaded at run time: docs/lora.md "Loading and unloading while serving").
     lora_adapters: dict[str, str] | None = None
     max_loras: int | None = None
+    max_cpu_loras: int | None = None
     max_lora_rank: int = 16
+    enable_lora: bool = False
     # Speculative decoding (docs/speculative-decoding.md): {method: ngram, num_speculative_tokens: K,
     # prompt_lookup_min, prompt_lookup_max}; None: off.
     speculative: dict | None = None
@@ -149,6 +153,8 @@ class EngineConfig:
             self.lora_adapters,
             self.max_loras,
             self.max_lora_rank,
+            self.max_cpu_loras,
+            self.enable_lora,
             tensor_parallel_size=self.tensor_parallel_size,
             quantization=self.quantized(),
             device=self.resolved_device(),
@@ -158,7 +164,7 @@ class EngineConfig:
             spec.check_engine(
                 self.resolved_device().type, self.async_scheduling, self.tensor_parallel_size, self.max_num_seqs
             )
-            if self.lora_adapters:  # no test holds speculation's verify rows under adapters yet
+            if self.lora_adapters or self.enable_lora:  # no test holds speculation's verify rows under adapters yet
                 raise ValueError("speculative decoding with lora_adapters is not proven exact: set one of them to null")
 
     def _check_tensor_parallel(self) -> None:

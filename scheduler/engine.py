@@ -25,7 +25,9 @@ from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.intake import RequestIntake
 from orcaserve.scheduler.launch import BatchModel, Failures, Launched, needs_host, run_batch
+from orcaserve.scheduler.lora.config import lora_limits
 from orcaserve.scheduler.lora.load import load_lora_set
+from orcaserve.scheduler.lora.runtime import LoraRegistry
 from orcaserve.scheduler.model.build import allocate_kv_caches
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.loader import eos_token_ids
@@ -61,7 +63,7 @@ class Engine:
         self.max_model_len = max_model_len
         self.vocab_size = model.config.vocab_size
         # LoRA adapters, read and checked before the lean decoder takes the projections over (docs/lora.md).
-        loras = load_lora_set(model, config.lora_adapters, config.max_lora_rank)
+        loras = load_lora_set(model, config)
         self.kv_caches = allocate_kv_caches(model, config, num_blocks)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         shares = TenantShares(config.tenant_weights, config.prompt_token_weight, config.output_token_weight)
@@ -72,6 +74,7 @@ class Engine:
             config.scheduling_policy,
             shares,
             prefill_cap=config.fair_prefill_cap,
+            lora_slots=None if loras is None else loras.slots,  # a request runs once its adapter is stacked
         )
         self.runner = runner_factory(
             model,
@@ -94,6 +97,10 @@ class Engine:
         self.stats = EngineStats(num_blocks=num_blocks)
         # Each request's outputs: tokens appended and detokenized, stops and limits checked.
         self.postprocessor = Postprocessor(self.scheduler, self.choices, self.stats, max_model_len)
+        # The adapters served by name, loaded and unloaded while serving too (lora/runtime.py); an
+        # unloaded one is dropped once no request in flight names it.
+        max_cpu_loras = lora_limits(config.lora_adapters, config.max_loras, config.max_cpu_loras)[1]
+        self.loras = LoraRegistry(loras, max_cpu_loras, config.max_lora_rank, self._in_flight)
         # Requests in (checked, tokenized, queued) and out (aborts): intake.py.
         self.intake = RequestIntake(
             config=config,
@@ -109,7 +116,7 @@ class Engine:
             postprocessor=self.postprocessor,
             stats=self.stats,
             on_freed=self._record_occupancy,
-            lora_names=frozenset(loras.names if loras is not None else ()),
+            lora_names=self.loras.keys,
         )
         self.slo_classes = config.slo_classes  # docs/latency-targets.md
         # The last TRACE_STEPS steps: a serving worker with tracing on must not grow without bound.
@@ -137,8 +144,8 @@ class Engine:
 
     @property
     def lora_names(self) -> list[str]:
-        """The LoRA adapters served (`lora_adapters`), in the config's order: a request's `lora` names one."""
-        return list(self.config.lora_adapters or ())
+        """The LoRA adapters served (`lora_adapters`, then those loaded since): a request's `lora` names one."""
+        return list(self.loras.keys)
 
     @property
     def slo_classes(self) -> dict[str, SloClass]:
@@ -171,6 +178,8 @@ class Engine:
         elif prompt is not None or params is not None or fields:
             raise TypeError("add_request takes an EngineRequest alone, or a request id, a prompt and fields")
         self.intake.add(request)
+        if request.lora is not None:
+            self.loras.requests[request.lora] += 1  # per-adapter metrics
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
         return self.intake.abort(request_id, reason)  # its final output (`RequestIntake.abort`)
@@ -184,7 +193,10 @@ class Engine:
     def snapshot(self) -> StatsSnapshot:
         """The numbers metrics read, as of now (core/stats_snapshot.py); on the thread that owns the engine."""
         spec = None if self.spec is None else self.spec.stats
-        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost, spec)
+        return StatsSnapshot.of(self.stats, self.scheduler.shares, self.scheduler.cost, spec, self.loras.stats())
+
+    def _in_flight(self) -> tuple[Request, ...]:
+        return (*self.scheduler.requests.values(), *self.prompt_jobs.requests(), *self.choices.requests())
 
     def _record_occupancy(self) -> None:
         self.stats.record_occupancy(self.scheduler, self.kv, held=self.prompt_jobs.num_requests)
@@ -203,6 +215,7 @@ class Engine:
         one chunk of the oldest prompt log-probabilities job (`_advance_prompt_job`).
         """
         started = time.time()
+        self.loras.reap()  # unloaded adapters no request uses any more (lora/runtime.py)
         outputs = self._collect() if self.prompt_jobs else []  # a prompt job runs on the host
         outputs += self._advance_prompt_job()
         sched = self.scheduler.schedule()

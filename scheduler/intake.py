@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,8 @@ class RequestIntake:
     postprocessor: Postprocessor
     stats: EngineStats
     on_freed: Callable[[], None]
-    lora_names: frozenset[str] = frozenset()  # the LoRA adapters served (docs/lora.md)
+    # The LoRA adapters served, each with its prefix-cache identity (docs/lora.md; lora/runtime.py).
+    lora_names: Mapping[str, str] = field(default_factory=dict)
     # Its own: the latency classes (checked by the engine: `Engine.slo_classes`), and the
     # detokenizer's byte table, one per engine.
     slo_classes: dict[str, SloClass] = field(default_factory=dict)
@@ -94,6 +95,8 @@ class RequestIntake:
         else:  # the prompt's blocks are shared through the prefix cache (core/choices.py)
             now, reqs = self.choices.split(request_id, params, make, self.config.enable_prefix_caching)
         for req in reqs:
+            if req.lora is not None:
+                req.lora_key = self.lora_names[req.lora]
             self.postprocessor.add(
                 req.request_id, IncrementalDetokenizer(self.tokenizer, params.stop, self._detok_fast)
             )

@@ -3,6 +3,8 @@
 
     orcaserve-bench lora                                   # SmolLM2, 1/4/16 adapters x rank 8/16/64
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform,zipf --out lora.json
+    orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
+    orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
 
 For each (adapter count, rank) one engine is built with that many random adapters in PEFT's format
 (every projection of every layer targeted, B nonzero: written to a temporary directory, read
@@ -12,7 +14,10 @@ tokens, EOS ignored) runs with every request on the base model and with the requ
 the adapters, uniformly or by a Zipf law (adapter i drawn with weight 1 / (i + 1)), alternating
 base and mixed runs `--repeats` times (the machine may be shared) and keeping medians. Printed:
 tokens/s of each, the ratio mixed / base, the steps that carried an adapter, and memory per adapter
-(its weights and its share of the stacked copy the batched update reads).
+(its weights and its share of the stacked copy the batched update reads). With `--max-loras` below
+the adapter count, adapters are swapped into the stacked slots by LRU (docs/lora.md "More adapters
+than a step holds"); the mixed runs also report the slot evictions and the share of their wall
+time spent rewriting slots (`LoraSet.sync`).
 Adapters are served over dense weights (docs/lora.md "What is refused"): a GGUF loads dense.
 """
 
@@ -89,9 +94,10 @@ def pick(names: list[str], traffic: str, count: int, seed: int) -> list[str | No
 def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], clients: int, out_len: int) -> dict:
     """Closed loop: `clients` requests in flight, each prompt once, greedy, `out_len` tokens."""
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
-    steps_with_adapter = 0
+    steps_with_adapter, sync_s = 0, 0.0
     loras_set = engine.runner.loras
-    step = loras_set.step
+    step, sync = loras_set.step, loras_set.sync
+    evictions = loras_set.slots.num_evictions
 
     def counting(*a: Any) -> Any:
         nonlocal steps_with_adapter
@@ -99,7 +105,13 @@ def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], 
         steps_with_adapter += got is not None
         return got
 
-    loras_set.step = counting
+    def timed() -> None:
+        nonlocal sync_s
+        t = time.perf_counter()
+        sync()
+        sync_s += time.perf_counter() - t
+
+    loras_set.step, loras_set.sync = counting, timed
     in_flight, nxt, tokens, steps = 0, 0, 0, 0
     start = time.perf_counter()
     try:
@@ -113,9 +125,15 @@ def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], 
                     tokens += len(out.output_token_ids)
                     in_flight -= 1
     finally:
-        del loras_set.step  # the instance attribute: the class's method again
+        del loras_set.step, loras_set.sync  # the instance attributes: the class's methods again
     wall = time.perf_counter() - start
-    return {"tok_s": tokens / wall, "steps": steps, "steps_with_adapter": steps_with_adapter}
+    return {
+        "tok_s": tokens / wall,
+        "steps": steps,
+        "steps_with_adapter": steps_with_adapter,
+        "evictions": loras_set.slots.num_evictions - evictions,
+        "sync_share": sync_s / wall,
+    }
 
 
 def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffic: str, args: Any) -> dict:
@@ -123,12 +141,16 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
     base: list[float] = []
     mixed: list[float] = []
     share: list[float] = []
+    evictions: list[int] = []
+    sync_share: list[float] = []
     for r in range(args.repeats):
         got = run_load(engine, prompts, pick(names, "base", len(prompts), r), args.clients, args.output_len)
         base.append(got["tok_s"])
         got = run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients, args.output_len)
         mixed.append(got["tok_s"])
         share.append(got["steps_with_adapter"] / got["steps"])
+        evictions.append(got["evictions"])
+        sync_share.append(got["sync_share"])
     base_tok_s, mixed_tok_s = statistics.median(base), statistics.median(mixed)
     return {
         "base_tok_s": round(base_tok_s, 2),
@@ -137,6 +159,8 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         "base_runs": [round(x, 1) for x in base],
         "mixed_runs": [round(x, 1) for x in mixed],
         "steps_with_adapter": round(statistics.mean(share), 3),
+        "evictions": round(statistics.mean(evictions), 1),
+        "sync_share": round(statistics.mean(sync_share), 4),
     }
 
 
@@ -151,11 +175,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3, help="alternated base/mixed rounds; medians kept")
     ap.add_argument("--dtype", default=None)
+    ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
+    ap.add_argument("--swap-cost", action="store_true", help="time slot swaps and adapter reads only (lora_swap.py)")
 
 
 def run(args: argparse.Namespace) -> dict:
     path = args.model or default_model_path()
     config = model_config(path)
+    if args.swap_cost:
+        from orcaserve.bench.engine.lora_swap import swap_cost
+
+        dtype = getattr(torch, args.dtype or "bfloat16")
+        rank, count = int(args.ranks.split(",")[0]), int(args.adapters.split(",")[-1])
+        return swap_cost(config, rank, count, args.max_loras or max(1, count // 2), dtype)
     rng = random.Random(0)
     vocab = config.vocab_size
     prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.input_len)] for _ in range(args.requests)]
@@ -163,7 +195,7 @@ def run(args: argparse.Namespace) -> dict:
     results: dict[str, Any] = {"model": path, "clients": args.clients, "requests": args.requests, "runs": []}
     print(
         f"{'adapters':>8}{'rank':>6}{'traffic':>9}{'base tok/s':>12}{'mixed tok/s':>13}{'ratio':>8}"
-        f"{'steps w/ adapter':>18}{'MiB/adapter':>13}",
+        f"{'steps w/ adapter':>18}{'MiB/adapter':>13}{'evictions':>11}{'sync %':>8}",
         file=sys.stderr,
     )
     for rank in map(int, args.ranks.split(",")):
@@ -180,17 +212,20 @@ def run(args: argparse.Namespace) -> dict:
                     enable_prefix_caching=False,
                     lora_adapters=adapters,
                     max_lora_rank=max(16, rank),
+                    max_loras=None if args.max_loras is None else min(args.max_loras, count),
                 )
                 mib = engine.runner.loras.nbytes / count / 2**20  # its weights and its stacked copy
                 names = list(adapters)
                 engine.generate([prompts[0][:8]], SamplingParams(max_tokens=4))  # warm-up
                 for traffic in traffics:
                     row = {"adapters": count, "rank": rank, "traffic": traffic, "mib_per_adapter": round(mib, 2)}
+                    row["max_loras"] = len(engine.runner.loras.slots.names)
                     row.update(alternate(engine, prompts, names, traffic, args))
                     results["runs"].append(row)
                     print(
                         f"{count:>8}{rank:>6}{traffic:>9}{row['base_tok_s']:>12.1f}{row['mixed_tok_s']:>13.1f}"
-                        f"{row['ratio']:>7.2f}x{row['steps_with_adapter']:>18.2f}{mib:>13.2f}",
+                        f"{row['ratio']:>7.2f}x{row['steps_with_adapter']:>18.2f}{mib:>13.2f}"
+                        f"{row['evictions']:>11.1f}{100 * row['sync_share']:>8.2f}",
                         file=sys.stderr,
                     )
                 del engine

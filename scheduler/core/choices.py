@@ -50,6 +50,10 @@ class Choices:
         self._held[request_id] = choices[1:]
         return choices[:1], choices
 
+    def requests(self) -> list[Request]:
+        """Every choice of every request with one unfinished (a LoRA adapter still in use: lora/runtime.py)."""
+        return [r for group in self._groups.values() for r in group]
+
     def members(self, request_id: str) -> list[Request] | None:
         return self._groups.get(request_id)
 

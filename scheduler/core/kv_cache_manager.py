@@ -45,7 +45,7 @@ class KVCacheManager:
 
     def _keys(self, request: Request, num_blocks: int) -> list[bytes]:
         return extend_block_keys(
-            request.block_keys, request.all_token_ids, self.block_size, num_blocks, request.cache_salt, request.lora
+            request.block_keys, request.all_token_ids, self.block_size, num_blocks, request.cache_salt, request.lora_key
         )
 
     def find_cached_prefix(self, request: Request) -> list[int]:

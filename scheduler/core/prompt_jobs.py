@@ -51,6 +51,10 @@ class PromptJobs:
         """Requests waiting for their job (the `waiting` gauge counts them)."""
         return sum(len(held.to_schedule) for held in self._held.values())
 
+    def requests(self) -> list[Request]:
+        """Every request held (a LoRA adapter still in use: lora/runtime.py)."""
+        return [r for held in self._held.values() for r in (*held.receivers, *held.to_schedule)]
+
     def hold(self, request_id: str, job: PromptJob, receivers: list[Request], to_schedule: list[Request]) -> None:
         self._held[request_id] = HeldRequest(job, receivers, to_schedule)
 

@@ -80,6 +80,7 @@ class Request:
         # Its LoRA adapter (None: the base model): the runner groups its rows by it, and its cache
         # keys carry it, so K/V computed under one adapter serve no other (docs/lora.md).
         self.lora = request.lora
+        self.lora_key = request.lora  # the adapter's identity in cache keys (a reloaded name: a new one)
         self.block_keys: list[bytes] = []
         self.num_cached_tokens = 0
         # Fair share (fair_share.py): the tenant served, and how many leading prompt tokens were

@@ -17,13 +17,20 @@ from orcaserve.scheduler.core.policy import SchedulingPolicy
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.slo_budget import is_untargeted_prompt
 from orcaserve.scheduler.core.step_output import SchedulerOutput
+from orcaserve.scheduler.lora.slots import LoraSlots
 
 
 class RunningBatch:
     """Rows given to the step being built, taken back, admitted, suspended and preempted."""
 
     def __init__(
-        self, kv: KVCacheManager, policy: SchedulingPolicy, shares: TenantShares, max_num_seqs: int, max_suspended: int
+        self,
+        kv: KVCacheManager,
+        policy: SchedulingPolicy,
+        shares: TenantShares,
+        max_num_seqs: int,
+        max_suspended: int,
+        lora_slots: LoraSlots | None = None,
     ) -> None:
         self.kv = kv
         self.policy = policy  # whose queue admits and takes back, and whose victim order preempts
@@ -47,6 +54,9 @@ class RunningBatch:
         self._untargeted_left: int | None = None
         self._untargeted: dict[str, int] = {}
         self._observer = policy.observer
+        # The LoRA adapters stacked for the steps (lora/slots.py): a request of an adapter is
+        # admitted only once its adapter holds a slot, and no running request's adapter loses one.
+        self.lora_slots = lora_slots
 
     def begin(self, budget: int, untargeted_prompt: int | None) -> None:
         """A new step: at most `budget` tokens in all, of which rows computing the prompt of
@@ -147,7 +157,12 @@ class RunningBatch:
     def start_waiting(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
         """A new or preempted request holds no blocks: it starts, or restarts, after the longest
         cached prefix of its tokens. A suspended one resumes with its blocks, where it stopped;
-        suspended requests give their blocks back (`_release_suspended`) before `req` is refused."""
+        suspended requests give their blocks back (`_release_suspended`) before `req` is refused.
+        A request of a LoRA adapter that cannot be stacked (every slot holds a running request's
+        adapter) is refused, taking nothing: it waits for a slot (docs/lora.md)."""
+        if req.lora is not None and self.lora_slots is not None:
+            if not self.lora_slots.admit(req.lora, lambda: {r.lora for r in self.running.values()}):
+                return False
         hits = [] if req.suspended else self.kv.find_cached_prefix(req)
         num_cached = req.num_computed_tokens if req.suspended else len(hits) * self.kv.block_size
         n = min(req.num_tokens - num_cached, self.room_for(req, limit))

@@ -15,6 +15,7 @@ from orcaserve.scheduler.core.running_batch import RunningBatch
 from orcaserve.scheduler.core.slo_budget import LatencyBudget, StepPlan
 from orcaserve.scheduler.core.step_cost import StepCostModel
 from orcaserve.scheduler.core.step_output import SchedulerOutput
+from orcaserve.scheduler.lora.slots import LoraSlots
 
 __all__ = ["Scheduler", "SchedulerOutput"]
 
@@ -48,6 +49,7 @@ class Scheduler:
         max_suspended: int | None = None,
         prefill_cap: int | None = DEFAULT_PREFILL_CAP,
         step_costs: bool = True,
+        lora_slots: LoraSlots | None = None,
     ) -> None:
         self.kv = kv_cache
         self.max_num_seqs = max_num_seqs
@@ -57,7 +59,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         if max_suspended is None:
             max_suspended = max(1, max_num_seqs // 4)
-        self.batch = RunningBatch(kv_cache, self.policy, self.shares, max_num_seqs, max_suspended)
+        self.batch = RunningBatch(kv_cache, self.policy, self.shares, max_num_seqs, max_suspended, lora_slots)
         # Latency targets (docs/latency-targets.md): the step-budget hook and its step-cost model,
         # the step's plan, and requests refused because they can no longer make their TTFT
         # (`take_rejected`).

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.stats import EngineStats, SloCounts
 from orcaserve.scheduler.core.step_cost import StepCostModel
+from orcaserve.scheduler.lora.runtime import LoraStats
 from orcaserve.scheduler.spec.stats import SpecStats
 
 
@@ -65,6 +66,7 @@ class StatsSnapshot:
     step_time_measured: float | None
     step_cost_error: float | None
     spec: SpecStats | None = None  # speculative decoding's counters (a copy); None: speculation off
+    lora: LoraStats | None = None  # the LoRA adapters' numbers; None: no adapters served
 
     @property
     def kv_usage(self) -> float:
@@ -72,7 +74,12 @@ class StatsSnapshot:
 
     @classmethod
     def of(
-        cls, stats: EngineStats, shares: TenantShares, cost: StepCostModel, spec: SpecStats | None = None
+        cls,
+        stats: EngineStats,
+        shares: TenantShares,
+        cost: StepCostModel,
+        spec: SpecStats | None = None,
+        lora: LoraStats | None = None,
     ) -> StatsSnapshot:
         return cls(
             num_blocks=stats.num_blocks,
@@ -95,4 +102,5 @@ class StatsSnapshot:
             step_time_measured=cost.last_measured,
             step_cost_error=cost.relative_error,
             spec=None if spec is None else copy.copy(spec),
+            lora=lora,
         )

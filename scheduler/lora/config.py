@@ -1,5 +1,6 @@
-"""The engine arguments of LoRA (`lora_adapters`, `max_loras`, `max_lora_rank`), checked before any
-weight loads, and the combinations refused there (docs/lora.md "What is refused").
+"""The engine arguments of LoRA (`lora_adapters`, `max_loras`, `max_cpu_loras`, `max_lora_rank`,
+`enable_lora`), checked before any weight loads, and the combinations refused there (docs/lora.md
+"What is refused").
 
 Refused, each with the reason in its message, until it is built and proven exact:
 - tensor parallelism: the adapters would have to be split like their projections;
@@ -19,6 +20,12 @@ import torch
 _NAME = re.compile(r"^[\w.:/@+-]{1,128}$")
 
 
+def check_adapter_name(name: Any, where: str = "") -> None:
+    """Raise ValueError unless `name` may name an adapter (what a client sends as `model`)."""
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(f"{where}adapter name {name!r} must be 1-128 letters, digits or ._:/@+-")
+
+
 class LoraUnsupported(ValueError):
     """A LoRA configuration this engine cannot serve exactly; raised before anything loads."""
 
@@ -27,31 +34,34 @@ def check_lora_config(
     adapters: Any,
     max_loras: Any,
     max_rank: Any,
+    max_cpu_loras: Any = None,
+    enable: Any = False,
     *,
     tensor_parallel_size: int,
     quantization: str | None,
     device: torch.device,
 ) -> None:
     """Raise ValueError (LoraUnsupported for a combination not built) naming what is wrong."""
-    for name, value in (("max_lora_rank", max_rank), ("max_loras", max_loras)):
-        if value is None and name == "max_loras":
+    for name, value in (("max_lora_rank", max_rank), ("max_loras", max_loras), ("max_cpu_loras", max_cpu_loras)):
+        if value is None and name != "max_lora_rank":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if adapters is None:
+    if not isinstance(enable, bool):
+        raise ValueError(f"enable_lora must be true or false, got {enable!r}")
+    if adapters is None and not enable:
         return
-    if not isinstance(adapters, dict) or not adapters:
+    if adapters is not None and (not isinstance(adapters, dict) or not adapters):
         raise ValueError(f"lora_adapters must be a mapping of adapter name -> directory, got {adapters!r}")
-    for name, path in adapters.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise ValueError(f"lora_adapters: adapter name {name!r} must be 1-128 letters, digits or ._:/@+-")
+    for name, path in (adapters or {}).items():
+        check_adapter_name(name, "lora_adapters: ")
         if not isinstance(path, str) or not path:
             raise ValueError(f"lora_adapters: adapter {name!r} needs a directory path, got {path!r}")
-    if max_loras is not None and len(adapters) > max_loras:
-        raise LoraUnsupported(
-            f"{len(adapters)} lora_adapters but max_loras={max_loras}: every adapter is resident for now "
-            "(keeping more on the host and swapping them in is not built); raise max_loras"
-        )
+    stacked, host = lora_limits(adapters, max_loras, max_cpu_loras)
+    if adapters is not None and len(adapters) > host:
+        raise ValueError(f"{len(adapters)} lora_adapters but max_cpu_loras={host}: each is loaded at start; raise it")
+    if host < stacked:
+        raise ValueError(f"max_cpu_loras={host} is below max_loras={stacked}: every stacked adapter is on the host")
     if tensor_parallel_size > 1:
         raise LoraUnsupported("LoRA adapters are not split over ranks: set tensor_parallel_size to 1")
     if quantization is not None:
@@ -63,3 +73,11 @@ def check_lora_config(
             f"LoRA adapters on {device.type} need the Triton shrink/expand kernels, not built yet: "
             "serve them on the CPU"
         )
+
+
+def lora_limits(adapters: dict | None, max_loras: int | None, max_cpu_loras: int | None) -> tuple[int, int]:
+    """(`max_loras`, `max_cpu_loras`) resolved: None is as many as `adapters` (at least one stacked,
+    and at least `max_loras` on the host)."""
+    given = len(adapters or ())
+    stacked = max_loras if max_loras is not None else max(1, given)
+    return stacked, max_cpu_loras if max_cpu_loras is not None else max(stacked, given)

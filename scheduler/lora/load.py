@@ -1,4 +1,5 @@
-"""The adapters of `lora_adapters` loaded for an engine at start (docs/lora.md)."""
+"""The adapters of `lora_adapters` loaded for an engine at start (docs/lora.md), into the `LoraSet`
+that also takes those loaded at run time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orcaserve.scheduler.lora.adapter import ModuleShapes, load_adapter
-from orcaserve.scheduler.lora.config import LoraUnsupported
+from orcaserve.scheduler.lora.config import LoraUnsupported, lora_limits
 from orcaserve.scheduler.lora.resident import LoraSet
 from orcaserve.scheduler.model.bitnet import ARCHITECTURE as BITNET
 from orcaserve.scheduler.model.families import LEAN, lean_supports
@@ -15,11 +16,13 @@ from orcaserve.scheduler.model.families import LEAN, lean_supports
 log = logging.getLogger(__name__)
 
 
-def load_lora_set(model: Any, adapters: Mapping[str, str] | None, max_rank: int) -> LoraSet | None:
-    """Every adapter of `adapters` checked against `model` (before the lean decoder takes its
-    projections over) and kept in its dtype and device; None without adapters. Raises
-    AdapterError or LoraUnsupported (ValueErrors) naming what is wrong."""
-    if not adapters:
+def load_lora_set(model: Any, config: Any) -> LoraSet | None:
+    """Every adapter of `config.lora_adapters` checked against `model` (before the lean decoder
+    takes its projections over) and kept in its dtype and device; None without adapters unless
+    `config.enable_lora` (adapters loaded at run time). Raises AdapterError or LoraUnsupported
+    (ValueErrors) naming what is wrong."""
+    adapters: Mapping[str, str] = config.lora_adapters or {}
+    if not adapters and not config.enable_lora:
         return None
     if not lean_supports(model):
         raise LoraUnsupported(
@@ -33,6 +36,7 @@ def load_lora_set(model: Any, adapters: Mapping[str, str] | None, max_rank: int)
         )
     base = ModuleShapes.of(model)
     weight = model.model.embed_tokens.weight
+    max_rank = config.max_lora_rank
     loaded = [load_adapter(name, path, base, max_rank, weight.dtype, weight.device) for name, path in adapters.items()]
     for a in loaded:
         log.info(
@@ -43,4 +47,5 @@ def load_lora_set(model: Any, adapters: Mapping[str, str] | None, max_rank: int)
             "/".join(sorted(a.modules)),
             a.nbytes / 2**20,
         )
-    return LoraSet(loaded, base, weight.dtype)
+    stacked, _ = lora_limits(dict(adapters), config.max_loras, config.max_cpu_loras)
+    return LoraSet(loaded, base, weight.dtype, stacked)

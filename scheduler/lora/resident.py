@@ -1,19 +1,24 @@
 """The adapters an engine serves, held beside the base model, and each step's grouping of rows by
 adapter (docs/lora.md "One step, many adapters").
 
-`LoraSet` keeps every adapter loaded at start (up to `max_loras`), indexed the way the lean
-decoder's fused projections lay out their outputs: q/k/v in one GEMM's columns, gate/up in
-another's. `LoraSet.step` reads a scheduled batch and returns a `LoraStep`: per adapter the rows
-its requests feed in this step (one contiguous run where they are adjacent, else gathered by
-index), or None when no request of the step names an adapter, so a step of the base model alone
-runs exactly as without adapters. `LoraStep.apply` adds the update of one fused projection: through
-the dispatch table's `lora_sgmv` kernel, one GEMM pair per adapter, when the step holds one
-adapter; through `lora_batched`, one batched GEMM pair for all of them, when it holds several
-(docs/lora.md "Several adapters in one step").
+`LoraSet` keeps every host-resident adapter (up to `max_cpu_loras`: those loaded at start and at
+run time), indexed the way the lean decoder's fused projections lay out their outputs: q/k/v in
+one GEMM's columns, gate/up in another's. Of them, the `max_loras` the scheduler stacked
+(`LoraSlots`, slots.py) are also copied slot by slot into stacked weights, for the batched update
+of several adapters in one step. `LoraSet.step` first brings the stacked copy in line with the
+slots (a copy from the host copy of each adapter that changed slot: nothing is read from disk),
+then reads a scheduled batch and returns a `LoraStep`: per adapter the rows its requests feed in
+this step (one contiguous run where they are adjacent, else gathered by index), or None when no
+request of the step names an adapter, so a step of the base model alone runs exactly as without
+adapters. `LoraStep.apply` adds the update of one fused projection: through the dispatch table's
+`lora_sgmv`, one GEMM pair per adapter, when the step holds one adapter; through `lora_batched`,
+one batched GEMM pair for all of them, when it holds several (docs/lora.md "Several adapters in
+one step").
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,6 +27,7 @@ import torch
 from orcaserve.kernels import dispatch
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
 from orcaserve.scheduler.lora.adapter import LoraAdapter, ModuleShapes
+from orcaserve.scheduler.lora.slots import LoraSlots
 
 # The lean decoder's fused projections and the modules whose outputs they concatenate, in order.
 FUSED: dict[str, tuple[str, ...]] = {
@@ -30,62 +36,140 @@ FUSED: dict[str, tuple[str, ...]] = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
-_KERNELS = {"torch": lora_sgmv}  # the dispatch table's `lora_sgmv` cells -> the op
+# The dispatch table's cells -> the op: `lora_sgmv` (one adapter's rows) and `lora_batched` (several).
+_KERNELS = {"torch": lora_sgmv}
+_BATCHED = {"torch": lora_batched}
+Entry = tuple[int, int, torch.Tensor, torch.Tensor, float]  # first column, last column, A, B, scale
+Key = tuple[int, str]  # (layer, module)
 
 
 class LoraSet:
-    """The resident adapters (slot i is `adapters[i]`), each projection's weights per slot."""
+    """The host-resident adapters by name, and the stacked copy of those in the `max_loras` slots."""
 
-    def __init__(self, adapters: Iterable[LoraAdapter], base: ModuleShapes, dtype: torch.dtype) -> None:
-        self.adapters = list(adapters)
+    def __init__(self, adapters: Iterable[LoraAdapter], base: ModuleShapes, dtype: torch.dtype, max_loras: int) -> None:
+        self.base = base  # what a later adapter must fit (runtime loads: runtime.py)
         self.dtype = dtype
-        self.slots = {a.name: i for i, a in enumerate(self.adapters)}
+        self.adapters: dict[str, LoraAdapter] = {}
+        # adapter -> (layer, fused) -> the modules it targets there, at their columns of the output.
+        self.tables: dict[str, dict[tuple[int, str], list[Entry]]] = {}
+        self.slots = LoraSlots(max_loras)  # which adapters are stacked (the scheduler changes it)
         self.op: Any = _KERNELS[dispatch.resolve("lora_sgmv", dtype)]
-        # (layer, fused) -> [(first column, last column, {slot: (A, B, scale)})] for each module
-        # an adapter targets there.
-        self.table: dict[tuple[int, str], list[tuple[int, int, dict[int, tuple[torch.Tensor, torch.Tensor, float]]]]]
-        self.table = {}
-        for layer in range(base.num_layers):
-            for fused, modules in FUSED.items():
-                col, entries = 0, []
-                for module in modules:
-                    width = base.shapes[module][1]
-                    per_slot = {
-                        slot: (*a.weights[layer, module], a.scale)
-                        for slot, a in enumerate(self.adapters)
-                        if (layer, module) in a.weights
-                    }
-                    if per_slot:
-                        entries.append((col, col + width, per_slot))
-                    col += width
-                if entries:
-                    self.table[layer, fused] = entries
-        # (layer, fused) -> [(first column, last column, A [S * R, in], B [out, S * R])]: every
-        # slot's weights stacked, zero-padded to the largest rank R of the resident adapters (zeros
-        # for a slot that does not target the module), for several adapters in one step.
-        self.rank = max(a.rank for a in self.adapters)
-        n = len(self.adapters)
-        self.stacked = {key: [_stack(entry, n, self.rank) for entry in entries] for key, entries in self.table.items()}
+        self.batched_op: Any = _BATCHED[dispatch.resolve("lora_batched", dtype)]
+        # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
+        # stacked, per pair A [S, R, in] and B [out, S, R] (zeros for a free slot, an adapter that
+        # does not target the module, and past an adapter's own rank), and per (layer, fused) their
+        # views [S R, in], [out, S R] at the module's columns.
+        self._stacked_names: list[str | None] = [None] * len(self.slots.names)
+        self.rank = 0
+        self._keys: frozenset[Key] = frozenset()
+        self._stacks: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.stacked: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+        self.tokens: Counter[str] = Counter()  # tokens computed under each adapter (metrics)
+        for adapter in adapters:
+            self.add(adapter)
+        self.sync()
+
+    def add(self, adapter: LoraAdapter) -> None:
+        """Hold `adapter` on the host (its name free); stacked at once while a slot is free, else when
+        the scheduler admits a request of it."""
+        table: dict[tuple[int, str], list[Entry]] = {}
+        for layer in range(self.base.num_layers):
+            for fused, first, last, module in self._columns():
+                if (layer, module) in adapter.weights:
+                    a, b = adapter.weights[layer, module]
+                    table.setdefault((layer, fused), []).append((first, last, a, b, adapter.scale))
+        self.adapters[adapter.name] = adapter
+        self.tables[adapter.name] = table
+        if None in self.slots.names:
+            self.slots.admit(adapter.name, frozenset)
+
+    def remove(self, name: str) -> None:
+        """Drop `name` from the host and its slot (the caller knows no request uses it any more)."""
+        self.slots.drop(name)
+        del self.adapters[name], self.tables[name]
+
+    def _columns(self) -> Iterable[tuple[str, int, int, str]]:
+        for fused, modules in FUSED.items():
+            col = 0
+            for module in modules:
+                width = self.base.shapes[module][1]
+                yield fused, col, col + width, module
+                col += width
 
     @property
     def nbytes(self) -> int:
         """What the adapters hold resident: their own weights and the stacked copy."""
-        stacked = sum(a.nbytes + b.nbytes for entries in self.stacked.values() for _, _, a, b in entries)
-        return sum(a.nbytes for a in self.adapters) + stacked
+        stacked = sum(a.nbytes + b.nbytes for a, b in self._stacks.values())
+        return sum(a.nbytes for a in self.adapters.values()) + stacked
 
     @property
     def names(self) -> list[str]:
-        return [a.name for a in self.adapters]
+        return list(self.adapters)
 
+    # ---- the stacked copy follows the slots -----------------------------------------------------
+    def sync(self) -> None:
+        """Bring the stacked copy in line with `slots`: each slot that changed adapter is rewritten
+        in place from the adapter's host copy; the stacks are rebuilt when the new set of adapters
+        needs a larger rank or another set of modules."""
+        want = list(self.slots.names)
+        if want == self._stacked_names:
+            return
+        held = [self.adapters[n] for n in want if n is not None]
+        keys = frozenset(key for a in held for key in a.weights)
+        rank = max((a.rank for a in held), default=0)
+        if rank > self.rank or keys != self._keys:
+            self._rebuild(want, keys, rank)
+        else:
+            for slot, (old, new) in enumerate(zip(self._stacked_names, want)):
+                if old != new:
+                    self._fill(slot, new)
+        self._stacked_names = want
+
+    def _rebuild(self, want: list[str | None], keys: frozenset[Key], rank: int) -> None:
+        n = len(want)
+        self.rank, self._keys, self._stacks, self.stacked = rank, keys, {}, {}
+        for layer, module in sorted(keys):
+            in_f, out_f = self.base.shapes[module]
+            a_all = torch.zeros(n, rank, in_f, dtype=self.dtype)  # [S, R, in]
+            b_all = torch.zeros(out_f, n, rank, dtype=self.dtype)  # [out, S, R]
+            self._stacks[layer, module] = (a_all, b_all)
+        for layer in range(self.base.num_layers):
+            for fused, first, last, module in self._columns():
+                if (layer, module) in self._stacks:
+                    a_all, b_all = self._stacks[layer, module]
+                    views = (first, last, a_all.view(-1, a_all.shape[2]), b_all.view(b_all.shape[0], -1))
+                    self.stacked.setdefault((layer, fused), []).append(views)
+        for slot, name in enumerate(want):
+            if name is not None:
+                self._fill(slot, name)
+
+    def _fill(self, slot: int, name: str | None) -> None:
+        """Slot `slot` holds `name`'s weights (None: zeros), zero-padded past its rank."""
+        weights = {} if name is None else self.adapters[name].weights
+        for key, (a_all, b_all) in self._stacks.items():
+            pair = weights.get(key)
+            rank = 0 if pair is None else pair[0].shape[0]
+            if pair is not None:
+                a_all[slot, :rank] = pair[0]
+                b_all[:, slot, :rank] = pair[1]
+            if rank < a_all.shape[1]:  # what the copy did not overwrite
+                a_all[slot, rank:].zero_()
+                b_all[:, slot, rank:].zero_()
+
+    # ---- a step's rows -------------------------------------------------------------------------
     def step(self, num_scheduled_tokens: Mapping[str, int], requests: Mapping[str, Any]) -> LoraStep | None:
         """The step's rows grouped by adapter (batch order: `num_scheduled_tokens`, `requests`'
-        `lora`), or None when no request of the step names one."""
-        runs: dict[int, list[tuple[int, int]]] = {}
+        `lora`), or None when no request of the step names one. Every adapter named must hold a
+        slot (the scheduler admits a request only then: slots.py); one that does not is a bug,
+        refused rather than served under another slot's weights."""
+        self.sync()
+        runs: dict[str, list[tuple[int, int]]] = {}
         row = 0
         for rid, n in num_scheduled_tokens.items():
             name = requests[rid].lora
             if name is not None:
-                spans = runs.setdefault(self.slots[name], [])
+                self.tokens[name] += n
+                spans = runs.setdefault(name, [])
                 if spans and spans[-1][1] == row:  # adjacent to the last run of the same adapter
                     spans[-1] = (spans[-1][0], row + n)
                 else:
@@ -93,31 +177,24 @@ class LoraSet:
             row += n
         if not runs:
             return None
+        missing = [name for name in runs if name not in self.slots]
+        if missing:
+            raise RuntimeError(f"LoRA adapters {missing} are in the step but hold no slot")
         batch = None
         if len(runs) > 1:
             row_slot = [-1] * row
-            for slot, spans in runs.items():
+            for name, spans in runs.items():
+                slot = self.slots.slot_of(name)
                 for s, e in spans:
                     row_slot[s:e] = [slot] * (e - s)
-            batch = LoraBatch.of(row_slot, len(self.adapters), self.rank, [a.scale for a in self.adapters], self.dtype)
-        return LoraStep(self, {slot: _rows(spans) for slot, spans in runs.items()}, batch)
+            scales = [0.0 if n is None else self.adapters[n].scale for n in self._stacked_names]
+            batch = LoraBatch.of(row_slot, len(scales), self.rank, scales, self.dtype)
+        return LoraStep(self, {name: _rows(spans) for name, spans in runs.items()}, batch)
 
     def uniform(self, name: str, num_rows: int) -> LoraStep:
-        """Every one of `num_rows` rows under adapter `name` (a prompt's own forward: prompt_logprobs.py)."""
-        return LoraStep(self, {self.slots[name]: slice(0, num_rows)})
-
-
-def _stack(
-    entry: tuple[int, int, dict[int, tuple[torch.Tensor, torch.Tensor, float]]], num_slots: int, rank: int
-) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-    first, last, per_slot = entry
-    some_a, some_b, _ = next(iter(per_slot.values()))
-    a_all = some_a.new_zeros(num_slots, rank, some_a.shape[1])  # [S, R, in]
-    b_all = some_b.new_zeros(some_b.shape[0], num_slots, rank)  # [out, S, R]
-    for slot, (a, b, _) in per_slot.items():
-        a_all[slot, : a.shape[0]] = a
-        b_all[:, slot, : b.shape[1]] = b
-    return first, last, a_all.view(-1, some_a.shape[1]), b_all.view(some_b.shape[0], -1)
+        """Every one of `num_rows` rows under adapter `name` (a prompt's own forward:
+        prompt_logprobs.py): one adapter, its own weights, no slot needed."""
+        return LoraStep(self, {name: slice(0, num_rows)})
 
 
 def _rows(spans: list[tuple[int, int]]) -> slice | torch.Tensor:
@@ -127,9 +204,9 @@ def _rows(spans: list[tuple[int, int]]) -> slice | torch.Tensor:
 
 
 class LoraStep:
-    """One step's adapters: slot -> the rows it updates."""
+    """One step's adapters: adapter name -> the rows it updates."""
 
-    def __init__(self, loras: LoraSet, rows: dict[int, slice | torch.Tensor], batch: LoraBatch | None = None) -> None:
+    def __init__(self, loras: LoraSet, rows: dict[str, slice | torch.Tensor], batch: LoraBatch | None = None) -> None:
         self.loras = loras
         self.rows = rows
         self.batch = batch  # several adapters: their rows laid out for the batched update
@@ -137,11 +214,11 @@ class LoraStep:
     def apply(self, layer: int, fused: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add to `y` [T, out] (fused projection `fused` of `layer`, from `x` [T, in]) the update
         of every adapter with rows in the step, in place."""
+        loras = self.loras
         if self.batch is not None:
-            for first, last, a, b in self.loras.stacked.get((layer, fused), ()):
-                lora_batched(y[:, first:last], x, self.batch, a, b)
+            for first, last, a, b in loras.stacked.get((layer, fused), ()):
+                loras.batched_op(y[:, first:last], x, self.batch, a, b)
             return
-        for first, last, per_slot in self.loras.table.get((layer, fused), ()):
-            groups = [LoraGroup(rows, *per_slot[slot]) for slot, rows in self.rows.items() if slot in per_slot]
-            if groups:
-                self.loras.op(y[:, first:last], x, groups)
+        for name, rows in self.rows.items():
+            for first, last, a, b, scale in loras.tables[name].get((layer, fused), ()):
+                loras.op(y[:, first:last], x, [LoraGroup(rows, a, b, scale)])

@@ -10,6 +10,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine import Engine
@@ -17,6 +19,7 @@ from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TargetUnreachable, TimedOut
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
 from orcaserve.scheduler.serving.in_flight import InFlight
+from orcaserve.scheduler.serving.loop_call import LoopCall
 from orcaserve.scheduler.serving.loop_end import answer_all
 from orcaserve.scheduler.serving.os_thread import name_this_thread
 from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
@@ -157,6 +160,13 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self._enqueue(Abort(request_id))
 
+    def call(self, fn: Callable[[Engine], Any]) -> Future:
+        """Run `fn(engine)` on the loop thread between steps (loop_call.py); the future holds its
+        result or exception (`ShuttingDown` if the loop ends first)."""
+        call = LoopCall(fn)
+        self._inbox.put(call)
+        return call.future
+
     def _enqueue(self, item: Submission | Abort) -> None:
         if self._admission is not None:  # else not started: nothing to abort yet
             self._admission.put(item)
@@ -216,7 +226,11 @@ class EngineLoop:
             pass
         return items
 
-    def _handle(self, item: Submission | Abort) -> None:
+    def _handle(self, item: Submission | Abort | LoopCall) -> None:
+        if isinstance(item, LoopCall):
+            item.run(self.engine)
+            self._notify()
+            return
         if isinstance(item, Abort):
             self._end_early(item.request_id, "abort", None)
             return

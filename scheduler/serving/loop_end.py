@@ -10,6 +10,7 @@ from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.errors import EngineError, InternalError, ShuttingDown
 from orcaserve.scheduler.serving.admission import Submission
 from orcaserve.scheduler.serving.in_flight import RESTART_S
+from orcaserve.scheduler.serving.loop_call import LoopCall
 from orcaserve.scheduler.serving.stream_table import StreamTable
 
 log = logging.getLogger(__name__)
@@ -40,3 +41,5 @@ def answer_all(table: StreamTable, engine: Engine | None, inbox: queue.Queue, de
             break
         if isinstance(item, Submission):
             table.finish(item.stream, ShuttingDown("the engine is shutting down", retry_after=RESTART_S))
+        elif isinstance(item, LoopCall) and item.future.set_running_or_notify_cancel():
+            item.future.set_exception(ShuttingDown("the engine is shutting down", retry_after=RESTART_S))

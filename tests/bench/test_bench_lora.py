@@ -38,7 +38,35 @@ def test_resident_memory_counts_the_stacked_copy(tmp_path):
     for name, rank in (("a", 4), ("b", 2)):
         write_adapter(tmp_path / name, base.config, rank=rank, seed=rank)
         adapters.append(load_adapter(name, str(tmp_path / name), shapes, 16, torch.float32, torch.device("cpu")))
-    loras = LoraSet(adapters, shapes, torch.float32)
+    loras = LoraSet(adapters, shapes, torch.float32, max_loras=2)  # both stacked at once
     own = sum(a.nbytes for a in adapters)
     padded = 2 * adapters[0].nbytes  # both stacked at rank 4
     assert loras.nbytes == own + padded
+
+
+def test_run_load_counts_slot_evictions_and_swap_time(engine_for, tmp_path):
+    """With fewer slots than adapters (`--max-loras`) the mixed run reports the LRU's evictions and
+    the share of its time spent rewriting slots; the engine's own methods are back after it."""
+    from orcaserve.bench.engine.lora import run_load
+
+    base = tiny_family("LlamaForCausalLM")
+    paths = {}
+    for i in range(3):
+        write_adapter(tmp_path / f"a{i}", base.config, rank=4, seed=i)
+        paths[f"a{i}"] = str(tmp_path / f"a{i}")
+    engine = engine_for(base, lora_adapters=paths, max_loras=1, max_num_seqs=4)
+    prompts = [[5 + i, 6, 7, 8] for i in range(6)]
+    got = run_load(engine, prompts, ["a0", "a1", "a2", None, "a1", "a0"], clients=4, out_len=3)
+    assert got["evictions"] > 0 and 0 < got["sync_share"] < 1 and got["steps_with_adapter"] > 0
+    assert "step" not in vars(engine.runner.loras) and "sync" not in vars(engine.runner.loras)
+
+
+def test_swap_cost_times_reads_and_swaps():
+    from orcaserve.bench.engine.lora_swap import swap_cost
+
+    threads = torch.get_num_threads()
+    try:
+        got = swap_cost(tiny_family("LlamaForCausalLM").config, 4, 3, 1, torch.float32, swaps=4)
+    finally:
+        torch.set_num_threads(threads)
+    assert got["evictions"] == 4 and got["swap_ms"] > 0 and got["load_ms"] > 0

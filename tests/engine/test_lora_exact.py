@@ -123,7 +123,7 @@ def test_an_adapter_on_some_layers_only_matches_peft(engine_for, tmp_path):
         base, tmp_path / "l1", seed=4, r=16, alpha=8, layers=[1], targets=("k_proj", "o_proj", "up_proj")
     )
     engine = engine_for(base, lora_adapters={"l1": str(tmp_path / "l1")})
-    assert {layer for layer, _ in engine.runner.loras.adapters[0].weights} == {1}
+    assert {layer for layer, _ in engine.runner.loras.adapters["l1"].weights} == {1}
     work = _work(seed=6, n=6)
     work = [(rid, prompt, n, "l1" if lora else None) for rid, prompt, n, lora in work]
     results = run_mixed(engine, work, per_step=6)

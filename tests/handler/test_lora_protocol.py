@@ -64,5 +64,5 @@ def test_adapter_paths_in_the_model_config_are_relative_to_the_archive(tmp_path)
     section = {"lora_adapters": {"a": "adapters/a", "b": "/abs/b"}, "max_loras": 2, "max_lora_rank": 64}
     config = HandlerConfig.from_dict(section, str(tmp_path))
     assert config.engine["lora_adapters"] == {"a": str(tmp_path / "adapters/a"), "b": "/abs/b"}
-    with pytest.raises(ValueError, match="max_loras=1"):
-        HandlerConfig.from_dict({**section, "max_loras": 1}, str(tmp_path))
+    with pytest.raises(ValueError, match="max_cpu_loras=1"):
+        HandlerConfig.from_dict({**section, "max_cpu_loras": 1}, str(tmp_path))

@@ -44,7 +44,7 @@ def _edit_weights(path, edit):
 
 def test_a_good_adapter_loads(base, adapter, engine_for):
     engine = engine_for(base, lora_adapters={"ad": str(adapter)})
-    (loaded,) = engine.runner.loras.adapters
+    (loaded,) = engine.runner.loras.adapters.values()
     assert loaded.rank == 8 and loaded.scale == 2.0 and loaded.modules == {"q_proj", "v_proj", "down_proj"}
     assert engine.lora_names == ["ad"]
 
@@ -125,7 +125,6 @@ def test_a_model_outside_the_lean_decoder_is_refused(adapter, engine_for):
         ({"tensor_parallel_size": 2}, "not split over ranks"),
         ({"quantization": "int8"}, "quantization='int8'"),
         ({"device": "cuda"}, "Triton shrink/expand kernels"),
-        ({"max_loras": 1, "lora_adapters": {"a": "x", "b": "y"}}, "2 lora_adapters but max_loras=1"),
     ],
 )
 def test_combinations_not_built_are_refused_before_loading(args, message):
@@ -141,6 +140,10 @@ def test_combinations_not_built_are_refused_before_loading(args, message):
         ({"lora_adapters": ["a"]}, "mapping of adapter name"),
         ({"max_lora_rank": 0}, "max_lora_rank must be a positive integer"),
         ({"max_loras": True}, "max_loras must be a positive integer"),
+        ({"max_cpu_loras": 0}, "max_cpu_loras must be a positive integer"),
+        ({"max_loras": 2, "max_cpu_loras": 1, "enable_lora": True}, "max_cpu_loras=1 is below max_loras=2"),
+        ({"max_cpu_loras": 1, "lora_adapters": {"a": "x", "b": "y"}}, "2 lora_adapters but max_cpu_loras=1"),
+        ({"enable_lora": "yes"}, "enable_lora must be true or false"),
     ],
 )
 def test_bad_lora_arguments_are_refused(args, message):
