@@ -92,9 +92,10 @@ def run_engine(engine: Engine, specs: list[Spec], clients: int) -> int:
     return tokens
 
 
-def run_loop(loop: EngineLoop, specs: list[Spec], clients: int, tag: str) -> int:
+def run_loop(loop: EngineLoop, specs: list[Spec], clients: int, tag: str, cpu: list[float]) -> int:
     """Clients on one asyncio thread read their streams as the handler does; each submits its
-    next request when its last output came."""
+    next request when its last output came. The thread's CPU seconds are appended to `cpu` (it
+    ends before the probe's snapshot, which sees only live threads)."""
     queue = deque(specs)
 
     async def client(event_loop: asyncio.AbstractEventLoop) -> int:
@@ -108,7 +109,9 @@ def run_loop(loop: EngineLoop, specs: list[Spec], clients: int, tag: str) -> int
 
     async def main() -> int:
         event_loop = asyncio.get_running_loop()
-        return sum(await asyncio.gather(*(client(event_loop) for _ in range(clients))))
+        tokens = sum(await asyncio.gather(*(client(event_loop) for _ in range(clients))))
+        cpu.append(time.thread_time())
+        return tokens
 
     got: list[int] = []
     reader = threading.Thread(target=lambda: got.append(asyncio.run(main())), name="asyncio-readers")
@@ -122,15 +125,21 @@ def measure(via: str, engine: Engine, loop: EngineLoop | None, args, warm: list[
         if via == "engine":
             return run_engine(engine, work, args.concurrency)
         assert loop is not None
-        return run_loop(loop, work, args.concurrency, tag)
+        return run_loop(loop, work, args.concurrency, tag, reader_cpu)
 
+    reader_cpu: list[float] = []
     once(warm, "w")
+    reader_cpu.clear()
     by_kind = _time_model_runs(engine)
     steps0, probe = engine.stats.num_steps, CpuProbe(None)
     before, t = probe.snapshot(), time.perf_counter()
     tokens = once(specs, "m")
     wall = time.perf_counter() - t
     cpu = CpuProbe.delta(before, probe.snapshot(), tokens, wall)
+    for spent in reader_cpu:  # the asyncio thread's row (`loop`)
+        row = {"role": "client", "process": "closed-loop", "thread": "asyncio-readers", "cpu_s": round(spent, 3)}
+        row.update(ms_per_token=round(1e3 * spent / tokens, 4), cores=round(spent / wall, 3))
+        cpu["threads"].append(row)
     del engine.runner.execute  # the class's own again (_time_model_runs set it on the instance)
     steps = engine.stats.num_steps - steps0
     assert tokens == sum(s.max_tokens for s in specs), (tokens, sum(s.max_tokens for s in specs))

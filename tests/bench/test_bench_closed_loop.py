@@ -29,5 +29,6 @@ def test_closed_loop_runs_both_ways_on_a_tiny_model(tmp_path, tokenizer):
         assert requested / 3 <= r["steps"] <= requested
         assert r["tokens_per_step"] >= r["decode_rows_per_step"] > 0
         assert r["model_s"] > 0 and r["cpu"]["threads"]
-    # The serving thread's name, shared with the OpenMP workers it starts.
-    assert any(t["thread"] == "orca-engine" for t in res["results"][1]["cpu"]["threads"])
+    # The serving thread's name, shared with the OpenMP workers it starts; the readers' thread.
+    threads = {t["thread"]: t for t in res["results"][1]["cpu"]["threads"]}
+    assert "orca-engine" in threads and threads["asyncio-readers"]["cpu_s"] > 0
