@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "offline throughput: the engine vs transformers' generate, one workload",
     ),
     "serve": ("orcaserve.bench.serve.bench", "load generator: TTFT/TPOT/latency vs rate, TorchServe or any OpenAI URL"),
+    "closed-loop": (
+        "orcaserve.bench.engine.closed_loop",
+        "the HTTP load's requests in-process, closed-loop clients: the engine alone and through its serving thread",
+    ),
     "peers": ("orcaserve.bench.peers.run", "orcaserve vs vLLM's CPU backend and llama.cpp's server, offline and HTTP"),
     "baseline": ("orcaserve.bench.baseline.baseline_archive", "archive of the baseline: TorchServe's batching"),
     "fair": ("orcaserve.bench.fair.fairness", "two tenants, one flooding: token shares and the quiet tenant's latency"),

@@ -151,16 +151,25 @@ def vllm_offline(args, model, dtype: str, work: Path) -> dict:
 
 
 def load_http(
-    args, label: str, endpoint: str, key: str | None, work: Path, sid: int, model_name: str | None = None
+    args,
+    label: str,
+    endpoint: str,
+    key: str | None,
+    work: Path,
+    sid: int,
+    model_name: str | None = None,
+    engine_metrics: str | None = None,
 ) -> dict:
     """`orcaserve-bench serve` against `endpoint`: the same seeded requests for every system; the
-    CPU of the server's session `sid` (its launcher's pid) broken down by process and thread."""
+    CPU of the server's session `sid` (its launcher's pid) broken down by process and thread, and
+    orcaserve's step counters from `engine_metrics` (its Prometheus page) when given."""
     out = work / f"{label}-http.json"
     cmd = [*command("serve"), "--endpoint", endpoint, f"--key={key or 'none'}", "--model", label, f"--cpu-of={sid}"]
     flags = f"--concurrency {args.concurrency} --num-requests {args.num_requests} --input-len 16:256 --output-len 8:128"
     flags += f" --token-range {args.token_ids[0]}:{args.token_ids[1]} --seed {args.seed} --warmup {args.warmup}"
     cmd += f"{flags} --warmup-load {args.warmup_load} --timeout 900 --out {out} --no-progress".split()
     cmd += ["--model-name", model_name] if model_name else []
+    cmd += [f"--engine-metrics={engine_metrics}"] if engine_metrics else []
     run_logged(cmd, out.with_suffix(".log"), timeout=3600, ok=(0, 1))  # 1: some requests failed (counted below)
     data = json.loads(out.read_text())
     [s] = data["summaries"]
@@ -173,6 +182,7 @@ def load_http(
         **lat,
         "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(),
         "cpu": s.get("cpu"),
+        "engine": s.get("engine"),
         "raw": str(out),
     }
 
@@ -189,7 +199,9 @@ def orcaserve_http(args, model, dtype: str, work: Path) -> dict:
         log(f"TorchServe up, {model.name} ({dtype}) registered in {startup:.0f} s; logs in {ts.workdir}")
         url = ts.url(f"/predictions/{model.name}/1.0/v1/completions")
         assert ts.proc is not None
-        r = load_http(args, f"orcaserve-{model.name}-{dtype}", url, ts.keys.get("inference"), work, ts.proc.pid)
+        metrics = f"http://127.0.0.1:{ts.ports['metrics']}/metrics"
+        label, key = f"orcaserve-{model.name}-{dtype}", ts.keys.get("inference")
+        r = load_http(args, label, url, key, work, ts.proc.pid, engine_metrics=metrics)
     r.update(startup_s=startup, archive_overrides=overrides)
     return r
 

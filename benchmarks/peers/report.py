@@ -7,6 +7,7 @@ import os
 import statistics
 
 from orcaserve.bench.result import markdown_table, pyplot, update_doc
+from orcaserve.bench.serve import engine_counts
 from orcaserve.bench.serve.cpu_probe import table as cpu_table
 
 BEGIN, END = "<!-- peers-results:begin -->", "<!-- peers-results:end -->"
@@ -123,6 +124,7 @@ def markdown(report: dict) -> str:
     for r in results:  # where each HTTP server spent its CPU (benchmark-serving.md, "Where the serving path...")
         if r.get("workload") == "http" and r.get("cpu"):
             lines += ["", f"**{model_of(r)} {r['system']} {r['dtype']}**", "", cpu_table(r["cpu"], top=8)]
+            lines += ["", engine_counts.line(r["engine"])] if r.get("engine") else []
     if errors := [
         f"{model_of(r)} {r['system']} {r['dtype']} {r['workload']}: {r['error'][:200]}"
         for r in results

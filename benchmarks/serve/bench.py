@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from orcaserve.bench import cli
 from orcaserve.bench.result import machine, update_doc
+from orcaserve.bench.serve import engine_counts
 from orcaserve.bench.serve import local as serve_local
 from orcaserve.bench.serve.client import Result, run_one
 from orcaserve.bench.serve.cpu_probe import CpuProbe
@@ -73,6 +74,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SID",
         help="the server's session id (its launcher's pid): CPU per process and thread over each measured load",
+    )
+    p.add_argument(
+        "--engine-metrics",
+        default=None,
+        metavar="URL",
+        help="orcaserve's Prometheus page (TorchServe's :8082/metrics): its step counters over each measured load",
     )
     serve_local.add_arguments(p)
 
@@ -168,17 +175,22 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
     for rate in plan.rates:  # interleave systems per rate: drifting machine load hits both alike
         for model, url, name in plan.targets:
             n = plan.counts[rate]
+            counts = engine_counts.settled(args.engine_metrics, 0) if args.engine_metrics else None
             before, t0 = (probe.snapshot() if probe else {}), time.perf_counter()
             res = run_one(
                 url, model, plan.headers, specs[:n], rate, args.concurrency, args.seed, args.timeout, bar, name
             )
             results += res
             summaries.append(summarize(res, rate, args.concurrency))
+            tokens = sum(r.output_tokens for r in res)
             if probe is not None:
-                tokens = sum(r.output_tokens for r in res)
                 cpu = CpuProbe.delta(before, probe.snapshot(), tokens, time.perf_counter() - t0)
                 summaries[-1]["cpu"] = cpu
                 print(cpu_table(cpu), flush=True)
+            if counts is not None:
+                after = engine_counts.settled(args.engine_metrics, counts["orca_generation_tokens_total"] + tokens)
+                summaries[-1]["engine"] = engine_counts.delta(counts, after)
+                print(engine_counts.line(summaries[-1]["engine"]), flush=True)
     if bar is not None:
         bar.close()
     return results, summaries
