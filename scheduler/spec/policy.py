@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orcaserve.kernels.linear import GEMV_ROWS
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
 from orcaserve.scheduler.spec.config import SpeculativeConfig
@@ -34,6 +35,7 @@ PROBATION = 4  # speculated steps before a request's average may pause it
 PAUSE_STEPS = 16  # first pause, in steps; doubles each time, up to MAX_PAUSE
 MAX_PAUSE = 512
 MAX_ALPHA = 0.95  # a request that accepted everything so far is not taken as certain
+Item = tuple[float, float, float, int, int]  # a proposal: gain per second, gain, seconds, its pick, j (1..K)
 
 
 @dataclass
@@ -82,7 +84,7 @@ class SpecPolicy:
         base = self.cost.predict(shape) if picks and shape is not None else None
         if shape is None or base is None or base <= 0.0:
             return picks  # the cost model is still learning: every eligible row speculates
-        items = []  # (gain per second, gain, seconds, pick, j): the j-th proposal of a pick
+        items: list[Item] = []  # the j-th proposal of each pick
         for i, (req, cap) in enumerate(picks):
             alpha = self._row(req.request_id).alpha
             before = 0.0
@@ -92,21 +94,63 @@ class SpecPolicy:
                 before = extra
                 items.append((gain / seconds if seconds > 0 else float("inf"), gain, seconds, i, j))
         items.sort(key=lambda it: (-it[0], it[4]))
-        tokens, total = float(len(sched.sampling)), base
-        ks = [0] * len(picks)
-        order: list[int] = []
-        for rate, gain, seconds, i, j in items:
-            if rate <= tokens / total:
-                break
-            if ks[i] != j - 1:  # (its earlier proposals priced dearer: a later one cannot come first)
-                continue
-            if j == 1:
-                order.append(i)
-            ks[i] = j
-            tokens, total = tokens + gain, total + max(seconds, 0.0)
+        ks, order = self._take(
+            items, len(picks), float(len(sched.sampling)), base, shape.prompt_tokens + shape.decode_rows
+        )
         if not order:
             self.declined_steps += 1
         return [(picks[i][0], ks[i]) for i in order]
+
+    def _take(
+        self, items: list[Item], n: int, tokens: float, total: float, base_rows: int
+    ) -> tuple[list[int], list[int]]:
+        """Each pick's K, and the picks that speculate in the order they were taken: the items
+        (rate, gain, seconds, pick, j), best first, while their gain per second beats the step's.
+        A step of up to GEMV_ROWS rows runs GEMV-shaped GEMMs, whose cost is the weights' read; one
+        that starts there and grows past GEMV_ROWS pays the GEMMs' next row tile whole
+        (docs/speculative-decoding.md "When it pays"), so the proposals past it are taken as one
+        tile of up to GEMV_ROWS rows, priced as a full tile, or not at all."""
+        ks, want, order = [0] * n, [0] * n, []
+        tile: list[Item] = []  # the proposals of a row tile begun past the GEMV-shaped rows
+        rows, tiled = base_rows, base_rows <= GEMV_ROWS
+
+        def keep(taken: list[Item]) -> None:
+            for t in taken:
+                ks[t[3]] = t[4]
+                if t[4] == 1:
+                    order.append(t[3])
+
+        for item in items:
+            rate, gain, seconds, i, j = item
+            if want[i] != j - 1:  # (its earlier proposals priced dearer: a later one cannot come first)
+                continue
+            if tiled and rows + len(tile) >= GEMV_ROWS:
+                tile.append(item)
+                want[i] = j
+                if len(tile) == GEMV_ROWS:
+                    if not self._tile_pays(tile, tokens, total):
+                        return ks, order
+                    tokens, total = tokens + sum(t[1] for t in tile), total + sum(max(t[2], 0.0) for t in tile)
+                    rows += len(tile)
+                    keep(tile)
+                    tile = []
+                continue
+            if rate <= tokens / total:
+                break
+            want[i] = j
+            keep([item])
+            rows += 1
+            tokens, total = tokens + gain, total + max(seconds, 0.0)
+        if tile and self._tile_pays(tile, tokens, total):
+            keep(tile)
+        return ks, order
+
+    @staticmethod
+    def _tile_pays(tile: list[Item], tokens: float, total: float) -> bool:
+        """A row tile's proposals, priced as GEMV_ROWS rows, beat the step's tokens per second."""
+        seconds = sum(max(t[2], 0.0) for t in tile) * GEMV_ROWS / len(tile)
+        gain = sum(t[1] for t in tile)
+        return seconds <= 0.0 or gain / seconds > tokens / total
 
     def extra_seconds(self, shape: StepShape, base: float, computed: int, k: int) -> float:
         """What k proposals on a decode row add to the step `shape` (predicted `base` seconds): the
