@@ -7,8 +7,9 @@ docs/performance-log.md).
 
 One stream decodes greedily with every step carrying exactly K proposals (each a copy of its last
 token, so almost none is accepted and every step computes 1 + K rows); the policy is bypassed.
-The K values alternate within each repeat, and the median step of a run is kept (its first and last
-steps left out), the least over the repeats printed. So the figures say what a step of 1 + K rows
+Each repeat sweeps the row counts, up and then down (a load that drifts biases both ways), and
+the median step of a run is kept (its first and last steps left out), the least over the repeats
+printed. So the figures say what a step of 1 + K rows
 costs beside a step of one row: where the GEMMs leave their GEMV-shaped path (kernels/linear.py
 GEMV_ROWS, the C++ kStreamRows) and where a row tile of the int8-activation GEMM fills.
 """
@@ -44,8 +45,9 @@ def run_rows(args: argparse.Namespace, engine: Engine, spec: SpecDecoding) -> di
     spec.proposer = RepeatLast()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     best: dict[int, list[float]] = {}
-    for _ in range(args.repeats):
-        for rows in range(1, args.rows + 1):
+    for repeat in range(args.repeats):
+        sweep = range(1, args.rows + 1)
+        for rows in sweep if repeat % 2 == 0 else reversed(sweep):  # a load that drifts, both ways
             k = rows - 1
             spec.policy.plan = lambda sched, candidates, k=k: [(r, k) for r in candidates]
             engine.spec = spec if k else None
@@ -60,7 +62,7 @@ def run_rows(args: argparse.Namespace, engine: Engine, spec: SpecDecoding) -> di
     print(f"{'rows':>5}{'step ms':>10}{'vs 1 row':>10}   runs (ms)", file=sys.stderr)
     one = min(best[1])
     out = []
-    for rows, runs in best.items():
+    for rows, runs in sorted(best.items()):
         ms = min(runs) * 1e3
         out.append({"rows": rows, "step_ms": round(ms, 3), "runs_ms": [round(r * 1e3, 3) for r in runs]})
         listed = ", ".join(f"{r * 1e3:.2f}" for r in runs)
