@@ -84,6 +84,10 @@ class SpecPolicy:
         base = self.cost.predict(shape) if picks and shape is not None else None
         if shape is None or base is None or base <= 0.0:
             return picks  # the cost model is still learning: every eligible row speculates
+        rows, tokens = shape.prompt_tokens + shape.decode_rows, float(len(sched.sampling))
+        if rows > GEMV_ROWS and not any(self._first_pays(shape, base, req, tokens) for req, _ in picks):
+            self.declined_steps += 1  # a row's first proposal is its best: none beats the step
+            return []
         items: list[Item] = []  # the j-th proposal of each pick
         for i, (req, cap) in enumerate(picks):
             alpha = self._row(req.request_id).alpha
@@ -94,9 +98,7 @@ class SpecPolicy:
                 before = extra
                 items.append((gain / seconds if seconds > 0 else float("inf"), gain, seconds, i, j))
         items.sort(key=lambda it: (-it[0], it[4]))
-        ks, order = self._take(
-            items, len(picks), float(len(sched.sampling)), base, shape.prompt_tokens + shape.decode_rows
-        )
+        ks, order = self._take(items, len(picks), tokens, base, rows)
         if not order:
             self.declined_steps += 1
         return [(picks[i][0], ks[i]) for i in order]
@@ -151,6 +153,10 @@ class SpecPolicy:
         seconds = sum(max(t[2], 0.0) for t in tile) * GEMV_ROWS / len(tile)
         gain = sum(t[1] for t in tile)
         return seconds <= 0.0 or gain / seconds > tokens / total
+
+    def _first_pays(self, shape: StepShape, base: float, req: Request, tokens: float) -> bool:
+        seconds = self.extra_seconds(shape, base, req.num_computed_tokens, 1)
+        return seconds <= 0.0 or self._row(req.request_id).alpha / seconds > tokens / base
 
     def extra_seconds(self, shape: StepShape, base: float, computed: int, k: int) -> float:
         """What k proposals on a decode row add to the step `shape` (predicted `base` seconds): the
