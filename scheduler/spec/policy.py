@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orcaserve.kernels.linear import GEMV_ROWS
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
 from orcaserve.scheduler.spec.config import SpeculativeConfig
@@ -84,8 +83,8 @@ class SpecPolicy:
         base = self.cost.predict(shape) if picks and shape is not None else None
         if shape is None or base is None or base <= 0.0:
             return picks  # the cost model is still learning: every eligible row speculates
-        rows, tokens = shape.prompt_tokens + shape.decode_rows, float(len(sched.sampling))
-        if rows > GEMV_ROWS and not any(self._first_pays(shape, base, req, tokens) for req, _ in picks):
+        tokens = float(len(sched.sampling))
+        if not any(self._first_pays(shape, base, req, tokens) for req, _ in picks):
             self.declined_steps += 1  # a row's first proposal is its best: none beats the step
             return []
         items: list[Item] = []  # the j-th proposal of each pick
@@ -98,61 +97,25 @@ class SpecPolicy:
                 before = extra
                 items.append((gain / seconds if seconds > 0 else float("inf"), gain, seconds, i, j))
         items.sort(key=lambda it: (-it[0], it[4]))
-        ks, order = self._take(items, len(picks), tokens, base, rows)
+        ks, order = self._take(items, len(picks), tokens, base)
         if not order:
             self.declined_steps += 1
         return [(picks[i][0], ks[i]) for i in order]
 
-    def _take(
-        self, items: list[Item], n: int, tokens: float, total: float, base_rows: int
-    ) -> tuple[list[int], list[int]]:
+    def _take(self, items: list[Item], n: int, tokens: float, total: float) -> tuple[list[int], list[int]]:
         """Each pick's K, and the picks that speculate in the order they were taken: the items
-        (rate, gain, seconds, pick, j), best first, while their gain per second beats the step's.
-        A step of up to GEMV_ROWS rows runs GEMV-shaped GEMMs, whose cost is the weights' read; one
-        that starts there and grows past GEMV_ROWS pays the GEMMs' next row tile whole
-        (docs/speculative-decoding.md "When it pays"), so the proposals past it are taken as one
-        tile of up to GEMV_ROWS rows, priced as a full tile, or not at all."""
-        ks, want, order = [0] * n, [0] * n, []
-        tile: list[Item] = []  # the proposals of a row tile begun past the GEMV-shaped rows
-        rows, tiled = base_rows, base_rows <= GEMV_ROWS
-
-        def keep(taken: list[Item]) -> None:
-            for t in taken:
-                ks[t[3]] = t[4]
-                if t[4] == 1:
-                    order.append(t[3])
-
-        for item in items:
-            rate, gain, seconds, i, j = item
-            if want[i] != j - 1:  # (its earlier proposals priced dearer: a later one cannot come first)
-                continue
-            if tiled and rows + len(tile) >= GEMV_ROWS:
-                tile.append(item)
-                want[i] = j
-                if len(tile) == GEMV_ROWS:
-                    if not self._tile_pays(tile, tokens, total):
-                        return ks, order
-                    tokens, total = tokens + sum(t[1] for t in tile), total + sum(max(t[2], 0.0) for t in tile)
-                    rows += len(tile)
-                    keep(tile)
-                    tile = []
-                continue
+        (rate, gain, seconds, pick, j), best first, while their gain per second beats the step's."""
+        ks, order = [0] * n, []
+        for rate, gain, seconds, i, j in items:
             if rate <= tokens / total:
                 break
-            want[i] = j
-            keep([item])
-            rows += 1
+            if ks[i] != j - 1:  # (its earlier proposals priced dearer: a later one cannot come first)
+                continue
+            if j == 1:
+                order.append(i)
+            ks[i] = j
             tokens, total = tokens + gain, total + max(seconds, 0.0)
-        if tile and self._tile_pays(tile, tokens, total):
-            keep(tile)
         return ks, order
-
-    @staticmethod
-    def _tile_pays(tile: list[Item], tokens: float, total: float) -> bool:
-        """A row tile's proposals, priced as GEMV_ROWS rows, beat the step's tokens per second."""
-        seconds = sum(max(t[2], 0.0) for t in tile) * GEMV_ROWS / len(tile)
-        gain = sum(t[1] for t in tile)
-        return seconds <= 0.0 or gain / seconds > tokens / total
 
     def _first_pays(self, shape: StepShape, base: float, req: Request, tokens: float) -> bool:
         seconds = self.extra_seconds(shape, base, req.num_computed_tokens, 1)

@@ -53,16 +53,15 @@ def _policy() -> SpecPolicy:
 def test_proposals_are_priced_as_rows_not_as_prompt_tokens():
     """A fitted model where prompt tokens are cheap (a long prefill's GEMM) and a row costs 0.6 ms
     beside 8 ms of weight reads, rows accepting about 2 of 4 proposals (each accepted with a chance
-    of 0.65 given the ones before): at one stream 3 pay (the 4th would start the GEMMs' next row
-    tile, below), at 32 rows none does (0.65 tokens for 0.6 ms against the step's 32 tokens in
-    27.2 ms). Priced as prompt tokens they looked free."""
+    of 0.65 given the ones before): at one stream all 4 pay, at 32 rows none does (0.65 tokens for
+    0.6 ms against the step's 32 tokens in 27.2 ms). Priced as prompt tokens they looked free."""
     policy = _policy()
     policy.cost.coefficients = [0.008, 0.00005, 0.0006, 0.0]  # intercept, prompt token, row, context
     for i in range(32):
         for _ in range(8):
             policy.observe(f"r{i}", 4, 2)
     one, full = _Sched(1), _Sched(32)
-    assert policy.plan(one, one.sampling) == [(one.sampling[0], 3)]  # type: ignore[arg-type]
+    assert policy.plan(one, one.sampling) == [(one.sampling[0], 4)]  # type: ignore[arg-type]
     assert policy.plan(full, full.sampling) == []  # type: ignore[arg-type]
     assert policy.declined_steps == 1
     extra = policy.extra_seconds(full.shape, 0.0272, 100, 3)
@@ -80,24 +79,6 @@ def test_k_follows_the_acceptance_and_the_price_of_a_row():
     assert policy.plan(one, one.sampling) == [(one.sampling[0], 3)]  # type: ignore[arg-type]
     policy.cost.coefficients = [0.0087, 0.0, 0.0, 0.0]  # rows free: the configured K
     assert policy.plan(one, one.sampling) == [(one.sampling[0], 4)]  # type: ignore[arg-type]
-
-
-def test_past_the_gemv_shaped_rows_a_whole_row_tile_is_paid_or_none():
-    """One stream, up to 8 proposals, 8.7 ms a step and 0.6 ms a row: proposals 4-7 make the GEMMs'
-    second row tile (rows 5-8), priced as 4 rows whatever its fill. A request accepting 0.95 of its
-    proposals fills it (K 7: 3 more tokens for 2.4 ms); one accepting 0.66 stops at K 3 (the tile
-    would bring 0.45 tokens for 2.4 ms); the 8th proposal alone would pay a third tile."""
-    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 8})
-    assert cfg is not None
-    policy = SpecPolicy(cfg)
-    policy.cost.coefficients = [0.0087, 0.0, 0.0006, 0.0]
-    for _ in range(8):
-        policy.observe("r0", 8, 8)
-        policy.observe("r1", 4, 2)
-    one = _Sched(1)
-    assert policy.plan(one, one.sampling) == [(one.sampling[0], 7)]  # type: ignore[arg-type]
-    one.sampling[0].request_id = "r1"
-    assert policy.plan(one, one.sampling) == [(one.sampling[0], 3)]  # type: ignore[arg-type]
 
 
 def test_rows_speculate_best_first_while_they_beat_the_step():
