@@ -6,6 +6,7 @@ docs/performance-log.md).
     orcaserve-bench spec --clients 1,4 --max-tokens 96 --out spec.json
     orcaserve-bench spec --method draft --draft-model DIR_OR_GGUF
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1   # synthetic pair: spec_draft.py
+    orcaserve-bench spec --rows 12                        # step time against a verifying row's rows: spec_rows.py
 
 Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made from
 the project's own source and docstrings (shipped with it); open-ended ones ask for new text. Each
@@ -102,6 +103,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="method draft: comma-separated agreements of a synthetic target/draft pair (spec_draft.py); "
         "the draft defaults to a random 4-layer model of SmolLM2's width",
     )
+    ap.add_argument("--rows", type=int, default=0, help="step time at 1..ROWS rows of one verifying request")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
     ap.add_argument("--repeats", type=int, default=3, help="off/on pairs per point, alternated; medians kept")
     ap.add_argument("--dtype", default=None)
@@ -165,6 +167,10 @@ def run(args: argparse.Namespace) -> dict:
     )
     engine.generate(["warm up"], SamplingParams(max_tokens=4))
     spec = speculation(engine, args)
+    if args.rows:
+        from orcaserve.bench.engine.spec_rows import run_rows
+
+        return {"model": args.model or "SmolLM2-135M-Instruct (default)", **run_rows(args, engine, spec)}
     sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
     if args.agreement is not None:
         from orcaserve.bench.engine.spec_draft import run_synthetic

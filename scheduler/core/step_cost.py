@@ -25,7 +25,7 @@ class StepShape:
     """What a step computes, in the model's terms."""
 
     prompt_tokens: int  # tokens of rows that are not single-token decodes (prompt chunks, recomputation)
-    decode_rows: int  # rows that feed one token and sample the next
+    decode_rows: int  # rows that feed one token and sample the next (a verifying row: one per checked token)
     context: float  # K/V token pairs the attention reads, in thousands
 
     def row(self) -> list[float]:

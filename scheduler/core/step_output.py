@@ -37,13 +37,17 @@ class SchedulerOutput:
             return
         prompt = decode = 0
         context = 0.0
-        for req, n in zip(self.requests.values(), self.num_scheduled_tokens.values()):
+        spec = self.spec
+        for (rid, req), n in zip(self.requests.items(), self.num_scheduled_tokens.values()):
             computed = req.num_computed_tokens
             if computed + n == len(req.all_token_ids):
                 sampling.append(req)
             if n == 1 and computed >= len(req.prompt_token_ids):
                 decode += 1
                 context += (computed + 1.0) / 1000.0  # row_context(computed, 1), the same float
+            elif rid in spec:  # a verifying row: each of its 1 + K tokens computes its logits and samples
+                decode += n
+                context += row_context(computed, n)
             else:
                 prompt += n
                 context += row_context(computed, n)

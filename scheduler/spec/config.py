@@ -34,7 +34,7 @@ class SpeculativeConfig:
 
     method: str
     num_speculative_tokens: int
-    prompt_lookup_min: int = 2
+    prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     # Stop proposing for a request whose accepted tokens per speculated step stay below this
     # (docs/speculative-decoding.md "When it pays").

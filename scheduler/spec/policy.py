@@ -1,23 +1,25 @@
 """When speculating pays: per step from the step-cost model, per request from its acceptance
 (docs/speculative-decoding.md "When it pays").
 
-A proposed token costs what a prompt token costs in the step (the cost model's `prompt_tokens`
-coefficient, plus the K/V it reads) and is worth the tokens it is expected to add: the row's
-measured accepted tokens per speculated step. A row speculates when that gain per second beats
-what the step already yields per second (its sampled rows over its predicted time), taking the
-best rows first, so speculation stops as the batch fills and the step's rows already keep the
-machine busy. Before the model has seen enough steps every eligible row speculates: those steps
-are what it learns the price of a proposed token from.
+A proposed token is a row of the step: it computes its logits and samples as a decode row does, so
+the step is priced by its total rows through the cost model (`decode_rows`, plus the K/V the row
+reads). The j-th proposal of a request is worth alpha^j tokens, alpha the request's measured
+chance that a proposal is accepted given those before it were (so K proposals are worth
+alpha + ... + alpha^K). Every proposal is an item with a gain per second; the step takes them,
+best first, while their gain per second beats what the step already yields per second (its sampled
+tokens over its predicted time). So each request's K follows its acceptance and the step's price:
+long runs of proposals at one stream, where a row is nearly free beside the weight reads, none as
+the batch fills and the step's rows already keep the machine busy. Before the model has seen
+enough steps every eligible row speculates with the configured K: those steps are what it learns
+the price of a row from.
 
-A request's K follows its acceptance (one more than its recent accepted tokens, up to the
-configured K); a request whose recent acceptance stays below `min_accepted` stops proposing for
-a while (doubling each time), then tries again.
+A request whose recent accepted tokens per speculated step stay below `min_accepted` stops
+proposing for a while (doubling each time), then tries again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
 from typing import TYPE_CHECKING
 
 from orcaserve.scheduler.core.request import Request
@@ -27,18 +29,26 @@ from orcaserve.scheduler.spec.config import SpeculativeConfig
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.step_output import SchedulerOutput
 
-EMA = 0.3  # weight of the newest step in a request's accepted-tokens average
+EMA = 0.3  # weight of the newest step in a request's averages
 PROBATION = 4  # speculated steps before a request's average may pause it
 PAUSE_STEPS = 16  # first pause, in steps; doubles each time, up to MAX_PAUSE
 MAX_PAUSE = 512
+MAX_ALPHA = 0.95  # a request that accepted everything so far is not taken as certain
+Item = tuple[float, float, float, int, int]  # a proposal: gain per second, gain, seconds, its pick, j (1..K)
 
 
 @dataclass
 class _Row:
-    accepted: float  # recent accepted tokens per speculated step (exponential average)
+    accepted: float = 1.0  # recent accepted proposals per speculated step (exponential average)
+    checked: float = 2.0  # recent proposals decided per speculated step: the accepted and the first rejected
     steps: int = 0
     paused: int = 0  # steps left without proposals
     pause_next: int = PAUSE_STEPS
+
+    @property
+    def alpha(self) -> float:
+        """The chance a proposal is accepted, given that the ones before it were."""
+        return min(MAX_ALPHA, self.accepted / self.checked) if self.checked > 0 else 0.0
 
 
 class SpecPolicy:
@@ -52,55 +62,81 @@ class SpecPolicy:
     def _row(self, rid: str) -> _Row:
         row = self._rows.get(rid)
         if row is None:
-            row = self._rows[rid] = _Row(accepted=min(1.0, float(self.k_max)))
+            row = self._rows[rid] = _Row()
         return row
 
     def k_for(self, rid: str) -> int:
-        """The proposals a request gets this step (0: paused)."""
+        """The most proposals a request may get this step (0: paused)."""
         row = self._row(rid)
         if row.paused > 0:
             row.paused -= 1
-            if row.paused == 0:
-                row.accepted, row.steps = max(row.accepted, self.min_accepted, 0.5), 0  # try again
+            if row.paused == 0:  # try again, from an acceptance of one half
+                row.accepted = max(row.accepted, self.min_accepted, 0.5)
+                row.checked, row.steps = 2 * row.accepted, 0
             return 0
-        return max(1, min(self.k_max, ceil(row.accepted) + 1))
+        return self.k_max
 
     def plan(self, sched: SchedulerOutput, candidates: list[Request]) -> list[tuple[Request, int]]:
         """The rows that speculate this step, best first, with their K."""
         picks = [(req, k) for req in candidates if (k := self.k_for(req.request_id)) > 0]
-        coef = self.cost.coefficients
         shape = sched.shape
-        if not picks or coef is None or shape is None:
+        base = self.cost.predict(shape) if picks and shape is not None else None
+        if shape is None or base is None or base <= 0.0:
             return picks  # the cost model is still learning: every eligible row speculates
-        base = self.cost.predict(shape) or 0.0
-        rows = len(sched.sampling)
-        if base <= 0.0:
-            return picks
-        c_prompt, c_decode, c_context = coef[1], coef[2], coef[3]
-        scored = []
-        for req, k in picks:
-            computed = req.num_computed_tokens
-            extra = (
-                c_prompt * (1 + k) - c_decode + c_context * (row_context(computed, 1 + k) - row_context(computed, 1))
-            )
-            gain = min(self._row(req.request_id).accepted, float(k))
-            scored.append((gain / extra if extra > 0 else float("inf"), gain, extra, req, k))
-        scored.sort(key=lambda s: s[0], reverse=True)
-        tokens, seconds = float(rows), base
-        chosen = []
-        for rate, gain, extra, req, k in scored:
-            if rate <= tokens / seconds:
-                break
-            chosen.append((req, k))
-            tokens, seconds = tokens + gain, seconds + max(extra, 0.0)
-        if not chosen:
+        tokens = float(len(sched.sampling))
+        if not any(self._first_pays(shape, base, req, tokens) for req, _ in picks):
+            self.declined_steps += 1  # a row's first proposal is its best: none beats the step
+            return []
+        items: list[Item] = []  # the j-th proposal of each pick
+        for i, (req, cap) in enumerate(picks):
+            alpha = self._row(req.request_id).alpha
+            before = 0.0
+            for j in range(1, cap + 1):
+                extra = self.extra_seconds(shape, base, req.num_computed_tokens, j)
+                gain, seconds = alpha**j, extra - before
+                before = extra
+                items.append((gain / seconds if seconds > 0 else float("inf"), gain, seconds, i, j))
+        items.sort(key=lambda it: (-it[0], it[4]))
+        ks, order = self._take(items, len(picks), tokens, base)
+        if not order:
             self.declined_steps += 1
-        return chosen
+        return [(picks[i][0], ks[i]) for i in order]
+
+    def _take(self, items: list[Item], n: int, tokens: float, total: float) -> tuple[list[int], list[int]]:
+        """Each pick's K, and the picks that speculate in the order they were taken: the items
+        (rate, gain, seconds, pick, j), best first, while their gain per second beats the step's."""
+        ks, order = [0] * n, []
+        for rate, gain, seconds, i, j in items:
+            if rate <= tokens / total:
+                break
+            if ks[i] != j - 1:  # (its earlier proposals priced dearer: a later one cannot come first)
+                continue
+            if j == 1:
+                order.append(i)
+            ks[i] = j
+            tokens, total = tokens + gain, total + max(seconds, 0.0)
+        return ks, order
+
+    def _first_pays(self, shape: StepShape, base: float, req: Request, tokens: float) -> bool:
+        seconds = self.extra_seconds(shape, base, req.num_computed_tokens, 1)
+        return seconds <= 0.0 or self._row(req.request_id).alpha / seconds > tokens / base
+
+    def extra_seconds(self, shape: StepShape, base: float, computed: int, k: int) -> float:
+        """What k proposals on a decode row add to the step `shape` (predicted `base` seconds): the
+        step priced by its total rows, each checked token a row that computes its logits and samples
+        as a decode row does (`SchedulerOutput.seal`), plus the K/V they read."""
+        wider = StepShape(
+            shape.prompt_tokens,
+            shape.decode_rows + k,
+            shape.context + row_context(computed, 1 + k) - row_context(computed, 1),
+        )
+        return (self.cost.predict(wider) or base) - base
 
     def observe(self, rid: str, proposed: int, accepted: int) -> None:
-        """A speculated row's outcome: its average, and a pause if it stays below the floor."""
+        """A speculated row's outcome: its averages, and a pause if it stays below the floor."""
         row = self._row(rid)
         row.accepted += EMA * (accepted - row.accepted)
+        row.checked += EMA * (accepted + (accepted < proposed) - row.checked)
         row.steps += 1
         if row.steps >= PROBATION and row.accepted < self.min_accepted:
             row.paused, row.pause_next = row.pause_next, min(MAX_PAUSE, row.pause_next * 2)

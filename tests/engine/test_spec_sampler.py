@@ -81,7 +81,7 @@ def test_prompt_lookup_proposals():
     prop = NgramProposer(cfg)
     tokens = [1, 2, 3, 4, 5, 6, 9, 9, 1, 2, 3]
     assert prop.propose("a", tokens, 4) == [4, 5, 6, 9]  # the longest suffix that occurred before
-    tokens += [4, 7]  # the new suffix (4, 7) never occurred; (7,) is shorter than the minimum
+    tokens += [4, 7]  # neither the suffix (4, 7) nor (7,) occurred before
     assert prop.propose("a", tokens, 4) == []
     assert prop.propose("b", [3, 8, 3, 8, 3, 8], 5) == [3, 8, 3, 8, 3]  # a loop goes on past its end
     assert prop.propose("c", [1, 2, 3, 1, 2, 7, 1, 2], 2) == [7, 1]  # the latest occurrence
