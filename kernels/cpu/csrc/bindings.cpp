@@ -14,22 +14,7 @@
 #include <string>
 
 #include "fused/decoder_layer.h"
-
-#define ORCA_ISA generic
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx2
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx512
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx512_bf16
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA amx
-#include "ops.h"
-#undef ORCA_ISA
+#include "ops_all.h"
 
 namespace {
 

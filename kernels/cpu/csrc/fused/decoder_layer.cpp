@@ -15,23 +15,8 @@
 #include <optional>
 #include <tuple>
 
-#define ORCA_ISA generic
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx2
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx512
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx512_bf16
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA amx
-#include "ops.h"
-#undef ORCA_ISA
-
 #include "fused/decoder_layer.h"
+#include "ops_all.h"
 
 namespace orcaserve {
 namespace {
