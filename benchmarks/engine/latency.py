@@ -45,6 +45,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--clock", choices=("wall", "cpu"), default="wall", help="--breakdown: cpu is thread CPU time (use --threads 1)"
     )
+    ap.add_argument(
+        "--op-by-op", action="store_true", help="offline: the decoder's layers op by op, not one C++ call (A/B)"
+    )
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -138,6 +141,8 @@ def run(args: argparse.Namespace) -> dict:
     modes = args.modes.split(",")
     engine_args = {"max_num_seqs": max(streams), **overrides}
     engine = Engine.from_pretrained(model, **engine_args)
+    if args.op_by_op and engine.runner.decoder is not None:
+        engine.runner.decoder.layer_call = None
     vocab = engine.vocab_size
     gbps = dram.read_bandwidth()
     per_token = dram.bytes_per_token(engine.runner.model, engine.config.resolved_dtype(), engine.runner.decoder)
@@ -188,8 +193,9 @@ def _by_op(b: dict, nbytes: dict) -> str:
     """The lean decoder's ops in ms, each GEMM with the GB/s its weight was read at."""
     from orcaserve.bench.engine.step_breakdown import GEMMS, OPS
 
-    def gemm(k: str) -> str:
-        rate = f" ({nbytes[k] / b[k] / 1e6:.1f} GB/s)" if b[k] > 0 and k in nbytes else ""
+    def gemm(k: str) -> str:  # a rate only where every layer's GEMM ran on its own
+        whole = k == "lm_head" or not b.get("layer")
+        rate = f" ({nbytes[k] / b[k] / 1e6:.1f} GB/s)" if b[k] > 0 and k in nbytes and whole else ""
         return f"{k} {b[k]:.2f}{rate}"
 
     return ", ".join([*(gemm(k) for k in (*GEMMS, "lm_head")), *(f"{k} {b[k]:.2f}" for k in (*OPS, "forward_rest"))])

@@ -5,8 +5,10 @@ changes): the model run (`runner.execute`: step inputs, the forward, the lm_head
 (`postprocessor.step`: tokens appended, detokenized, stops checked), and the rest (scheduling, the
 step's bookkeeping). On the lean decoder the model run is split further, op by op: each
 projection's GEMM (the lm_head's too) with the weight bytes it reads, the attention, and the
-element-wise ops; `forward_rest` is the forward less those (Python, embedding, rotary tables,
-the final norm). Figures and what was cut: docs/one-stream.md."""
+element-wise ops, and `layer`, the layers run as one C++ call each (scheduler/model/layer_call.py:
+their GEMMs and ops are then in it, not in their own columns); `forward_rest` is the forward less
+those (Python, embedding, rotary tables, the final norm). Figures and what was cut:
+docs/one-stream.md."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Any
 PARTS = ("model", "lm_head", "sampler", "postprocess")
 # The lean decoder's ops, timed where it calls them (`decoder.py`): the layers' GEMMs, then the rest.
 GEMMS = ("qkv", "o", "gate_up", "down")
-OPS = ("attention", "add_rms_norm", "rope_store_kv", "silu_mul")
+OPS = ("attention", "add_rms_norm", "rope_store_kv", "silu_mul", "layer")
 
 Clock = Callable[[], float]
 
@@ -63,6 +65,8 @@ def _wrap_decoder(decoder: Any, backend: Any, totals: dict[str, float], clock: C
         if getattr(decoder, attr, None) is not None:
             swap(decoder, attr, _timed(totals, name, getattr(decoder, attr), clock))
     swap(backend, "attend", _timed(totals, "attention", backend.attend, clock))
+    if getattr(decoder, "layer_call", None) is not None:
+        swap(decoder, "layer_call", _timed(totals, "layer", decoder.layer_call, clock))
     swap(decoder, "forward", _timed(totals, "forward", decoder.forward, clock))
 
     def undo() -> None:

@@ -20,7 +20,9 @@ widens them to fp32, and the one against int8 activations, `gemm/gemm_int8.cpp` 
 ** that one built with AVX-512 VNNI, docs/int8-activations.md.)
 
 Every variant the building CPU can execute is built into the library, and each op is registered
-once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). Which
+once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). One
+op is compiled once, like the bindings: `fused/decoder_layer.cpp`, a decoder layer in one call,
+which calls the other ops in the variants its caller names. Which
 variant the engine runs, and what it falls back to, is the table in `kernels/dispatch.py`.
 
 Nothing is compiled on import. `load(build=True)` compiles on first use (ninja, the compiler
@@ -61,6 +63,9 @@ GEMM_BF16 = ("gemm/gemm_bf16.cpp",)
 GEMM_INT8 = ("gemm/gemm_int8.cpp", "gemm/pack_int8.cpp", "gemm/gemm_ternary.cpp")
 _VNNI = tuple((src, ("-mavx512vnni",)) for src in GEMM_INT8)
 BINDINGS = "bindings.cpp"
+# Compiled once like the bindings (no ISA flags, each built variant's ops in reach): a decoder layer in
+# one call, each of its ops in the variant the caller names.
+COMPOSITE = ("fused/decoder_layer.cpp",)
 
 
 @dataclass(frozen=True)
@@ -208,10 +213,13 @@ def ninja_file(lib: Path, variants: tuple[str, ...]) -> str:
             lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {' '.join(flags)}"]
             objects.append(obj)
     built = " ".join(f"-DORCA_BUILT_{v.upper()}" for v in variants)
-    lines += [f"build bindings.o: compile {CSRC / BINDINGS}", f"  vflags = {built}"]
+    for src in (*COMPOSITE, BINDINGS):
+        obj = f"{src.replace('/', '_').removesuffix('.cpp')}.o"
+        lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {built}"]
+        objects.append(obj)
     libdirs = " ".join(f"-L{p}" for p in cpp_extension.library_paths())
     lines += [
-        f"build {lib.name}: link {' '.join(objects)} bindings.o",
+        f"build {lib.name}: link {' '.join(objects)}",
         f"  ldflags = {libdirs} -lc10 -ltorch_cpu -ltorch",
         f"default {lib.name}",
     ]

@@ -28,6 +28,7 @@ from orcaserve.kernels.quant import QuantLinear
 from orcaserve.kernels.ternary import TernaryLinear
 from orcaserve.scheduler.lora.resident import LoraStep
 from orcaserve.scheduler.model.bitnet import projection
+from orcaserve.scheduler.model.layer_call import LayerCall, layer_call
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
 
@@ -91,6 +92,7 @@ class Decoder:
         fused: bool | None = None,
         rope_store: bool | None = None,
         triton_fused: bool | None = None,
+        layer_op: bool | None = None,
     ) -> None:
         cfg = model.config
         inner = model.model
@@ -154,6 +156,9 @@ class Decoder:
         # which compiles a kernel per new count; 0: none.
         onednn = bool(self.layers) and getattr(self.layers[0].qkv, "onednn", False)
         self.pad_multiple = PAD_MULTIPLE[self.embed.dtype] if onednn else 0
+        # A layer in one C++ call where each of its ops is a C++ op (layer_call.py), bit for bit the
+        # same; layer_op=False keeps the op-by-op loop (A/B).
+        self.layer_call: LayerCall | None = layer_call(self) if layer_op is not False else None
 
     @torch.inference_mode()
     def warm_up(self, max_tokens: int, max_samples: int) -> None:
@@ -210,7 +215,13 @@ class Decoder:
         if rope_op is not None:
             cos, sin = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d)  # [T, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
+        one_call = self.layer_call if lora is None and rope_op is self.rope_store_op and tp == t else None
+        if one_call is not None and not LayerCall.applies(backend, plan, kv_caches[0][0]):
+            one_call = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
+            if one_call is not None and delta is not None:  # after the first layer: x + delta to normalise
+                x, delta = one_call(i, x, delta, cos, sin, k_cache, v_cache, slot_mapping, plan)
+                continue
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
             if lora is not None:

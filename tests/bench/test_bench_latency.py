@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orcaserve.bench import cli
 from orcaserve.bench.cpu import dram
 from orcaserve.bench.models.tiny import tiny_family
+from orcaserve.kernels.cpu import build
 
 
 def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
@@ -65,3 +68,22 @@ def test_breakdown_restores_the_engine(tokenizer):
     breakdown(engine, [[5, 6, 7]], 4)
     assert ([layer.qkv for layer in decoder.layers], decoder.lm_head, decoder.add_rms_norm_op) == before
     assert "attend" not in vars(backend) and "forward" not in vars(decoder)
+
+
+@pytest.mark.parametrize("op_by_op", [False, True])
+def test_breakdown_times_the_one_call_layers(tmp_path, tokenizer, op_by_op):
+    """With int8 activations the layers after the first run as one C++ call each, timed as `layer`;
+    --op-by-op runs them op by op (the A/B)."""
+    if not build.load(build=False)[0]:
+        pytest.skip("the C++ library is not built")
+    model = tiny_family("LlamaForCausalLM")
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    out = tmp_path / "latency.json"
+    argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1", "--input-len", "4", "--output-len", "6"]
+    argv += ["--repeats", "1", "--modes", "offline", "--breakdown", "--out", str(out)]
+    argv += ["--set", "quantization=int4", "--set", "activations=int8", *(["--op-by-op"] if op_by_op else [])]
+    assert cli.main(argv) == 0
+    b = json.loads(out.read_text())["breakdown"]["1"]
+    assert (b["layer"] == 0) == op_by_op
+    assert b["qkv"] > 0 and b["attention"] > 0  # the first layer's, or every layer's op by op

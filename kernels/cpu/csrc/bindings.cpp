@@ -13,21 +13,8 @@
 
 #include <string>
 
-#define ORCA_ISA generic
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx2
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx512
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA avx512_bf16
-#include "ops.h"
-#undef ORCA_ISA
-#define ORCA_ISA amx
-#include "ops.h"
-#undef ORCA_ISA
+#include "fused/decoder_layer.h"
+#include "ops_all.h"
 
 namespace {
 
@@ -93,6 +80,12 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16)
 
 TORCH_LIBRARY(orcaserve, m) {
+  // One for all variants: its `variants` name each op's (fused/decoder_layer.cpp).
+  m.def(
+      "decoder_layer(Tensor x, Tensor delta, Tensor in_norm, Tensor post_norm, Tensor[] weights, Tensor?[] biases, "
+      "int[] meta, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor cu_seqlens_q, "
+      "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
+      "-> (Tensor, Tensor)");
 #ifdef ORCA_BUILT_GENERIC
   define(m, kCommon, "generic");
 #endif
@@ -121,6 +114,7 @@ TORCH_LIBRARY(orcaserve, m) {
 }
 
 TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
+  m.impl("decoder_layer", &orcaserve::decoder_layer);
 #ifdef ORCA_BUILT_GENERIC
   ORCA_IMPL_COMMON(m, generic);
 #endif

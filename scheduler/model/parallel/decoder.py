@@ -47,6 +47,7 @@ class ShardedDecoder(Decoder):
         for layer in self.layers:
             layer.o = _AllReduced(layer.o, group)
             layer.down = _AllReduced(layer.down, group)
+        self.layer_call = None  # the one-call layer has no all-reduce between its GEMMs
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """`Decoder.forward` inside a step every rank runs; a forward of rank 0 alone (a prompt's

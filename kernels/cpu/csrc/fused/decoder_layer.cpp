@@ -1,0 +1,102 @@
+// One decoder layer of the lean decoder (scheduler/model/decoder.py) in one op call: residual add +
+// RMSNorm, the fused q/k/v GEMM, rotary + K/V write, paged attention, o, add + RMSNorm, gate/up,
+// SiLU * up and down, each through the very C++ function the decoder calls one by one, with the
+// variant the dispatch table picked for it (kernels/dispatch.py), so the result is bit for bit the
+// op-by-op path's. What it saves is the glue: at one row a layer's nine ops cost about 4 us each in
+// Python, torch's argument parsing and its dispatcher (their work is a few us too), so a decode
+// step of 30 layers spent about a millisecond between its kernels (docs/one-stream.md, "The layer
+// as one call").
+//
+// The projections are the GGUF codes against int8 activations (gemm/gemm_int8.cpp), the defaults
+// of a GGUF file. Compiled once, without ISA flags, like bindings.cpp: it holds no vector code of
+// its own, only the calls, and may call any variant the library was built with.
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+#include "fused/decoder_layer.h"
+#include "ops_all.h"
+
+namespace orcaserve {
+namespace {
+
+// A variant by its index in kernels/dispatch.py's CAPABILITIES: a case for each variant built.
+#ifdef ORCA_BUILT_GENERIC
+#define ORCA_CASE_GENERIC(op) \
+  case 0:                     \
+    return &generic::op;
+#else
+#define ORCA_CASE_GENERIC(op)
+#endif
+#ifdef ORCA_BUILT_AVX2
+#define ORCA_CASE_AVX2(op) \
+  case 1:                  \
+    return &avx2::op;
+#else
+#define ORCA_CASE_AVX2(op)
+#endif
+#ifdef ORCA_BUILT_AVX512
+#define ORCA_CASE_AVX512(op) \
+  case 2:                    \
+    return &avx512::op;
+#else
+#define ORCA_CASE_AVX512(op)
+#endif
+#ifdef ORCA_BUILT_AVX512_BF16
+#define ORCA_CASE_AVX512_BF16(op) \
+  case 3:                         \
+    return &avx512_bf16::op;
+#else
+#define ORCA_CASE_AVX512_BF16(op)
+#endif
+#ifdef ORCA_BUILT_AMX
+#define ORCA_CASE_AMX(op) \
+  case 4:                 \
+    return &amx::op;
+#else
+#define ORCA_CASE_AMX(op)
+#endif
+// The GEMMs exist from avx2 on, the row-wise ops and the attention in every variant.
+#define ORCA_GEMM_CASES(op) ORCA_CASE_AVX2(op) ORCA_CASE_AVX512(op) ORCA_CASE_AVX512_BF16(op) ORCA_CASE_AMX(op)
+#define ORCA_ALL_CASES(op) ORCA_CASE_GENERIC(op) ORCA_GEMM_CASES(op)
+#define ORCA_PICK(op, cases)                                                        \
+  decltype(&generic::op) pick_##op(int64_t v) {                                     \
+    switch (v) { cases(op) }                                                        \
+    TORCH_CHECK(false, "decoder_layer: " #op " has no variant ", v, " in this build"); \
+  }
+
+ORCA_PICK(add_rms_norm, ORCA_ALL_CASES)
+ORCA_PICK(rope_store_kv, ORCA_ALL_CASES)
+ORCA_PICK(paged_attention, ORCA_ALL_CASES)
+ORCA_PICK(silu_mul, ORCA_ALL_CASES)
+ORCA_PICK(linear_int8, ORCA_GEMM_CASES)
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> decoder_layer(
+    const at::Tensor& x, const at::Tensor& delta, const at::Tensor& in_norm, const at::Tensor& post_norm,
+    at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta,
+    const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
+    const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale,
+    double eps, int64_t num_heads, int64_t num_kv_heads, at::IntArrayRef variants) {
+  TORCH_CHECK(weights.size() == 4 && biases.size() == 4 && meta.size() == 16 && variants.size() == 5,
+              "decoder_layer: 4 projections (qkv, o, gate_up, down), 4 ints of meta each, 5 variants");
+  const auto norm = pick_add_rms_norm(variants[0]);
+  const auto rope = pick_rope_store_kv(variants[1]);
+  const auto attend = pick_paged_attention(variants[2]);
+  const auto silu = pick_silu_mul(variants[3]);
+  const auto gemm = pick_linear_int8(variants[4]);
+  auto proj = [&](int i, const at::Tensor& in) {  // meta: out_features, bits, has_offset, wide
+    const int64_t* m = meta.data() + 4 * i;
+    return gemm(in, weights[i], biases.get(i), m[0], m[1], m[2] != 0, m[3] != 0);
+  };
+  auto [x1, h1] = norm(x, delta, in_norm, eps);                                                   // [T, hidden]
+  const at::Tensor q = rope(proj(0, h1), cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads);  // [T, H, D]
+  const at::Tensor attn = at::empty(q.sizes(), q.options());                                       // [T, H, D]
+  attend(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, attn);
+  auto [x2, h2] = norm(x1, proj(1, attn.view({attn.size(0), -1})), post_norm, eps);  // [T, hidden]
+  return {x2, proj(3, silu(proj(2, h2)))};                                           // down: [T, hidden]
+}
+
+}  // namespace orcaserve
