@@ -126,7 +126,8 @@ def endpoint_for(url_path: str | None) -> Endpoint:
     path = (url_path or "").strip("/")
     found = PROTOCOLS.get(path) if path == "" or path.startswith("v1/") else PROTOCOLS.get(f"v1/{path}")
     if found is None:
-        paths = ", ".join(p for p in PROTOCOLS if p)
+        # the adapter routes are an operator's (off by default, behind the management key): not offered
+        paths = ", ".join(p for p, e in PROTOCOLS.items() if p and e not in (LORA_LOAD, LORA_UNLOAD))
         raise ProtocolError(f"unknown path {url_path!r}; use one of {paths}", None, 404, "not_found_error")
     return found
 
