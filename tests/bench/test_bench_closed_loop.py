@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from orcaserve.bench import cli
 from orcaserve.bench.models.tiny import tiny_family
 from orcaserve.bench.serve.workload import make_workload
 
 
+@pytest.mark.slow  # two closed loops of a tiny model (~19 s); the full suite runs it
 def test_closed_loop_runs_both_ways_on_a_tiny_model(tmp_path, tokenizer):
     model = tiny_family("LlamaForCausalLM")
     model.save_pretrained(tmp_path / "tiny")

@@ -60,6 +60,7 @@ def outcomes() -> dict[str, bool]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the Triton interpreter in a child process (~10 s); the full suite runs it
 @pytest.mark.parametrize("case", [f"{m}x{n}x{k}" for m, n, k in SHAPES] + ["extremes, strided", "TernaryLinear"])
 def test_triton_ternary_equals_the_twin(outcomes, case):
     assert outcomes[case], case
