@@ -74,11 +74,10 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
 
 
 def _is_bitnet_gguf(path: str) -> bool:
-    from transformers.integrations.gguf.reader import read_gguf_metadata
-
     from orcaserve.scheduler.model.bitnet_gguf import ARCHITECTURE
+    from orcaserve.scheduler.model.defaults import gguf_architecture
 
-    return read_gguf_metadata(path)[0].get("general.architecture") == ARCHITECTURE
+    return gguf_architecture(path) == ARCHITECTURE
 
 
 def eos_token_ids(model, tokenizer) -> frozenset[int]:
