@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -16,6 +15,7 @@ from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
 from orcaserve.scheduler.core.outputs import RequestOutput
 from orcaserve.scheduler.core.postprocess import Postprocessor
+from orcaserve.scheduler.core.prompt_job_step import advance_prompt_job
 from orcaserve.scheduler.core.prompt_jobs import PromptJobs
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.scheduler import Scheduler, SchedulerOutput
@@ -38,8 +38,6 @@ from orcaserve.scheduler.sampling_params import SamplingParams
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.decoding import SpecDecoding
 from orcaserve.scheduler.spec.target import Target
-
-log = logging.getLogger(__name__)
 
 TRACE_STEPS = 100_000
 
@@ -212,12 +210,12 @@ class Engine:
         fails gets a final output with `finish_reason="error"` and `error` set, and gives its
         blocks back; the batch is re-run without it (`launch.run_batch`), so its batch-mates go on. A
         failure while post-processing one request fails that request alone. Before the batch,
-        one chunk of the oldest prompt log-probabilities job (`_advance_prompt_job`).
+        one chunk of the oldest prompt log-probabilities job (core/prompt_job_step.py).
         """
         started = time.time()
         self.loras.reap()  # unloaded adapters no request uses any more (lora/runtime.py)
         outputs = self._collect() if self.prompt_jobs else []  # a prompt job runs on the host
-        outputs += self._advance_prompt_job()
+        outputs += advance_prompt_job(self.prompt_jobs, self.scheduler, self.choices, self._fail)
         sched = self.scheduler.schedule()
         outputs += [self.postprocessor.finish(req, []) for req in self.scheduler.take_rejected()]
         if self._inflight is not None and (sched.is_empty or needs_host(sched.sampling)):
@@ -271,23 +269,6 @@ class Engine:
         if launched is None:
             return []
         return self.postprocessor.step(launched.reqs, launched.host_ids(), launched.logprobs, self._fail)
-
-    def _advance_prompt_job(self) -> list[RequestOutput]:
-        """One chunk of the oldest prompt log-probabilities job (core/prompt_jobs.py): once it is
-        done its requests are scheduled; if it raised, its request fails alone (every choice)."""
-        ended = self.prompt_jobs.advance()
-        if ended is None:
-            return []
-        request_id, held, error = ended
-        if error is None:
-            for req in held.to_schedule:
-                self.scheduler.add_request(req)
-            return []
-        log.error("prompt log-probabilities of %s failed: %s: %s", request_id, type(error).__name__, error)
-        self.choices.take_held(request_id)
-        for req in held.receivers:  # never scheduled: nothing to free
-            req.status, req.finish_reason = RequestStatus.FINISHED, "error"
-        return [self._fail(req, error) for req in held.receivers]
 
     def _fail(self, req: Request, error: Exception) -> RequestOutput:
         """Finish `req` as failed (`Postprocessor.fail`) and record the occupancy its freed blocks changed."""

@@ -16,11 +16,12 @@ from typing import Any
 from orcaserve.scheduler.core.stats_snapshot import StatsSnapshot
 from orcaserve.scheduler.engine import Engine
 from orcaserve.scheduler.engine_request import EngineRequest
-from orcaserve.scheduler.errors import EngineError, InternalError, InvalidRequest, TargetUnreachable, TimedOut
+from orcaserve.scheduler.errors import EngineError, InternalError, TargetUnreachable
 from orcaserve.scheduler.serving.admission import Abort, Admission, Submission
 from orcaserve.scheduler.serving.in_flight import InFlight
 from orcaserve.scheduler.serving.loop_call import LoopCall
 from orcaserve.scheduler.serving.loop_end import answer_all
+from orcaserve.scheduler.serving.loop_requests import end_early, take_in
 from orcaserve.scheduler.serving.os_thread import name_this_thread
 from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
 from orcaserve.scheduler.serving.stream_table import StreamTable
@@ -234,47 +235,10 @@ class EngineLoop:
         if isinstance(item, Abort):
             self._end_early(item.request_id, "abort", None)
             return
-        rid = item.stream.request_id
-        if rid in self._table.streams:
-            self._table.finish(item.stream, InvalidRequest(f"request id {rid!r} is already in flight"))
-            return
-        if item.error is not None or item.ids is None:  # never tokenize here: admission did, or failed
-            self._table.finish(item.stream, item.error or InternalError("internal error: prompt not prepared"))
-            if isinstance(item.error, TimedOut):  # its deadline passed in admission:
-                self.engine.stats.num_aborted += 1  # an abort by deadline, counted as the engine's own
-                self._notify()
-            return
-        try:
-            self.engine.add_request(dataclasses.replace(item.request, prompt=item.ids))  # tokenized
-        except InvalidRequest as e:
-            self._table.finish(item.stream, e)
-            return
-        except Exception as e:  # a bug or an input nobody foresaw: this request fails, not the loop
-            log.exception("request %s could not be admitted", rid)
-            self._table.finish(
-                item.stream, InternalError(f"internal error while admitting the request: {type(e).__name__}: {e}")
-            )
-            return
-        self._table.add(item.stream, item.request.params.n, item.deadline, item.request.timeout)
+        take_in(self.engine, self._table, item, self._notify)
 
     def _end_early(self, rid: str, reason: str, error: EngineError | None) -> None:
-        """Abort `rid` (every choice) in the engine, freeing its blocks, and answer it with the
-        final outputs of its unfinished choices, or with `error` when given."""
-        outs = self.engine.abort_all(rid, reason)
-        if rid not in self._table.streams:
-            return
-        untouched = self._table.untouched(rid) and all(o.completion_tokens == 0 for o in outs)
-        if error is None and outs and reason == "timeout" and untouched:
-            timeout = self._table.deadlines[rid][1]
-            error = TimedOut(timeout)
-        if error is None and not outs:  # the engine no longer knows it: answer anyway
-            error = InternalError(f"internal error: request {rid} was lost by the engine")
-        if error is not None:
-            self._table.end(rid, error)
-        else:
-            for out in outs:
-                self._table.choice_done(rid, out)
-        self._notify()
+        end_early(self.engine, self._table, rid, reason, error, self._notify)  # loop_requests.py
 
     def _expire_deadlines(self) -> None:
         now = time.time()
