@@ -82,3 +82,27 @@ def test_an_adapter_changed_on_disk_is_refused_and_the_others_keep_serving(engin
     while engine.has_unfinished():
         finals.update({o.request_id: o for o in engine.step() if o.finished})
     assert finals["l0"].output_token_ids == hf_greedy(refs["l0"], prompt, 4)
+
+
+def test_prompt_logprobs_of_an_adapter_on_disk_are_refused_never_run_without_it(engine_for, tmp_path):
+    """A prompt's log-probabilities run at once, outside the queue: an adapter still on disk fails
+    that request with the reason; the read it started serves the next one."""
+    base = tiny_family("LlamaForCausalLM")
+    _, paths = _adapters(base, tmp_path, n=2)
+    engine = engine_for(base, lora_adapters=paths, max_cpu_loras=1)
+    reg, go = engine.loras, threading.Event()
+    read = reg.read
+    reg.read = lambda name, path: go.wait(60) and read(name, path)  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    engine.add_request("early", [5, 6, 7, 8], params, lora="l1")  # starts the read, held until `go`
+    finals = {}
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals["early"].finish_reason == "error" and "read back from disk" in finals["early"].error
+    go.set()
+    while "l1" not in engine.runner.loras.adapters:
+        engine.step()
+    engine.add_request("later", [5, 6, 7, 8], params, lora="l1")
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    assert finals["later"].finish_reason == "length" and len(finals["later"].prompt_logprobs) == 4
