@@ -1,7 +1,8 @@
 """LoRA adapters' metrics (docs/lora.md "Metrics"): per adapter (dimension `Adapter`) the requests
 that named it and the tokens computed under it, as counters; the adapters on the host and those
 stacked for the steps, as gauges; runtime loads and unloads, adapters given a slot and adapters
-evicted from one, as counters. Emitted by `EngineMetrics` from the engine's `LoraStats`.
+evicted from one, adapters evicted from host memory and read back from disk, as counters. Emitted
+by `EngineMetrics` from the engine's `LoraStats`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ LORA_METRICS: dict[str, tuple[str, MetricTypes, str, str]] = {
     "orca_lora_unloads_total": ("count", C, "LoRA adapters unloaded while serving", "unloads"),
     "orca_lora_swaps_total": ("count", C, "LoRA adapters given a slot for the steps", "swaps"),
     "orca_lora_evictions_total": ("count", C, "LoRA adapters that lost their slot to another (LRU)", "evictions"),
+    "orca_lora_host_evictions_total": ("count", C, "LoRA adapters evicted from host memory", "host_evictions"),
+    "orca_lora_rereads_total": ("count", C, "LoRA adapters read back from disk after an eviction", "rereads"),
 }
 
 

@@ -177,7 +177,7 @@ class Engine:
             raise TypeError("add_request takes an EngineRequest alone, or a request id, a prompt and fields")
         self.intake.add(request)
         if request.lora is not None:
-            self.loras.requests[request.lora] += 1  # per-adapter metrics
+            self.loras.named(request.lora)  # per-adapter metrics; read back from disk if evicted
 
     def abort(self, request_id: str, reason: str = "abort") -> RequestOutput | None:
         return self.intake.abort(request_id, reason)  # its final output (`RequestIntake.abort`)
@@ -213,8 +213,11 @@ class Engine:
         one chunk of the oldest prompt log-probabilities job (core/prompt_job_step.py).
         """
         started = time.time()
-        self.loras.reap()  # unloaded adapters no request uses any more (lora/runtime.py)
+        unreadable = dict(self.loras.tick())  # adapters unloaded, and read back from disk (lora/runtime.py)
         outputs = self._collect() if self.prompt_jobs else []  # a prompt job runs on the host
+        if unreadable:  # an adapter that could not be read back: its waiting requests fail
+            waiting = [r for r in self.scheduler.requests.values() if r.status == RequestStatus.WAITING]
+            outputs += [self._fail(r, e) for r in waiting if (e := unreadable.get(r.lora or ""))]
         outputs += advance_prompt_job(self.prompt_jobs, self.scheduler, self.choices, self._fail)
         sched = self.scheduler.schedule()
         outputs += [self.postprocessor.finish(req, []) for req in self.scheduler.take_rejected()]

@@ -20,6 +20,7 @@ from orcaserve.scheduler.core.fair_share import TenantShares
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.request_queue import RequestQueue
 from orcaserve.scheduler.core.step_output import SchedulerOutput
+from orcaserve.scheduler.lora.slots import LoraWait
 
 
 class StepBuilder(Protocol):
@@ -50,6 +51,11 @@ class StepBuilder(Protocol):
     def start_waiting(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
         """Admit `req`, the head of its waiting queue, with at most `limit` tokens; False, taking
         nothing, when the KV pool is short."""
+
+    def waits_for_lora(self, req: Request, behind: bool = False) -> LoraWait | None:
+        """Why `req`'s LoRA adapter can take no slot in this step (None: it can): every slot holds a
+        running request's adapter, or `behind` an earlier request waits for the next free one
+        (`SLOT`), or the adapter is being read back from disk (`READING`)."""
 
     def take_back(self, out: SchedulerOutput, req: Request) -> None:
         """Take `req`'s row of this step back: its tokens return to the budget."""

@@ -8,6 +8,7 @@ from orcaserve.scheduler.core.policy import PolicySettings, SchedulingPolicy, St
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.request_queue import RequestQueue, WaitingQueue
 from orcaserve.scheduler.core.step_output import SchedulerOutput
+from orcaserve.scheduler.lora.slots import LoraWait
 
 
 class HeadQueue(RequestQueue, Protocol):
@@ -35,10 +36,21 @@ class QueuePolicy(SchedulingPolicy):
     def fill(self, step: StepBuilder, out: SchedulerOutput, catching_up: list[Request]) -> None:
         for req in catching_up:
             step.continue_running(out, req)
-        queue = self.waiting
+        # A request whose LoRA adapter can take no slot (every slot holds a running request's
+        # adapter, or it is being read back from disk) keeps its place and lets the requests behind
+        # it pass, as vLLM's scheduler skips it; behind one waiting for a slot, those that would need
+        # a slot of their own wait too, so the first slot freed goes to the earliest waiting adapter
+        # request (docs/lora.md "More adapters than a step holds").
+        queue, skipped, slot_wanted = self.waiting, [], False
         while not out.preempted and step.can_admit() and (head := queue.peek()) is not None:
-            if not step.start_waiting(out, head):
+            if (wait := step.waits_for_lora(head, behind=slot_wanted)) is not None:
+                queue.take(head)
+                skipped.append(head)
+                slot_wanted |= wait is LoraWait.SLOT
+            elif not step.start_waiting(out, head):
                 break
+        for req in reversed(skipped):  # back in their places, ahead of everyone left waiting
+            queue.push(req, front=True)
 
 
 class FcfsPolicy(QueuePolicy):

@@ -17,7 +17,7 @@ from orcaserve.scheduler.core.policy import SchedulingPolicy
 from orcaserve.scheduler.core.request import Request, RequestStatus
 from orcaserve.scheduler.core.slo_budget import is_untargeted_prompt
 from orcaserve.scheduler.core.step_output import SchedulerOutput
-from orcaserve.scheduler.lora.slots import LoraSlots
+from orcaserve.scheduler.lora.slots import LoraSlots, LoraWait
 
 
 class RunningBatch:
@@ -154,6 +154,21 @@ class RunningBatch:
                 return
         self._give(out, req, n)
 
+    def waits_for_lora(self, req: Request, behind: bool = False) -> LoraWait | None:
+        """Why `req`'s LoRA adapter can take no slot in this step (None: it can, or it names none):
+        its adapter is being read back from disk (`READING`), or every slot holds an adapter a running
+        request uses or (`behind`) an earlier request already waits for the next free slot (`SLOT`)
+        (docs/lora.md "More adapters than a step holds"). Changes nothing."""
+        slots = self.lora_slots
+        if req.lora is None or slots is None or req.lora in slots:
+            return None
+        if not slots.on_host(req.lora):
+            return LoraWait.READING
+        return LoraWait.SLOT if behind or not slots.can_take(req.lora, self._running_loras) else None
+
+    def _running_loras(self) -> set[str | None]:
+        return {r.lora for r in self.running.values()}
+
     def start_waiting(self, out: SchedulerOutput, req: Request, limit: int | None = None) -> bool:
         """A new or preempted request holds no blocks: it starts, or restarts, after the longest
         cached prefix of its tokens. A suspended one resumes with its blocks, where it stopped;
@@ -161,7 +176,7 @@ class RunningBatch:
         A request of a LoRA adapter that cannot be stacked (every slot holds a running request's
         adapter) is refused, taking nothing: it waits for a slot (docs/lora.md)."""
         if req.lora is not None and self.lora_slots is not None:
-            if not self.lora_slots.admit(req.lora, lambda: {r.lora for r in self.running.values()}):
+            if not self.lora_slots.admit(req.lora, self._running_loras):
                 return False
         hits = [] if req.suspended else self.kv.find_cached_prefix(req)
         num_cached = req.num_computed_tokens if req.suspended else len(hits) * self.kv.block_size

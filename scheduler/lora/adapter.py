@@ -11,6 +11,7 @@ naming what is wrong, never served approximately.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -95,6 +96,16 @@ class LoraAdapter:
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+
+    def digest(self) -> str:
+        """What the adapter computes, as a hash (its rank, scale and weights): an adapter read again
+        from disk must be the one first read (runtime.py)."""
+        h = hashlib.sha256(f"{self.rank} {self.scale!r}".encode())
+        for key, pair in sorted(self.weights.items()):
+            h.update(repr(key).encode())
+            for t in pair:
+                h.update(t.detach().cpu().flatten().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
 
 
 def load_adapter(

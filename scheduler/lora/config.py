@@ -58,8 +58,6 @@ def check_lora_config(
         if not isinstance(path, str) or not path:
             raise ValueError(f"lora_adapters: adapter {name!r} needs a directory path, got {path!r}")
     stacked, host = lora_limits(adapters, max_loras, max_cpu_loras)
-    if adapters is not None and len(adapters) > host:
-        raise ValueError(f"{len(adapters)} lora_adapters but max_cpu_loras={host}: each is loaded at start; raise it")
     if host < stacked:
         raise ValueError(f"max_cpu_loras={host} is below max_loras={stacked}: every stacked adapter is on the host")
     if tensor_parallel_size > 1:
@@ -77,7 +75,7 @@ def check_lora_config(
 
 def lora_limits(adapters: dict | None, max_loras: int | None, max_cpu_loras: int | None) -> tuple[int, int]:
     """(`max_loras`, `max_cpu_loras`) resolved: None is as many as `adapters` (at least one stacked,
-    and at least `max_loras` on the host)."""
+    no more stacked than `max_cpu_loras`, and at least `max_loras` on the host)."""
     given = len(adapters or ())
-    stacked = max_loras if max_loras is not None else max(1, given)
+    stacked = max_loras if max_loras is not None else max(1, min(given, max_cpu_loras or given))
     return stacked, max_cpu_loras if max_cpu_loras is not None else max(stacked, given)

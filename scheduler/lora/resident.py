@@ -52,7 +52,7 @@ class LoraSet:
         self.adapters: dict[str, LoraAdapter] = {}
         # adapter -> (layer, fused) -> the modules it targets there, at their columns of the output.
         self.tables: dict[str, dict[tuple[int, str], list[Entry]]] = {}
-        self.slots = LoraSlots(max_loras)  # which adapters are stacked (the scheduler changes it)
+        self.slots = LoraSlots(max_loras, self.adapters)  # which adapters are stacked (the scheduler changes it)
         self.op: Any = _KERNELS[dispatch.resolve("lora_sgmv", dtype)]
         self.batched_op: Any = _BATCHED[dispatch.resolve("lora_batched", dtype)]
         # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
@@ -193,7 +193,10 @@ class LoraSet:
 
     def uniform(self, name: str, num_rows: int) -> LoraStep:
         """Every one of `num_rows` rows under adapter `name` (a prompt's own forward:
-        prompt_logprobs.py): one adapter, its own weights, no slot needed."""
+        prompt_logprobs.py): one adapter, its own weights, no slot needed. Refused while the
+        adapter is on disk (past `max_cpu_loras`: runtime.py), never run without its update."""
+        if name not in self.adapters:
+            raise RuntimeError(f"LoRA adapter {name!r} is being read back from disk (max_cpu_loras): retry")
         return LoraStep(self, {name: slice(0, num_rows)})
 
 

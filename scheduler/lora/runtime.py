@@ -12,8 +12,9 @@ never served under the new ones.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ class LoraStats:
     """The adapters' numbers at one moment, for metrics (`Engine.snapshot`): per adapter the
     requests that named it and the tokens computed under it (prompt and generated, recomputation
     included), the adapters on the host and stacked, and the loads, unloads, slot swaps and
-    evictions so far."""
+    evictions so far, the adapters evicted from host memory and those read back from disk."""
 
     requests: tuple[tuple[str, int], ...]
     tokens: tuple[tuple[str, int], ...]
@@ -40,6 +41,8 @@ class LoraStats:
     unloads: int
     swaps: int
     evictions: int
+    host_evictions: int = 0
+    rereads: int = 0
 
 
 class LoraRegistry:
@@ -62,6 +65,21 @@ class LoraRegistry:
         self.num_unloads = 0
         self.requests: Counter[str] = Counter()  # requests that named each adapter (Engine.add_request)
         self._generation = 0
+        # Past `max_cpu_loras` the least recently named adapter no request in flight uses leaves host
+        # memory and is read back from disk, beside the step loop, when a request names it again
+        # (docs/lora.md "More adapters than host memory holds"). `host`: the adapters in host memory,
+        # least recently named first; `origin`: each served adapter's directory and digest (what it
+        # computes: a read that finds other weights is refused).
+        held = loras.adapters.values() if loras is not None else ()
+        self.host: OrderedDict[str, None] = OrderedDict((a.name, None) for a in held)
+        self.origin: dict[str, tuple[str, str]] = {a.name: (a.path, a.digest()) for a in held}
+        self._reads: dict[str, tuple[tuple[str, str], Future[LoraAdapter]]] = {}  # name -> (its origin, the read)
+        self._reader: ThreadPoolExecutor | None = None
+        self.num_host_evictions = 0
+        self.num_rereads = 0
+        for name in list(self.host)[max_cpu_loras:]:  # given at start past max_cpu_loras: read, checked, left on disk
+            self._evict(name)
+        self.num_host_evictions = 0
 
     @property
     def enabled(self) -> bool:
@@ -88,9 +106,14 @@ class LoraRegistry:
             raise AdapterError(f"a LoRA adapter named {adapter.name!r} is loaded already: unload it first")
         if adapter.name in self.draining:
             raise AdapterError(f"LoRA adapter {adapter.name!r} is unloading (requests still use it): retry later")
-        if len(loras.adapters) >= self.max_cpu_loras:
-            raise AdapterError(f"max_cpu_loras={self.max_cpu_loras} adapters are loaded: unload one first")
+        if not self._make_room():
+            raise AdapterError(
+                f"max_cpu_loras={self.max_cpu_loras} adapters are in host memory, each used by a request in flight: "
+                "retry later"
+            )
         loras.add(adapter)
+        self.host[adapter.name] = None
+        self.origin[adapter.name] = (adapter.path, adapter.digest())
         self._generation += 1
         self.keys[adapter.name] = f"{adapter.name} {self._generation}"
         self.num_loads += 1
@@ -111,8 +134,79 @@ class LoraRegistry:
             return
         busy = {r.lora for r in self.in_flight()}
         for name in [n for n in self.draining if n not in busy]:
-            self.loras.remove(name)
+            if name in self.host:
+                self.loras.remove(name)
+                del self.host[name]
+            del self.origin[name]
             self.draining.discard(name)
+
+    # ---- adapters past max_cpu_loras: out of host memory, read back on demand --------------------
+    def named(self, name: str) -> None:
+        """A request naming `name` was queued (engine thread): counted, the adapter marked recently
+        used, and read back from disk, beside the step loop, if it is not in host memory."""
+        self.requests[name] += 1
+        if name in self.host:
+            self.host.move_to_end(name)
+        elif name in self.origin and name not in self._reads:
+            if self._reader is None:
+                self._reader = ThreadPoolExecutor(1, thread_name_prefix="lora-read")
+            origin = self.origin[name]
+            self._reads[name] = (origin, self._reader.submit(self._read_back, name, *origin))
+
+    def _read_back(self, name: str, path: str, digest: str) -> LoraAdapter:
+        """On the reader thread: the adapter read again, refused if it is not the one first read."""
+        adapter = self.read(name, path)
+        if adapter.digest() != digest:
+            raise AdapterError(
+                f"LoRA adapter {name!r} ({path}): its files changed since it was loaded: unload it and load it again"
+            )
+        return adapter
+
+    def tick(self) -> list[tuple[str, Exception]]:
+        """Between two steps (engine thread): unloaded adapters dropped (`reap`), adapters read back
+        put in host memory (room made by eviction; while every adapter there is in use, the read
+        waits). Returns the adapters whose read failed, with why: the engine fails their waiting
+        requests (a later request naming one reads it again)."""
+        self.reap()
+        failed: list[tuple[str, Exception]] = []
+        for name, (origin, future) in list(self._reads.items()):
+            if not future.done():
+                continue
+            if self.origin.get(name) != origin:  # unloaded meanwhile (and maybe loaded again from elsewhere)
+                del self._reads[name]
+                continue
+            error = future.exception()
+            if error is not None:
+                del self._reads[name]
+                if not isinstance(error, Exception):
+                    raise error  # an interrupt, not the adapter's fault
+                failed.append((name, error))
+            elif self._make_room():
+                del self._reads[name]
+                assert self.loras is not None
+                self.loras.add(future.result())
+                self.host[name] = None
+                self.num_rereads += 1
+        return failed
+
+    def _make_room(self) -> bool:
+        """Room in host memory for one more adapter, evicting the least recently named ones that no
+        request in flight uses; False if there is none to evict."""
+        assert self.loras is not None
+        if len(self.host) < self.max_cpu_loras:
+            return True
+        busy = {r.lora for r in self.in_flight()}
+        victim = next((name for name in self.host if name not in busy), None)
+        if victim is None:
+            return False
+        self._evict(victim)
+        return len(self.host) < self.max_cpu_loras or self._make_room()
+
+    def _evict(self, name: str) -> None:
+        assert self.loras is not None
+        self.loras.remove(name)
+        del self.host[name]
+        self.num_host_evictions += 1
 
     def stats(self) -> LoraStats | None:
         loras = self.loras
@@ -127,4 +221,6 @@ class LoraRegistry:
             unloads=self.num_unloads,
             swaps=loras.slots.num_swaps,
             evictions=loras.slots.num_evictions,
+            host_evictions=self.num_host_evictions,
+            rereads=self.num_rereads,
         )

@@ -11,15 +11,24 @@ It is the engine thread's, like the scheduler that calls it.
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
 from collections.abc import Callable, Collection
+
+
+class LoraWait(enum.Enum):
+    """Why a waiting request of an adapter is not admitted in a step (`RunningBatch.waits_for_lora`)."""
+
+    SLOT = "slot"  # every slot holds an adapter a running request uses (or an earlier request waits for one)
+    READING = "reading"  # the adapter is being read back from disk (runtime.py)
 
 
 class LoraSlots:
     """`max_loras` slots; `names[i]` the adapter slot i holds (None: free)."""
 
-    def __init__(self, max_loras: int) -> None:
+    def __init__(self, max_loras: int, host: Collection[str] | None = None) -> None:
         self.names: list[str | None] = [None] * max_loras
+        self.host = host  # the adapters in host memory (None: any): only they may take a slot
         self._lru: OrderedDict[str, int] = OrderedDict()  # adapter -> slot, least recently used first
         self.num_swaps = 0  # adapters given a slot (the first time included)
         self.num_evictions = 0  # adapters that lost their slot to another
@@ -30,12 +39,26 @@ class LoraSlots:
     def slot_of(self, name: str) -> int:
         return self._lru[name]
 
+    def can_take(self, name: str, in_use: Callable[[], Collection[str | None]]) -> bool:
+        """Whether `admit(name, in_use)` would succeed; changes nothing."""
+        if name in self._lru:
+            return True
+        if not self.on_host(name):
+            return False
+        if None in self.names:
+            return True
+        busy = in_use()
+        return any(held not in busy for held in self._lru)
+
     def admit(self, name: str, in_use: Callable[[], Collection[str | None]]) -> bool:
         """Make `name` stacked for the step being built: True if it is (now), False if every slot
-        holds an adapter of `in_use()` (the adapters running requests use: never evicted)."""
+        holds an adapter of `in_use()` (the adapters running requests use: never evicted), or if
+        `name` is not in host memory."""
         if name in self._lru:
             self._lru.move_to_end(name)
             return True
+        if not self.on_host(name):
+            return False
         if None in self.names:
             slot = self.names.index(None)
         else:
@@ -49,6 +72,10 @@ class LoraSlots:
         self._lru[name] = slot
         self.num_swaps += 1
         return True
+
+    def on_host(self, name: str) -> bool:
+        """`name` is in host memory (not being read back from disk: runtime.py)."""
+        return self.host is None or name in self.host
 
     def drop(self, name: str) -> None:
         """`name` is unloaded: its slot is free (the caller knows no running request uses it)."""

@@ -100,6 +100,29 @@ def test_adapters_swapped_in_between_steps_match_peft(max_loras, engine_for, tmp
     assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
 
 
+def test_a_base_request_behind_a_request_waiting_for_a_slot_runs_in_the_same_step(engine_for, tmp_path):
+    """One slot, held by a running request of "a": a request of "b" waits for it, keeping its
+    place, and the base request queued behind it is scheduled in the same step (no head-of-line
+    blocking); "b" runs once "a" is done. Every answer is PEFT's."""
+    base = tiny_family("LlamaForCausalLM")
+    refs, paths = _three_adapters(base, tmp_path)
+    engine = engine_for(base, max_num_seqs=4, max_num_batched_tokens=64, lora_adapters=paths, max_loras=1)
+    prompt = [random.Random(4).randrange(3, TINY_VOCAB) for _ in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    engine.add_request("a1", prompt, params, lora="a")
+    engine.step()
+    engine.add_request("b1", prompt, params, lora="b")
+    engine.add_request("base", prompt, params)
+    engine.step()
+    running = engine.scheduler.running
+    assert "base" in running and "b1" not in running  # passed "b1", which keeps its place
+    finals = {}
+    while engine.has_unfinished():
+        finals.update({o.request_id: o for o in engine.step() if o.finished})
+    for rid, ref in (("a1", refs["a"]), ("b1", refs["b"]), ("base", base)):
+        assert finals[rid].output_token_ids == hf_greedy(ref, prompt, 6), rid
+
+
 def test_load_and_unload_while_serving(engine_for, tmp_path):
     """An adapter loaded mid-run serves PEFT's tokens; one unloaded with requests in flight lets
     them finish, refuses new ones and is dropped after; the name loaded again with other weights
@@ -156,9 +179,14 @@ def test_bad_adapters_at_run_time_are_refused_and_serving_goes_on(engine_for, tm
     with pytest.raises(AdapterError, match="loaded already"):
         reg.add(reg.read("a", paths["b"]))
     reg.add(reg.read("b", paths["b"]))
-    with pytest.raises(AdapterError, match="max_cpu_loras=2"):
-        reg.add(reg.read("c", paths["c"]))
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request("ra", [5, 6, 7], params, lora="a")
+    engine.add_request("rb", [5, 6, 7], params, lora="b")
+    with pytest.raises(AdapterError, match="max_cpu_loras=2 adapters are in host memory, each used by a request"):
+        reg.add(reg.read("c", paths["c"]))  # both in use: neither may leave host memory
     with pytest.raises(UnknownModel):
         reg.remove("c")
+    while engine.has_unfinished():
+        engine.step()
     outs = engine.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
     assert len(outs[0].output_token_ids) == 3 and engine.lora_names == ["a", "b"]
