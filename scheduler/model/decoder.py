@@ -159,6 +159,7 @@ class Decoder:
         # A layer in one C++ call where each of its ops is a C++ op (layer_call.py), bit for bit the
         # same; layer_op=False keeps the op-by-op loop (A/B).
         self.layer_call: LayerCall | None = layer_call(self) if layer_op is not False else None
+        self.layer_call_rows = self.layer_call.max_rows if self.layer_call is not None else 0  # its most rows
 
     @torch.inference_mode()
     def warm_up(self, max_tokens: int, max_samples: int) -> None:
@@ -216,6 +217,8 @@ class Decoder:
             cos, sin = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d)  # [T, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
         one_call = self.layer_call if lora is None and rope_op is self.rope_store_op and tp == t else None
+        if t > self.layer_call_rows:  # a larger step runs another GEMM than the call's (layer_call.py)
+            one_call = None
         if one_call is not None and not LayerCall.applies(backend, plan, kv_caches[0][0]):
             one_call = None
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):

@@ -5,14 +5,18 @@ would otherwise call one by one from Python.
 The C++ function calls the same functions, each in the variant the dispatch table picked for it,
 so its result is bit for bit the op-by-op path's; it saves the Python, argument parsing and
 dispatch of nine calls a layer (docs/one-stream.md, "The layer as one call"). It applies where the
-model's projections are GGUF codes against int8 activations through the C++ GEMM (the defaults of
-a GGUF file on a CPU with integer dot products), the add + RMSNorm, SiLU * up and rotary + K/V write
-are the C++ ops, and the layer has nothing else (no Qwen3 q/k norm, no BitNet sub-norms or ReLU^2);
-per step, where the attention is the CPU backend's C++ operator and no LoRA adapter runs.
+model's projections all run one C++ GEMM: GGUF codes against int8 activations (the defaults of a
+GGUF file on a CPU with integer dot products), or dense fp32/bf16 weights on the project's packed
+GEMMs (a safetensors checkpoint's dense path; where the layers keep a second copy for GEMV-shaped
+calls, on AMX, only steps of up to GEMV_ROWS rows, the larger ones being oneDNN's); where the add +
+RMSNorm, SiLU * up and rotary + K/V write are the C++ ops, and the layer has nothing else (no Qwen3
+q/k norm, no BitNet sub-norms or ReLU^2); per step, where the attention is the CPU backend's C++
+operator and no LoRA adapter runs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,10 +25,14 @@ from orcaserve.kernels import dispatch
 from orcaserve.kernels.attention_backend import AttentionBackend
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.cpu.attention import SUPPORTED_HEAD_DIMS, CpuAttentionPlan, CpuBackend
+from orcaserve.kernels.linear import GEMV_ROWS, Linear
 from orcaserve.kernels.quant import BITS, OFFSET, WIDE, QuantLinear
 
 # The layer's ops in the order the C++ op takes their variants.
 OPS = ("add_rms_norm", "rope_store_kv", "paged_attention", "silu_mul")
+# The C++ op's GEMM families, by the index it takes them at (fused/decoder_layer.cpp's Gemm).
+GEMMS = ("linear_int8", "linear_packed", "linear_packed_bf16")
+UNLIMITED = 1 << 62
 
 
 def _variant(kernel: str, op: str) -> int | None:
@@ -33,28 +41,56 @@ def _variant(kernel: str, op: str) -> int | None:
     return dispatch.CAPABILITIES.index(kernel.removeprefix(prefix)) if kernel.startswith(prefix) else None
 
 
-def _gemm_variant(p: Any) -> int | None:
-    """The variant of `p`'s GEMM where `p` is a QuantLinear on the C++ int8-activation GEMM."""
-    if type(p) is not QuantLinear or p._op is None:  # a group of formats, a wrapper, the twin
+@dataclass(frozen=True)
+class _Gemm:
+    """How the C++ op runs one projection: the same GEMM, weight and bias its own call would."""
+
+    family: int  # index in GEMMS
+    variant: int  # index in dispatch.CAPABILITIES
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    meta: tuple[int, int, int, int]  # (out_features, bits, has_offset, wide); zeros past out for dense
+    rows: int  # the most rows a call of it runs this GEMM
+
+
+def _gemm(p: Any) -> _Gemm | None:
+    """`p`'s C++ GEMM; None where it has none (a group of formats, a wrapper, a library's GEMM, the
+    twin)."""
+    if type(p) is QuantLinear and p._op is not None:
+        v = _variant(p.kernel, "linear_int8")
+        meta = (p.out_features, BITS[p.fmt], int(p.fmt in OFFSET), int(p.fmt in WIDE))
+        return None if v is None else _Gemm(0, v, p.weight, p._bias32, meta, UNLIMITED)
+    if type(p) is not Linear:
         return None
-    return _variant(p.kernel, "linear_int8")
+    if p._gemv_op is not None and p.gemv_weight is not None:  # linear.Linear's choice at GEMV_ROWS or fewer
+        kernel, weight, rows = p.gemv_kernel, p.gemv_weight, GEMV_ROWS
+    elif p._op is not None:
+        kernel, weight, rows = p.kernel, p.weight, UNLIMITED
+    else:
+        return None
+    for family, op in enumerate(GEMMS[1:], start=1):
+        v = _variant(kernel, op)
+        if v is not None:
+            return _Gemm(family, v, weight, p.bias, (p.out_features, 0, 0, 0), rows)
+    return None
 
 
 class LayerCall:
     """Runs layer `i` of a decoder in one call: (x + delta + o, the MLP's output), as the loop in
     `Decoder.forward` computes them from x [T, hidden] and the last layer's MLP output `delta`."""
 
-    def __init__(self, op: Any, decoder: Any, variants: list[int]) -> None:
+    def __init__(self, op: Any, decoder: Any, variants: list[int], gemms: list[list[_Gemm]]) -> None:
         self.op = op
         self.variants = variants
         self.scale, self.eps = float(decoder.scale), float(decoder.eps)
         self.num_heads, self.num_kv_heads = decoder.num_heads, decoder.num_kv_heads
+        # The most rows a step may have: where a projection runs another GEMM above GEMV_ROWS.
+        self.max_rows = min(g.rows for projs in gemms for g in projs)
         self.layers = []  # per layer: norms, [weights], [biases], meta
-        for layer in decoder.layers:
-            projs = (layer.qkv, layer.o, layer.gate_up, layer.down)
-            meta = [m for p in projs for m in (p.out_features, BITS[p.fmt], p.fmt in OFFSET, p.fmt in WIDE)]
+        for layer, projs in zip(decoder.layers, gemms):
+            meta = [m for g in projs for m in g.meta]
             self.layers.append(
-                (layer.in_norm, layer.post_norm, [p.weight for p in projs], [p._bias32 for p in projs], meta)
+                (layer.in_norm, layer.post_norm, [g.weight for g in projs], [g.bias for g in projs], meta)
             )
 
     @staticmethod
@@ -104,10 +140,13 @@ def layer_call(decoder: Any, op: Any = None) -> LayerCall | None:
         extra = (layer.q_norm, layer.k_norm, layer.attn_sub_norm, layer.ffn_sub_norm)
         if layer.relu2 or any(t is not None for t in extra):
             return None
-    gemms = {_gemm_variant(p) for layer in decoder.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)}
-    if not decoder.layers or len(gemms) != 1 or None in gemms:
+    gemms = [[_gemm(p) for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] for layer in decoder.layers]
+    found = [[g for g in projs if g is not None] for projs in gemms]
+    kinds = {(g.family, g.variant) for projs in found for g in projs}
+    if not decoder.layers or len(kinds) != 1 or any(len(projs) != 4 for projs in found):
         return None
-    variants = [_variant(dispatch.resolve(name, dtype), name) for name in OPS] + list(gemms)
+    ((family, gemm_variant),) = kinds
+    variants = [_variant(dispatch.resolve(name, dtype), name) for name in OPS]
     if None in variants:
         return None
-    return LayerCall(op, decoder, [v for v in variants if v is not None])
+    return LayerCall(op, decoder, [v for v in variants if v is not None] + [gemm_variant, family], found)

@@ -7,11 +7,15 @@
 // step of 30 layers spent about a millisecond between its kernels (docs/one-stream.md, "The layer
 // as one call").
 //
-// The projections are the GGUF codes against int8 activations (gemm/gemm_int8.cpp), the defaults
-// of a GGUF file. Compiled once, without ISA flags, like bindings.cpp: it holds no vector code of
-// its own, only the calls, and may call any variant the library was built with.
+// The projections are one GEMM family for the whole layer (the last of `variants`): the GGUF codes
+// against int8 activations (gemm/gemm_int8.cpp), the defaults of a GGUF file; or dense fp32/bf16
+// weights through the project's fp32 GEMM (gemm/gemm_fp32.cpp) or its vdpbf16ps GEMM
+// (gemm/gemm_bf16.cpp), the dense path of a safetensors checkpoint. Compiled once, without ISA
+// flags, like bindings.cpp: it holds no vector code of its own, only the calls, and may call any
+// variant the library was built with.
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <tuple>
 
@@ -57,8 +61,10 @@ namespace {
 #else
 #define ORCA_CASE_AMX(op)
 #endif
-// The GEMMs exist from avx2 on, the row-wise ops and the attention in every variant.
-#define ORCA_GEMM_CASES(op) ORCA_CASE_AVX2(op) ORCA_CASE_AVX512(op) ORCA_CASE_AVX512_BF16(op) ORCA_CASE_AMX(op)
+// The GEMMs exist from avx2 on (the vdpbf16ps one from avx512_bf16 on), the row-wise ops and the
+// attention in every variant.
+#define ORCA_BF16_CASES(op) ORCA_CASE_AVX512_BF16(op) ORCA_CASE_AMX(op)
+#define ORCA_GEMM_CASES(op) ORCA_CASE_AVX2(op) ORCA_CASE_AVX512(op) ORCA_BF16_CASES(op)
 #define ORCA_ALL_CASES(op) ORCA_CASE_GENERIC(op) ORCA_GEMM_CASES(op)
 #define ORCA_PICK(op, cases)                                                        \
   decltype(&generic::op) pick_##op(int64_t v) {                                     \
@@ -71,6 +77,28 @@ ORCA_PICK(rope_store_kv, ORCA_ALL_CASES)
 ORCA_PICK(paged_attention, ORCA_ALL_CASES)
 ORCA_PICK(silu_mul, ORCA_ALL_CASES)
 ORCA_PICK(linear_int8, ORCA_GEMM_CASES)
+ORCA_PICK(linear_packed, ORCA_GEMM_CASES)
+ORCA_PICK(linear_packed_bf16, ORCA_BF16_CASES)
+
+// The layer's GEMM families, the last of `variants` (scheduler/model/layer_call.py's GEMMS).
+enum Gemm : int64_t { kInt8 = 0, kPacked = 1, kPackedBf16 = 2 };
+
+// Projection i (qkv, o, gate_up, down) of a [T, in] input: [T, out].
+using Proj = std::function<at::Tensor(int, const at::Tensor&)>;
+
+Proj projection(at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta,
+                int64_t variant, int64_t family) {
+  if (family == kInt8) {
+    const auto gemm = pick_linear_int8(variant);
+    return [=](int i, const at::Tensor& in) {  // meta: out_features, bits, has_offset, wide
+      const int64_t* m = meta.data() + 4 * i;
+      return gemm(in, weights[i], biases.get(i), m[0], m[1], m[2] != 0, m[3] != 0);
+    };
+  }
+  TORCH_CHECK(family == kPacked || family == kPackedBf16, "decoder_layer: no GEMM family ", family);
+  const auto gemm = family == kPacked ? pick_linear_packed(variant) : pick_linear_packed_bf16(variant);
+  return [=](int i, const at::Tensor& in) { return gemm(in, weights[i], biases.get(i), meta[4 * i]); };
+}
 
 }  // namespace
 
@@ -80,17 +108,13 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale,
     double eps, int64_t num_heads, int64_t num_kv_heads, at::IntArrayRef variants) {
-  TORCH_CHECK(weights.size() == 4 && biases.size() == 4 && meta.size() == 16 && variants.size() == 5,
-              "decoder_layer: 4 projections (qkv, o, gate_up, down), 4 ints of meta each, 5 variants");
+  TORCH_CHECK(weights.size() == 4 && biases.size() == 4 && meta.size() == 16 && variants.size() == 6,
+              "decoder_layer: 4 projections (qkv, o, gate_up, down), 4 ints of meta each, 5 variants and a GEMM");
   const auto norm = pick_add_rms_norm(variants[0]);
   const auto rope = pick_rope_store_kv(variants[1]);
   const auto attend = pick_paged_attention(variants[2]);
   const auto silu = pick_silu_mul(variants[3]);
-  const auto gemm = pick_linear_int8(variants[4]);
-  auto proj = [&](int i, const at::Tensor& in) {  // meta: out_features, bits, has_offset, wide
-    const int64_t* m = meta.data() + 4 * i;
-    return gemm(in, weights[i], biases.get(i), m[0], m[1], m[2] != 0, m[3] != 0);
-  };
+  const Proj proj = projection(weights, biases, meta, variants[4], variants[5]);
   auto [x1, h1] = norm(x, delta, in_norm, eps);                                                   // [T, hidden]
   const at::Tensor q = rope(proj(0, h1), cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads);  // [T, H, D]
   const at::Tensor attn = at::empty(q.sizes(), q.options());                                       // [T, H, D]
