@@ -31,21 +31,7 @@ from orcaserve.scheduler.model.bitnet import projection
 from orcaserve.scheduler.model.layer_call import LayerCall, layer_call
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
-
-
-def padded_tokens(t: int, multiple: int) -> int:
-    """The row count a CPU step's GEMMs run at: up to 32 as it is, above that the next multiple of
-    `multiple`. oneDNN builds (and JIT-compiles) a kernel for every new row count, 1-14 ms per
-    weight shape, while a step's chunked prefills make nearly every count new; the decoder's
-    warm-up compiles each padded count once, and the pad rows cost less than a compile."""
-    return t if t <= 32 else -(-t // multiple) * multiple
-
-
-# Row multiples the steps pad to where oneDNN runs the GEMMs. fp32 GEMMs here are compute-bound,
-# their time linear in the rows: the finer, the less padding is computed (fp32 pads only where
-# neither the project's GEMM nor MKL runs them). AMX runs bf16 tiles of 16 rows and is
-# slower at 8-row multiples between them (`orcaserve-bench kernels gemm --rows 136,144,264,288`).
-PAD_MULTIPLE = {torch.float32: 8, torch.bfloat16: 16}
+from orcaserve.scheduler.model.row_padding import PAD_MULTIPLE, padded_tokens
 
 
 def triton_fused_ops(wanted: bool | None, cuda: bool) -> ModuleType | None:

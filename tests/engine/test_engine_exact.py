@@ -114,7 +114,7 @@ def test_padded_token_counts():
     bf16 (the token-exact tests above run through the padding)."""
     import torch
 
-    from orcaserve.scheduler.model.decoder import PAD_MULTIPLE, padded_tokens
+    from orcaserve.scheduler.model.row_padding import PAD_MULTIPLE, padded_tokens
 
     ts = (1, 7, 32, 33, 40, 41, 500, 512)
     assert [padded_tokens(t, PAD_MULTIPLE[torch.float32]) for t in ts] == [1, 7, 32, 40, 40, 48, 504, 512]

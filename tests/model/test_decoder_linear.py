@@ -10,7 +10,8 @@ from cpu_variants import params
 from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.kernels import dispatch
 from orcaserve.kernels.linear import GEMV_ROWS, MKL_PACK_ROWS, PLAIN_FROM_ROWS, Linear, takes
-from orcaserve.scheduler.model.decoder import PAD_MULTIPLE, Decoder, padded_tokens
+from orcaserve.scheduler.model.decoder import Decoder
+from orcaserve.scheduler.model.row_padding import PAD_MULTIPLE, padded_tokens
 
 # The project's GEMMs, every ISA variant this machine executes (kernels/cpu/build.py)
 FP32_GEMM = params("linear_packed")
