@@ -34,9 +34,10 @@ from orcaserve.handler.lora_admin import LOAD, UNLOAD, LoraAdmin
 from orcaserve.handler.metrics import EngineMetrics
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.errors import http_error
+from orcaserve.handler.openai.fields import IGNORED_HEADER, MODELS
 from orcaserve.handler.openai.logprobs import LogprobsRenderer
 from orcaserve.handler.openai.models import with_model
-from orcaserve.handler.openai.protocol import IGNORED_HEADER, MODELS, ProtocolError
+from orcaserve.handler.openai.protocol import ProtocolError
 from orcaserve.handler.openai.responses import model_list
 from orcaserve.handler.openai.tenancy import with_tenancy
 from orcaserve.handler.protocols import Endpoint, Shapes, count_tokens, endpoint_for

@@ -11,8 +11,38 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from orcaserve.handler.openai.protocol import ProtocolError, error_body
 from orcaserve.scheduler.errors import EngineError, InvalidRequest, Overloaded, ShuttingDown, TimedOut, UnknownModel
+
+
+class ProtocolError(Exception):
+    """A request the server refuses; becomes an OpenAI error body with `status`."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type_
+        self.code = code
+
+    def body(self) -> dict:
+        return error_body(self.message, self.param, self.type, self.code)
+
+
+def error_body(
+    message: str, param: str | None = None, type_: str = "invalid_request_error", code: str | None = None
+) -> dict:
+    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}` (`code` e.g.
+    `model_not_found`, else null)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
 
 # Engine parameter names that the OpenAI API spells differently: the LoRA adapter (`lora`) is the
 # `model` field. SamplingParams follows the API's names (max_tokens, top_p, ...) and `prompt`,

@@ -7,84 +7,20 @@ fields. The answers' shapes are in `responses.py`.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from orcaserve.handler.openai import structured, tools
+from orcaserve.handler.openai.errors import ProtocolError
+from orcaserve.handler.openai.fields import CHAT, COMPLETIONS, MODELS, check_fields
 from orcaserve.handler.reasoning import template_kwargs
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.errors import InvalidRequest
 from orcaserve.scheduler.prompt import ChatPrompt, Prompt
 from orcaserve.scheduler.sampling_params import MAX_LOGPROBS, MAX_N, RequestOutputKind, SamplingParams
 
-log = logging.getLogger(__name__)
-
-COMPLETIONS = "completions"
-CHAT = "chat"
-MODELS = "models"
-
-# Fields a client may send; anything else is an error naming the field (typos must not pass
-# silently: `max_token` would otherwise quietly generate 16 tokens). Fields of OpenAI's API that
-# orcaserve does not act on are accepted and ignored (`_IGNORED`); docs/api.md#fields.
-_COMMON = {
-    "model",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "stream",
-    "stream_options",
-    "n",
-    "logit_bias",
-    # extensions
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "ignore_eos",
-    "stop_token_ids",
-    "priority",
-    "timeout",
-    "cache_salt",  # vLLM's name: subdivides prefix-cache sharing (handler/openai/tenancy.py)
-} | structured.VLLM_FIELDS
-_COMPLETION_FIELDS = _COMMON | {"prompt", "echo", "logprobs", "best_of", "suffix"}
-_CHAT_FIELDS = (
-    _COMMON
-    | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format", "chat_template_kwargs"}
-    | tools.FIELDS
-)
-# OpenAI's fields that change nothing about the tokens a request gets back here: accepted, ignored,
-# logged once per process and named in the IGNORED_HEADER of the answer (as vLLM does).
-_IGNORED_COMMON = {"user"}
-_IGNORED = {
-    COMPLETIONS: _IGNORED_COMMON,
-    CHAT: _IGNORED_COMMON
-    | {
-        "store",
-        "metadata",
-        "service_tier",
-        "prompt_cache_key",
-        "safety_identifier",
-        "reasoning_effort",
-        "verbosity",
-        "prediction",
-        "modalities",
-        "web_search_options",
-    },
-}
-# OpenAI's fields whose request cannot be served as asked: ignoring them would answer something
-# else than what the client asked for (tools: see structured outputs; audio output; suffix).
-_REFUSED = {
-    COMPLETIONS: {"suffix"},
-    CHAT: {"functions", "function_call", "audio"},
-}
-IGNORED_HEADER = "X-Orcaserve-Ignored-Fields"
-_logged_ignored: set[str] = set()
 _ROLES = {"system", "user", "assistant", "developer", "tool"}
 # Reason phrases for the statuses the handlers answer with.
 HTTP_PHRASES = {
@@ -96,36 +32,6 @@ HTTP_PHRASES = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
-
-
-class ProtocolError(Exception):
-    """A request the server refuses; becomes an OpenAI error body with `status`."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        type_: str = "invalid_request_error",
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
-        self.type = type_
-        self.code = code
-
-    def body(self) -> dict:
-        return error_body(self.message, self.param, self.type, self.code)
-
-
-def error_body(
-    message: str, param: str | None = None, type_: str = "invalid_request_error", code: str | None = None
-) -> dict:
-    """OpenAI's error object: `{"error": {"message", "type", "param", "code"}}` (`code` e.g.
-    `model_not_found`, else null)."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 @dataclass
@@ -332,7 +238,7 @@ def parse_request(
     request's `timeout` is capped by `default_timeout`. `request_id` names the `EngineRequest`
     built here (a per-request field the body carries is read here: docs/engine.md, "Where a
     per-request field goes")."""
-    ignored = _check_fields(body, kind)
+    ignored = check_fields(body, kind)
     try:  # structured outputs and tool calls (structured.py, tools.py)
         constraint, tool_spec = tools.request_constraints(body)
         prompt = _completion_prompt(body) if kind == COMPLETIONS else _chat_prompt(body, tool_spec)
@@ -374,25 +280,3 @@ def parse_request(
     return ParsedRequest(
         kind, request, stream, bool(opts.get("include_usage")), body.get("model"), cache_salt, echo, ignored, tool_spec
     )
-
-
-def _check_fields(body: dict, kind: str) -> tuple[str, ...]:
-    """Refuse unknown and unservable fields; returns the OpenAI fields to ignore, each logged the
-    first time this process sees it."""
-    allowed, ignore, refuse = (
-        (_COMPLETION_FIELDS if kind == COMPLETIONS else _CHAT_FIELDS),
-        _IGNORED[kind],
-        _REFUSED[kind],
-    )
-    ignored = []
-    for key in body:
-        if key in refuse and body[key] is not None:
-            raise ProtocolError(f"{key} is not supported", key)
-        if key in ignore:
-            ignored.append(key)
-            if key not in _logged_ignored:
-                _logged_ignored.add(key)
-                log.warning("orcaserve ignores the OpenAI field %r (logged once per process)", key)
-        elif key not in allowed and key not in refuse:
-            raise ProtocolError(f"unknown field {key!r}", key)
-    return tuple(sorted(ignored))

@@ -11,7 +11,7 @@ import pytest
 import requests
 from openai_http import SHARED_MODEL, render
 
-from orcaserve.handler.openai.protocol import IGNORED_HEADER
+from orcaserve.handler.openai.fields import IGNORED_HEADER
 from orcaserve.scheduler import SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -11,6 +11,7 @@ import pytest
 from orcaserve.handler.answer import Answer, Part, stop_sequence_of
 from orcaserve.handler.anthropic import messages as M
 from orcaserve.handler.anthropic.request import chat_body as anthropic_body
+from orcaserve.handler.openai import errors as E
 from orcaserve.handler.openai import protocol as P
 from orcaserve.handler.openai import responses_api as R
 from orcaserve.handler.openai.errors import HttpError, http_error
@@ -198,7 +199,7 @@ def test_anthropic_message_and_events():
     assert [d["index"] for n, d in seen if n == "content_block_start"] == [0, 1, 2]
     assert seen[-2][1]["delta"]["stop_reason"] == "tool_use" and seen[-2][1]["usage"] == {"output_tokens": 4}
     assert json.loads(seen[11][1]["delta"]["partial_json"]) == {"city": "P"}
-    failed = events(writer.error(M.anthropic_error(HttpError(503, P.error_body("busy")))))
+    failed = events(writer.error(M.anthropic_error(HttpError(503, E.error_body("busy")))))
     assert failed == [("error", {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})]
 
 
@@ -265,7 +266,7 @@ def test_responses_object_and_events():
         "function_call",
     ]
     assert seen[-1][1]["response"]["output"] == obj["output"]
-    ((name, failed),) = events(writer.error(HttpError(400, P.error_body("bad", "input"))))
+    ((name, failed),) = events(writer.error(HttpError(400, E.error_body("bad", "input"))))
     assert name == "error" and failed["sequence_number"] == len(seen) and failed["param"] == "input"
 
 
