@@ -2,6 +2,7 @@
 
     bitnet_2b4t("packed")   # ~/.cache/orcaserve/random-bitnet-2b4t-packed: BitLinear, 2 bits a weight
     bitnet_2b4t("bf16")     # ~/.cache/orcaserve/random-bitnet-2b4t-bf16: the same model, plain bf16
+    bitnet_2b4t("bf16", layers=4)  # random-bitnet-2b4t-l4-bf16: its first 4 layers, the full head
 
 The shape is microsoft/bitnet-b1.58-2B-4T's (hidden 2560, 30 layers, 20 heads over 5 KV heads, MLP
 6912, vocab 128256, ReLU^2), with tied embeddings as llama.cpp's bitnet files have them. Codes are
@@ -64,23 +65,27 @@ def _layer(i: int, packed: bool, gen: torch.Generator) -> dict[str, torch.Tensor
     return out
 
 
-def bitnet_2b4t(kind: str = "packed", out: str | None = None) -> str:
-    """The cached checkpoint's directory ("packed" or "bf16"), built first if missing."""
+def bitnet_2b4t(kind: str = "packed", out: str | None = None, layers: int | None = None) -> str:
+    """The cached checkpoint's directory ("packed" or "bf16"), built first if missing; `layers`: a
+    scaled shape, the first `layers` layers of the full one (the same draws) and an embedding of
+    the same shape, where the full shape is too slow to measure."""
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, BitNetConfig
 
     from orcaserve.scheduler import default_model_path
 
-    out = out or os.path.join(os.path.expanduser("~/.cache/orcaserve"), f"random-bitnet-2b4t-{kind}")
+    shape = {**SHAPE, "num_hidden_layers": layers or SHAPE["num_hidden_layers"]}
+    name = f"random-bitnet-2b4t-{kind}" if layers is None else f"random-bitnet-2b4t-l{layers}-{kind}"
+    out = out or os.path.join(os.path.expanduser("~/.cache/orcaserve"), name)
     if os.path.exists(os.path.join(out, "config.json")):
         return out
     os.makedirs(out, exist_ok=True)
     gen = torch.Generator().manual_seed(0)  # the same draws for both kinds: the same weights
-    shards = SHAPE["num_hidden_layers"] + 1
+    shards = shape["num_hidden_layers"] + 1
     index: dict[str, str] = {}
     for i in range(shards):
         file = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        if i < SHAPE["num_hidden_layers"]:
+        if i < shape["num_hidden_layers"]:
             tensors = _layer(i, kind == "packed", gen)
         else:
             embed = torch.randn(SHAPE["vocab_size"], SHAPE["hidden_size"], generator=gen) * 0.02
@@ -91,7 +96,7 @@ def bitnet_2b4t(kind: str = "packed", out: str | None = None) -> str:
         del tensors
     with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": index}, f)
-    raw = BitNetConfig(**SHAPE).to_dict()
+    raw = BitNetConfig(**shape).to_dict()
     raw["architectures"] = ["BitNetForCausalLM"]
     raw["torch_dtype"] = "bfloat16"
     if kind == "packed":

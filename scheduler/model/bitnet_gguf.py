@@ -9,9 +9,10 @@ A TQ block holds 256 weights of one row, codes in {-1, 0, +1} and its own fp16 s
 weight is `d * code`. BitNet's arithmetic has one scale per tensor, `y = linear(x_q, t) /
 (weight_scale * s)`, so a tensor is served only if every block with a nonzero code carries the
 same finite, positive `d`; its `weight_scale` is then `1 / d` in fp32, and the served model is bit
-for bit transformers' fp32 forward of the packed checkpoint with those codes and scales. The codes
-are decoded by gguf-py (its TQ1_0 / TQ2_0 dequantization of the blocks with `d` set to 1), one
-tensor at a time: the whole model is never in floats. A TQ2_0 code of 3 (the value 2), differing
+for bit transformers' fp32 forward of the packed checkpoint with those codes and scales. The header
+is read lean (`gguf_header.read_gguf`: the vocabulary is not parsed), the tensors from a memory map
+one at a time, their codes decoded by gguf-py (its TQ1_0 / TQ2_0 dequantization of the blocks with
+`d` set to 1): the whole model is never in floats. A TQ2_0 code of 3 (the value 2), differing
 scales within a tensor, or a projection of any other type is refused with the tensor's name.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from orcaserve.scheduler.model.gguf_blocks import _as_gguf_py_reads
+from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
 from orcaserve.scheduler.model.stream_load import _put
 
 log = logging.getLogger(__name__)
@@ -62,45 +65,43 @@ _LAYER = {
 }
 
 
-def _field(reader: Any, key: str) -> Any:
+def _field(metadata: dict[str, Any], key: str) -> Any:
     """A metadata value; an fp32 as its shortest decimal (1e-05, not 9.99999974e-06), as a config
     file would hold it: the same fp32 wherever the model computes with it."""
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    value = field.contents()
+    value = metadata.get(key)
     return float(str(np.float32(value))) if isinstance(value, float) else value
 
 
-def bitnet_config(reader: Any) -> Any:
-    """The BitNetConfig a `bitnet` GGUF's metadata describes; raises ValueError where the lean
-    decoder would compute another model (another head size or rope scaling)."""
+def bitnet_config(metadata: dict[str, Any], header: Any) -> Any:
+    """The BitNetConfig a `bitnet` GGUF's metadata and tensor table (`gguf_header.read_gguf`)
+    describe; raises ValueError where the lean decoder would compute another model (another head
+    size or rope scaling)."""
     from transformers import BitNetConfig
 
-    arch = _field(reader, "general.architecture")
+    arch = _field(metadata, "general.architecture")
     if arch != ARCHITECTURE:
         raise ValueError(f"general.architecture is {arch!r}, not {ARCHITECTURE!r}")
     values: dict[str, Any] = {}
     for key, name in _CONFIG.items():
-        value = _field(reader, f"{ARCHITECTURE}.{key}")
+        value = _field(metadata, f"{ARCHITECTURE}.{key}")
         if value is not None:
             values[name] = value
+    shapes = {t.name: t.shape for t in header.tensors}  # torch order: [rows, columns]
     if "vocab_size" not in values:  # older converters write no vocab_size: the embedding's rows
-        embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
-        values["vocab_size"] = int(embed.shape[1])
+        values["vocab_size"] = int(shapes["token_embd.weight"][0])
     for key, name in _TOKENS.items():
-        values[name] = _field(reader, f"tokenizer.ggml.{key}")
+        values[name] = _field(metadata, f"tokenizer.ggml.{key}")
     heads, hidden = values["num_attention_heads"], values["hidden_size"]
-    rot = _field(reader, f"{ARCHITECTURE}.rope.dimension_count")
+    rot = _field(metadata, f"{ARCHITECTURE}.rope.dimension_count")
     if rot is not None and rot != hidden // heads:
         raise ValueError(f"rope.dimension_count {rot} is not the head size {hidden // heads}: not served")
-    scaling = _field(reader, f"{ARCHITECTURE}.rope.scaling.type")
-    factor = _field(reader, f"{ARCHITECTURE}.rope.scaling.factor")
+    scaling = _field(metadata, f"{ARCHITECTURE}.rope.scaling.type")
+    factor = _field(metadata, f"{ARCHITECTURE}.rope.scaling.factor")
     if scaling not in (None, "none", "linear") or (scaling == "linear" and factor not in (None, 1.0)):
         raise ValueError(f"rope scaling {scaling!r} (factor {factor}) is not served for BitNet")
-    theta = _field(reader, f"{ARCHITECTURE}.rope.freq_base")
+    theta = _field(metadata, f"{ARCHITECTURE}.rope.freq_base")
     values["rope_parameters"] = {"rope_type": "default", "rope_theta": float(theta or _ROPE_THETA)}
-    values["tie_word_embeddings"] = all(t.name != "output.weight" for t in reader.tensors)
+    values["tie_word_embeddings"] = "output.weight" not in shapes
     config = BitNetConfig(**values)
     config.architectures = ["BitNetForCausalLM"]
     return config
@@ -116,10 +117,11 @@ def ternary_codes(name: str, raw: np.ndarray, kind: Any, shape: tuple[int, int])
     blocks = np.array(raw, dtype=np.uint8).reshape(n * k // block, size)  # a copy: d is rewritten below
     d = blocks[:, -2:].copy().view(np.float16).astype(np.float32)[:, 0]  # [blocks], the last 2 bytes
     blocks[:, -2:] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
-    codes = dequantize(blocks, kind).reshape(n, k)  # gguf-py's decoding, times 1
-    if not np.isin(codes, (-1.0, 0.0, 1.0)).all():
+    codes = dequantize(blocks, kind).reshape(n, k)  # gguf-py's decoding, times 1: integers in fp32
+    if codes.min() < -1 or codes.max() > 1:  # a bound, not np.isin: a third of the decoding's time
         raise ValueError(f"{name}: a {kind.name} code outside {{-1, 0, +1}}: not a ternary weight")
-    live = d[np.abs(codes.reshape(-1, block)).max(axis=1) > 0]  # blocks with a nonzero code
+    ints = codes.astype(np.int8)
+    live = d[ints.reshape(-1, block).any(axis=1)]  # blocks with a nonzero code
     scale = float(live[0]) if live.size else 1.0  # an all-zero tensor: any scale gives 0
     if live.size and (not np.all(live == live[0]) or not np.isfinite(scale) or scale <= 0):
         found = np.unique(live)[:4].tolist()
@@ -127,7 +129,7 @@ def ternary_codes(name: str, raw: np.ndarray, kind: Any, shape: tuple[int, int])
             f"{name}: its {kind.name} blocks carry scales {found}{' ...' if np.unique(live).size > 4 else ''}; "
             "BitNet serves one finite positive scale per tensor"
         )
-    return torch.from_numpy(codes.astype(np.int8)), scale
+    return torch.from_numpy(ints), scale
 
 
 def _parameter(name: str) -> str:
@@ -144,30 +146,32 @@ def load_bitnet_gguf(path: str) -> Any:
     """The BitNetForCausalLM of a `bitnet` GGUF at `path`, on the CPU: projections as BitLinear
     (packed codes, weight_scale = 1 / d in fp32), the rest in fp32 as gguf-py dequantizes it."""
     from accelerate import init_empty_weights
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
     from gguf import dequantize as gguf_dequantize
     from transformers import BitNetForCausalLM
     from transformers.integrations.bitnet import BitLinear, pack_weights
 
-    reader = GGUFReader(path)
-    config = bitnet_config(reader)
+    metadata, header = read_gguf(path)
+    config = bitnet_config(metadata, header)
     with init_empty_weights():
         model = BitNetForCausalLM(config)
-    for t in reader.tensors:
-        key = _parameter(t.name)
-        shape = tuple(int(x) for x in reversed(t.shape))  # GGUF lists dimensions innermost first
+    blob = np.memmap(path, mode="r", dtype=np.uint8)
+    for info in header.tensors:
+        key = _parameter(info.name)
+        kind, raw = GGMLQuantizationType(info.ggml_type), tensor_bytes(blob, header, info)
         if key.endswith("_proj"):  # a ternary projection, a BitLinear of the packed checkpoint
-            if t.tensor_type.name not in TERNARY:
-                raise ValueError(f"{t.name} is {t.tensor_type.name}: a BitNet GGUF's projections are TQ1_0 or TQ2_0")
-            codes, d = ternary_codes(t.name, t.data, t.tensor_type, (shape[0], shape[1]))
-            layer = BitLinear(shape[1], shape[0], bias=False, dtype=torch.float32)
+            if kind.name not in TERNARY or len(info.shape) != 2:
+                raise ValueError(f"{info.name} is {kind.name}: a BitNet GGUF's projections are TQ1_0 or TQ2_0")
+            n, k = info.shape  # [N, K]
+            codes, d = ternary_codes(info.name, raw, kind, (n, k))
+            layer = BitLinear(k, n, bias=False, dtype=torch.float32)
             layer.weight.copy_(pack_weights(codes))  # [N/4, K] uint8, transformers' packing
             layer.weight_scale.fill_(1.0 / d)  # fp32
             owner, _, attr = key.rpartition(".")
             setattr(model.get_submodule(owner), attr, layer)
             continue
-        w = torch.from_numpy(np.array(gguf_dequantize(t.data, t.tensor_type), dtype=np.float32)).reshape(shape)
-        _put(model, key, w)
+        w = gguf_dequantize(_as_gguf_py_reads(raw, kind, info.shape), kind)
+        _put(model, key, torch.from_numpy(np.array(w, dtype=np.float32)).reshape(info.shape))  # a copy
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     missing = [name for name, p in model.named_parameters() if p.is_meta]

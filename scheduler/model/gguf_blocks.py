@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from orcaserve.kernels.quant import BlockCodes, dequantize, take_rows
+from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -208,14 +209,13 @@ def stream_gguf(
     input); `model`: the weightless model being filled. Codes come for the names `wants_codes`
     accepts: the file's own blocks in the parameter's row order, verified to dequantize to the
     tensor bit for bit (as match_gguf_blocks, against the one tensor the name map names), else None
-    with the reason in the log. The tensor table is read with transformers' own lean reader
-    (gguf-py's GGUFReader parses the whole vocabulary first: ~10 s for SmolLM2's)."""
+    with the reason in the log. The header is read lean (gguf_header.read_gguf: gguf-py's
+    GGUFReader parses the whole vocabulary first, ~10 s for SmolLM2's)."""
     from gguf import GGMLQuantizationType
     from gguf import dequantize as gguf_dequantize
-    from transformers.integrations.gguf.reader import GgufHeader
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    header = GgufHeader.from_file(path)
+    _, header = read_gguf(path)
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config)
     names = get_gguf_hf_weights_map(_TopNames(model), processor)
     parsed: dict[str, dict] = {"config": config, "tensors": {}}
@@ -223,8 +223,7 @@ def stream_gguf(
     other: list[str] = []
     for info in header.tensors:
         kind = GGMLQuantizationType(info.ggml_type)
-        start = header.data_start + info.offset
-        data = _as_gguf_py_reads(blob[start : start + info.nbytes], kind, info.shape)
+        data = _as_gguf_py_reads(tensor_bytes(blob, header, info), kind, info.shape)
         done = processor.process(
             weights=gguf_dequantize(data, kind), name=info.name, tensor_key_mapping=names, parsed_parameters=parsed
         )
