@@ -21,7 +21,12 @@ MIB = 1 << 20
 @pytest.fixture
 def loop(tokenizer):
     engine = Engine.from_model(
-        copy.deepcopy(tiny_model("llama")), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32"
+        copy.deepcopy(tiny_model("llama")),
+        tokenizer,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        kv_cache_memory=64 << 20,
     )
     loop = EngineLoop(engine).start()
     yield loop

@@ -27,7 +27,14 @@ from orcaserve.scheduler.engine_request import EngineRequest
 def loop_and_model(tokenizer):
     model = tiny_model("llama")
     loop = EngineLoop(
-        Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32")
+        Engine.from_model(
+            copy.deepcopy(model),
+            tokenizer,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            dtype="float32",
+            kv_cache_memory=64 << 20,
+        )
     ).start()
     yield loop, model
     loop.shutdown()
@@ -183,7 +190,12 @@ def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
 def test_waiting_queue_is_bounded(tokenizer):
     model = tiny_model("llama")
     engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_seqs=1, max_num_batched_tokens=64, dtype="float32"
+        copy.deepcopy(model),
+        tokenizer,
+        max_num_seqs=1,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        kv_cache_memory=64 << 20,
     )
     entered, gate = threading.Event(), threading.Event()
 
@@ -219,7 +231,12 @@ def test_waiting_queue_is_bounded(tokenizer):
 def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
     model = tiny_model("llama")
     engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32"
+        copy.deepcopy(model),
+        tokenizer,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        kv_cache_memory=64 << 20,
     )
     batches = []
 
@@ -257,7 +274,12 @@ class _Boom(BaseException):
 def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
     model = tiny_model("llama")
     engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32"
+        copy.deepcopy(model),
+        tokenizer,
+        max_num_seqs=8,
+        max_num_batched_tokens=64,
+        dtype="float32",
+        kv_cache_memory=64 << 20,
     )
     died = []
 
@@ -288,7 +310,12 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
     def build() -> Engine:
         built_on.append(threading.current_thread().name)
         return Engine.from_model(
-            copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=32, dtype="float32"
+            copy.deepcopy(model),
+            tokenizer,
+            max_num_seqs=4,
+            max_num_batched_tokens=32,
+            dtype="float32",
+            kv_cache_memory=64 << 20,
         )
 
     loop = EngineLoop.launch(build)
@@ -313,7 +340,7 @@ def test_a_burst_fills_the_seats_and_the_queue_before_any_step(tokenizer):
     sequences (choices counted) are all accepted and exact, and only the overflow is refused,
     counted by reason; what waits is counted wherever it waits, and is 0 at the end."""
     model = tiny_model("llama")
-    args = {"max_num_seqs": 3, "max_num_batched_tokens": 64, "dtype": "float32"}
+    args = {"max_num_seqs": 3, "max_num_batched_tokens": 64, "dtype": "float32", "kv_cache_memory": 64 << 20}
     engine = Engine.from_model(copy.deepcopy(model), tokenizer, **args)
     reference = Engine.from_model(copy.deepcopy(model), tokenizer, **args)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -346,7 +373,12 @@ def test_a_burst_fills_the_seats_and_the_queue_before_any_step(tokenizer):
 
 def test_refusals_before_the_first_token_are_counted_by_reason(tokenizer):
     engine = Engine.from_model(
-        copy.deepcopy(tiny_model("llama")), tokenizer, max_num_seqs=2, max_model_len=32, dtype="float32"
+        copy.deepcopy(tiny_model("llama")),
+        tokenizer,
+        max_num_seqs=2,
+        max_model_len=32,
+        dtype="float32",
+        kv_cache_memory=64 << 20,
     )
     loop = EngineLoop(engine, max_waiting=2).start()
     try:

@@ -71,7 +71,12 @@ def test_every_field_reaches_the_request_offline(engine_for):
 
 def test_every_field_reaches_the_request_through_the_loop(tokenizer):
     engine = Engine.from_model(
-        copy.deepcopy(tiny_model("llama")), tokenizer, max_num_seqs=4, max_num_batched_tokens=32, dtype="float32"
+        copy.deepcopy(tiny_model("llama")),
+        tokenizer,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        dtype="float32",
+        kv_cache_memory=64 << 20,
     )
     engine.slo_classes = check_slo_classes(CLASSES)
     seen: list[EngineRequest] = []

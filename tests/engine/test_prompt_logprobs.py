@@ -130,7 +130,9 @@ def test_the_loop_ends_held_requests_by_deadline_and_abort(tokenizer, monkeypatc
     """Through EngineLoop: a request held by a job that never ends is answered TimedOut at its
     deadline, another is aborted (a client leaving), and a plain request is served meanwhile."""
     model = tiny_model("llama")
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, max_num_batched_tokens=64, dtype="float32")
+    engine = Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_batched_tokens=64, dtype="float32", kv_cache_memory=64 << 20
+    )
 
     def endless(self):
         time.sleep(0.01)
