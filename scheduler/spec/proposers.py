@@ -66,8 +66,6 @@ class NgramProposer:
     The n-grams are indexed as tokens arrive (a dict per n, O(1) per token), so a step costs a
     few lookups whatever the length of the request. A match whose continuation runs into the
     suffix itself continues the repetition it found (a period-p loop proposes k tokens, not p).
-    The match found is then measured backwards, past `prompt_lookup_max`, up to LONGEST_MATCH
-    tokens: its length is the proposal's kind for the policy (`kinds`).
     """
 
     def __init__(self, config: LookupSettings) -> None:
@@ -76,8 +74,9 @@ class NgramProposer:
 
     def lookup(self, request_id: str, tokens: Sequence[int]) -> tuple[int, int]:
         """The latest earlier occurrence of the longest suffix looked up (the position of its last
-        token, -1: none) and how many tokens before the end agree with it (up to LONGEST_MATCH):
-        the match length, which tells how far the request is into a copied run."""
+        token, -1: none) and how many tokens before the end agree with it, measured backwards past
+        `prompt_lookup_max` up to LONGEST_MATCH: the match length, which tells how far the request
+        is into a copied run (the proposal's kind for the policy, `kinds`)."""
         index = self._index.get(request_id)
         if index is None:
             index = self._index[request_id] = _Index(self.sizes)
