@@ -77,6 +77,8 @@ class SpecDecoding:
             return
         kinds = self.proposer.kinds(candidates)  # prompt lookup: the rows with a match, by its length
         self._kinds = kinds
+        for req in candidates:  # the proposer now holds state for each: dropped when it finishes
+            self._tracked[req.request_id] = req
         candidates = [r for r in candidates if r.request_id in kinds]
         rows: list[tuple[Request, int]] = []  # the rows asked for proposals, each with its K
         for req, k in self.policy.plan(sched, candidates, kinds):
@@ -86,7 +88,6 @@ class SpecDecoding:
                 k = min(k, req.params.num_speculative_tokens)
             if k <= 0:
                 continue
-            self._tracked[req.request_id] = req
             rows.append((req, k))
             budget -= k
             rows_left -= k
