@@ -52,6 +52,9 @@ class SetAgreement:
             out.append(proposals)
         return out
 
+    def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
+        return self.draft.kinds(reqs)
+
     def drop(self, request_id: str) -> None:
         self.draft.drop(request_id)
 
@@ -85,7 +88,7 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
         off = run_set(engine, prompts, clients, n, args.max_tokens)
         spec.proposer = SetAgreement(draft, answers, agreement, engine.vocab_size)
         spec.stats, spec.policy = SpecStats(method="draft"), SpecPolicy(spec.config)
-        spec.policy.plan = lambda sched, candidates: [(r, k) for r in candidates]  # every row, K each
+        spec.policy.plan = lambda sched, candidates, kinds=None: [(r, k) for r in candidates]  # every row, K each
         engine.spec = spec
         on = run_set(engine, prompts, clients, n, args.max_tokens)
         stats = spec.stats.to_dict()

@@ -36,6 +36,9 @@ class RepeatLast:
     def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
         return [[req.all_token_ids[-1]] * k for req, k in rows]
 
+    def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
+        return {req.request_id: 0 for req in reqs}
+
     def drop(self, request_id: str) -> None:
         pass
 
@@ -49,7 +52,7 @@ def run_rows(args: argparse.Namespace, engine: Engine, spec: SpecDecoding) -> di
         sweep = range(1, args.rows + 1)
         for rows in sweep if repeat % 2 == 0 else reversed(sweep):  # a load that drifts, both ways
             k = rows - 1
-            spec.policy.plan = lambda sched, candidates, k=k: [(r, k) for r in candidates]
+            spec.policy.plan = lambda sched, candidates, kinds=None, k=k: [(r, k) for r in candidates]
             engine.spec = spec if k else None
             engine.add_request("rows", ChatPrompt([{"role": "user", "content": PROMPT}]), params)
             times = []

@@ -57,6 +57,7 @@ class SpecDecoding:
         self._tracked: dict[str, Request] = {}  # requests the proposer and the policy hold state for
         self._rng: dict[str, torch.Tensor] = {}  # a seeded sampled row's generator state before the step
         self._merge = False  # a request emitted several tokens this step
+        self._kinds: dict[str, int] = {}  # the step's rows' kinds of proposal (`Proposer.kinds`)
 
     # ---- before the model runs ------------------------------------------------------------------
     def propose(self, sched: SchedulerOutput, budget: int, kv: KVCacheManager) -> None:
@@ -74,15 +75,19 @@ class SpecDecoding:
         if not candidates or budget <= 0 or rows_left <= 0:
             self.stats.steps_off += bool(candidates)
             return
+        kinds = self.proposer.kinds(candidates)  # prompt lookup: the rows with a match, by its length
+        self._kinds = kinds
+        for req in candidates:  # the proposer now holds state for each: dropped when it finishes
+            self._tracked[req.request_id] = req
+        candidates = [r for r in candidates if r.request_id in kinds]
         rows: list[tuple[Request, int]] = []  # the rows asked for proposals, each with its K
-        for req, k in self.policy.plan(sched, candidates):
+        for req, k in self.policy.plan(sched, candidates, kinds):
             out_left = req.params.max_tokens - len(req.output_token_ids) - 1  # emitted: at most k + 1
             k = min(k, budget, rows_left, out_left, self.max_model_len - req.num_tokens - 1)
             if req.params.num_speculative_tokens is not None:
                 k = min(k, req.params.num_speculative_tokens)
             if k <= 0:
                 continue
-            self._tracked[req.request_id] = req
             rows.append((req, k))
             budget -= k
             rows_left -= k
@@ -156,7 +161,7 @@ class SpecDecoding:
             sched.num_scheduled_tokens[req.request_id] = 1 + a
             self._merge |= a > 0
             self.stats.record(k, a)
-            self.policy.observe(req.request_id, k, a)
+            self.policy.observe(req.request_id, k, a, self._kinds.get(req.request_id, 0))
             state = self._rng.pop(req.request_id, None)
             if state is not None and a < k:
                 self._rewind(req, state, a + 1)

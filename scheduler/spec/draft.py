@@ -189,6 +189,10 @@ class DraftProposer:
         draft.verified = len(tokens)
         return draft
 
+    def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
+        """Every request gets a proposal, of one kind (the draft's acceptance is not told apart)."""
+        return {req.request_id: 0 for req in reqs}
+
     def drop(self, request_id: str) -> None:
         draft = self._drafts.pop(request_id, None)
         if draft is not None:

@@ -13,12 +13,17 @@ the batch fills and the step's rows already keep the machine busy. Before the mo
 enough steps every eligible row speculates with the configured K: those steps are what it learns
 the price of a row from.
 
-A request whose recent accepted tokens per speculated step stay below `min_accepted` stops
-proposing for a while (doubling each time), then tries again.
+A request's acceptance is kept per kind of proposal (`kind`, 0 when the proposer does not tell
+them apart): prompt lookup tells the length of the suffix its proposal matched (`match_kind`), as
+a copied run found by 8 tokens is accepted far more often than a guess from one token. So a request
+whose one-token guesses fail keeps speculating, with its full K, on the long matches of a copied
+run. A kind whose recent accepted tokens per speculated step stay below `min_accepted` stops
+proposing for a while (doubling each time), then tries again; the request's other kinds go on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +40,12 @@ PAUSE_STEPS = 16  # first pause, in steps; doubles each time, up to MAX_PAUSE
 MAX_PAUSE = 512
 MAX_ALPHA = 0.95  # a request that accepted everything so far is not taken as certain
 Item = tuple[float, float, float, int, int]  # a proposal: gain per second, gain, seconds, its pick, j (1..K)
+KINDS = 4  # match lengths 1, 2-3, 4-7, 8 and more
+
+
+def match_kind(length: int) -> int:
+    """The kind of a prompt-lookup proposal from the length of the suffix it matched (>= 1)."""
+    return min(KINDS - 1, max(length, 1).bit_length() - 1)
 
 
 @dataclass
@@ -56,18 +67,21 @@ class SpecPolicy:
         self.k_max = config.num_speculative_tokens
         self.min_accepted = config.min_accepted
         self.cost = StepCostModel()
-        self._rows: dict[str, _Row] = {}
+        self._rows: dict[str, dict[int, _Row]] = {}  # per request, per kind of proposal
         self.declined_steps = 0  # steps the cost model found speculation would not pay
 
-    def _row(self, rid: str) -> _Row:
-        row = self._rows.get(rid)
+    def _row(self, rid: str, kind: int = 0) -> _Row:
+        rows = self._rows.get(rid)
+        if rows is None:
+            rows = self._rows[rid] = {}
+        row = rows.get(kind)
         if row is None:
-            row = self._rows[rid] = _Row()
+            row = rows[kind] = _Row()
         return row
 
-    def k_for(self, rid: str) -> int:
-        """The most proposals a request may get this step (0: paused)."""
-        row = self._row(rid)
+    def k_for(self, rid: str, kind: int = 0) -> int:
+        """The most proposals a request may get this step for a proposal of `kind` (0: paused)."""
+        row = self._row(rid, kind)
         if row.paused > 0:
             row.paused -= 1
             if row.paused == 0:  # try again, from an acceptance of one half
@@ -76,20 +90,28 @@ class SpecPolicy:
             return 0
         return self.k_max
 
-    def plan(self, sched: SchedulerOutput, candidates: list[Request]) -> list[tuple[Request, int]]:
-        """The rows that speculate this step, best first, with their K."""
-        picks = [(req, k) for req in candidates if (k := self.k_for(req.request_id)) > 0]
+    def plan(
+        self, sched: SchedulerOutput, candidates: list[Request], kinds: Mapping[str, int] | None = None
+    ) -> list[tuple[Request, int]]:
+        """The rows that speculate this step, best first, with their K; `kinds`: each candidate's
+        kind of proposal (absent: 0)."""
+        kinds = kinds or {}
+        picks = [
+            (req, k, kinds.get(req.request_id, 0))
+            for req in candidates
+            if (k := self.k_for(req.request_id, kinds.get(req.request_id, 0))) > 0
+        ]
         shape = sched.shape
         base = self.cost.predict(shape) if picks and shape is not None else None
         if shape is None or base is None or base <= 0.0:
-            return picks  # the cost model is still learning: every eligible row speculates
+            return [(req, k) for req, k, _ in picks]  # the cost model is still learning: every eligible row speculates
         tokens = float(len(sched.sampling))
-        if not any(self._first_pays(shape, base, req, tokens) for req, _ in picks):
+        if not any(self._first_pays(shape, base, req, kind, tokens) for req, _, kind in picks):
             self.declined_steps += 1  # a row's first proposal is its best: none beats the step
             return []
         items: list[Item] = []  # the j-th proposal of each pick
-        for i, (req, cap) in enumerate(picks):
-            alpha = self._row(req.request_id).alpha
+        for i, (req, cap, kind) in enumerate(picks):
+            alpha = self._row(req.request_id, kind).alpha
             before = 0.0
             for j in range(1, cap + 1):
                 extra = self.extra_seconds(shape, base, req.num_computed_tokens, j)
@@ -117,9 +139,9 @@ class SpecPolicy:
             tokens, total = tokens + gain, total + max(seconds, 0.0)
         return ks, order
 
-    def _first_pays(self, shape: StepShape, base: float, req: Request, tokens: float) -> bool:
+    def _first_pays(self, shape: StepShape, base: float, req: Request, kind: int, tokens: float) -> bool:
         seconds = self.extra_seconds(shape, base, req.num_computed_tokens, 1)
-        return seconds <= 0.0 or self._row(req.request_id).alpha / seconds > tokens / base
+        return seconds <= 0.0 or self._row(req.request_id, kind).alpha / seconds > tokens / base
 
     def extra_seconds(self, shape: StepShape, base: float, computed: int, k: int) -> float:
         """What k proposals on a decode row add to the step `shape` (predicted `base` seconds): the
@@ -132,9 +154,10 @@ class SpecPolicy:
         )
         return (self.cost.predict(wider) or base) - base
 
-    def observe(self, rid: str, proposed: int, accepted: int) -> None:
-        """A speculated row's outcome: its averages, and a pause if it stays below the floor."""
-        row = self._row(rid)
+    def observe(self, rid: str, proposed: int, accepted: int, kind: int = 0) -> None:
+        """A speculated row's outcome: the averages of its kind of proposal, and a pause of that
+        kind if they stay below the floor."""
+        row = self._row(rid, kind)
         row.accepted += EMA * (accepted - row.accepted)
         row.checked += EMA * (accepted + (accepted < proposed) - row.checked)
         row.steps += 1

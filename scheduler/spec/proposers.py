@@ -15,6 +15,7 @@ from typing import Protocol
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.draft import DraftProposer
+from orcaserve.scheduler.spec.policy import match_kind
 from orcaserve.scheduler.spec.target import Target
 
 
@@ -34,18 +35,27 @@ class Proposer(Protocol):
         """Up to k proposals for each (request, k), in order ([] : none)."""
         ...
 
+    def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
+        """The kind of proposal each request would get this step, known before proposing (the
+        policy keeps a request's acceptance per kind, policy.py); a request left out has none."""
+        ...
+
     def drop(self, request_id: str) -> None: ...
+
+
+LONGEST_MATCH = 32  # a match is measured up to this many tokens (its kind needs no more)
 
 
 class _Index:
     """One request's n-grams: for each n, the n-gram -> the position of its last token, the latest
     occurrence; `done`: n-grams ending before this position are in."""
 
-    __slots__ = ("done", "maps")
+    __slots__ = ("done", "maps", "found")
 
     def __init__(self, sizes: range) -> None:
         self.done = 0
         self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in sizes}
+        self.found: tuple[int, int, int] = (-1, -1, 0)  # tokens looked up, the hit, its match length
 
 
 class NgramProposer:
@@ -62,11 +72,17 @@ class NgramProposer:
         self.sizes = range(config.prompt_lookup_min, config.prompt_lookup_max + 1)
         self._index: dict[str, _Index] = {}
 
-    def propose(self, request_id: str, tokens: Sequence[int], k: int) -> list[int]:
+    def lookup(self, request_id: str, tokens: Sequence[int]) -> tuple[int, int]:
+        """The latest earlier occurrence of the longest suffix looked up (the position of its last
+        token, -1: none) and how many tokens before the end agree with it, measured backwards past
+        `prompt_lookup_max` up to LONGEST_MATCH: the match length, which tells how far the request
+        is into a copied run (the proposal's kind for the policy, `kinds`)."""
         index = self._index.get(request_id)
         if index is None:
             index = self._index[request_id] = _Index(self.sizes)
         total = len(tokens)
+        if index.found[0] == total:
+            return index.found[1], index.found[2]
         # Index every n-gram ending before the last token (the suffix must not find itself).
         maps = index.maps
         for end in range(index.done, total - 1):
@@ -74,16 +90,36 @@ class NgramProposer:
                 if end + 1 >= n:
                     maps[n][tuple(tokens[end + 1 - n : end + 1])] = end
         index.done = max(index.done, total - 1)
+        hit, length = -1, 0
         for n in reversed(self.sizes):
             if total < n:
                 continue
-            hit = maps[n].get(tuple(tokens[total - n :]))
-            if hit is not None:
-                out: list[int] = []
-                for j in range(hit + 1, hit + 1 + k):  # positions past the end repeat the proposal itself
-                    out.append(tokens[j] if j < total else out[j - total])
-                return out
-        return []
+            at = maps[n].get(tuple(tokens[total - n :]))
+            if at is not None:
+                hit, length = at, n
+                while length < LONGEST_MATCH and at - length >= 0 and tokens[at - length] == tokens[total - 1 - length]:
+                    length += 1
+                break
+        index.found = (total, hit, length)
+        return hit, length
+
+    def propose(self, request_id: str, tokens: Sequence[int], k: int) -> list[int]:
+        hit, _ = self.lookup(request_id, tokens)
+        if hit < 0:
+            return []
+        total = len(tokens)
+        out: list[int] = []
+        for j in range(hit + 1, hit + 1 + k):  # positions past the end repeat the proposal itself
+            out.append(tokens[j] if j < total else out[j - total])
+        return out
+
+    def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
+        kinds: dict[str, int] = {}
+        for req in reqs:
+            hit, length = self.lookup(req.request_id, req.all_token_ids)
+            if hit >= 0:
+                kinds[req.request_id] = match_kind(length)
+        return kinds
 
     def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
         return [self.propose(req.request_id, req.all_token_ids, k) for req, k in rows]

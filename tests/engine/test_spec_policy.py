@@ -94,3 +94,18 @@ def test_rows_speculate_best_first_while_they_beat_the_step():
     # r0 and r1 (0.95 a proposal) take 4 each; then the step yields 13 tokens in 22 ms, more per
     # second than the others' first proposal (0.5 tokens for 1 ms)
     assert [(r.request_id, k) for r, k in chosen] == [("r0", 4), ("r1", 4)]
+
+
+def test_a_kind_of_proposal_that_fails_pauses_alone():
+    """A request whose one-token guesses are rejected stops proposing them, and still speculates
+    with its full K where its proposals come from long matches (a copied run), which it accepts."""
+    policy = _policy()
+    policy.cost.coefficients = [0.0087, 0.0, 0.0006, 0.0]
+    for _ in range(8):
+        policy.observe("r0", 4, 0, kind=0)
+        policy.observe("r0", 4, 4, kind=3)
+    one = _Sched(1)
+    row = one.sampling[0]
+    assert policy.plan(one, one.sampling, {"r0": 0}) == []  # type: ignore[arg-type]
+    assert policy.plan(one, one.sampling, {"r0": 3}) == [(row, 4)]  # type: ignore[arg-type]
+    assert policy.plan(one, one.sampling) == []  # type: ignore[arg-type]  # no kind given: kind 0

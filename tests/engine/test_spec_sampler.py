@@ -8,7 +8,7 @@ import torch
 
 from orcaserve.scheduler.core.step_cost import StepShape
 from orcaserve.scheduler.spec.config import SpeculativeConfig
-from orcaserve.scheduler.spec.policy import SpecPolicy
+from orcaserve.scheduler.spec.policy import SpecPolicy, match_kind
 from orcaserve.scheduler.spec.proposers import NgramProposer
 from orcaserve.scheduler.spec.verify import accepted_length, rejection_sample
 
@@ -87,6 +87,21 @@ def test_prompt_lookup_proposals():
     assert prop.propose("c", [1, 2, 3, 1, 2, 7, 1, 2], 2) == [7, 1]  # the latest occurrence
     prop.drop("a")
     assert "a" not in prop._index
+
+
+def test_prompt_lookup_measures_its_match_past_the_longest_lookup():
+    """The match found by a 4-token lookup is measured backwards: its length (here 9 tokens, the
+    whole copied run) is the proposal's kind for the policy; a one-token guess is another kind."""
+    cfg = SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4})
+    assert cfg is not None
+    prop = NgramProposer(cfg)
+    run = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    tokens = [5, *run, 20, 21, 6, *run]
+    assert prop.lookup("a", tokens) == (9, 9)  # the copy's last token, 9 tokens agree
+    assert prop.propose("a", tokens, 3) == [20, 21, 6]
+    assert prop.lookup("b", [1, 2, 3, 4, 3]) == (2, 1)  # one token, looked up alone
+    assert prop.lookup("c", [1, 2, 3]) == (-1, 0)
+    assert [match_kind(n) for n in (1, 2, 3, 4, 7, 8, 32)] == [0, 1, 1, 2, 2, 3, 3]
 
 
 def test_policy_stops_paying_as_the_batch_fills_and_pauses_poor_rows():

@@ -98,6 +98,18 @@ def test_rows_that_do_not_speculate(engine_for):
     assert 0 < on.spec.stats.proposed <= on.spec.stats.speculated_rows
 
 
+def test_requests_the_policy_never_picked_leave_no_state(engine_for):
+    """The proposer measures every eligible row's match before the policy decides; a request it then
+    never picked is still forgotten when it finishes (a later request of the same id starts afresh)."""
+    model = tiny_model("llama")
+    on = speculating(engine_for(model, speculative=NGRAM))
+    on.spec.policy.plan = lambda sched, candidates, kinds=None: []
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    on.generate([[9, 10, 11, 12] * 10], p)
+    assert on.spec.stats.proposed == 0 and not on.spec._tracked
+    assert not on.spec.proposer._index and not on.spec.policy._rows
+
+
 @pytest.mark.parametrize(
     "value, match",
     [
