@@ -126,7 +126,7 @@ class FairPolicy(SchedulingPolicy):
             running.setdefault(req.tenant, deque()).append(req)
         below, above = self.cap_sets(running)
         capped: dict[str, int] = {}  # request -> prompt tokens it was given under the cap
-        no_room: set[str | None] = set()  # tenants whose next waiting request the step's limits leave no tokens
+        no_room: set[str | None] = set()  # next waiting request left no tokens or no adapter slot
         used = 0  # of those, the tokens of rows still in the step (`capped`'s rows not taken back)
         admitting = True
 
@@ -167,6 +167,8 @@ class FairPolicy(SchedulingPolicy):
                         del running[tenant]
                     step.continue_running(out, req, limit)
                 elif step.room_for(req) <= 0:  # the latency plan leaves it nothing: others may still fit
+                    no_room.add(tenant)
+                elif step.waits_for_lora(req) is not None:  # its adapter can take no slot: others go on
                     no_room.add(tenant)
                 elif len(step.running) >= self.max_num_seqs and not (
                     handed := self.hand_over(step, out, tenant, running)

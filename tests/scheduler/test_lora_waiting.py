@@ -17,9 +17,11 @@ from orcaserve.scheduler.lora.slots import LoraSlots
 from orcaserve.scheduler.sampling_params import SamplingParams
 
 
-def req(rid: str, lora: str | None, max_tokens: int = 4, priority: int = 0) -> Request:
+def req(rid: str, lora: str | None, max_tokens: int = 4, priority: int = 0, tenant: str | None = None) -> Request:
     params = SamplingParams(max_tokens=max_tokens)
-    return Request(EngineRequest(rid, [1, 2, 3, 4], params, arrival_time=0.0, lora=lora, priority=priority))
+    return Request(
+        EngineRequest(rid, [1, 2, 3, 4], params, arrival_time=0.0, lora=lora, priority=priority, tenant=tenant)
+    )
 
 
 def step(s: Scheduler) -> list[str]:
@@ -62,6 +64,25 @@ def test_a_request_of_a_stacked_adapter_behind_a_blocked_one_still_runs():
     assert step(s) == ["a1", "x1", "a2"]
     assert step(s) == ["a1", "a2", "b1"]  # "x1" finished: "b1", the earliest, took its slot
     assert slots.names == ["a", "b"] and [r.request_id for r in _waiting(s)] == ["c1"]
+
+
+def test_fair_a_blocked_adapter_request_lets_other_tenants_pass():
+    """Under `fair` the tenant whose next request's adapter can take no slot is skipped for the
+    step (its own later requests wait behind it, in its order); the other tenants are admitted."""
+    slots = LoraSlots(1)
+    s = Scheduler(KVCacheManager(64, 4), 8, 256, "fair", lora_slots=slots)
+    s.add_request(req("heavy", None, max_tokens=2, tenant="t2"))  # t2's counter above t1's from here on
+    while s.has_unfinished():
+        step(s)
+    s.add_request(req("a1", "a", max_tokens=8, tenant="t0"))  # holds the one slot while it runs
+    step(s)
+    s.add_request(req("b1", "b", tenant="t1"))  # t1: the smallest counter, its adapter blocked
+    s.add_request(req("base1", None, tenant="t2"))
+    assert step(s) == ["a1", "base1"]
+    assert [r.request_id for r in _waiting(s)] == ["b1"]
+    while "a" in {r.lora for r in s.running.values()}:
+        assert "b1" not in step(s)
+    assert "b1" in step(s) and slots.names == ["b"]
 
 
 def _waiting(s: Scheduler) -> list[Request]:
