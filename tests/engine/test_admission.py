@@ -11,7 +11,7 @@ import time
 import pytest
 
 from orcaserve.bench.models.tiny import tiny_model
-from orcaserve.scheduler import Engine, EngineLoop, InvalidRequest, SamplingParams, ShuttingDown
+from orcaserve.scheduler import EngineLoop, InvalidRequest, SamplingParams, ShuttingDown
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.prompt import ChatPrompt, encode_prompt
 
@@ -19,15 +19,8 @@ MIB = 1 << 20
 
 
 @pytest.fixture
-def loop(tokenizer):
-    engine = Engine.from_model(
-        copy.deepcopy(tiny_model("llama")),
-        tokenizer,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        dtype="float32",
-        kv_cache_memory=64 << 20,
-    )
+def loop(engine_for):
+    engine = engine_for(tiny_model("llama"), max_num_seqs=8, max_num_batched_tokens=64)
     loop = EngineLoop(engine).start()
     yield loop
     loop.shutdown()

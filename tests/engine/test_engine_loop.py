@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import threading
 import time
 
@@ -24,18 +23,9 @@ from orcaserve.scheduler.engine_request import EngineRequest
 
 
 @pytest.fixture
-def loop_and_model(tokenizer):
+def loop_and_model(engine_for):
     model = tiny_model("llama")
-    loop = EngineLoop(
-        Engine.from_model(
-            copy.deepcopy(model),
-            tokenizer,
-            max_num_seqs=8,
-            max_num_batched_tokens=64,
-            dtype="float32",
-            kv_cache_memory=64 << 20,
-        )
-    ).start()
+    loop = EngineLoop(engine_for(model, max_num_seqs=8, max_num_batched_tokens=64)).start()
     yield loop, model
     loop.shutdown()
     assert not loop.alive
@@ -187,16 +177,9 @@ def test_shutdown_answers_in_flight_and_queued_and_refuses_new(loop_and_model):
     assert not loop.alive
 
 
-def test_waiting_queue_is_bounded(tokenizer):
+def test_waiting_queue_is_bounded(engine_for):
     model = tiny_model("llama")
-    engine = Engine.from_model(
-        copy.deepcopy(model),
-        tokenizer,
-        max_num_seqs=1,
-        max_num_batched_tokens=64,
-        dtype="float32",
-        kv_cache_memory=64 << 20,
-    )
+    engine = engine_for(model, max_num_seqs=1, max_num_batched_tokens=64)
     entered, gate = threading.Event(), threading.Event()
 
     def hold(sched):
@@ -228,16 +211,9 @@ def test_waiting_queue_is_bounded(tokenizer):
         loop.shutdown()
 
 
-def test_a_failing_request_fails_alone_and_its_batch_goes_on(tokenizer):
+def test_a_failing_request_fails_alone_and_its_batch_goes_on(engine_for):
     model = tiny_model("llama")
-    engine = Engine.from_model(
-        copy.deepcopy(model),
-        tokenizer,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        dtype="float32",
-        kv_cache_memory=64 << 20,
-    )
+    engine = engine_for(model, max_num_seqs=8, max_num_batched_tokens=64)
     batches = []
 
     def hook(sched):
@@ -271,16 +247,9 @@ class _Boom(BaseException):
     pass
 
 
-def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
+def test_a_dead_loop_answers_everyone_and_reports(engine_for):
     model = tiny_model("llama")
-    engine = Engine.from_model(
-        copy.deepcopy(model),
-        tokenizer,
-        max_num_seqs=8,
-        max_num_batched_tokens=64,
-        dtype="float32",
-        kv_cache_memory=64 << 20,
-    )
+    engine = engine_for(model, max_num_seqs=8, max_num_batched_tokens=64)
     died = []
 
     def hook(sched):
@@ -301,7 +270,7 @@ def test_a_dead_loop_answers_everyone_and_reports(tokenizer):
         loop.submit(EngineRequest("after", [1, 2], SamplingParams()))
 
 
-def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
+def test_launch_builds_the_engine_on_the_loop_thread(engine_for):
     """All torch work, loading included, happens on one thread (one OpenMP team), and a failing
     build surfaces on the caller's thread."""
     model = tiny_model("llama")
@@ -309,14 +278,7 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
 
     def build() -> Engine:
         built_on.append(threading.current_thread().name)
-        return Engine.from_model(
-            copy.deepcopy(model),
-            tokenizer,
-            max_num_seqs=4,
-            max_num_batched_tokens=32,
-            dtype="float32",
-            kv_cache_memory=64 << 20,
-        )
+        return engine_for(model, max_num_seqs=4, max_num_batched_tokens=32)
 
     loop = EngineLoop.launch(build)
     try:
@@ -335,14 +297,14 @@ def test_launch_builds_the_engine_on_the_loop_thread(tokenizer):
         EngineLoop.launch(broken)
 
 
-def test_a_burst_fills_the_seats_and_the_queue_before_any_step(tokenizer):
+def test_a_burst_fills_the_seats_and_the_queue_before_any_step(engine_for):
     """Submitted at once, before the engine has seated anyone: max_num_seqs + max_waiting
     sequences (choices counted) are all accepted and exact, and only the overflow is refused,
     counted by reason; what waits is counted wherever it waits, and is 0 at the end."""
     model = tiny_model("llama")
-    args = {"max_num_seqs": 3, "max_num_batched_tokens": 64, "dtype": "float32", "kv_cache_memory": 64 << 20}
-    engine = Engine.from_model(copy.deepcopy(model), tokenizer, **args)
-    reference = Engine.from_model(copy.deepcopy(model), tokenizer, **args)
+    args = {"max_num_seqs": 3, "max_num_batched_tokens": 64}
+    engine = engine_for(model, **args)
+    reference = engine_for(model, **args)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     expected = reference.generate([[5, 6, 7]], params)[0].output_token_ids
     entered, gate = threading.Event(), threading.Event()
@@ -371,15 +333,8 @@ def test_a_burst_fills_the_seats_and_the_queue_before_any_step(tokenizer):
         loop.shutdown()
 
 
-def test_refusals_before_the_first_token_are_counted_by_reason(tokenizer):
-    engine = Engine.from_model(
-        copy.deepcopy(tiny_model("llama")),
-        tokenizer,
-        max_num_seqs=2,
-        max_model_len=32,
-        dtype="float32",
-        kv_cache_memory=64 << 20,
-    )
+def test_refusals_before_the_first_token_are_counted_by_reason(engine_for):
+    engine = engine_for(tiny_model("llama"), max_num_seqs=2, max_model_len=32)
     loop = EngineLoop(engine, max_waiting=2).start()
     try:
         with pytest.raises(InvalidRequest):

@@ -4,7 +4,6 @@ loop and the OpenAI parser, with no signature in between changed."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import threading
 
@@ -14,7 +13,7 @@ from orcaserve.bench.models.tiny import tiny_model
 from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.openai.protocol import COMPLETIONS, parse_request
 from orcaserve.handler.openai.tenancy import derive_cache_salt, with_tenancy
-from orcaserve.scheduler import Engine, EngineLoop, EngineRequest, InvalidRequest, SamplingParams
+from orcaserve.scheduler import EngineLoop, EngineRequest, InvalidRequest, SamplingParams
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.slo_class import check_slo_classes
 
@@ -69,15 +68,8 @@ def test_every_field_reaches_the_request_offline(engine_for):
         engine.add_request(asked, [1])  # an object, or an id with a prompt: not both
 
 
-def test_every_field_reaches_the_request_through_the_loop(tokenizer):
-    engine = Engine.from_model(
-        copy.deepcopy(tiny_model("llama")),
-        tokenizer,
-        max_num_seqs=4,
-        max_num_batched_tokens=32,
-        dtype="float32",
-        kv_cache_memory=64 << 20,
-    )
+def test_every_field_reaches_the_request_through_the_loop(engine_for):
+    engine = engine_for(tiny_model("llama"), max_num_seqs=4, max_num_batched_tokens=32)
     engine.slo_classes = check_slo_classes(CLASSES)
     seen: list[EngineRequest] = []
     lock = threading.Lock()

@@ -3,7 +3,6 @@ forward of the prompt, on every choice's first and final output, and the engine'
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from orcaserve.bench.models.tiny import hf_greedy, tiny_model
-from orcaserve.scheduler import Engine, EngineLoop, SamplingParams, TimedOut
+from orcaserve.scheduler import EngineLoop, SamplingParams, TimedOut
 from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.prompt_logprobs import PromptLogprobs
 
@@ -126,13 +125,11 @@ def test_a_failing_job_fails_its_request_alone(engine_for, monkeypatch):
     assert "bad" not in engine.choices and engine.kv.pool.num_used == 0
 
 
-def test_the_loop_ends_held_requests_by_deadline_and_abort(tokenizer, monkeypatch):
+def test_the_loop_ends_held_requests_by_deadline_and_abort(engine_for, monkeypatch):
     """Through EngineLoop: a request held by a job that never ends is answered TimedOut at its
     deadline, another is aborted (a client leaving), and a plain request is served meanwhile."""
     model = tiny_model("llama")
-    engine = Engine.from_model(
-        copy.deepcopy(model), tokenizer, max_num_batched_tokens=64, dtype="float32", kv_cache_memory=64 << 20
-    )
+    engine = engine_for(model, max_num_batched_tokens=64)
 
     def endless(self):
         time.sleep(0.01)
