@@ -41,14 +41,7 @@ class LoraSlots:
 
     def can_take(self, name: str, in_use: Callable[[], Collection[str | None]]) -> bool:
         """Whether `admit(name, in_use)` would succeed; changes nothing."""
-        if name in self._lru:
-            return True
-        if not self.on_host(name):
-            return False
-        if None in self.names:
-            return True
-        busy = in_use()
-        return any(held not in busy for held in self._lru)
+        return name in self._lru or self._slot_for(name, in_use) is not None
 
     def admit(self, name: str, in_use: Callable[[], Collection[str | None]]) -> bool:
         """Make `name` stacked for the step being built: True if it is (now), False if every slot
@@ -57,21 +50,28 @@ class LoraSlots:
         if name in self._lru:
             self._lru.move_to_end(name)
             return True
-        if not self.on_host(name):
+        slot = self._slot_for(name, in_use)
+        if slot is None:
             return False
-        if None in self.names:
-            slot = self.names.index(None)
-        else:
-            busy = in_use()
-            victim = next((held for held in self._lru if held not in busy), None)
-            if victim is None:
-                return False
-            slot = self._lru.pop(victim)
+        held = self.names[slot]
+        if held is not None:
+            del self._lru[held]
             self.num_evictions += 1
         self.names[slot] = name
         self._lru[name] = slot
         self.num_swaps += 1
         return True
+
+    def _slot_for(self, name: str, in_use: Callable[[], Collection[str | None]]) -> int | None:
+        """The slot `name`, not stacked, would take: a free one, else that of the least recently
+        used adapter no running request uses; None if there is none or `name` is not in host memory."""
+        if not self.on_host(name):
+            return None
+        if None in self.names:
+            return self.names.index(None)
+        busy = in_use()
+        victim = next((held for held in self._lru if held not in busy), None)
+        return None if victim is None else self._lru[victim]
 
     def on_host(self, name: str) -> bool:
         """`name` is in host memory (not being read back from disk: runtime.py)."""
