@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from orcaserve.kernels.quant import BlockCodes, dequantize, take_rows
-from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
+from orcaserve.scheduler.model.gguf_header import tensor_bytes
 
 log = logging.getLogger(__name__)
 
@@ -209,13 +209,15 @@ def stream_gguf(
     input); `model`: the weightless model being filled. Codes come for the names `wants_codes`
     accepts: the file's own blocks in the parameter's row order, verified to dequantize to the
     tensor bit for bit (as match_gguf_blocks, against the one tensor the name map names), else None
-    with the reason in the log. The header is read lean (gguf_header.read_gguf: gguf-py's
-    GGUFReader parses the whole vocabulary first, ~10 s for SmolLM2's)."""
+    with the reason in the log. The tensor table is read with transformers' own lean reader
+    (gguf-py's GGUFReader parses the whole vocabulary first: ~10 s for SmolLM2's); a BitNet file's
+    ternary types, which that reader refuses, go through gguf_header.read_gguf (bitnet_gguf.py)."""
     from gguf import GGMLQuantizationType
     from gguf import dequantize as gguf_dequantize
+    from transformers.integrations.gguf.reader import GgufHeader
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
-    _, header = read_gguf(path)
+    header = GgufHeader.from_file(path)
     processor = TENSOR_PROCESSORS.get(header.architecture, TensorProcessor)(config=config)
     names = get_gguf_hf_weights_map(_TopNames(model), processor)
     parsed: dict[str, dict] = {"config": config, "tensors": {}}
