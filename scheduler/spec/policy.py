@@ -96,11 +96,8 @@ class SpecPolicy:
         """The rows that speculate this step, best first, with their K; `kinds`: each candidate's
         kind of proposal (absent: 0)."""
         kinds = kinds or {}
-        picks = [
-            (req, k, kinds.get(req.request_id, 0))
-            for req in candidates
-            if (k := self.k_for(req.request_id, kinds.get(req.request_id, 0))) > 0
-        ]
+        with_kinds = [(req, kinds.get(req.request_id, 0)) for req in candidates]
+        picks = [(req, k, kind) for req, kind in with_kinds if (k := self.k_for(req.request_id, kind)) > 0]
         shape = sched.shape
         base = self.cost.predict(shape) if picks and shape is not None else None
         if shape is None or base is None or base <= 0.0:
