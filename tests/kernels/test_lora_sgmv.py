@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels import dispatch
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
 
 
@@ -42,13 +41,6 @@ def test_a_column_slice_of_a_fused_output_is_updated_in_place():
     lora_sgmv(y[:, 10:20], x, [LoraGroup(slice(0, 6), a, b, 1.0)])
     assert torch.equal(y[:, :10], torch.zeros(6, 10)) and torch.equal(y[:, 20:], torch.zeros(6, 10))
     torch.testing.assert_close(y[:, 10:20], x @ a.T @ b.T)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_table_names_the_pytorch_twin_on_every_capability(dtype):
-    for cap in dispatch.CAPABILITIES:
-        assert dispatch.choice("lora_sgmv", dtype, cap).runs == "torch"
-    assert dispatch.resolve("lora_sgmv", dtype) == "torch"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
