@@ -84,8 +84,8 @@ def parts(args: argparse.Namespace) -> dict[str, Calls]:
     out["twin: whole update"] = [partial(lora_batched, y, x, batch, a, b) for x, y, a, b in mods]
     op = dispatch.orcaserve_op(f"orcaserve.lora_batched.{cap}")
     if op is not None:
-        cell = batched_cell(op)
-        out["C++ lora_batched"] = [partial(cell, y, x, batch, a, b) for x, y, a, b in mods]
+        batched = batched_cell(op)
+        out["C++ lora_batched"] = [partial(batched, y, x, batch, a, b) for x, y, a, b in mods]
     return out
 
 

@@ -152,7 +152,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         got = run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients, args.output_len)
         mixed.append(got["tok_s"])
         if args.twin:  # the same mixed run through the PyTorch twins (the A/B of the table's cells)
-            loras = engine.runner.loras
+            loras: Any = engine.runner.loras
             table_ops = loras.op, loras.batched_op
             loras.op, loras.batched_op = lora_sgmv, lora_batched
             try:

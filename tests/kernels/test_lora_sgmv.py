@@ -75,7 +75,7 @@ def test_the_batched_update_equals_one_gemm_pair_per_adapter(dtype, present):
         x,
         [LoraGroup(torch.tensor(r), *weights[s], scales[s]) for s, r in groups.items() if weights[s] is not None],
     )
-    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # fp32: the GEMMs of S R and r columns block their sums apart
     torch.testing.assert_close(out, want, atol=tol, rtol=tol)
     untouched = [r for r in range(t + 3) if all(r not in g for g in groups.values())]
     assert torch.equal(out[untouched], y[untouched])
