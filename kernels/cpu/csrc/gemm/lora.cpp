@@ -7,9 +7,10 @@
 //   of the stacked A [S R, in] and B [out, S R] (no mask over the S R columns, no index_select of
 //   the slots present): rows are sorted by slot and each slot's rows run as one group.
 //
-// A group is cut into tasks of up to kChunk rows; a task widens its adapter's A (and B, transposed
-// to [r, out]) to fp32 once, in its own buffers, then per row: the shrink h = A x (r dot products
-// over `in`), the expand d = B h (r axpys over `out`), both in cache. The roundings are PEFT's, as
+// A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, each row
+// of them (widened to fp32 in L1 for bf16) against all the task's rows: the shrink h = A x (r dot
+// products over `in` a row), then the expand (per output, B's r contiguous columns against each
+// row's h), the [rows, r] intermediate in cache. The roundings are PEFT's, as
 // the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16, then y + that
 // rounded once more (the twins' `y += delta`); fp32 sums in another order than the GEMMs', so the
 // tests hold it to the twins within the dtype's tolerance.
@@ -54,14 +55,6 @@ float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
-void axpy(float alpha, const float* x, float* y, int64_t n) {  // y += alpha * x
-  const int64_t w = Vec::size();
-  const Vec va(alpha);
-  int64_t i = 0;
-  for (; i + w <= n; i += w) at::vec::fmadd(va, Vec::loadu(x + i), Vec::loadu(y + i)).store(y + i);
-  for (; i < n; ++i) y[i] += alpha * x[i];
-}
-
 // One adapter's weights for one projection: A rows a[0..r) of `in`, B's r columns from c0 of rows
 // strided by ldb, and the scale.
 template <typename T>
@@ -79,25 +72,36 @@ struct Task {
   int64_t begin, end;
 };
 
+// `n` values of T at `src` as fp32: `src` itself for fp32, else widened into `buf` (exact).
+template <typename T>
+const float* widened(const T* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return src;
+  } else {
+    to_float(src, buf, n);
+    return buf;
+  }
+}
+
 template <typename T>
 void run_task(const Task<T>& task, const int64_t* rows, const T* x, T* y, int64_t ldy, int64_t in, int64_t out) {
   const Adapter<T>& w = task.w;
-  std::vector<float> aw(w.r * in), bt(w.r * out), xr(in), h(w.r), d(out);
-  to_float(w.a, aw.data(), w.r * in);
-  for (int64_t o = 0; o < out; ++o) {
-    const T* brow = w.b + o * w.ldb + w.c0;
-    for (int64_t j = 0; j < w.r; ++j) bt[j * out + o] = static_cast<float>(brow[j]);
+  const int64_t n = task.end - task.begin, r = w.r;
+  std::vector<float> xs(n * in), abuf(in), h(n * r), bbuf(r);
+  for (int64_t i = 0; i < n; ++i) to_float(x + rows[task.begin + i] * in, xs.data() + i * in, in);
+  // The shrink, A's row j read once for the task's rows (in L1 across them).
+  for (int64_t j = 0; j < r; ++j) {
+    const float* aj = widened(w.a + j * in, abuf.data(), in);
+    for (int64_t i = 0; i < n; ++i) h[i * r + j] = rounded<T>(dot(xs.data() + i * in, aj, in));
   }
-  for (int64_t i = task.begin; i < task.end; ++i) {
-    const int64_t t = rows[i];
-    to_float(x + t * in, xr.data(), in);
-    for (int64_t j = 0; j < w.r; ++j) h[j] = rounded<T>(dot(xr.data(), aw.data() + j * in, in));
-    std::fill(d.begin(), d.end(), 0.f);
-    for (int64_t j = 0; j < w.r; ++j) axpy(h[j], bt.data() + j * out, d.data(), out);
-    T* yr = y + t * ldy;
-    for (int64_t o = 0; o < out; ++o) {
-      const float delta = rounded<T>(rounded<T>(d[o]) * w.scale);
-      yr[o] = static_cast<T>(static_cast<float>(yr[o]) + delta);
+  // The expand: B's r columns of output o (contiguous in a row of B) against each row's h, the
+  // rounded, scaled update added at once.
+  for (int64_t o = 0; o < out; ++o) {
+    const float* bo = widened(w.b + o * w.ldb + w.c0, bbuf.data(), r);
+    for (int64_t i = 0; i < n; ++i) {
+      T* yo = y + rows[task.begin + i] * ldy + o;
+      const float delta = rounded<T>(rounded<T>(dot(h.data() + i * r, bo, r)) * w.scale);
+      *yo = static_cast<T>(static_cast<float>(*yo) + delta);
     }
   }
 }
