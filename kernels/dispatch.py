@@ -38,8 +38,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   no cell names them
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
 - lora_sgmv and lora_batched (LoRA adapters' update, docs/lora.md): on avx2 the C++ operators
-  (gemm/lora.cpp), several times faster than the PyTorch twins at SmolLM2's widths on a Zen 3
-  (docs/performance-log.md, "2026-12-07: the C++ LoRA operators"); elsewhere the twins
+  (gemm/lora.cpp), faster than the PyTorch twins at SmolLM2's widths on a Zen 3 (4-7x in bf16,
+  1.3-3x in fp32; docs/performance-log.md, "2026-12-07: the C++ LoRA operators"); elsewhere the twins
   (kernels/pytorch/lora.py), not measured against them there.
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
   sums, so bit for bit torch._int_mm over the same values.
