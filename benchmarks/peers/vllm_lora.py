@@ -61,7 +61,8 @@ def main() -> int:
         outs = llm.generate(inputs, params, lora_request=lora, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
 
-    base, mixed = [], []
+    base: list[float] = []
+    mixed: list[float] = []
     for _ in range(args.repeats):
         base.append(run(None))
         mixed.append(run([loras[i % len(loras)] for i in range(len(inputs))]))
