@@ -37,10 +37,10 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   this kernel at 1-2; they take bf16 activations, other formats than GGUF's, and are not bitwise:
   no cell names them
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
-- lora_sgmv (LoRA adapters' update, docs/lora.md): PyTorch's GEMMs (kernels/pytorch/lora.py), the
-  oracle a C++ operator will be held to.
-- lora_batched (several adapters in one step, docs/lora.md): two dense GEMMs over the stacked
-  adapters (kernels/pytorch/lora.py), held to lora_sgmv.
+- lora_sgmv and lora_batched (LoRA adapters' update, docs/lora.md): on avx2 the C++ operators
+  (gemm/lora.cpp), faster than the PyTorch twins at SmolLM2's widths on a Zen 3 (4-7x in bf16,
+  1.3-3x in fp32; docs/performance-log.md, "2026-12-07: the C++ LoRA operators"); elsewhere the twins
+  (kernels/pytorch/lora.py), not measured against them there.
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
   sums, so bit for bit torch._int_mm over the same values.
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
@@ -113,14 +113,15 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
         ("torch",),
     ),
-    # LoRA adapters' segmented update (docs/lora.md): the PyTorch twin (kernels/pytorch/lora.py) on
-    # every capability until a C++ operator proves faster and exact against it.
-    ("lora_sgmv", "float32"): (("torch",) * 5, ("torch",)),
-    ("lora_sgmv", "bfloat16"): (("torch",) * 5, ("torch",)),
-    # Several adapters in one step: every adapter's rows at once over the stacked weights, two dense
-    # GEMMs per projection (docs/lora.md "Several adapters in one step"); the PyTorch path too.
-    ("lora_batched", "float32"): (("torch",) * 5, ("torch",)),
-    ("lora_batched", "bfloat16"): (("torch",) * 5, ("torch",)),
+    # LoRA adapters' update (docs/lora.md "The segmented update in the dispatch table"): the C++
+    # operators (gemm/lora.cpp: shrink and expand fused per row, each row against its own adapter's
+    # columns only) where measured faster than the PyTorch twins (kernels/pytorch/lora.py), the
+    # twins elsewhere (not measured against them on the AVX-512 kinds).
+    **{
+        (op, dt): (("torch", f"orcaserve.{op}.avx2", "torch", "torch", "torch"), ("torch",))
+        for op in ("lora_sgmv", "lora_batched")
+        for dt in ("float32", "bfloat16")
+    },
     # GGUF block formats (kernels/quant.py), the "dtype" a format name: the project's GEMM over codes.
     ("linear_quant", "q8_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),

@@ -4,6 +4,7 @@
     orcaserve-bench lora                                   # SmolLM2, 1/4/16 adapters x rank 8/16/64
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform,zipf --out lora.json
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
+    orcaserve-bench lora --adapters 16 --ranks 16 --twin   # and the mixed runs through the PyTorch twins
     orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
 
 For each (adapter count, rank) one engine is built with that many random adapters in PEFT's format
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from orcaserve.kernels.pytorch.lora import lora_batched, lora_sgmv
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.lora.adapter import TARGETS
 
@@ -140,6 +142,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
     """Base and mixed runs alternated `args.repeats` times on one engine; medians and every run."""
     base: list[float] = []
     mixed: list[float] = []
+    twin: list[float] = []
     share: list[float] = []
     evictions: list[int] = []
     sync_share: list[float] = []
@@ -148,6 +151,15 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         base.append(got["tok_s"])
         got = run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients, args.output_len)
         mixed.append(got["tok_s"])
+        if args.twin:  # the same mixed run through the PyTorch twins (the A/B of the table's cells)
+            loras: Any = engine.runner.loras
+            table_ops = loras.op, loras.batched_op
+            loras.op, loras.batched_op = lora_sgmv, lora_batched
+            try:
+                twin.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
+                                     args.output_len)["tok_s"])  # fmt: skip
+            finally:
+                loras.op, loras.batched_op = table_ops
         share.append(got["steps_with_adapter"] / got["steps"])
         evictions.append(got["evictions"])
         sync_share.append(got["sync_share"])
@@ -161,7 +173,11 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         "steps_with_adapter": round(statistics.mean(share), 3),
         "evictions": round(statistics.mean(evictions), 1),
         "sync_share": round(statistics.mean(sync_share), 4),
-    }
+    } | (
+        {"mixed_twin_tok_s": round(statistics.median(twin), 2), "twin_runs": [round(x, 1) for x in twin]}
+        if twin
+        else {}
+    )
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -176,6 +192,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternated base/mixed rounds; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
+    ap.add_argument("--twin", action="store_true", help="also the mixed runs through the PyTorch twins, alternated")
     ap.add_argument("--swap-cost", action="store_true", help="time slot swaps and adapter reads only (lora_swap.py)")
 
 
@@ -228,5 +245,8 @@ def run(args: argparse.Namespace) -> dict:
                         f"{row['evictions']:>11.1f}{100 * row['sync_share']:>8.2f}",
                         file=sys.stderr,
                     )
+                    if "mixed_twin_tok_s" in row:
+                        twin = row["mixed_twin_tok_s"]
+                        print(f"{'':>23}mixed through the PyTorch twins: {twin:.1f} tok/s", file=sys.stderr)
                 del engine
     return results

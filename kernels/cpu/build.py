@@ -57,7 +57,8 @@ import torch
 CSRC = Path(__file__).with_name("csrc")
 ATTENTION = ("attention/paged_attention.cpp",)
 FUSED = ("fused/norm_silu.cpp", "fused/rope_store.cpp", "fused/argmax.cpp")
-GEMM_FP32 = ("gemm/gemm_fp32.cpp", "gemm/gemm_quant.cpp", "gemm/pack_quant.cpp")  # and GGUF codes widened to fp32
+# and GGUF codes widened to fp32, and LoRA adapters' update (docs/lora.md)
+GEMM_FP32 = ("gemm/gemm_fp32.cpp", "gemm/gemm_quant.cpp", "gemm/pack_quant.cpp", "gemm/lora.cpp")
 GEMM_BF16 = ("gemm/gemm_bf16.cpp",)
 # GGUF codes against int8 activations (docs/int8-activations.md); with VNNI where the variant's CPUs have it.
 GEMM_INT8 = ("gemm/gemm_int8.cpp", "gemm/pack_int8.cpp", "gemm/gemm_ternary.cpp")

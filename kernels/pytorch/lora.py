@@ -49,12 +49,16 @@ class LoraBatch:
     the resident adapters present in the step (sorted), `mask` [T, S' * R] one where a row's own
     adapter's R shrink columns are (zero elsewhere, and on rows of no adapter), `scale` [T, 1] fp32
     each row's adapter scale (0 on rows of no adapter), `every` whether `slots` is every resident
-    adapter in slot order (then the stacked weights are used as they are)."""
+    adapter in slot order (then the stacked weights are used as they are); for the C++ operator
+    (kernels/cpu/lora.py), `row_slot` [T] each row's slot (-1: none) and `slot_scale` [S] each
+    slot's scale."""
 
     slots: torch.Tensor  # [S'] int64
     mask: torch.Tensor  # [T, S' * R] in the model's dtype
     scale: torch.Tensor  # [T, 1] fp32
     every: bool
+    row_slot: torch.Tensor  # [T] int64
+    slot_scale: torch.Tensor  # [S] fp32
 
     @classmethod
     def of(cls, row_slot: list[int], num_slots: int, rank: int, scales: list[float], dtype: torch.dtype) -> LoraBatch:
@@ -68,7 +72,10 @@ class LoraBatch:
         scale = torch.zeros(len(row_slot), 1)
         scale[rows, 0] = torch.tensor([scales[s] for s in row_slot if s >= 0])
         every = present == list(range(num_slots))
-        return cls(torch.tensor(present, dtype=torch.int64), mask.view(len(row_slot), -1), scale, every)
+        slots = torch.tensor(present, dtype=torch.int64)
+        row_slots = torch.tensor(row_slot, dtype=torch.int64)
+        slot_scale = torch.tensor(scales, dtype=torch.float32)
+        return cls(slots, mask.view(len(row_slot), -1), scale, every, row_slots, slot_scale)
 
 
 def lora_batched(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Tensor, b: torch.Tensor) -> None:

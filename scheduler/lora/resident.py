@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from orcaserve.kernels import dispatch
-from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
+from orcaserve.kernels.cpu.lora import batched_for, sgmv_for
+from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup
 from orcaserve.scheduler.lora.adapter import LoraAdapter, ModuleShapes
 from orcaserve.scheduler.lora.slots import LoraSlots
 
@@ -36,9 +36,6 @@ FUSED: dict[str, tuple[str, ...]] = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
-# The dispatch table's cells -> the op: `lora_sgmv` (one adapter's rows) and `lora_batched` (several).
-_KERNELS = {"torch": lora_sgmv}
-_BATCHED = {"torch": lora_batched}
 Entry = tuple[int, int, torch.Tensor, torch.Tensor, float]  # first column, last column, A, B, scale
 Key = tuple[int, str]  # (layer, module)
 
@@ -53,8 +50,9 @@ class LoraSet:
         # adapter -> (layer, fused) -> the modules it targets there, at their columns of the output.
         self.tables: dict[str, dict[tuple[int, str], list[Entry]]] = {}
         self.slots = LoraSlots(max_loras, self.adapters)  # which adapters are stacked (the scheduler changes it)
-        self.op: Any = _KERNELS[dispatch.resolve("lora_sgmv", dtype)]
-        self.batched_op: Any = _BATCHED[dispatch.resolve("lora_batched", dtype)]
+        # The dispatch table's cells: `lora_sgmv` (one adapter's rows) and `lora_batched` (several).
+        self.op: Any = sgmv_for(dtype)
+        self.batched_op: Any = batched_for(dtype)
         # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
         # stacked, per pair A [S, R, in] and B [out, S, R] (zeros for a free slot, an adapter that
         # does not target the module, and past an adapter's own rank), and per (layer, fused) their

@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orcaserve.kernels import dispatch
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
 
 
@@ -44,13 +43,6 @@ def test_a_column_slice_of_a_fused_output_is_updated_in_place():
     torch.testing.assert_close(y[:, 10:20], x @ a.T @ b.T)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_table_names_the_pytorch_twin_on_every_capability(dtype):
-    for cap in dispatch.CAPABILITIES:
-        assert dispatch.choice("lora_sgmv", dtype, cap).runs == "torch"
-    assert dispatch.resolve("lora_sgmv", dtype) == "torch"
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("present", [(0, 1, 2, 3), (1, 3)])
 def test_the_batched_update_equals_one_gemm_pair_per_adapter(dtype, present):
@@ -83,7 +75,7 @@ def test_the_batched_update_equals_one_gemm_pair_per_adapter(dtype, present):
         x,
         [LoraGroup(torch.tensor(r), *weights[s], scales[s]) for s, r in groups.items() if weights[s] is not None],
     )
-    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # fp32: the GEMMs of S R and r columns block their sums apart
     torch.testing.assert_close(out, want, atol=tol, rtol=tol)
     untouched = [r for r in range(t + 3) if all(r not in g for g in groups.values())]
     assert torch.equal(out[untouched], y[untouched])

@@ -39,6 +39,8 @@ constexpr Schema kGemmFp32[] = {
     {"linear_packed", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
     {"pack_quant_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
     {"linear_quant", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
+    {"lora_sgmv", "(Tensor(a!) y, Tensor x, Tensor rows, Tensor a, Tensor b, float scale) -> ()"},
+    {"lora_batched", "(Tensor(a!) y, Tensor x, Tensor row_slot, Tensor scales, Tensor a, Tensor b, int rank) -> ()"},
 };
 constexpr Schema kGemmInt8[] = {
     {"pack_int8_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
@@ -70,6 +72,8 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("linear_packed." #isa, &orcaserve::isa::linear_packed);             \
   m.impl("pack_quant_weight." #isa, &orcaserve::isa::pack_quant_weight);     \
   m.impl("linear_quant." #isa, &orcaserve::isa::linear_quant);              \
+  m.impl("lora_sgmv." #isa, &orcaserve::isa::lora_sgmv);                    \
+  m.impl("lora_batched." #isa, &orcaserve::isa::lora_batched);              \
   m.impl("pack_int8_weight." #isa, &orcaserve::isa::pack_int8_weight);      \
   m.impl("quantize_rows_int8." #isa, &orcaserve::isa::quantize_rows_int8);  \
   m.impl("linear_int8." #isa, &orcaserve::isa::linear_int8);                \

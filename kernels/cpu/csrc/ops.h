@@ -63,6 +63,13 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std:
 at::Tensor pack_ternary_weight(const at::Tensor& weight);
 at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features);
 
+// gemm/lora.cpp (avx2 and up): LoRA adapters' update of a step's rows, in place (docs/lora.md): one
+// adapter's rows by index, or every row against its own slot of the stacked weights.
+void lora_sgmv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, const at::Tensor& a,
+               const at::Tensor& b, double scale);
+void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& scales,
+                  const at::Tensor& a, const at::Tensor& b, int64_t rank);
+
 // gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
 at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

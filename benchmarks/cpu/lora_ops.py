@@ -1,0 +1,114 @@
+"""`orcaserve-bench kernels lora`: one step's LoRA update by part, against the base GEMMs it rides
+on (docs/lora.md "What it costs"; dated runs in docs/performance-log.md).
+
+    orcaserve-bench kernels lora                       # SmolLM2, 32 rows, 16 adapters of rank 16
+    orcaserve-bench kernels lora --rows 32 --adapters 1 --dtype float32
+
+At SmolLM2's widths, per layer: the base projections (the project's `Linear` over the fused q/k/v,
+o, gate/up and down weights) and the update of every module an adapter targets (seven), through
+the PyTorch twin's parts (the stacked shrink over all S R columns, the mask, the expand, the scale
+and add; with one adapter, its GEMM pair) and through the C++ operator (gemm/lora.cpp) where the
+library has it. Each figure is the median of `--repeats` timed passes over 30 layers' worth of
+calls, alternated: microseconds per step (the 30 layers summed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from orcaserve.kernels import dispatch
+from orcaserve.kernels.cpu import build
+from orcaserve.kernels.cpu.lora import batched_cell, sgmv_cell
+from orcaserve.kernels.linear import Linear
+from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
+
+# SmolLM2-135M: hidden 576, 9 heads and 3 KV heads of 64, MLP 1536; 30 layers.
+HIDDEN, Q, KV, MLP, LAYERS = 576, 576, 192, 1536, 30
+MODULES = {"q": (HIDDEN, Q), "k": (HIDDEN, KV), "v": (HIDDEN, KV), "o": (Q, HIDDEN), "gate": (HIDDEN, MLP),
+           "up": (HIDDEN, MLP), "down": (MLP, HIDDEN)}  # fmt: skip
+FUSED = {"qkv": (HIDDEN, Q + 2 * KV), "o": (Q, HIDDEN), "gate_up": (HIDDEN, 2 * MLP), "down": (MLP, HIDDEN)}
+
+
+Calls = list[Callable[[], Any]]  # one layer's calls of a part, one per module
+
+
+def _time(calls: Calls, reps: int = LAYERS) -> float:
+    start = time.perf_counter()
+    for _ in range(reps):
+        for call in calls:
+            call()
+    return (time.perf_counter() - start) * 1e6  # us for `reps` layers: one step
+
+
+def _scale_add(y: torch.Tensor, d: torch.Tensor, scale: torch.Tensor) -> None:
+    y.add_(d * scale if y.dtype == torch.float32 else (d.float() * scale).to(y.dtype))
+
+
+def parts(args: argparse.Namespace) -> dict[str, Calls]:
+    """name -> one layer's calls of that part (every module)."""
+    dt, t, s, r = getattr(torch, args.dtype), args.rows, args.adapters, args.rank
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g) * 0.05).to(dt)
+
+    batch = LoraBatch.of([i * s // t for i in range(t)], s, r, [2.0] * s, dt)  # each adapter's rows adjacent
+    mods = [(rand(t, i), rand(t, o), rand(s * r, i), rand(o, s * r)) for i, o in MODULES.values()]
+    base = [(rand(t, i), Linear(rand(o, i), None, pack=True)) for i, o in FUSED.values()]
+    hs = [F.linear(x, a) for x, _, a, _ in mods]
+    ds = [F.linear(h, b) for h, (_, _, _, b) in zip(hs, mods)]
+    out: dict[str, Calls] = {"base GEMMs": [partial(lin, x) for x, lin in base]}
+    cap = dispatch.capability()
+    if s == 1:
+        groups = [[LoraGroup(slice(0, t), a, b, 2.0)] for _, _, a, b in mods]
+        out["twin: shrink GEMM"] = [partial(F.linear, x, a) for x, _, a, _ in mods]
+        out["twin: expand GEMM"] = [partial(F.linear, h, b) for h, (_, _, _, b) in zip(hs, mods)]
+        out["twin: whole update"] = [partial(lora_sgmv, y, x, gr) for (x, y, _, _), gr in zip(mods, groups)]
+        op = dispatch.orcaserve_op(f"orcaserve.lora_sgmv.{cap}")
+        if op is not None:
+            cell = sgmv_cell(op)
+            out["C++ lora_sgmv"] = [partial(cell, y, x, gr) for (x, y, _, _), gr in zip(mods, groups)]
+        return out
+    out["twin: shrink GEMM (S R cols)"] = [partial(F.linear, x, a) for x, _, a, _ in mods]
+    out["twin: mask"] = [partial(torch.mul, h, batch.mask) for h in hs]
+    out["twin: expand GEMM"] = [partial(F.linear, h, b) for h, (_, _, _, b) in zip(hs, mods)]
+    out["twin: scale + add"] = [partial(_scale_add, y, d, batch.scale) for d, (_, y, _, _) in zip(ds, mods)]
+    out["twin: whole update"] = [partial(lora_batched, y, x, batch, a, b) for x, y, a, b in mods]
+    op = dispatch.orcaserve_op(f"orcaserve.lora_batched.{cap}")
+    if op is not None:
+        batched = batched_cell(op)
+        out["C++ lora_batched"] = [partial(batched, y, x, batch, a, b) for x, y, a, b in mods]
+    return out
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--rows", type=int, default=32, help="the step's rows (32: 32 decode streams)")
+    ap.add_argument("--adapters", type=int, default=16, help="adapters in the step (1: one adapter's GEMM pair)")
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--repeats", type=int, default=15)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    build.load(build=False)
+    calls = parts(args)
+    for part in calls.values():  # warm up: first calls pack, allocate
+        _time(part, 2)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.repeats):  # alternated, so a shared machine's load falls on every part alike
+        for name, part in calls.items():
+            times[name].append(_time(part))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    print(f"{args.rows} rows, {args.adapters} adapters of rank {args.rank}, {args.dtype}, {LAYERS} layers "
+          f"(capability {dispatch.capability()}): us per step, median of {args.repeats}")  # fmt: skip
+    for name, us in med.items():
+        print(f"  {name:32s} {us:10.0f}  ({us / med['base GEMMs']:.2f}x the base GEMMs)")
+    return {"rows": args.rows, "adapters": args.adapters, "rank": args.rank, "dtype": args.dtype, "us_per_step": med}
