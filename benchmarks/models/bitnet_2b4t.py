@@ -3,13 +3,15 @@
     bitnet_2b4t("packed")   # ~/.cache/orcaserve/random-bitnet-2b4t-packed: BitLinear, 2 bits a weight
     bitnet_2b4t("bf16")     # ~/.cache/orcaserve/random-bitnet-2b4t-bf16: the same model, plain bf16
     bitnet_2b4t("bf16", layers=4)  # random-bitnet-2b4t-l4-bf16: its first 4 layers, the full head
+    bitnet_2b4t_gguf("TQ2_0", layers=4)  # random-bitnet-2b4t-l4.tq2_0.gguf, for llama.cpp
 
 The shape is microsoft/bitnet-b1.58-2B-4T's (hidden 2560, 30 layers, 20 heads over 5 KV heads, MLP
 6912, vocab 128256, ReLU^2), with tied embeddings as llama.cpp's bitnet files have them. Codes are
 uniform over {-1, 0, +1}, each projection's weight scale a power of two, so `t / weight_scale` is
 exact in bf16: the bf16 checkpoint (no quantization config: plain float projections, served like
 any lean model) holds the same weights. Built a tensor at a time (one safetensors shard per layer),
-never the model in floats; the tokenizer is SmolLM2's, enough to encode prompts.
+never the model in floats; the tokenizer is SmolLM2's grown to the head's 128256 tokens
+(benchmarks/models/vocab.py), which llama.cpp needs in the GGUF to load the file at all.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import os
 from typing import Any
 
 import torch
+
+from orcaserve.bench.models.vocab import vocab_gguf
 
 SHAPE: dict[str, Any] = dict(
     hidden_size=2560,
@@ -72,8 +76,6 @@ def bitnet_2b4t(kind: str = "packed", out: str | None = None, layers: int | None
     from safetensors.torch import save_file
     from transformers import AutoTokenizer, BitNetConfig
 
-    from orcaserve.scheduler import default_model_path
-
     shape = {**SHAPE, "num_hidden_layers": layers or SHAPE["num_hidden_layers"]}
     name = f"random-bitnet-2b4t-{kind}" if layers is None else f"random-bitnet-2b4t-l{layers}-{kind}"
     out = out or os.path.join(os.path.expanduser("~/.cache/orcaserve"), name)
@@ -104,6 +106,20 @@ def bitnet_2b4t(kind: str = "packed", out: str | None = None, layers: int | None
         raw["quantization_config"]["quantization_mode"] = "offline"
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(raw, f)
-    gguf = default_model_path()
-    AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf)).save_pretrained(out)
+    vocab = vocab_gguf(SHAPE["vocab_size"])
+    AutoTokenizer.from_pretrained(os.path.dirname(vocab), gguf_file=os.path.basename(vocab)).save_pretrained(out)
+    return out
+
+
+def bitnet_2b4t_gguf(qtype: str = "TQ2_0", layers: int | None = None) -> str:
+    """The packed checkpoint as a `qtype` GGUF beside it (cached), written as llama.cpp's converter
+    writes `--outtype tq1_0 / tq2_0`: tied, the embedding in F16, with the grown tokenizer."""
+    from orcaserve.bench.models.bitnet_gguf import write_bitnet_gguf
+
+    source = bitnet_2b4t("packed", layers=layers)
+    out = f"{source.removesuffix('-packed')}.{qtype.lower()}.gguf"
+    if not os.path.exists(out):
+        vocab = vocab_gguf(SHAPE["vocab_size"])
+        write_bitnet_gguf(source, out + ".part", qtype, tied=True, tokenizer_from=vocab, embed="F16")
+        os.replace(out + ".part", out)
     return out

@@ -10,8 +10,9 @@ model (each projection scaled by that fraction) than the checkpoint. Here a proj
 as gguf-py quantizes `t / weight_scale` in fp32: every block's `d` is `fp16(1 / weight_scale)`, so
 a checkpoint whose scales round-trip (1 / fp16(1 / s) == s, e.g. powers of two) reads back bit for
 bit. The converter also needs a SentencePiece tokenizer.model, which the tiny models have not.
-Embeddings and norms are written in F32 (the checkpoint's floats exactly); `tied` drops
-lm_head.weight as llama.cpp's bitnet tensor list has no output tensor.
+Norms are written in F32, embeddings in F32 (the checkpoint's floats exactly) or, with `embed="F16"`,
+in F16 as the converter writes them beside TQ projections; `tied` drops lm_head.weight as
+llama.cpp's bitnet tensor list has no output tensor.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _LAYER = {
 }
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
 _TOP["lm_head.weight"] = "output.weight"
+_EMBED = {"F32": np.float32, "F16": np.float16}  # embedding types written
 
 
 def gguf_name(key: str) -> str:
@@ -50,11 +52,18 @@ def gguf_name(key: str) -> str:
 
 
 def write_bitnet_gguf(
-    checkpoint: str, out: str, qtype: str = "TQ2_0", tied: bool = False, tokenizer_from: str | None = None
+    checkpoint: str,
+    out: str,
+    qtype: str = "TQ2_0",
+    tied: bool = False,
+    tokenizer_from: str | None = None,
+    embed: str = "F32",
 ) -> str:
     """`checkpoint` (a packed BitNet directory: config.json, model.safetensors) as a GGUF at `out`,
-    its projections in `qtype` (TQ1_0, TQ2_0, or F32: the floats, for the refusal test);
-    `tokenizer_from`: a GGUF whose tokenizer metadata is copied in (none otherwise)."""
+    its projections in `qtype` (TQ1_0, TQ2_0, or F32: the floats, for the refusal test), its
+    embeddings in `embed` (F32 or F16); `tokenizer_from`: a GGUF whose tokenizer metadata is copied
+    in (none otherwise; llama.cpp loads the file only where its token list has the head's rows:
+    benchmarks/models/vocab.py)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, RopeScalingType
     from gguf.quants import quantize
     from safetensors import safe_open
@@ -98,6 +107,8 @@ def write_bitnet_gguf(
                         writer.add_tensor(gguf_name(key), dense)
                     else:
                         writer.add_tensor(gguf_name(key), quantize(dense, kind), raw_dtype=kind)
+                elif key in _TOP and w.dim() == 2:  # token_embd, output
+                    writer.add_tensor(gguf_name(key), w.float().numpy().astype(_EMBED[embed]))
                 else:
                     writer.add_tensor(gguf_name(key), w.float().numpy().astype(np.float32))
     writer.write_header_to_file()

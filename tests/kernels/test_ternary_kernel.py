@@ -37,15 +37,17 @@ def test_kernel_is_the_twin_bit_for_bit(variant, shape):
 
 @pytest.mark.parametrize("variant", TERNARY)
 def test_extreme_activations_never_saturate(variant):
-    """vpmaddubsw sums pairs in int16: codes 2 against -128 twice is -512, far inside it."""
-    w = torch.ones(32, 64, dtype=torch.int8)
-    x = torch.full((3, 64), -128, dtype=torch.int8)
+    """vpmaddubsw sums pairs in int16: codes 2 against -128 twice is -512; without VNNI 16 groups'
+    64 pairs are summed in int16 before widening, -32768 at worst: K = 512 reaches it twice."""
+    k = 512
+    w = torch.ones(32, k, dtype=torch.int8)
+    x = torch.full((3, k), -128, dtype=torch.int8)
     x[1] = 127
     got = op("linear_ternary", variant)(x, op("pack_ternary_weight", variant)(w), 32)
-    assert got[:, 0].tolist() == [-128 * 64, 127 * 64, -128 * 64]
+    assert got[:, 0].tolist() == [-128 * k, 127 * k, -128 * k]
     w2 = -w
     got2 = op("linear_ternary", variant)(x, op("pack_ternary_weight", variant)(w2), 32)
-    assert got2[:, 0].tolist() == [128 * 64, -127 * 64, 128 * 64]
+    assert got2[:, 0].tolist() == [128 * k, -127 * k, 128 * k]
 
 
 @pytest.mark.parametrize("variant", TERNARY)

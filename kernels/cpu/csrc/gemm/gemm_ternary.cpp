@@ -3,7 +3,9 @@
 // bit kernels/ternary.py's twin (torch._int_mm over the same int8 values).
 //
 // dot(w, a) = dot(w + 1, a) - sum(a): the codes w + 1 in {0, 1, 2} are the unsigned operand of
-// vpdpbusd (VNNI) or vpmaddubsw (|2 * 128 + 2 * 128| fits int16: never saturates).
+// vpdpbusd (VNNI) or vpmaddubsw (|2 * 128 + 2 * 128| fits int16: never saturates). Without VNNI the
+// int16 pairs are summed in int16 over kFlush groups (64 pairs, each in [-512, 508]: within
+// [-32768, 32512]) and widened by one vpmaddwd, not one per vpmaddubsw (docs/bitnet.md, "The kernel").
 //
 // Packed layout, two bits a weight (a quarter of the int8 copy's bytes): panels of kL output
 // columns, each a run of 16-k groups of kL * 4 bytes. Byte j * 4 + r of a group holds, in bits
@@ -34,13 +36,20 @@ inline vi codes(vi packed) {
   return _mm512_and_si512(_mm512_srli_epi16(packed, 2 * S), _mm512_set1_epi8(0x03));
 }
 inline void istore(int32_t* p, vi v) { _mm512_storeu_si512(p, v); }
+inline vi pairs16(vi u, vi s) { return _mm512_maddubs_epi16(u, s); }
+inline vi add16(vi a, vi b) { return _mm512_add_epi16(a, b); }
+inline vi widen16(vi acc, vi v) { return _mm512_add_epi32(acc, _mm512_madd_epi16(v, _mm512_set1_epi16(1))); }
 #else
 template <int S>
 inline vi codes(vi packed) {
   return _mm256_and_si256(_mm256_srli_epi16(packed, 2 * S), _mm256_set1_epi8(0x03));
 }
 inline void istore(int32_t* p, vi v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+inline vi pairs16(vi u, vi s) { return _mm256_maddubs_epi16(u, s); }
+inline vi add16(vi a, vi b) { return _mm256_add_epi16(a, b); }
+inline vi widen16(vi acc, vi v) { return _mm256_add_epi32(acc, _mm256_madd_epi16(v, _mm256_set1_epi16(1))); }
 #endif
+constexpr int64_t kFlush = 16;  // groups summed in int16 before widening (without VNNI)
 
 inline int64_t groups_of(int64_t k) { return (k + kGroupK - 1) / kGroupK; }
 
@@ -48,16 +57,34 @@ inline int64_t groups_of(int64_t k) { return (k + kGroupK - 1) / kGroupK; }
 template <int R>
 inline void panel_rows(const uint8_t* panel, int64_t groups, const int8_t* x, int64_t ldx, vi* acc) {
   for (int r = 0; r < R; ++r) acc[r] = izero();
-  for (int64_t g = 0; g < groups; ++g) {
-    const vi p = iload(panel + g * kL * 4);
-    const vi c0 = codes<0>(p), c1 = codes<1>(p), c2 = codes<2>(p), c3 = codes<3>(p);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* a = x + r * ldx + g * kGroupK;
-      acc[r] = dot(acc[r], c0, ibcast(a));
-      acc[r] = dot(acc[r], c1, ibcast(a + 4));
-      acc[r] = dot(acc[r], c2, ibcast(a + 8));
-      acc[r] = dot(acc[r], c3, ibcast(a + 12));
+  if constexpr (kVnni) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const vi p = iload(panel + g * kL * 4);
+      const vi c0 = codes<0>(p), c1 = codes<1>(p), c2 = codes<2>(p), c3 = codes<3>(p);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* a = x + r * ldx + g * kGroupK;
+        acc[r] = dot(acc[r], c0, ibcast(a));
+        acc[r] = dot(acc[r], c1, ibcast(a + 4));
+        acc[r] = dot(acc[r], c2, ibcast(a + 8));
+        acc[r] = dot(acc[r], c3, ibcast(a + 12));
+      }
     }
+    return;
+  }
+  for (int64_t g0 = 0; g0 < groups; g0 += kFlush) {
+    vi sums[R];
+    for (int r = 0; r < R; ++r) sums[r] = izero();
+    for (int64_t g = g0; g < std::min(groups, g0 + kFlush); ++g) {
+      const vi p = iload(panel + g * kL * 4);
+      const vi c0 = codes<0>(p), c1 = codes<1>(p), c2 = codes<2>(p), c3 = codes<3>(p);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* a = x + r * ldx + g * kGroupK;
+        const vi lo = add16(pairs16(c0, ibcast(a)), pairs16(c1, ibcast(a + 4)));
+        const vi hi = add16(pairs16(c2, ibcast(a + 8)), pairs16(c3, ibcast(a + 12)));
+        sums[r] = add16(sums[r], add16(lo, hi));
+      }
+    }
+    for (int r = 0; r < R; ++r) acc[r] = widen16(acc[r], sums[r]);
   }
 }
 
