@@ -9,8 +9,8 @@
 //
 // A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, each row
 // of them (widened to fp32 in L1 for bf16) against all the task's rows: the shrink h = A x (r dot
-// products over `in` a row), then the expand (per output, B's r contiguous columns against each
-// row's h), the [rows, r] intermediate in cache. The roundings are PEFT's, as
+// products over `in` a row), then the expand (kOut outputs at a time, B's columns for them transposed
+// in L1, each row's h broadcast against them), the [rows, r] intermediate in cache. The roundings are PEFT's, as
 // the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16, then y + that
 // rounded once more (the twins' `y += delta`); fp32 sums in another order than the GEMMs', so the
 // tests hold it to the twins within the dtype's tolerance.
@@ -31,6 +31,7 @@ namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kChunk = 16;  // rows per task: the adapter's weights widened once per task
+constexpr int64_t kOut = 2 * at::vec::Vectorized<float>::size();  // outputs per expand block
 
 template <typename T>
 inline float rounded(float v) {  // v as T would hold it (nearest even), back in fp32
@@ -94,14 +95,35 @@ void run_task(const Task<T>& task, const int64_t* rows, const T* x, T* y, int64_
     const float* aj = widened(w.a + j * in, abuf.data(), in);
     for (int64_t i = 0; i < n; ++i) h[i * r + j] = rounded<T>(dot(xs.data() + i * in, aj, in));
   }
-  // The expand: B's r columns of output o (contiguous in a row of B) against each row's h, the
-  // rounded, scaled update added at once.
-  for (int64_t o = 0; o < out; ++o) {
-    const float* bo = widened(w.b + o * w.ldb + w.c0, bbuf.data(), r);
+  // The expand, kOut outputs at a time: their B columns transposed into bt [r, kOut] (widened), then
+  // each row's update for the kOut outputs is r vector FMAs of h's values broadcast against bt's
+  // rows (a dot product and a horizontal sum per output per row, as first built, cost more than
+  // the base GEMMs; docs/lora.md "The segmented update in the dispatch table"). The rounded,
+  // scaled update is added lane by lane.
+  std::vector<float> bt(r * kOut);
+  float sums[kOut];
+  for (int64_t o0 = 0; o0 < out; o0 += kOut) {
+    const int64_t m = std::min(kOut, out - o0);
+    std::fill(bt.begin(), bt.end(), 0.f);
+    for (int64_t k = 0; k < m; ++k) {
+      const float* bo = widened(w.b + (o0 + k) * w.ldb + w.c0, bbuf.data(), r);
+      for (int64_t j = 0; j < r; ++j) bt[j * kOut + k] = bo[j];
+    }
     for (int64_t i = 0; i < n; ++i) {
-      T* yo = y + rows[task.begin + i] * ldy + o;
-      const float delta = rounded<T>(rounded<T>(dot(h.data() + i * r, bo, r)) * w.scale);
-      *yo = static_cast<T>(static_cast<float>(*yo) + delta);
+      const float* hi = h.data() + i * r;
+      Vec acc0(0.f), acc1(0.f);
+      for (int64_t j = 0; j < r; ++j) {
+        const Vec hj(hi[j]);
+        acc0 = at::vec::fmadd(hj, Vec::loadu(bt.data() + j * kOut), acc0);
+        acc1 = at::vec::fmadd(hj, Vec::loadu(bt.data() + j * kOut + Vec::size()), acc1);
+      }
+      acc0.store(sums);
+      acc1.store(sums + Vec::size());
+      T* yo = y + rows[task.begin + i] * ldy + o0;
+      for (int64_t k = 0; k < m; ++k) {
+        const float delta = rounded<T>(rounded<T>(sums[k]) * w.scale);
+        yo[k] = static_cast<T>(static_cast<float>(yo[k]) + delta);
+      }
     }
   }
 }
