@@ -82,6 +82,32 @@ def test_matches_reference(dtype, variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("heads", [(9, 3), (8, 2), (16, 1)])
+def test_a_few_queries_answer_as_decodes_of_each(heads, variant):
+    """A request with up to 17 new tokens (a verifying row: 1 + K) gives each query bit for bit the
+    answer a decode of that query alone gives (docs/speculative-decoding.md, "Exactness"): the
+    same kernel and the same order of sums, whatever the GQA ratio (G = 16 takes the tile kernel
+    for a decode too) and across 256-key segments."""
+    h, h_kv = heads
+    for dtype in (torch.float32, torch.bfloat16):
+        for n, ctx in ((2, 40), (5, 300), (9, 257), (17, 61)):
+            q, kc, vc, cu, sl, bt = make_case([n], [ctx], h, h_kv, 64, 16, dtype, seed=n)
+            many = run_op(variant, q, kc, vc, cu, sl, bt, 0.125)
+            for i in range(n):
+                one = run_op(
+                    variant,
+                    q[i : i + 1].clone(),
+                    kc,
+                    vc,
+                    torch.tensor([0, 1], dtype=torch.int32),
+                    torch.tensor([ctx - n + i + 1], dtype=torch.int32),
+                    bt,
+                    0.125,
+                )
+                assert torch.equal(one[0], many[i]), (dtype, n, ctx, i)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_large_step_parallel_and_deterministic(variant):
     """A step big enough to run on all threads (one long prefill split into query tiles plus 31
     decodes), bitwise identical with one thread: every item is computed by one thread."""

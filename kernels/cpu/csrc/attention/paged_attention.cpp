@@ -40,6 +40,11 @@ namespace {
 constexpr int kDotRows = 8;
 constexpr int kTileRows = 64;
 constexpr int64_t kSerialWork = 4096;
+// A request with at most this many new tokens (a verifying row of speculative decoding: 1 + K, K up
+// to 16) runs its queries in items of the decode kernel (kDotRows / G tokens each), never in a
+// prefill tile: each query then sums exactly as a decode of it alone does, so speculation's
+// greedy answers equal plain decoding's bit for bit (docs/speculative-decoding.md, "Exactness").
+constexpr int64_t kFewTokens = 17;
 
 // A prefill tile: one KV head, rows r = (token i0 + r / G, query head g = r % G), more than kDotRows.
 template <typename T, int D>
@@ -193,8 +198,9 @@ void run(const Args& a, int64_t batch) {
     TORCH_CHECK(n >= 0 && n <= ctx, "paged_attention: request ", b, " has ", n,
                 " new tokens but a context of ", ctx);
     const int64_t nh = n == 1 ? heads_per_decode : 1;
-    for (int64_t i0 = 0; i0 < n; i0 += tile) {
-      const int64_t i1 = std::min(n, i0 + tile);
+    const int64_t step = n <= kFewTokens ? std::max<int64_t>(1, kDotRows / G) : tile;
+    for (int64_t i0 = 0; i0 < n; i0 += step) {
+      const int64_t i1 = std::min(n, i0 + step);
       const int64_t cost = (i1 - i0) * G * nh * (ctx - n + i1);
       for (int64_t h = 0; h < n_kv; h += nh)
         items.push_back({(int32_t)b, (int32_t)i0, (int32_t)i1, (int32_t)h, (int32_t)(h + nh), cost});
