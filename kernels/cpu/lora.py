@@ -20,9 +20,10 @@ def sgmv_cell(op: Any) -> Sgmv:
     """`lora_sgmv` through the C++ op `op` (one call per group: its rows by index)."""
 
     def run(y: torch.Tensor, x: torch.Tensor, groups: Sequence[LoraGroup]) -> None:
+        x = x.contiguous()  # once for every group, not a copy per group of a strided x
         for g in groups:
             rows = torch.arange(g.rows.start, g.rows.stop) if isinstance(g.rows, slice) else g.rows
-            op(y, x.contiguous(), rows, g.a, g.b, g.scale)
+            op(y, x, rows, g.a, g.b, g.scale)
 
     return run
 
