@@ -62,7 +62,9 @@ def test_breakdown_restores_the_engine(tokenizer):
     from orcaserve.bench.engine.step_breakdown import breakdown
     from orcaserve.scheduler.engine import Engine
 
-    engine = Engine.from_model(tiny_family("LlamaForCausalLM"), tokenizer, dtype="float32", max_num_seqs=1)
+    engine = Engine.from_model(
+        tiny_family("LlamaForCausalLM"), tokenizer, dtype="float32", max_num_seqs=1, kv_cache_memory=64 << 20
+    )
     decoder, backend = engine.runner.decoder, engine.runner.backend
     before = [layer.qkv for layer in decoder.layers], decoder.lm_head, decoder.add_rms_norm_op
     breakdown(engine, [[5, 6, 7]], 4)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import random
 import string
 import threading
@@ -26,9 +27,14 @@ def loop(engine_for):
     loop.shutdown()
 
 
-def _huge(kind: str, max_model_len: int = 1024) -> str | ChatPrompt:
+@functools.cache
+def _huge_text() -> str:
     rng = random.Random(0)  # random printable text: the slowest to tokenize measured here
-    text = "".join(rng.choice(string.printable) for _ in range(MIB))
+    return "".join(rng.choice(string.printable) for _ in range(MIB))
+
+
+def _huge(kind: str, max_model_len: int = 1024) -> str | ChatPrompt:
+    text = _huge_text()  # the same 1 MiB for every test: drawn once
     if kind == "chat":  # the most messages that are rendered at all
         n = max_model_len - 1
         return ChatPrompt([{"role": "user", "content": text[i * MIB // n : (i + 1) * MIB // n]} for i in range(n)])

@@ -166,7 +166,9 @@ def test_engine_answers_as_the_twin(mode, tokenizer, monkeypatch):
     prompts = [[5, 6, 7, 8], [9] * 40, list(range(3, 100))]
 
     def answers(**kw):
-        engine = Engine.from_model(copy.deepcopy(dense), tokenizer, dtype="float32", max_num_batched_tokens=64, **kw)
+        engine = Engine.from_model(
+            copy.deepcopy(dense), tokenizer, dtype="float32", max_num_batched_tokens=64, kv_cache_memory=64 << 20, **kw
+        )
         return engine, engine.generate(prompts, params)
 
     engine, kernel = answers(quantization=mode, activations="int8")

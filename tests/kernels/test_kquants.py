@@ -145,7 +145,9 @@ def test_q4_k_m_model_answers_as_its_dequantized_twin(tokenizer):
     prompts = [[5, 6, 7, 8], [9] * 40, list(range(3, 120))]
     answers = []
     for model, mode in ((dense, None), (quant, "gguf")):
-        engine = Engine.from_model(model, tokenizer, dtype="float32", quantization=mode, max_num_batched_tokens=64)
+        engine = Engine.from_model(
+            model, tokenizer, dtype="float32", quantization=mode, max_num_batched_tokens=64, kv_cache_memory=64 << 20
+        )
         answers.append(engine.generate(prompts, params))
     decoder = engine.runner.decoder
     assert decoder is not None and type(decoder.layers[0].qkv).__name__ == "QuantLinearGroup"

@@ -40,10 +40,12 @@ class _ByteTokenizer:
 
 @pytest.fixture
 def engine_for():
-    """conftest's fixture, with a byte tokenizer: an fp32 engine over a private copy of `model`."""
+    """conftest's fixture, with a byte tokenizer: an fp32 engine over a private copy of `model`
+    (its 64 MiB of KV unless `kv_cache_memory` says otherwise)."""
 
     def make(model, **engine_args):
-        return Engine.from_model(copy.deepcopy(model), _ByteTokenizer(), **{"dtype": "float32", **engine_args})
+        defaults = {"dtype": "float32", "kv_cache_memory": 64 << 20}
+        return Engine.from_model(copy.deepcopy(model), _ByteTokenizer(), **{**defaults, **engine_args})
 
     return make
 

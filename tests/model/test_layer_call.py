@@ -20,7 +20,10 @@ PROMPTS = [[5, 6, 7, 8], [9] * 40, list(range(3, 150))]
 
 
 def _engine(model, tokenizer, **kw):
-    return Engine.from_model(copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=64, **kw)
+    # 64 MiB of KV as conftest's engine_for gives (the CPU default's 1 GiB is zero-filled per engine)
+    return Engine.from_model(
+        copy.deepcopy(model), tokenizer, max_num_seqs=4, max_num_batched_tokens=64, kv_cache_memory=64 << 20, **kw
+    )
 
 
 def _same_tokens(one, loop, rows=None):

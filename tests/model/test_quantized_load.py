@@ -18,6 +18,7 @@ from orcaserve.scheduler.model.quantized import CODES, QUANTIZED, linears, quant
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 6, 7, 8], [9] * 40, list(range(3, 120))]
+KV = 64 << 20  # the KV cache of conftest's engine_for: the CPU default (1 GiB) is zero-filled per engine
 
 
 def _both(path: str, mode: str, dtype: torch.dtype):
@@ -47,7 +48,9 @@ def _assert_same_served(old, new) -> None:
 
 
 def _answers(model, tokenizer, mode: str, dtype: str, prompts):
-    engine = Engine.from_model(model, tokenizer, dtype=dtype, quantization=mode, max_num_batched_tokens=64)
+    engine = Engine.from_model(
+        model, tokenizer, dtype=dtype, quantization=mode, max_num_batched_tokens=64, kv_cache_memory=KV
+    )
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
     return [(o.output_token_ids, [t.logprob for t in o.logprobs or []]) for o in engine.generate(prompts, params)]
 
@@ -111,7 +114,9 @@ def test_from_pretrained_streams_and_answers_as_before(tmp_path, tokenizer):
     """Engine.from_pretrained's load: the streamed model, the same answers as the fp32 load."""
     path = _saved(tmp_path, tokenizer, tie_word_embeddings=True)
     old, _ = load_model_and_tokenizer(path, torch.float32, CPU)
-    engine = Engine.from_pretrained(path, dtype="float32", quantization="int4", max_num_batched_tokens=64)
+    engine = Engine.from_pretrained(
+        path, dtype="float32", quantization="int4", max_num_batched_tokens=64, kv_cache_memory=KV
+    )
     assert getattr(engine.runner.model, QUANTIZED) == "int4"
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=2, ignore_eos=True)
     got = [(o.output_token_ids, [t.logprob for t in o.logprobs or []]) for o in engine.generate(PROMPTS, params)]
