@@ -44,6 +44,9 @@ def test_grown_merges_are_new_tokens_of_old_ones():
         grown_merges(tokens, 1000)
 
 
+# The two below grow and read SmolLM2's whole 49k-token list (GGUF parsing in Python, ~20 s of
+# set-up and reads): the files feed llama.cpp's BitNet runs (slow, below); the full suite runs them.
+@pytest.mark.slow
 def test_grown_tokenizer_encodes_as_smollm2(vocab):
     from transformers import AutoTokenizer
 
@@ -54,6 +57,7 @@ def test_grown_tokenizer_encodes_as_smollm2(vocab):
     assert tok.convert_tokens_to_ids(last) == _SIZE - 1 and last.startswith("Ġ")
 
 
+@pytest.mark.slow
 def test_file_vocabulary_and_embedding_agree(bitnet_file):
     from gguf import GGMLQuantizationType, GGUFReader
 

@@ -166,7 +166,7 @@ def test_a_suspended_and_resumed_request_produces_the_tokens_of_an_uninterrupted
     assert engine.kv.pool.num_free == engine.kv.pool.num_blocks
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])  # seed 1: full suite only
 def test_many_tenants_random_work_keeps_blocks_and_counts_consistent(seed):
     s = make(num_blocks=40, block_size=8, max_num_seqs=6, budget=48)
     rng = random.Random(seed)
