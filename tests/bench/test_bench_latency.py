@@ -12,6 +12,8 @@ from orcaserve.bench.cpu import dram
 from orcaserve.bench.models.tiny import tiny_family
 from orcaserve.kernels.cpu import build
 
+KV = ["--set", f"kv_cache_memory={64 << 20}"]  # conftest's engine_for size: the default 1 GiB is zero-filled
+
 
 def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
     model = tiny_family("LlamaForCausalLM")
@@ -19,7 +21,7 @@ def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "latency.json"
     argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1,2", "--input-len", "4"]
-    argv += ["--output-len", "6", "--repeats", "1", "--modes", "offline", "--set", "dtype=float32"]
+    argv += ["--output-len", "6", "--repeats", "1", "--modes", "offline", "--set", "dtype=float32", *KV]
     assert cli.main([*argv, "--peers", "llamacpp,nope", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     rows = res["systems"]["orcaserve offline"]
@@ -46,7 +48,7 @@ def test_breakdown_times_the_lean_decoders_ops(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "latency.json"
     argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1", "--input-len", "4", "--output-len", "6"]
-    argv += ["--repeats", "1", "--modes", "offline", "--set", "dtype=float32", "--breakdown", "--out", str(out)]
+    argv += ["--repeats", "1", "--modes", "offline", "--set", "dtype=float32", *KV, "--breakdown", "--out", str(out)]
     assert cli.main(argv) == 0
     res = json.loads(out.read_text())
     b = res["breakdown"]["1"]
@@ -83,7 +85,7 @@ def test_breakdown_times_the_one_call_layers(tmp_path, tokenizer, op_by_op):
     tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "latency.json"
     argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1", "--input-len", "4", "--output-len", "6"]
-    argv += ["--repeats", "1", "--modes", "offline", "--breakdown", "--out", str(out)]
+    argv += ["--repeats", "1", "--modes", "offline", *KV, "--breakdown", "--out", str(out)]
     argv += ["--set", "quantization=int4", "--set", "activations=int8", *(["--op-by-op"] if op_by_op else [])]
     assert cli.main(argv) == 0
     b = json.loads(out.read_text())["breakdown"]["1"]
