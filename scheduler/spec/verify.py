@@ -77,12 +77,13 @@ def rejection_sample(
     dist = last[torch.arange(n, device=dev), num_accepted]  # [N, V]
     # A residual of zero mass (p == q): any proposal is accepted there, so it is used only where
     # rounding made p(d) < q(d) and u fell above; then p without d (a rejection never emits d).
-    fallback = target_probs[torch.arange(n, device=dev), num_accepted].clone()  # [N, V]
-    rejected = num_accepted < k
-    if bool(rejected.any()):
+    has_mass = dist.sum(1, keepdim=True) > 0  # [N, 1]
+    if not bool(has_mass.all()):
+        fallback = target_probs[torch.arange(n, device=dev), num_accepted].clone()  # [N, V]
+        rejected = num_accepted < k
         d = draft_tokens[torch.arange(n, device=dev), num_accepted.clamp(max=k - 1)]  # [N]
         fallback[rejected, d[rejected]] = 0.0
-    dist = torch.where(dist.sum(1, keepdim=True) > 0, dist, fallback)
+        dist = torch.where(has_mass, dist, fallback)
     noise = torch.empty_like(dist, dtype=torch.float64).exponential_(generator=generator)
     final = (dist.double() / noise).argmax(1)  # [N] the exponential race draws from norm(dist)
     cols = torch.arange(k1, device=dev)[None]  # [1, K + 1]
