@@ -11,9 +11,10 @@ Three calls from the engine's step, around the model run:
   its longest run of proposals the target agreed with (verify.py: its own samples, or for a draft
   model's sampled row the general rejection rule, which the sampler ran) plus the token the target
   drew after them; its tokens and computed count move back to what was accepted, so the K/V of
-  rejected positions is overwritten later and never reaches the prefix cache. The step's rows become one
-  row per emitted token, so postprocessing checks stops, limits and log-probabilities token by
-  token, ending a request exactly where speculation off would.
+  rejected positions is overwritten later and never reaches the prefix cache. The step's rows
+  become one row per emitted token, so postprocessing checks stops, limits and log-probabilities
+  token by token, ending a request where speculation off would (at the same tokens, but for a draft
+  model's sampled rows, whose tokens are other draws of the same distribution).
 - `end_step`: a request's several outputs of the step become one (a streamed chunk may carry
   several tokens); the step's time goes to the cost model that decides when speculating pays.
 """
