@@ -103,7 +103,8 @@ def run_batch(
             for req in sampling:
                 if req.grammar is None and req.params.structured_outputs is not None:
                     req.grammar = model.grammars.state(req.params.structured_outputs, req.stop_token_ids)
-        tokens = model.sampler.sample(logits, sampling)  # [S] on the device
+        drafted = sched.drafted  # a draft model's proposals on sampled rows: the general rejection rule
+        tokens = model.sampler.sample(logits, sampling, drafted) if drafted else model.sampler.sample(logits, sampling)
         logprobs = None
         if any(map(is_not, map(_logprobs, sampling), repeat(None))):  # asked for: they need the ids now
             logprobs = token_logprobs(logits, sampling, tokens.tolist())

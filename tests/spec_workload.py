@@ -4,7 +4,10 @@ engine whose speculation policy speculates on every eligible row."""
 
 from __future__ import annotations
 
+import copy
 import random
+
+import torch
 
 from orcaserve.bench.models.tiny import TINY_VOCAB, hf_greedy
 from orcaserve.scheduler import SamplingParams
@@ -72,3 +75,26 @@ def on_equals_off_under_pressure(engine_for, model, speculative: dict, work: lis
     assert any(len(d.new_token_ids) > 1 for ds in deltas.values() for d in ds), "no output carried several tokens"
     assert on.stats.num_preemptions > 0
     return on
+
+
+def draft_dir(tmp_path_factory, tokenizer, model, name: str) -> str:
+    """`model` saved as a draft checkpoint beside the target's tokenizer."""
+    out = tmp_path_factory.mktemp(name)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+def noised(model, scale: float, seed: int = 1):
+    """A copy of `model` whose weights carry Gaussian noise: a draft that agrees with the target
+    often, not always (both accepted runs and rejections)."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    return draft
+
+
+def draft_setting(path: str, k: int = 4) -> dict:
+    return {"method": "draft", "model": path, "num_speculative_tokens": k}

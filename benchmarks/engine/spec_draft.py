@@ -25,6 +25,8 @@ import random
 import sys
 from collections.abc import Sequence
 
+import torch
+
 from orcaserve.scheduler import Engine
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.spec.decoding import SpecDecoding
@@ -54,6 +56,9 @@ class SetAgreement:
 
     def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
         return self.draft.kinds(reqs)
+
+    def distributions(self) -> dict[str, torch.Tensor]:
+        return {}  # greedy runs: point masses
 
     def drop(self, request_id: str) -> None:
         self.draft.drop(request_id)

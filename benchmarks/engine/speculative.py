@@ -5,12 +5,16 @@ docs/performance-log.md).
     orcaserve-bench spec                                  # SmolLM2, every set and client count
     orcaserve-bench spec --clients 1,4 --max-tokens 96 --out spec.json
     orcaserve-bench spec --method draft --draft-model DIR_OR_GGUF
+    orcaserve-bench spec --method draft --draft-model DIR_OR_GGUF --temperature 1.0   # sampled rows
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1   # synthetic pair: spec_draft.py
     orcaserve-bench spec --rows 12                        # step time against a verifying row's rows: spec_rows.py
 
 Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made from
 the project's own source and docstrings (shipped with it); open-ended ones ask for new text. Each
-client runs one request after another (a closed loop), greedy, up to `--max-tokens` tokens. Off and
+client runs one request after another (a closed loop), greedy (or at `--temperature`, unseeded, each
+request then to `--max-tokens` whatever EOS: off and on emit other tokens), up to `--max-tokens` tokens.
+`--every-row` bypasses the policy (every eligible row proposes K tokens every step), to measure a
+proposer's acceptance rather than the policy's choices. Off and
 on alternate on one engine, `--repeats` pairs per point with medians kept (the same weights, cache
 and threads; the machine may be shared, so runs alternate rather than follow each other), and the
 outputs of the two are compared token for token. Before a point's pairs, one run with speculation
@@ -69,9 +73,12 @@ OPEN_ENDED = [
 ]
 
 
-def run_set(engine: Engine, prompts: list[str], clients: int, requests: int, max_tokens: int) -> dict:
-    """`requests` prompts (cycling through `prompts`), `clients` in flight at a time, greedy."""
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+def run_set(
+    engine: Engine, prompts: list[str], clients: int, requests: int, max_tokens: int, temperature: float = 0.0
+) -> dict:
+    """`requests` prompts (cycling through `prompts`), `clients` in flight at a time, greedy by default."""
+    # Sampled requests run to max_tokens (an unseeded run's EOS would make its work another run's).
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=temperature > 0)
     queue = [ChatPrompt([{"role": "user", "content": prompts[i % len(prompts)]}]) for i in range(requests)]
     outputs: dict[str, list[int]] = {}
     in_flight, nxt = 0, 0
@@ -95,6 +102,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sets", default="copy,open", help="prompt sets: copy (copy-heavy), open (open-ended)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="sampled rows at this temperature (unseeded: off and on then differ; 0: greedy, compared)",
+    )
     ap.add_argument("--method", default="ngram", choices=("ngram", "draft"), help="the proposer")
     ap.add_argument("--draft-model", default=None, help="method draft: the draft's HF dir or .gguf")
     ap.add_argument(
@@ -102,6 +115,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         default=None,
         help="method draft: comma-separated agreements of a synthetic target/draft pair (spec_draft.py); "
         "the draft defaults to a random 4-layer model of SmolLM2's width",
+    )
+    ap.add_argument(
+        "--every-row",
+        action="store_true",
+        help="bypass the policy: every eligible row proposes K tokens every step (acceptance, not the policy)",
     )
     ap.add_argument("--rows", type=int, default=0, help="step time at 1..ROWS rows of one verifying request")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
@@ -136,16 +154,19 @@ def alternate(
     the policy's step-cost model this load (as a running server has learnt it); the policy is kept
     over the point's runs (it drops a request's state when the request finishes)."""
     spec.policy = SpecPolicy(spec.config)
+    if args.every_row:
+        k = spec.config.num_speculative_tokens
+        spec.policy.plan = lambda sched, candidates, kinds=None: [(r, k) for r in candidates]  # every row, K each
     engine.spec = spec
-    run_set(engine, prompts, clients, n, args.max_tokens)
+    run_set(engine, prompts, clients, n, args.max_tokens, args.temperature)
     spec.policy.declined_steps, spec.stats = 0, SpecStats(method=method)
     offs: list[dict] = []
     ons: list[dict] = []
     for _ in range(args.repeats):
         engine.spec = None
-        offs.append(run_set(engine, prompts, clients, n, args.max_tokens))
+        offs.append(run_set(engine, prompts, clients, n, args.max_tokens, args.temperature))
         engine.spec = spec
-        ons.append(run_set(engine, prompts, clients, n, args.max_tokens))
+        ons.append(run_set(engine, prompts, clients, n, args.max_tokens, args.temperature))
     engine.spec = None
 
     def summary(runs: list[dict]) -> dict:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.step_cost import StepShape, row_context
+
+if TYPE_CHECKING:
+    from orcaserve.scheduler.spec.verify import DraftRun
 
 
 @dataclass
@@ -25,6 +29,8 @@ class SchedulerOutput:
     # Speculative decoding: request -> its proposed tokens this step (spec/decoding.py); such a
     # row appears 1 + K times in `sampling`, once per checked position.
     spec: dict[str, list[int]] = field(default_factory=dict)
+    # Those of a sampled row with the draft model's distributions: checked by the general rule.
+    drafted: dict[str, DraftRun] = field(default_factory=dict)
 
     def seal(self, shape: bool = True) -> None:
         """The batch is decided (`Scheduler.schedule`): one pass over it sets `sampling` and, when
@@ -69,4 +75,5 @@ class SchedulerOutput:
             requests={r: req for r, req in self.requests.items() if r in keep},
             sampling=[req for req in self.sampling if req.request_id in keep],
             spec={r: d for r, d in self.spec.items() if r in keep},
+            drafted={r: d for r, d in self.drafted.items() if r in keep},
         )

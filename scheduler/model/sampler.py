@@ -10,6 +10,7 @@ import torch
 from orcaserve.kernels import dispatch
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.model.grammar import MaskBuffer, apply_grammars
+from orcaserve.scheduler.spec.verify import DraftRun, check_drafted
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -114,11 +115,50 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         return self.sample(logits, reqs).tolist()
 
-    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:  # [S] int64, on the device
+    def sample(
+        self,
+        logits: torch.Tensor,  # [S, V]
+        reqs: list[Request],  # [S]
+        drafted: Mapping[str, DraftRun] | None = None,
+    ) -> torch.Tensor:  # [S] int64, on the device
+        """Each row's token. `drafted`: a sampled request's proposals of a draft model with the
+        draft's distributions (its rows are the request's 1 + K consecutive rows): checked by
+        the general rejection rule (docs/speculative-decoding.md "Exactness"), its rows then hold
+        the accepted proposals and the token drawn where the run ends (and that token again past it)."""
         # logits [S, V], fp32 or the model's dtype: an all-greedy batch without penalties takes
         # their argmax as they are (widening a bf16 [32, 49152] batch costs 1-3 ms a step here)
         if not reqs:
             return torch.empty(0, dtype=torch.long, device=logits.device)
+        logits = self._adjust(logits, reqs)
+        greedy = self._argmax(logits)
+        if all(r.params.greedy for r in reqs):
+            return greedy
+        probs = sampling_probs(logits, reqs)  # [S, V]
+        dev = probs.device
+        checked = drafted or {}
+        noise = torch.empty_like(probs)
+        if dev.type == "cpu":
+            for i, req in enumerate(reqs):
+                if req.request_id in checked:  # drawn by the rejection rule below
+                    noise[i].fill_(1.0)
+                elif req.generator is not None:
+                    noise[i].exponential_(generator=req.generator)
+                else:
+                    noise[i].exponential_()
+        else:
+            noise.exponential_()  # one launch for every row
+            for i, req in enumerate(reqs):
+                if req.generator is not None:  # a CPU generator: its numbers, drawn here, as on a CPU
+                    row = torch.empty(probs.shape[1], dtype=probs.dtype, pin_memory=True)
+                    noise[i].copy_(row.exponential_(generator=req.generator), non_blocking=True)
+        sampled = self._argmax(probs / noise)
+        if checked:
+            check_drafted(probs, reqs, checked, sampled)
+        is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, dev)
+        return torch.where(is_greedy, greedy, sampled)
+
+    def _adjust(self, logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:
+        """Grammar masks, logit bias and penalties, on a copy where the engine reads the logits after."""
         biased = any(r.params.logit_bias for r in reqs)
         penalized = any(
             r.params.repetition_penalty != 1.0 or r.params.presence_penalty or r.params.frequency_penalty for r in reqs
@@ -134,27 +174,24 @@ class Sampler:
             if biased:  # before the penalties, as vLLM orders them
                 _apply_logit_bias(logits, reqs)
             _apply_penalties(logits, reqs)
-        greedy = self._argmax(logits)
-        if all(r.params.greedy for r in reqs):
-            return greedy
-        logits = logits.float()
-        dev = logits.device
+        return logits
 
-        temps = to_device([1.0 if r.params.greedy else r.params.temperature for r in reqs], torch.float32, dev)
-        params = [r.params for r in reqs]
-        probs = filter_logits(
-            logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params]
-        ).softmax(-1)  # [S, V]
-        noise = torch.empty_like(probs)
-        if dev.type == "cpu":
-            for i, req in enumerate(reqs):
-                noise[i].exponential_(generator=req.generator) if req.generator is not None else noise[i].exponential_()
-        else:
-            noise.exponential_()  # one launch for every row
-            for i, req in enumerate(reqs):
-                if req.generator is not None:  # a CPU generator: its numbers, drawn here, as on a CPU
-                    row = torch.empty(probs.shape[1], dtype=probs.dtype, pin_memory=True)
-                    noise[i].copy_(row.exponential_(generator=req.generator), non_blocking=True)
-        sampled = self._argmax(probs / noise)
-        is_greedy = to_device([r.params.greedy for r in reqs], torch.bool, dev)
-        return torch.where(is_greedy, greedy, sampled)
+
+def sampling_probs(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:  # [S, V] -> [S, V] fp32
+    """What a sampled row draws from, its logits already biased and penalized: the request's
+    temperature (1 for a greedy row), then top-k, top-p and min-p, softmaxed."""
+    logits = logits.float()
+    temps = to_device([1.0 if r.params.greedy else r.params.temperature for r in reqs], torch.float32, logits.device)
+    params = [r.params for r in reqs]
+    return filter_logits(
+        logits / temps[:, None], [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params]
+    ).softmax(-1)
+
+
+def processed_probs(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:  # [S, V] -> [S, V] fp32
+    """The distribution the sampler draws each row's token from, for logits of another model (a
+    draft's): the rows' logit bias and penalties on a copy, then `sampling_probs`."""
+    logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
+    _apply_logit_bias(logits, reqs)
+    _apply_penalties(logits, reqs)
+    return sampling_probs(logits, reqs)

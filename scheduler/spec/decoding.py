@@ -8,11 +8,13 @@ Three calls from the engine's step, around the model run:
   `spec` rows: `StepBuffers.prepare` asks for their logits). Proposals take the step's token
   budget left and never preempt: a row whose blocks cannot grow goes without.
 - `accept`, once the sampled ids are on the host and before the scheduler advances: each row keeps
-  its longest run of proposals the target agreed with (verify.py) plus the target's own next
-  token; its tokens and computed count move back to what was accepted, so the K/V of rejected
-  positions is overwritten later and never reaches the prefix cache. The step's rows become one
-  row per emitted token, so postprocessing checks stops, limits and log-probabilities token by
-  token, ending a request exactly where speculation off would.
+  its longest run of proposals the target agreed with (verify.py: its own samples, or for a draft
+  model's sampled row the general rejection rule, which the sampler ran) plus the token the target
+  drew after them; its tokens and computed count move back to what was accepted, so the K/V of
+  rejected positions is overwritten later and never reaches the prefix cache. The step's rows
+  become one row per emitted token, so postprocessing checks stops, limits and log-probabilities
+  token by token, ending a request where speculation off would (at the same tokens, but for a draft
+  model's sampled rows, whose tokens are other draws of the same distribution).
 - `end_step`: a request's several outputs of the step become one (a streamed chunk may carry
   several tokens); the step's time goes to the cost model that decides when speculating pays.
 """
@@ -33,7 +35,7 @@ from orcaserve.scheduler.spec.policy import SpecPolicy
 from orcaserve.scheduler.spec.proposers import PROPOSERS
 from orcaserve.scheduler.spec.stats import SpecStats
 from orcaserve.scheduler.spec.target import Target
-from orcaserve.scheduler.spec.verify import accepted_length
+from orcaserve.scheduler.spec.verify import DraftRun, accepted_length
 
 if TYPE_CHECKING:
     from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
@@ -92,14 +94,18 @@ class SpecDecoding:
             budget -= k
             rows_left -= k
         spec: dict[str, list[int]] = {}
-        for (req, _), drafts in zip(rows, self._proposals(rows)):
+        proposals = self._proposals(rows)
+        probs = self.proposer.distributions() if proposals else {}  # a draft's sampled rows: their q
+        for (req, _), drafts in zip(rows, proposals):
             rid = req.request_id
             if not drafts or not kv.allocate_slots(req, 1 + len(drafts)):
                 continue  # no proposal, or no room: a plain decode
             req.all_token_ids.extend(drafts)  # for this step only: `accept` keeps what the target agreed with
             nst[rid] = 1 + len(drafts)
             spec[rid] = drafts
-            if req.generator is not None and not req.params.greedy:
+            if rid in probs:  # the general rule (verify.py), its draws from the request's stream
+                sched.drafted[rid] = DraftRun(drafts, probs[rid])
+            elif req.generator is not None and not req.params.greedy:
                 self._rng[rid] = req.generator.get_state()
         if not spec:
             self.stats.steps_off += 1

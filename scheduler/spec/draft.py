@@ -11,7 +11,10 @@ sized as the target's pool plus K tokens for each of `max_num_seqs` rows) and it
 Per step, `propose_batch` runs the draft over all speculating rows at once, one forward per
 proposal position: the first feeds each row what its draft K/V lacks (the target's tokens since
 the draft last ran: one or two after an accepted run, the whole sequence after a drop, chunked to
-the step's token budget), every next one the previous proposal, and each samples its argmax.
+the step's token budget), every next one the previous proposal. Each takes the draft's argmax for a
+greedy row; a sampled row draws from the draft's distribution under the request's own settings
+and random stream (the sampler's processing, `processed_probs`), and that distribution is kept
+for the target's check (`distributions`, the general rejection rule in verify.py).
 
 Its K/V follows what the target accepted without being told: each request's shadow sequence holds
 the tokens the draft computed, and before it proposes again the draft keeps the longest run of
@@ -41,6 +44,7 @@ from orcaserve.scheduler.model.defaults import choose_weights
 from orcaserve.scheduler.model.hub import resolve_model
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer, model_dims
 from orcaserve.scheduler.model.model_runner import ModelRunner
+from orcaserve.scheduler.model.sampler import processed_probs
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.target import Target
 
@@ -124,11 +128,15 @@ class DraftProposer:
         )
         self.runner.warm_up(self.max_tokens, tc.max_num_seqs)
         self._drafts: dict[str, _Draft] = {}
+        self._probs: dict[str, list[torch.Tensor]] = {}  # a sampled row's q at each proposal, this step
 
     def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
-        """The draft's greedy continuation of each request, `k` tokens each ([] where its blocks
-        cannot grow): one forward per proposal position over all rows."""
+        """The draft's continuation of each request, `k` tokens each ([] where its blocks cannot
+        grow), greedy or sampled as the request samples: one forward per proposal position over
+        all rows."""
         out: list[list[int]] = [[] for _ in rows]
+        self._probs = {}
+        owner = {req.request_id: req for req, _ in rows}
         live: list[tuple[int, _Draft, int]] = []  # (row, its draft state, k)
         for i, (req, k) in enumerate(rows):
             draft = self._sync(req)
@@ -149,7 +157,7 @@ class DraftProposer:
                 budget -= n
             sched.seal(False)  # a row samples once it has fed all it lacked
             logits = self.runner.execute(sched, self.kv)  # [S, V]
-            ids = logits.argmax(-1).tolist() if sched.sampling else []
+            ids = self._pick(logits, [owner[seq.request_id] for seq in sched.sampling]) if sched.sampling else []
             for seq, n in zip(sched.requests.values(), sched.num_scheduled_tokens.values()):
                 seq.num_computed_tokens += n
             for seq, token in zip(sched.sampling, ids):
@@ -162,6 +170,28 @@ class DraftProposer:
                     out[i] = draft.seq.all_token_ids[draft.verified :]
             live = still
         return out
+
+    def _pick(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:  # logits [S, V]
+        """Each row's proposal: the argmax for a greedy request; for a sampled one a draw from
+        the draft's processed distribution q (the exponential race, as the sampler draws, from
+        the request's generator where it has one), q kept for the check."""
+        ids = logits.argmax(-1).tolist()
+        sampled = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if not sampled:
+            return ids
+        q = processed_probs(logits[sampled], [reqs[i] for i in sampled])  # [R, V]
+        noise = torch.empty_like(q)
+        for j, i in enumerate(sampled):
+            gen = reqs[i].generator
+            noise[j].exponential_(generator=gen) if gen is not None else noise[j].exponential_()
+            self._probs.setdefault(reqs[i].request_id, []).append(q[j])
+        for i, token in zip(sampled, (q / noise).argmax(-1).tolist()):
+            ids[i] = token
+        return ids
+
+    def distributions(self) -> dict[str, torch.Tensor]:
+        """The last `propose_batch`'s sampled rows: the draft's q at each proposal, [K, V]."""
+        return {rid: torch.stack(qs) for rid, qs in self._probs.items()}
 
     def _sync(self, req: Request) -> _Draft:
         """The request's draft state, its computed count moved back to the longest run of its

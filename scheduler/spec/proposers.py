@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+import torch
+
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 from orcaserve.scheduler.spec.draft import DraftProposer
@@ -38,6 +40,12 @@ class Proposer(Protocol):
     def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
         """The kind of proposal each request would get this step, known before proposing (the
         policy keeps a request's acceptance per kind, policy.py); a request left out has none."""
+        ...
+
+    def distributions(self) -> dict[str, torch.Tensor]:
+        """The proposer's distribution [K, V] at each proposal of the last `propose_batch`, by
+        request, where it drew them from one (a draft model's sampled rows: the general rejection
+        rule checks them, verify.py); a request left out proposed point masses."""
         ...
 
     def drop(self, request_id: str) -> None: ...
@@ -123,6 +131,10 @@ class NgramProposer:
 
     def propose_batch(self, rows: Sequence[tuple[Request, int]]) -> list[list[int]]:
         return [self.propose(req.request_id, req.all_token_ids, k) for req, k in rows]
+
+    def distributions(self) -> dict[str, torch.Tensor]:
+        """A lookup's proposal is a point mass."""
+        return {}
 
     def drop(self, request_id: str) -> None:
         self._index.pop(request_id, None)

@@ -10,15 +10,29 @@ else emit t". Sampling t first makes the emitted tokens the very tokens speculat
 emit, token for token, greedy or seeded.
 
 `rejection_sample` is the general rule (Leviathan et al. 2023, Chen et al. 2023) for a draft
-with a distribution, vectorised over many rows: what a draft model's proposals need, and the test
-that the rule keeps the target's distribution.
+with a distribution, vectorised over many rows: a draft model's proposals on a sampled row carry
+the draft's distributions (`DraftRun`), and the sampler checks them with it (`check_drafted`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from orcaserve.scheduler.core.request import Request
+
+
+@dataclass(frozen=True)
+class DraftRun:
+    """A sampled row's proposals from a draft model and the draft's distribution at each: the
+    request's sampling settings applied to the draft's logits (`processed_probs`), q [K, V]."""
+
+    tokens: list[int]
+    probs: torch.Tensor
 
 
 def accepted_length(sampled: Sequence[int], proposed: Sequence[int]) -> int:
@@ -61,8 +75,15 @@ def rejection_sample(
     residual = (target_probs[:, :k] - q).clamp_min(0.0)  # [N, K, V]
     last = torch.cat([residual, target_probs[:, k:]], dim=1)  # [N, K + 1, V]
     dist = last[torch.arange(n, device=dev), num_accepted]  # [N, V]
-    # A residual of zero mass (p == q): any proposal is accepted there, so it is never used.
-    dist = torch.where(dist.sum(1, keepdim=True) > 0, dist, target_probs[torch.arange(n, device=dev), num_accepted])
+    # A residual of zero mass (p == q): any proposal is accepted there, so it is used only where
+    # rounding made p(d) < q(d) and u fell above; then p without d (a rejection never emits d).
+    has_mass = dist.sum(1, keepdim=True) > 0  # [N, 1]
+    if not bool(has_mass.all()):
+        fallback = target_probs[torch.arange(n, device=dev), num_accepted].clone()  # [N, V]
+        rejected = num_accepted < k
+        d = draft_tokens[torch.arange(n, device=dev), num_accepted.clamp(max=k - 1)]  # [N]
+        fallback[rejected, d[rejected]] = 0.0
+        dist = torch.where(has_mass, dist, fallback)
     noise = torch.empty_like(dist, dtype=torch.float64).exponential_(generator=generator)
     final = (dist.double() / noise).argmax(1)  # [N] the exponential race draws from norm(dist)
     cols = torch.arange(k1, device=dev)[None]  # [1, K + 1]
@@ -70,3 +91,29 @@ def rejection_sample(
     out[:, :k] = torch.where(cols[:, :k] < num_accepted[:, None], draft_tokens, -1)
     out[torch.arange(n, device=dev), num_accepted] = final
     return out, num_accepted + 1
+
+
+def check_drafted(
+    probs: torch.Tensor,  # [S, V] the target's processed probabilities of a step's sampling rows
+    reqs: Sequence[Request],  # [S] a drafted request on 1 + K consecutive rows
+    drafted: Mapping[str, DraftRun],
+    sampled: torch.Tensor,  # [S] written over on the drafted rows
+) -> None:
+    """Each drafted request's run checked by `rejection_sample` with its own random stream (a
+    seeded request draws from its generator only here and in its draft, so it repeats itself):
+    its rows get the accepted proposals, then the drawn token, repeated to the run's end (the
+    rows past it are dropped by `SpecDecoding.accept`, which finds the run by comparing)."""
+    done: set[str] = set()
+    for i, req in enumerate(reqs):
+        rid = req.request_id
+        run = drafted.get(rid)
+        if run is None or rid in done:
+            continue
+        done.add(rid)
+        k = len(run.tokens)
+        drafts = torch.tensor([run.tokens], dtype=torch.long, device=probs.device)
+        out, emitted = rejection_sample(probs[None, i : i + k + 1], drafts, run.probs[None], req.generator)
+        n = int(emitted[0])
+        row = out[0]
+        row[n:] = row[n - 1]
+        sampled[i : i + k + 1] = row

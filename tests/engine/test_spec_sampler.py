@@ -132,3 +132,17 @@ def test_policy_stops_paying_as_the_batch_fills_and_pauses_poor_rows():
     for _ in range(8):
         policy.observe("poor", 4, 0)
     assert policy.k_for("poor") == 0
+
+
+def test_a_rejection_never_emits_the_rejected_proposal():
+    """Rounding can leave p(d) < q(d) with no token where p > q (a residual of zero mass): the
+    token drawn then is p's without d, never d itself."""
+    n = 2_000
+    target = torch.tensor([[0.4, 0.5], [0.5, 0.5]], dtype=torch.float64)[None].expand(n, -1, -1).contiguous()
+    draft = torch.tensor([[0.5, 0.5]], dtype=torch.float64)[None].expand(n, -1, -1).contiguous()
+    out, emitted = rejection_sample(
+        target, torch.zeros(n, 1, dtype=torch.long), draft, torch.Generator().manual_seed(3)
+    )
+    rejected = emitted == 1
+    assert 0 < int(rejected.sum()) < n  # accepted with p(0) / q(0) = 0.8
+    assert bool((out[rejected, 0] == 1).all())
