@@ -48,6 +48,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--op-by-op", action="store_true", help="offline: the decoder's layers op by op, not one C++ call (A/B)"
     )
+    ap.add_argument(
+        "--thread-cpu", action="store_true", help="CPU ms per output token by process and thread (cpu_probe.py)"
+    )
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -105,12 +108,26 @@ def http_point(url: str, key: str | None, prompts: list[list[int]], output_len: 
     return _summary(len(specs), wall, [r.ttft or 0.0 for r in results], [r.tpot or 0.0 for r in results], output_len)
 
 
-def _points(run_one, streams: list[int], args, vocab: int) -> list[dict]:
-    """The best run (highest tok/s) of each stream count; one warm-up run first."""
+def _points(run_one, streams: list[int], args, vocab: int, sid: int | None = None) -> list[dict]:
+    """The best run (highest tok/s) of each stream count; one warm-up run first. With
+    `--thread-cpu` each run also holds the CPU its threads spent (those of this process, and of
+    the server's session `sid`), per output token."""
+    from orcaserve.bench.serve.cpu_probe import CpuProbe
+
+    probe = CpuProbe(sid) if args.thread_cpu else None
+
+    def measured(prompts: list[list[int]]) -> dict:
+        before, t0 = (probe.snapshot() if probe else {}), time.perf_counter()
+        row = run_one(prompts)
+        if probe is not None:
+            tokens = len(prompts) * args.output_len
+            row["cpu"] = CpuProbe.delta(before, probe.snapshot(), tokens, time.perf_counter() - t0)
+        return row
+
     run_one(_prompts(1, args.input_len, vocab, args.seed + 999))
     rows = []
     for n in streams:
-        runs = [run_one(_prompts(n, args.input_len, vocab, args.seed + r)) for r in range(args.repeats)]
+        runs = [measured(_prompts(n, args.input_len, vocab, args.seed + r)) for r in range(args.repeats)]
         rows.append(max(runs, key=lambda r: r["tok_s"]))
     return rows
 
@@ -123,7 +140,8 @@ def _http_orcaserve(args, model: str, overrides: dict, streams: list[int], vocab
     with torchserve(work, ["latency"]) as ts:
         url = ts.url("/predictions/latency/1.0/v1/completions")
         key = ts.keys.get("inference")
-        return _points(lambda p: http_point(url, key, p, args.output_len, None), streams, args, vocab)
+        sid = ts.proc.pid if ts.proc else None
+        return _points(lambda p: http_point(url, key, p, args.output_len, None), streams, args, vocab, sid)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -202,6 +220,8 @@ def _by_op(b: dict, nbytes: dict) -> str:
 
 
 def report(res: dict) -> None:
+    from orcaserve.bench.serve.cpu_probe import table as cpu_table
+
     print(
         f"\nmodel {res['model']}: quantization {res['quantization']}, activations {res['activations']}, "
         f"dtype {res['dtype']}; {res['bytes_per_token'] / 1e6:.1f} MB read per token, read bandwidth "
@@ -215,6 +235,10 @@ def report(res: dict) -> None:
                 f"{system:<22}{r['streams']:>8}{r['tok_s']:>9.1f}{r['tpot_ms']:>10.2f}"
                 f"{r['stream_tok_s']:>12.1f}{share:>9.2f}{r['ttft_ms']:>9.0f}"
             )
+    for system, rows in res["systems"].items():
+        for r in rows:
+            if "cpu" in r:
+                print(f"\n{system}, {r['streams']} stream(s), the best run: {cpu_table(r['cpu'], top=10)}")
     for n, b in res.get("breakdown", {}).items():
         parts = ", ".join(f"{k} {b[k]:.2f}" for k in ("model", "lm_head", "sampler", "postprocess", "host"))
         clock = "thread CPU " if res.get("breakdown_clock") == "cpu" else ""

@@ -22,7 +22,7 @@ from orcaserve.scheduler.serving.in_flight import InFlight
 from orcaserve.scheduler.serving.loop_call import LoopCall
 from orcaserve.scheduler.serving.loop_end import answer_all
 from orcaserve.scheduler.serving.loop_requests import end_early, take_in
-from orcaserve.scheduler.serving.os_thread import name_this_thread
+from orcaserve.scheduler.serving.os_thread import name_spawned_threads, name_this_thread
 from orcaserve.scheduler.serving.request_stream import RequestStream, deliver
 from orcaserve.scheduler.serving.stream_table import StreamTable
 
@@ -75,6 +75,7 @@ class EngineLoop:
         self._build_error: BaseException | None = None
         self._admission = None if engine is None else self._new_admission(engine)
         self._thread = threading.Thread(target=self._run, name="orcaserve-engine", daemon=True)
+        self._workers_named = False  # the OpenMP workers this thread started, named after its first step
 
     def start(self) -> EngineLoop:
         if self._admission is not None:
@@ -208,6 +209,9 @@ class EngineLoop:
             self._expire_deadlines()
             if self.engine.has_unfinished():
                 self._step()
+                if not self._workers_named:  # by now this thread's OpenMP team exists
+                    self._workers_named = True
+                    name_spawned_threads("orca-omp")
             self._flush()
 
     def _flush(self) -> None:

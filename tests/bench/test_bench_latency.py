@@ -21,7 +21,7 @@ def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
     tokenizer.save_pretrained(tmp_path / "tiny")
     out = tmp_path / "latency.json"
     argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1,2", "--input-len", "4"]
-    argv += ["--output-len", "6", "--repeats", "1", "--modes", "offline", "--set", "dtype=float32", *KV]
+    argv += ["--output-len", "6", "--repeats", "1", "--modes", "offline", "--set", "dtype=float32", "--thread-cpu", *KV]
     assert cli.main([*argv, "--peers", "llamacpp,nope", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     rows = res["systems"]["orcaserve offline"]
@@ -33,7 +33,11 @@ def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
     assert res["bytes_per_token"] == 4 * (2 * (2 * h * h + 2 * h * kv + 3 * h * i) + v * h)
     assert "unknown peer" in res["skipped"]["nope"]
     assert "llamacpp" in res["skipped"] or "llamacpp http" in res["systems"]
-    assert "DRAM roof" in capsys.readouterr().out
+    # --thread-cpu: each run's CPU by thread of this process (the client role: offline, no server)
+    assert all(r["cpu"]["output_tokens"] == 6 * r["streams"] and r["cpu"]["totals_s"]["server"] == 0 for r in rows)
+    printed = capsys.readouterr().out
+    assert "DRAM roof" in printed
+    assert "orcaserve offline, 2 stream(s), the best run: CPU over the measured load" in printed
 
 
 def test_read_bandwidth_is_a_rate():
