@@ -115,10 +115,11 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     # LoRA adapters' update (docs/lora.md "The segmented update in the dispatch table"): the C++
     # operators (gemm/lora.cpp: shrink and expand fused per row, each row against its own adapter's
-    # columns only) where measured faster than the PyTorch twins (kernels/pytorch/lora.py), the
-    # twins elsewhere (not measured against them on the AVX-512 kinds).
+    # columns only; vdpbf16ps for the bf16 shrink on avx512_bf16 and amx), measured faster than the
+    # PyTorch twins (kernels/pytorch/lora.py) on avx2 (Zen 3), avx512 and avx512_bf16 (Zen 5); amx
+    # runs avx512_bf16's code, not measured there.
     **{
-        (op, dt): (("torch", f"orcaserve.{op}.avx2", "torch", "torch", "torch"), ("torch",))
+        (op, dt): (("torch", *_o(op, "avx2", "avx512", "avx512_bf16", "amx")), ("torch",))
         for op in ("lora_sgmv", "lora_batched")
         for dt in ("float32", "bfloat16")
     },

@@ -61,7 +61,10 @@ def parts(args: argparse.Namespace) -> dict[str, Calls]:
         return (torch.randn(*shape, generator=g) * 0.05).to(dt)
 
     batch = LoraBatch.of([i * s // t for i in range(t)], s, r, [2.0] * s, dt)  # each adapter's rows adjacent
-    mods = [(rand(t, i), rand(t, o), rand(s * r, i), rand(o, s * r)) for i, o in MODULES.values()]
+    # B as the engine holds it: an adapter's own [out, r] (PEFT's), the stacks' [out, S R] over B^T's
+    # storage (scheduler/lora/resident.py)
+    mods = [(rand(t, i), rand(t, o), rand(s * r, i), rand(o, r) if s == 1 else rand(s * r, o).t())
+            for i, o in MODULES.values()]  # fmt: skip
     base = [(rand(t, i), Linear(rand(o, i), None, pack=True)) for i, o in FUSED.values()]
     hs = [F.linear(x, a) for x, _, a, _ in mods]
     ds = [F.linear(h, b) for h, (_, _, _, b) in zip(hs, mods)]
