@@ -134,3 +134,26 @@ def test_the_table_names_the_cpp_operator_where_it_was_measured_faster(name, dty
     for cap in ("avx2", "avx512", "avx512_bf16", "amx"):  # amx: avx512_bf16's code, unmeasured there
         assert dispatch.choice(name, dtype, cap).runs == f"orcaserve.{name}.{cap}"
     assert dispatch.choice(name, dtype, "generic").runs == "torch"  # no C++ variant below avx2
+
+
+@pytest.mark.parametrize("variant", params("lora_batched"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_roundings_are_the_twins_bit_for_bit(variant, dtype):
+    """Rank 1 and one-hot rows: every sum is a single exact product, so only the roundings (the
+    shrink, the expand, the scale, the add; nearest even) decide, and the C++ result must be the
+    twin's bit for bit, deltas in fp32's denormal range (vcvtneps2bf16 would read them as zero:
+    avx512_bf16 rounds those lanes in software) and overflow to infinity included."""
+    gen = torch.Generator().manual_seed(5)
+    t, d_in, d_out, slots = 40, 70, 67, 4
+    x = torch.zeros(t, d_in, dtype=dtype)
+    x[torch.arange(t), torch.randint(0, d_in, (t,), generator=gen)] = 1.0
+    a = (torch.randn(slots, d_in, generator=gen) * 3).to(dtype)
+    b = (torch.randn(slots, d_out, generator=gen) * 3).to(dtype).t()  # B^T's storage, as stacked
+    y = torch.randn(t, d_out, generator=gen).to(dtype)
+    y[::5] *= 1e-37  # tiny outputs: their sums with tiny deltas near the denormal range
+    scales = [1e-39, 3.3e-38, 0.7071, 3e38]  # denormal deltas, near FLT_MIN, ordinary, overflow
+    batch = LoraBatch.of([i % (slots + 1) - 1 for i in range(t)], slots, 1, scales, dtype)
+    want, got = y.clone(), y.clone()
+    batched_cell(op("lora_batched", variant))(got, x, batch, a, b)
+    lora_batched(want, x, batch, a, b)
+    assert torch.equal(got, want)

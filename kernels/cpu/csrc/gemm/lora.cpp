@@ -12,13 +12,15 @@
 // layout ([out, r] rows contiguous, lora_sgmv's adapters) is transposed once per call.
 //
 // A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, against
-// all its rows, in register blocks of up to kRows rows: the shrink h = A x (r dot products over
-// `in` a row; on avx512_bf16 vdpbf16ps on the bf16 values as stored, else FMAs on fp32), then the
-// expand, kOut outputs at a time: rows of B^T (widened in registers) against each row's h values
-// broadcast, the [rows, r] intermediate in L1. The roundings are PEFT's, as the twins': in bf16 the
-// shrink, the expand and the scale are each rounded to bf16 (nearest even), then y + that rounded
-// once more (the twins' `y += delta`); the sums run in another order than the GEMMs', so the tests
-// hold it to the twins within the dtype's tolerance.
+// all its rows, in register blocks of up to 4 rows (the loops over them unrolled, so that the
+// accumulators stay in registers): the shrink h = A x (r dot products over `in` a row; on
+// avx512_bf16 vdpbf16ps on the bf16 values as stored, else FMAs on fp32), then the expand, kOut
+// outputs at a time: rows of B^T (widened in registers) against each row's h values broadcast, the
+// [rows, r] intermediate in L1. A's next rows and B^T's next blocks are prefetched. The roundings
+// are PEFT's, as the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16
+// (nearest even, c10's bits: lora_vec.h), then y + that rounded once more (the twins' `y +=
+// delta`); the sums run in another order than the GEMMs', so the tests hold it to the twins
+// within the dtype's tolerance, and bit for bit where every sum is exact.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -97,33 +99,45 @@ void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work
   }
 }
 
-// yr[q] += rounded(rounded(h row q . B^T) * scale), kOut outputs at a time, for NR rows.
-template <typename T, int NR>
-void expand(const Adapter<T>& w, const float* h, T* const* yr, int64_t out) {
+// yr[q][o0, o0 + m) += rounded(rounded(h row q . B^T) * scale) for NR rows: one block of kOut
+// outputs (m of them; Full: all kOut, the tail's masks compiled out). The accumulators are plain
+// locals, the loops over rows unrolled, so that they stay in registers.
+template <typename T, int NR, bool Full>
+inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int64_t o0, int64_t m, bool ahead) {
   const int64_t r = w.r;
-  const Vec scale(w.scale);
-  for (int64_t o0 = 0; o0 < out; o0 += kOut) {
-    const int64_t m = std::min(kOut, out - o0);
-    Vec lo[NR], hi[NR];
-    for (int q = 0; q < NR; ++q) lo[q] = hi[q] = Vec(0.f);
-    for (int64_t j = 0; j < r; ++j) {
-      if (o0 + kAhead * kOut < out) prefetch(w.bt + j * w.ldbt + o0 + kAhead * kOut, kOut * sizeof(T));
-      const auto [b0, b1] = load2(w.bt + j * w.ldbt + o0, m);
-      for (int q = 0; q < NR; ++q) {
-        const Vec hv(h[q * r + j]);
-        lo[q] = at::vec::fmadd(hv, b0, lo[q]);
-        hi[q] = at::vec::fmadd(hv, b1, hi[q]);
-      }
-    }
+  Vec lo[NR], hi[NR];
+#pragma GCC unroll 4
+  for (int q = 0; q < NR; ++q) lo[q] = hi[q] = Vec(0.f);
+  for (int64_t j = 0; j < r; ++j) {
+    const T* bj = w.bt + j * w.ldbt + o0;
+    if (ahead) prefetch(bj + kAhead * kOut, kOut * sizeof(T));
+    const auto [b0, b1] = load2(bj, Full ? kOut : m);
+#pragma GCC unroll 4
     for (int q = 0; q < NR; ++q) {
-      round2<T>(lo[q], hi[q]);
-      lo[q] = lo[q] * scale;
-      hi[q] = hi[q] * scale;
-      round2<T>(lo[q], hi[q]);
-      const auto [y0, y1] = load2(yr[q] + o0, m);
-      store2(yr[q] + o0, m, y0 + lo[q], y1 + hi[q]);
+      const Vec hv(h[q * r + j]);
+      lo[q] = at::vec::fmadd(hv, b0, lo[q]);
+      hi[q] = at::vec::fmadd(hv, b1, hi[q]);
     }
   }
+  const Vec scale(w.scale);
+#pragma GCC unroll 4
+  for (int q = 0; q < NR; ++q) {
+    Vec dlo = lo[q], dhi = hi[q];
+    round2<T>(dlo, dhi);
+    dlo = dlo * scale;
+    dhi = dhi * scale;
+    round2<T>(dlo, dhi);
+    const auto [y0, y1] = load2(yr[q] + o0, Full ? kOut : m);
+    store2(yr[q] + o0, Full ? kOut : m, y0 + dlo, y1 + dhi);
+  }
+}
+
+// The expand of NR rows over every output, kOut at a time.
+template <typename T, int NR>
+void expand(const Adapter<T>& w, const float* h, T* const* yr, int64_t out) {
+  int64_t o0 = 0;
+  for (; o0 + kOut <= out; o0 += kOut) expand_block<T, NR, true>(w, h, yr, o0, kOut, o0 + (kAhead + 1) * kOut <= out);
+  if (o0 < out) expand_block<T, NR, false>(w, h, yr, o0, out - o0, false);
 }
 
 // One task; `next` (the thread's next task, or null): its A's first rows are requested meanwhile.

@@ -62,6 +62,24 @@ inline std::pair<Vec, Vec> load2(const T* p, int64_t m) {
   }
 }
 
+#ifdef ORCA_DPBF16
+// Two vectors as 32 bf16 in two instructions (vcvtneps2bf16, nearest even) where that is c10's
+// rounding bit for bit: no lane a denormal (the instruction reads them as zero) nor a NaN (its
+// payload differs); the caller rounds in software otherwise. fp32 normals round to bf16 normals
+// or infinity alike both ways (bf16 has fp32's exponent range).
+inline bool hw_rounds(Vec lo, Vec hi) {
+  constexpr int kOdd = 0x01 | 0x20 | 0x80;  // vfpclassps: quiet NaN, denormal, signalling NaN
+  return (_mm512_fpclass_ps_mask(lo, kOdd) | _mm512_fpclass_ps_mask(hi, kOdd)) == 0;
+}
+inline __m512i hw_bf16(Vec lo, Vec hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(to_bf16(lo)), to_bf16(hi), 1);
+}
+inline Vec bf16_half(__m512i v, int half) {  // 16 of the 32 bf16 as fp32 (exact)
+  const __m256i h = half == 0 ? _mm512_castsi512_si256(v) : _mm512_extracti64x4_epi64(v, 1);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 template <typename T>
 inline void store2(T* p, int64_t m, Vec lo, Vec hi) {
   if constexpr (std::is_same_v<T, float>) {
@@ -73,6 +91,13 @@ inline void store2(T* p, int64_t m, Vec lo, Vec hi) {
       if (m > kW) hi.store(p + kW, m - kW);
     }
   } else {
+#ifdef ORCA_DPBF16
+    if (hw_rounds(lo, hi)) {
+      const __m512i v = hw_bf16(lo, hi);
+      m >= kOut ? _mm512_storeu_si512(p, v) : _mm512_mask_storeu_epi16(p, (__mmask32(1) << m) - 1, v);
+      return;
+    }
+#endif
     const auto v = at::vec::convert_from_float<T>(lo, hi);
     m >= kOut ? v.store(p) : v.store(p, m);
   }
@@ -81,21 +106,47 @@ inline void store2(T* p, int64_t m, Vec lo, Vec hi) {
 // Two vectors rounded to T (nearest even, as c10's scalar conversion), back in fp32.
 template <typename T>
 inline void round2(Vec& lo, Vec& hi) {
-  if constexpr (!std::is_same_v<T, float>) std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(lo, hi));
+  if constexpr (!std::is_same_v<T, float>) {
+#ifdef ORCA_DPBF16
+    if (hw_rounds(lo, hi)) {
+      const __m512i v = hw_bf16(lo, hi);
+      lo = bf16_half(v, 0);
+      hi = bf16_half(v, 1);
+      return;
+    }
+#endif
+    std::tie(lo, hi) = at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(lo, hi));
+  }
 }
 
 // out[q * NJ + p] = x row q . a row p (fp32, `in` long; a's rows lda apart).
 template <int NR, int NJ>
 inline void dots(const float* const* xr, const float* a, int64_t lda, int64_t in, float* out) {
-  Vec acc[NR][NJ];
+  Vec acc[NR][NJ];  // the loops over them unrolled: in registers
+#pragma GCC unroll 4
   for (int q = 0; q < NR; ++q)
+#pragma GCC unroll 2
     for (int p = 0; p < NJ; ++p) acc[q][p] = Vec(0.f);
-  for (int64_t k = 0; k < in; k += kW) {
-    const int64_t m = std::min(kW, in - k);
+  int64_t k = 0;
+  for (; k + kW <= in; k += kW) {
     Vec av[NJ];
-    for (int p = 0; p < NJ; ++p) av[p] = m == kW ? Vec::loadu(a + p * lda + k) : Vec::loadu(a + p * lda + k, m);
+#pragma GCC unroll 2
+    for (int p = 0; p < NJ; ++p) av[p] = Vec::loadu(a + p * lda + k);
+#pragma GCC unroll 4
     for (int q = 0; q < NR; ++q) {
-      const Vec xv = m == kW ? Vec::loadu(xr[q] + k) : Vec::loadu(xr[q] + k, m);
+      const Vec xv = Vec::loadu(xr[q] + k);
+#pragma GCC unroll 2
+      for (int p = 0; p < NJ; ++p) acc[q][p] = at::vec::fmadd(xv, av[p], acc[q][p]);
+    }
+  }
+  if (k < in) {  // the last in - k values, zeros past them
+    Vec av[NJ];
+#pragma GCC unroll 2
+    for (int p = 0; p < NJ; ++p) av[p] = Vec::loadu(a + p * lda + k, in - k);
+#pragma GCC unroll 4
+    for (int q = 0; q < NR; ++q) {
+      const Vec xv = Vec::loadu(xr[q] + k, in - k);
+#pragma GCC unroll 2
       for (int p = 0; p < NJ; ++p) acc[q][p] = at::vec::fmadd(xv, av[p], acc[q][p]);
     }
   }
