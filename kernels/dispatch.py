@@ -41,9 +41,9 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   (gemm/lora.cpp) from avx2 on, faster than the PyTorch twins (kernels/pytorch/lora.py) at SmolLM2's
   widths: on avx2 on a Zen 3 (4-7x in bf16, 1.3-3x in fp32; docs/performance-log.md, "2026-12-07:
   the C++ LoRA operators"), on avx512 and avx512_bf16 on a Zen 5 once they read B stored transposed
-  (3.3x in bf16 with vdpbf16ps, 5x in fp32; "2026-12-07 (morning): the C++ LoRA operators on
-  AVX-512, B stored transposed"). amx runs avx512_bf16's code, not measured on an AMX CPU; generic
-  keeps the twins.
+  (2.5-3.9x less time in bf16, 3.9x with vdpbf16ps, 4.4-4.9x in fp32; "2026-12-07 (morning): the
+  C++ LoRA operators on AVX-512, B stored transposed"). amx runs avx512_bf16's code, not measured
+  on an AMX CPU; generic keeps the twins.
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
   sums, so bit for bit torch._int_mm over the same values.
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
