@@ -37,10 +37,13 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   this kernel at 1-2; they take bf16 activations, other formats than GGUF's, and are not bitwise:
   no cell names them
   (docs/performance-log.md#2026-12-05-gguf-codes-served-quantized-the-cpu-gemm-over-packed-q8_0q4_0q4_1-amd-epyc-zen-2).
-- lora_sgmv and lora_batched (LoRA adapters' update, docs/lora.md): on avx2 the C++ operators
-  (gemm/lora.cpp), faster than the PyTorch twins at SmolLM2's widths on a Zen 3 (4-7x in bf16,
-  1.3-3x in fp32; docs/performance-log.md, "2026-12-07: the C++ LoRA operators"); elsewhere the twins
-  (kernels/pytorch/lora.py), not measured against them there.
+- lora_sgmv and lora_batched (LoRA adapters' update, docs/lora.md): the C++ operators
+  (gemm/lora.cpp) from avx2 on, faster than the PyTorch twins (kernels/pytorch/lora.py) at SmolLM2's
+  widths: on avx2 on a Zen 3 (4-7x in bf16, 1.3-3x in fp32; docs/performance-log.md, "2026-12-07:
+  the C++ LoRA operators"), on avx512 and avx512_bf16 on a Zen 5 once they read B stored transposed
+  (2.5-3.9x less time in bf16, 3.9x with vdpbf16ps, 4.4-4.9x in fp32; "2026-12-07 (morning): the
+  C++ LoRA operators on AVX-512, B stored transposed"). amx runs avx512_bf16's code, not measured
+  on an AMX CPU; generic keeps the twins.
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
   sums, so bit for bit torch._int_mm over the same values.
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
@@ -115,10 +118,11 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
     ),
     # LoRA adapters' update (docs/lora.md "The segmented update in the dispatch table"): the C++
     # operators (gemm/lora.cpp: shrink and expand fused per row, each row against its own adapter's
-    # columns only) where measured faster than the PyTorch twins (kernels/pytorch/lora.py), the
-    # twins elsewhere (not measured against them on the AVX-512 kinds).
+    # columns only; vdpbf16ps for the bf16 shrink on avx512_bf16 and amx), measured faster than the
+    # PyTorch twins (kernels/pytorch/lora.py) on avx2 (Zen 3), avx512 and avx512_bf16 (Zen 5); amx
+    # runs avx512_bf16's code, not measured there.
     **{
-        (op, dt): (("torch", f"orcaserve.{op}.avx2", "torch", "torch", "torch"), ("torch",))
+        (op, dt): (("torch", *_o(op, "avx2", "avx512", "avx512_bf16", "amx")), ("torch",))
         for op in ("lora_sgmv", "lora_batched")
         for dt in ("float32", "bfloat16")
     },

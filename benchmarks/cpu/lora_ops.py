@@ -3,13 +3,16 @@ on (docs/lora.md "What it costs"; dated runs in docs/performance-log.md).
 
     orcaserve-bench kernels lora                       # SmolLM2, 32 rows, 16 adapters of rank 16
     orcaserve-bench kernels lora --rows 32 --adapters 1 --dtype float32
+    OMP_NUM_THREADS=1 orcaserve-bench kernels lora --cold --clock cpu   # weights from memory, CPU time
 
 At SmolLM2's widths, per layer: the base projections (the project's `Linear` over the fused q/k/v,
 o, gate/up and down weights) and the update of every module an adapter targets (seven), through
 the PyTorch twin's parts (the stacked shrink over all S R columns, the mask, the expand, the scale
 and add; with one adapter, its GEMM pair) and through the C++ operator (gemm/lora.cpp) where the
 library has it. Each figure is the median of `--repeats` timed passes over 30 layers' worth of
-calls, alternated: microseconds per step (the 30 layers summed).
+calls, alternated: microseconds per step (the 30 layers summed). By default one layer's weights
+serve the 30 (they stay in cache: the arithmetic); `--cold` gives each layer its own, as the
+engine's step streams them from memory.
 """
 
 from __future__ import annotations
@@ -40,12 +43,12 @@ FUSED = {"qkv": (HIDDEN, Q + 2 * KV), "o": (Q, HIDDEN), "gate_up": (HIDDEN, 2 * 
 Calls = list[Callable[[], Any]]  # one layer's calls of a part, one per module
 
 
-def _time(calls: Calls, reps: int = LAYERS) -> float:
-    start = time.perf_counter()
+def _time(calls: Calls, reps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    start = clock()
     for _ in range(reps):
         for call in calls:
             call()
-    return (time.perf_counter() - start) * 1e6  # us for `reps` layers: one step
+    return (clock() - start) * 1e6  # us for `reps` passes over `calls`
 
 
 def _scale_add(y: torch.Tensor, d: torch.Tensor, scale: torch.Tensor) -> None:
@@ -53,7 +56,7 @@ def _scale_add(y: torch.Tensor, d: torch.Tensor, scale: torch.Tensor) -> None:
 
 
 def parts(args: argparse.Namespace) -> dict[str, Calls]:
-    """name -> one layer's calls of that part (every module)."""
+    """name -> one layer's calls of that part (every module); with `--cold`, every layer's."""
     dt, t, s, r = getattr(torch, args.dtype), args.rows, args.adapters, args.rank
     g = torch.Generator().manual_seed(0)
 
@@ -61,8 +64,12 @@ def parts(args: argparse.Namespace) -> dict[str, Calls]:
         return (torch.randn(*shape, generator=g) * 0.05).to(dt)
 
     batch = LoraBatch.of([i * s // t for i in range(t)], s, r, [2.0] * s, dt)  # each adapter's rows adjacent
-    mods = [(rand(t, i), rand(t, o), rand(s * r, i), rand(o, s * r)) for i, o in MODULES.values()]
-    base = [(rand(t, i), Linear(rand(o, i), None, pack=True)) for i, o in FUSED.values()]
+    # B as the engine holds it: an adapter's own [out, r] (PEFT's), the stacks' [out, S R] over B^T's
+    # storage (scheduler/lora/resident.py)
+    layers = LAYERS if args.cold else 1  # --cold: each layer its own weights, streamed from memory
+    mods = [(rand(t, i), rand(t, o), rand(s * r, i), rand(o, r) if s == 1 else rand(s * r, o).t())
+            for _ in range(layers) for i, o in MODULES.values()]  # fmt: skip
+    base = [(rand(t, i), Linear(rand(o, i), None, pack=True)) for _ in range(layers) for i, o in FUSED.values()]
     hs = [F.linear(x, a) for x, _, a, _ in mods]
     ds = [F.linear(h, b) for h, (_, _, _, b) in zip(hs, mods)]
     out: dict[str, Calls] = {"base GEMMs": [partial(lin, x) for x, lin in base]}
@@ -95,20 +102,34 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="each of the 30 layers its own weights (as in the engine: 156 MB of adapters a step "
+        "at 16 x rank 16 in bf16, streamed from memory), not one layer's 30 times (cache-warm)",
+    )
+    ap.add_argument(
+        "--clock",
+        default="wall",
+        choices=["wall", "cpu"],
+        help="cpu: this process's CPU time (time.process_time), steadier on a shared machine with OMP_NUM_THREADS=1",
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     build.load(build=False)
     calls = parts(args)
+    reps, clock = 1 if args.cold else LAYERS, time.process_time if args.clock == "cpu" else time.perf_counter
     for part in calls.values():  # warm up: first calls pack, allocate
-        _time(part, 2)
+        _time(part, 1)
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(args.repeats):  # alternated, so a shared machine's load falls on every part alike
         for name, part in calls.items():
-            times[name].append(_time(part))
+            times[name].append(_time(part, reps, clock))
     med = {name: statistics.median(v) for name, v in times.items()}
     print(f"{args.rows} rows, {args.adapters} adapters of rank {args.rank}, {args.dtype}, {LAYERS} layers "
-          f"(capability {dispatch.capability()}): us per step, median of {args.repeats}")  # fmt: skip
+          f"{'(each its own weights) ' if args.cold else ''}(capability {dispatch.capability()}): "
+          f"us per step ({args.clock} clock), median of {args.repeats}")  # fmt: skip
     for name, us in med.items():
         print(f"  {name:32s} {us:10.0f}  ({us / med['base GEMMs']:.2f}x the base GEMMs)")
     return {"rows": args.rows, "adapters": args.adapters, "rank": args.rank, "dtype": args.dtype, "us_per_step": med}

@@ -30,10 +30,11 @@ def sgmv_cell(op: Any) -> Sgmv:
 
 def batched_cell(op: Any) -> Batched:
     """`lora_batched` through the C++ op `op`: every row against its own slot's R columns of the
-    stacked weights, the slots present or not (no mask, no gather of the slots)."""
+    stacked weights, the slots present or not (no mask, no gather of the slots). It reads the
+    batch's `row_slot` and `slot_scale` only: the twin's mask and row scales are never built."""
 
     def run(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Tensor, b: torch.Tensor) -> None:
-        op(y, x.contiguous(), batch.row_slot, batch.slot_scale, a, b, a.shape[0] // batch.slot_scale.numel())
+        op(y, x.contiguous(), batch.row_slot, batch.slot_scale, a, b, batch.rank)
 
     return run
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -45,37 +46,68 @@ def lora_sgmv(y: torch.Tensor, x: torch.Tensor, groups: Sequence[LoraGroup]) -> 
 
 @dataclass(frozen=True)
 class LoraBatch:
-    """A step's rows of several adapters, laid out for two dense GEMMs per projection: `slots` [S']
-    the resident adapters present in the step (sorted), `mask` [T, S' * R] one where a row's own
-    adapter's R shrink columns are (zero elsewhere, and on rows of no adapter), `scale` [T, 1] fp32
-    each row's adapter scale (0 on rows of no adapter), `every` whether `slots` is every resident
-    adapter in slot order (then the stacked weights are used as they are); for the C++ operator
-    (kernels/cpu/lora.py), `row_slot` [T] each row's slot (-1: none) and `slot_scale` [S] each
-    slot's scale."""
+    """A step's rows of several adapters: `slot_of` each row's slot (-1: no adapter) among
+    `num_slots` resident adapters stacked at rank `rank`, `scales` each slot's scale. What each
+    kernel reads is built from them on first use (the step builds one batch; the C++ operator
+    reads only `row_slot` and `slot_scale`, so the twin's mask and row scales are not built where
+    it runs: docs/lora.md "Several adapters in one step"):
+    - for the C++ operator (kernels/cpu/lora.py): `row_slot` [T] int64, `slot_scale` [S] fp32;
+    - for the twin's two dense GEMMs: `slots` [S'] the slots present in the step (sorted), `mask`
+      [T, S' * R] one where a row's own adapter's R shrink columns are (zero elsewhere, and on rows
+      of no adapter), `scale` [T, 1] fp32 each row's adapter scale (0 on rows of no adapter),
+      `every` whether `slots` is every resident adapter in slot order (then the stacked weights are
+      used as they are)."""
 
-    slots: torch.Tensor  # [S'] int64
-    mask: torch.Tensor  # [T, S' * R] in the model's dtype
-    scale: torch.Tensor  # [T, 1] fp32
-    every: bool
-    row_slot: torch.Tensor  # [T] int64
-    slot_scale: torch.Tensor  # [S] fp32
+    slot_of: tuple[int, ...]
+    num_slots: int
+    rank: int
+    scales: tuple[float, ...]
+    dtype: torch.dtype
 
     @classmethod
     def of(cls, row_slot: list[int], num_slots: int, rank: int, scales: list[float], dtype: torch.dtype) -> LoraBatch:
         """From each row's slot (-1: no adapter), `num_slots` resident adapters of stacked rank `rank`."""
-        present = sorted({s for s in row_slot if s >= 0})
-        at = {s: i for i, s in enumerate(present)}
-        rows = torch.tensor([t for t, s in enumerate(row_slot) if s >= 0], dtype=torch.int64)
-        pos = torch.tensor([at[s] for s in row_slot if s >= 0], dtype=torch.int64)
-        mask = torch.zeros(len(row_slot), len(present), rank, dtype=dtype)
+        return cls(tuple(row_slot), num_slots, rank, tuple(scales), dtype)
+
+    @property
+    def rows(self) -> int:
+        """The step's rows (pad rows after them are not in the batch)."""
+        return len(self.slot_of)
+
+    @cached_property
+    def row_slot(self) -> torch.Tensor:
+        return torch.tensor(self.slot_of, dtype=torch.int64)
+
+    @cached_property
+    def slot_scale(self) -> torch.Tensor:
+        return torch.tensor(self.scales, dtype=torch.float32)
+
+    @cached_property
+    def present(self) -> list[int]:
+        return sorted({s for s in self.slot_of if s >= 0})
+
+    @cached_property
+    def slots(self) -> torch.Tensor:
+        return torch.tensor(self.present, dtype=torch.int64)
+
+    @cached_property
+    def every(self) -> bool:
+        return self.present == list(range(self.num_slots))
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        at = {s: i for i, s in enumerate(self.present)}
+        rows = torch.tensor([t for t, s in enumerate(self.slot_of) if s >= 0], dtype=torch.int64)
+        pos = torch.tensor([at[s] for s in self.slot_of if s >= 0], dtype=torch.int64)
+        mask = torch.zeros(self.rows, len(self.present), self.rank, dtype=self.dtype)
         mask[rows, pos] = 1
-        scale = torch.zeros(len(row_slot), 1)
-        scale[rows, 0] = torch.tensor([scales[s] for s in row_slot if s >= 0])
-        every = present == list(range(num_slots))
-        slots = torch.tensor(present, dtype=torch.int64)
-        row_slots = torch.tensor(row_slot, dtype=torch.int64)
-        slot_scale = torch.tensor(scales, dtype=torch.float32)
-        return cls(slots, mask.view(len(row_slot), -1), scale, every, row_slots, slot_scale)
+        return mask.view(self.rows, -1)
+
+    @cached_property
+    def scale(self) -> torch.Tensor:
+        scale = torch.zeros(self.rows, 1)
+        scale[:, 0] = torch.tensor([self.scales[s] if s >= 0 else 0.0 for s in self.slot_of])
+        return scale
 
 
 def lora_batched(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -90,10 +122,10 @@ def lora_batched(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Te
     `lora_sgmv`); the other adapters' columns and the padding add exact zeros, and rows of no
     adapter get + 0 (pad rows past T are not touched)."""
     if not batch.every:  # only the adapters present: their slots' rows of a, columns of b
-        rank = batch.mask.shape[1] // batch.slots.numel()
+        rank = batch.rank
         a = a.view(-1, rank, a.shape[1]).index_select(0, batch.slots).view(-1, a.shape[1])
         b = b.view(b.shape[0], -1, rank).index_select(1, batch.slots).view(b.shape[0], -1)
-    t = batch.mask.shape[0]  # the step's rows; pad rows after them are left alone
+    t = batch.rows  # the step's rows; pad rows after them are left alone
     x, y = x[:t], y[:t]
     h = F.linear(x, a) * batch.mask  # [T, S' R]
     d = F.linear(h, b)  # [T, out]

@@ -54,9 +54,9 @@ class LoraSet:
         self.op: Any = sgmv_for(dtype)
         self.batched_op: Any = batched_for(dtype)
         # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
-        # stacked, per pair A [S, R, in] and B [out, S, R] (zeros for a free slot, an adapter that
-        # does not target the module, and past an adapter's own rank), and per (layer, fused) their
-        # views [S R, in], [out, S R] at the module's columns.
+        # stacked, per pair A [S, R, in] and B [out, S, R] (stored transposed: B^T [S, R, out]; zeros
+        # for a free slot, an adapter that does not target the module, and past an adapter's own
+        # rank), and per (layer, fused) their views [S R, in], [out, S R] at the module's columns.
         self._stacked_names: list[str | None] = [None] * len(self.slots.names)
         self.rank = 0
         self._keys: frozenset[Key] = frozenset()
@@ -129,7 +129,9 @@ class LoraSet:
         for layer, module in sorted(keys):
             in_f, out_f = self.base.shapes[module]
             a_all = torch.zeros(n, rank, in_f, dtype=self.dtype)  # [S, R, in]
-            b_all = torch.zeros(out_f, n, rank, dtype=self.dtype)  # [out, S, R]
+            # [out, S, R] over B^T's storage [S, R, out]: each of B's columns contiguous, as the C++
+            # expand reads them (docs/lora.md "Several adapters in one step")
+            b_all = torch.zeros(n, rank, out_f, dtype=self.dtype).permute(2, 0, 1)
             self._stacks[layer, module] = (a_all, b_all)
         for layer in range(self.base.num_layers):
             for fused, first, last, module in self._columns():

@@ -7,62 +7,43 @@
 //   of the stacked A [S R, in] and B [out, S R] (no mask over the S R columns, no index_select of
 //   the slots present): rows are sorted by slot and each slot's rows run as one group.
 //
-// A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, each row
-// of them (widened to fp32 in L1 for bf16) against all the task's rows: the shrink h = A x (r dot
-// products over `in` a row), then the expand (kOut outputs at a time, B's columns for them transposed
-// in L1, each row's h broadcast against them), the [rows, r] intermediate in cache. The roundings are PEFT's, as
-// the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16, then y + that
-// rounded once more (the twins' `y += delta`); fp32 sums in another order than the GEMMs', so the
-// tests hold it to the twins within the dtype's tolerance.
+// B is read as B^T (`bt` [r, out], each of its r columns contiguous over the outputs): the layout
+// the stacks keep (scheduler/lora/resident.py: B [out, S R] a view of [S R, out]); a B in PEFT's
+// layout ([out, r] rows contiguous, lora_sgmv's adapters) is transposed once per call.
+//
+// A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, against
+// all its rows, in register blocks of up to 4 rows (the loops over them unrolled, so that the
+// accumulators stay in registers): the shrink h = A x (r dot products over `in` a row; on
+// avx512_bf16 vdpbf16ps on the bf16 values as stored, else FMAs on fp32), then the expand, kOut
+// outputs at a time: rows of B^T (widened in registers) against each row's h values broadcast, the
+// [rows, r] intermediate in L1. A's next rows and B^T's next blocks are prefetched. The roundings
+// are PEFT's, as the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16
+// (nearest even, c10's bits: lora_vec.h), then y + that rounded once more (the twins' `y +=
+// delta`); the sums run in another order than the GEMMs', so the tests hold it to the twins
+// within the dtype's tolerance, and bit for bit where every sum is exact.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <type_traits>
 #include <vector>
 
+#include "gemm/lora_vec.h"
 #include "ops.h"
 #include "rows.h"
 
 namespace orcaserve::ORCA_ISA {
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-constexpr int64_t kChunk = 16;  // rows per task: the adapter's weights widened once per task
-constexpr int64_t kOut = 2 * at::vec::Vectorized<float>::size();  // outputs per expand block
+using namespace lora;  // the helpers of gemm/lora_vec.h
 
-template <typename T>
-inline float rounded(float v) {  // v as T would hold it (nearest even), back in fp32
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else {
-    return static_cast<float>(T(v));
-  }
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  const int64_t w = Vec::size();
-  Vec acc0(0.f), acc1(0.f);
-  int64_t i = 0;
-  for (; i + 2 * w <= n; i += 2 * w) {
-    acc0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc0);
-    acc1 = at::vec::fmadd(Vec::loadu(a + i + w), Vec::loadu(b + i + w), acc1);
-  }
-  for (; i + w <= n; i += w) acc0 = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), acc0);
-  float s = at::vec::vec_reduce_all<float>([](Vec p, Vec q) { return p + q; }, acc0 + acc1);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// One adapter's weights for one projection: A rows a[0..r) of `in`, B's r columns from c0 of rows
-// strided by ldb, and the scale.
+// One adapter's weights for one projection: A rows a[0..r) of `in`, B^T rows bt[0..r) of `out`
+// (ldbt apart), and the scale.
 template <typename T>
 struct Adapter {
   const T* a;
-  const T* b;
-  int64_t ldb, c0, r;
+  const T* bt;
+  int64_t ldbt, r;
   float scale;
 };
 
@@ -73,74 +54,144 @@ struct Task {
   int64_t begin, end;
 };
 
-// `n` values of T at `src` as fp32: `src` itself for fp32, else widened into `buf` (exact).
+// A thread's buffers, reused by its tasks: rows and A's rows widened to fp32, h [rows, r].
+struct Work {
+  std::vector<float> xs, a, h;
+};
+
+// h[i r + j] = A row j . x row i, rounded to T, for the task's n rows (xr).
 template <typename T>
-const float* widened(const T* src, float* buf, int64_t n) {
+void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work& work, float* h) {
+  const int64_t r = w.r;
+  auto pairs = [&](const auto* const* rows, const auto* a, int64_t lda) {  // j two at a time, then the last
+    const int64_t row_bytes = lda * sizeof(*a);
+    prefetch(a, std::min<int64_t>(r, kAhead) * row_bytes);
+    for (int64_t j = 0; j < r; j += 2) {
+      if (j + kAhead < r) prefetch(a + (j + kAhead) * lda, std::min<int64_t>(2, r - j - kAhead) * row_bytes);
+      row_blocks(n, [&](auto nr, int64_t i) {
+        constexpr int NR = decltype(nr)::value;
+        float s[NR * 2];
+        if (j + 1 < r) {
+          dots<NR, 2>(rows + i, a + j * lda, lda, in, s);
+        } else {
+          dots<NR, 1>(rows + i, a + j * lda, lda, in, s);
+        }
+        const int nj = j + 1 < r ? 2 : 1;
+        for (int q = 0; q < NR; ++q)
+          for (int p = 0; p < nj; ++p) h[(i + q) * r + j + p] = rounded<T>(s[q * nj + p]);
+      });
+    }
+  };
   if constexpr (std::is_same_v<T, float>) {
-    return src;
-  } else {
-    to_float(src, buf, n);
-    return buf;
-  }
-}
-
-template <typename T>
-void run_task(const Task<T>& task, const int64_t* rows, const T* x, T* y, int64_t ldy, int64_t in, int64_t out) {
-  const Adapter<T>& w = task.w;
-  const int64_t n = task.end - task.begin, r = w.r;
-  std::vector<float> xs(n * in), abuf(in), h(n * r), bbuf(r);
-  for (int64_t i = 0; i < n; ++i) to_float(x + rows[task.begin + i] * in, xs.data() + i * in, in);
-  // The shrink, A's row j read once for the task's rows (in L1 across them).
-  for (int64_t j = 0; j < r; ++j) {
-    const float* aj = widened(w.a + j * in, abuf.data(), in);
-    for (int64_t i = 0; i < n; ++i) h[i * r + j] = rounded<T>(dot(xs.data() + i * in, aj, in));
-  }
-  // The expand, kOut outputs at a time: their B columns transposed into bt [r, kOut] (widened), then
-  // each row's update for the kOut outputs is r vector FMAs of h's values broadcast against bt's
-  // rows (a dot product and a horizontal sum per output per row, as first built, cost more than
-  // the base GEMMs; docs/lora.md "The segmented update in the dispatch table"). The rounded,
-  // scaled update is added lane by lane.
-  std::vector<float> bt(r * kOut);
-  float sums[kOut];
-  for (int64_t o0 = 0; o0 < out; o0 += kOut) {
-    const int64_t m = std::min(kOut, out - o0);
-    std::fill(bt.begin(), bt.end(), 0.f);
-    for (int64_t k = 0; k < m; ++k) {
-      const float* bo = widened(w.b + (o0 + k) * w.ldb + w.c0, bbuf.data(), r);
-      for (int64_t j = 0; j < r; ++j) bt[j * kOut + k] = bo[j];
-    }
+    pairs(xr, w.a, in);
+#ifdef ORCA_DPBF16
+  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
+    pairs(xr, w.a, in);
+#endif
+  } else {  // widened once: the task's rows and A's r rows (r in)
+    const float* xf[kChunk];
     for (int64_t i = 0; i < n; ++i) {
-      const float* hi = h.data() + i * r;
-      Vec acc0(0.f), acc1(0.f);
-      for (int64_t j = 0; j < r; ++j) {
-        const Vec hj(hi[j]);
-        acc0 = at::vec::fmadd(hj, Vec::loadu(bt.data() + j * kOut), acc0);
-        acc1 = at::vec::fmadd(hj, Vec::loadu(bt.data() + j * kOut + Vec::size()), acc1);
-      }
-      acc0.store(sums);
-      acc1.store(sums + Vec::size());
-      T* yo = y + rows[task.begin + i] * ldy + o0;
-      for (int64_t k = 0; k < m; ++k) {
-        const float delta = rounded<T>(rounded<T>(sums[k]) * w.scale);
-        yo[k] = static_cast<T>(static_cast<float>(yo[k]) + delta);
-      }
+      to_float(xr[i], work.xs.data() + i * in, in);
+      xf[i] = work.xs.data() + i * in;
     }
+    to_float(w.a, work.a.data(), r * in);
+    pairs(xf, work.a.data(), in);
   }
 }
 
+// yr[q][o0, o0 + m) += rounded(rounded(h row q . B^T) * scale) for NR rows: one block of kOut
+// outputs (m of them; Full: all kOut, the tail's masks compiled out). The accumulators are plain
+// locals, the loops over rows unrolled, so that they stay in registers.
+template <typename T, int NR, bool Full>
+inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int64_t o0, int64_t m, bool ahead) {
+  const int64_t r = w.r;
+  Vec lo[NR], hi[NR];
+#pragma GCC unroll 4
+  for (int q = 0; q < NR; ++q) lo[q] = hi[q] = Vec(0.f);
+  for (int64_t j = 0; j < r; ++j) {
+    const T* bj = w.bt + j * w.ldbt + o0;
+    if (ahead) prefetch(bj + kAhead * kOut, kOut * sizeof(T));
+    const auto [b0, b1] = load2(bj, Full ? kOut : m);
+#pragma GCC unroll 4
+    for (int q = 0; q < NR; ++q) {
+      const Vec hv(h[q * r + j]);
+      lo[q] = at::vec::fmadd(hv, b0, lo[q]);
+      hi[q] = at::vec::fmadd(hv, b1, hi[q]);
+    }
+  }
+  const Vec scale(w.scale);
+#pragma GCC unroll 4
+  for (int q = 0; q < NR; ++q) {
+    Vec dlo = lo[q], dhi = hi[q];
+    round2<T>(dlo, dhi);
+    dlo = dlo * scale;
+    dhi = dhi * scale;
+    round2<T>(dlo, dhi);
+    const auto [y0, y1] = load2(yr[q] + o0, Full ? kOut : m);
+    store2(yr[q] + o0, Full ? kOut : m, y0 + dlo, y1 + dhi);
+  }
+}
+
+// The expand of NR rows over every output, kOut at a time.
+template <typename T, int NR>
+void expand(const Adapter<T>& w, const float* h, T* const* yr, int64_t out) {
+  int64_t o0 = 0;
+  for (; o0 + kOut <= out; o0 += kOut) expand_block<T, NR, true>(w, h, yr, o0, kOut, o0 + (kAhead + 1) * kOut <= out);
+  if (o0 < out) expand_block<T, NR, false>(w, h, yr, o0, out - o0, false);
+}
+
+// One task; `next` (the thread's next task, or null): its A's first rows are requested meanwhile.
 template <typename T>
-void run_all(const std::vector<Task<T>>& tasks, const int64_t* rows, const at::Tensor& x, const at::Tensor& y) {
+void run_task(const Task<T>& task, const Task<T>* next, const int64_t* rows, const T* x, T* y, int64_t ldy,
+              int64_t in, int64_t out, Work& work) {
+  const int64_t n = task.end - task.begin;
+  const T* xr[kChunk];
+  T* yr[kChunk];
+  for (int64_t i = 0; i < n; ++i) {
+    xr[i] = x + rows[task.begin + i] * in;
+    yr[i] = y + rows[task.begin + i] * ldy;
+  }
+  float* h = work.h.data();
+  for (int64_t j = 0; j < task.w.r; ++j) prefetch(task.w.bt + j * task.w.ldbt, std::min(out, kAhead * kOut) * sizeof(T));
+  shrink(task.w, xr, n, in, work, h);
+  if (next != nullptr) prefetch(next->w.a, std::min<int64_t>(next->w.r, kAhead) * in * sizeof(T));
+  row_blocks(n, [&](auto nr, int64_t i) { expand<T, decltype(nr)::value>(task.w, h + i * task.w.r, yr + i, out); });
+}
+
+template <typename T>
+void run_all(const std::vector<Task<T>>& tasks, const int64_t* rows, const at::Tensor& x, const at::Tensor& y,
+             int64_t rank) {
   const T* xp = x.data_ptr<T>();
   T* yp = y.data_ptr<T>();
   const int64_t ldy = y.stride(0), in = x.size(1), out = y.size(1);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t k0, int64_t k1) {
-    for (int64_t k = k0; k < k1; ++k) run_task(tasks[k], rows, xp, yp, ldy, in, out);
+    Work work{std::vector<float>(std::is_same_v<T, float> ? 0 : kChunk * in),
+              std::vector<float>(std::is_same_v<T, float> ? 0 : rank * in), std::vector<float>(kChunk * rank)};
+    for (int64_t k = k0; k < k1; ++k) run_task(tasks[k], k + 1 < k1 ? &tasks[k + 1] : nullptr, rows, xp, yp, ldy, in, out, work);
   });
 }
 
 template <typename T>
 void chunk(std::vector<Task<T>>& tasks, const Adapter<T>& w, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; i += kChunk) tasks.push_back({w, i, std::min(end, i + kChunk)});
+}
+
+// B^T as the kernel reads it: b itself where its rows are the outputs' unit stride (the stacks),
+// else (PEFT's [out, r]) a transposed copy, kept alive in `keep`.
+const at::Tensor& transposed(const at::Tensor& b, at::Tensor& keep) {
+  if (b.stride(0) == 1) return b;
+  keep = b.t().contiguous().t();
+  return keep;
+}
+
+// f(T{}) for the dtype `check` let through: fp32 or bf16.
+template <typename F>
+void by_dtype(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kFloat) {
+    f(float{});
+  } else {
+    f(at::BFloat16{});
+  }
 }
 
 void check(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const char* op) {
@@ -151,9 +202,9 @@ void check(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const 
                   b.scalar_type() == y.scalar_type() &&
                   (y.scalar_type() == at::kFloat || y.scalar_type() == at::kBFloat16),
               op, ": y, x, a and b of one dtype, fp32 or bf16");
-  TORCH_CHECK(a.dim() == 2 && a.is_contiguous() && a.size(1) == x.size(1) && b.dim() == 2 && b.stride(1) == 1 &&
-                  b.size(0) == y.size(1),
-              op, ": a [r, in] contiguous, b [out, r] with unit column stride");
+  TORCH_CHECK(a.dim() == 2 && a.is_contiguous() && a.size(1) == x.size(1) && b.dim() == 2 &&
+                  (b.stride(0) == 1 || b.stride(1) == 1) && b.size(0) == y.size(1),
+              op, ": a [r, in] contiguous, b [out, r] with a unit stride (B^T's rows or B's)");
 }
 
 }  // namespace
@@ -165,14 +216,18 @@ void lora_sgmv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& rows,
   TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() && b.size(1) == a.size(0),
               "lora_sgmv: rows [N] int64, b [out, r] for a [r, in]");
   const int64_t n = rows.numel();
+  if (n == 0) return;
   const int64_t* rp = rows.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(rp[i] >= 0 && rp[i] < x.size(0), "lora_sgmv: row ", rp[i], " out of range");
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, y.scalar_type(), "lora_sgmv", [&] {
+  at::Tensor keep;
+  const at::Tensor& bt = transposed(b, keep);
+  by_dtype(y.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
     std::vector<Task<scalar_t>> tasks;
-    const Adapter<scalar_t> w{a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), b.stride(0), 0, a.size(0),
+    const Adapter<scalar_t> w{a.data_ptr<scalar_t>(), bt.data_ptr<scalar_t>(), bt.stride(1), a.size(0),
                               static_cast<float>(scale)};
     chunk(tasks, w, 0, n);
-    run_all(tasks, rp, x, y);
+    run_all(tasks, rp, x, y, a.size(0));
   });
 }
 
@@ -192,19 +247,23 @@ void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& ro
     if (rs[i] >= 0) ++start[rs[i] + 1];
   }
   for (int64_t s = 0; s < slots; ++s) start[s + 1] += start[s];
+  if (start[slots] == 0) return;
   rows.resize(start[slots]);
   std::vector<int64_t> at_slot(start.begin(), start.end() - 1);
   for (int64_t i = 0; i < t; ++i)
     if (rs[i] >= 0) rows[at_slot[rs[i]]++] = i;
   const float* sc = scales.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, y.scalar_type(), "lora_batched", [&] {
+  at::Tensor keep;
+  const at::Tensor& bt = transposed(b, keep);
+  by_dtype(y.scalar_type(), [&](auto zero) {
+    using scalar_t = decltype(zero);
     std::vector<Task<scalar_t>> tasks;
     for (int64_t s = 0; s < slots; ++s) {
-      const Adapter<scalar_t> w{a.data_ptr<scalar_t>() + s * rank * a.size(1), b.data_ptr<scalar_t>(), b.stride(0),
-                                s * rank, rank, sc[s]};
+      const Adapter<scalar_t> w{a.data_ptr<scalar_t>() + s * rank * a.size(1),
+                                bt.data_ptr<scalar_t>() + s * rank * bt.stride(1), bt.stride(1), rank, sc[s]};
       chunk(tasks, w, start[s], start[s + 1]);
     }
-    run_all(tasks, rows.data(), x, y);
+    run_all(tasks, rows.data(), x, y, rank);
   });
 }
 
