@@ -51,6 +51,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--thread-cpu", action="store_true", help="CPU ms per output token by process and thread (cpu_probe.py)"
     )
+    ap.add_argument(
+        "--ts-config", action="append", default=[], metavar="KEY=VALUE", help="HTTP: a config.properties entry"
+    )
     ap.add_argument("--seed", type=int, default=0)
 
 
@@ -137,7 +140,8 @@ def _http_orcaserve(args, model: str, overrides: dict, streams: list[int], vocab
 
     work = Path(tempfile.mkdtemp(prefix="orcaserve-latency-"))
     orcaserve_archive(work, "latency", overrides, model)
-    with torchserve(work, ["latency"]) as ts:
+    extra = dict(kv.split("=", 1) for kv in args.ts_config)
+    with torchserve(work, ["latency"], extra=extra) as ts:
         url = ts.url("/predictions/latency/1.0/v1/completions")
         key = ts.keys.get("inference")
         sid = ts.proc.pid if ts.proc else None
