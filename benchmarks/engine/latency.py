@@ -37,6 +37,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--input-len", type=int, default=32, help="prompt tokens per stream")
     ap.add_argument("--output-len", type=int, default=128, help="output tokens per stream")
     ap.add_argument("--repeats", type=int, default=3, help="runs per point; the best is kept")
+    ap.add_argument("--warmup", type=int, default=1, help="unmeasured one-stream runs first, each system")
     ap.add_argument("--modes", default="offline,http", help="offline, http or both")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="engine argument override")
     ap.add_argument("--peers", default="", help="llamacpp,vllm over HTTP on the same model, where installed")
@@ -112,7 +113,7 @@ def http_point(url: str, key: str | None, prompts: list[list[int]], output_len: 
 
 
 def _points(run_one, streams: list[int], args, vocab: int, sid: int | None = None) -> list[dict]:
-    """The best run (highest tok/s) of each stream count; one warm-up run first. With
+    """The best run (highest tok/s) of each stream count; `--warmup` unmeasured runs first. With
     `--thread-cpu` each run also holds the CPU its threads spent (those of this process, and of
     the server's session `sid`), per output token."""
     from orcaserve.bench.serve.cpu_probe import CpuProbe
@@ -127,7 +128,8 @@ def _points(run_one, streams: list[int], args, vocab: int, sid: int | None = Non
             row["cpu"] = CpuProbe.delta(before, probe.snapshot(), tokens, time.perf_counter() - t0)
         return row
 
-    run_one(_prompts(1, args.input_len, vocab, args.seed + 999))
+    for w in range(args.warmup):
+        run_one(_prompts(1, args.input_len, vocab, args.seed + 999 + w))
     rows = []
     for n in streams:
         runs = [measured(_prompts(n, args.input_len, vocab, args.seed + r)) for r in range(args.repeats)]
