@@ -171,10 +171,14 @@ class Sampler:
             # In place when no copy was made: nothing reads the logits after the sampler then.
             apply_grammars(logits, [r.grammar for r in reqs], self.masks)
         if biased or penalized:
-            if biased:  # before the penalties, as vLLM orders them
-                _apply_logit_bias(logits, reqs)
-            _apply_penalties(logits, reqs)
+            _bias_and_penalize(logits, reqs)
         return logits
+
+
+def _bias_and_penalize(logits: torch.Tensor, reqs: list[Request]) -> None:
+    """Each row's logit bias, then its penalties (as vLLM orders them), in place."""
+    _apply_logit_bias(logits, reqs)
+    _apply_penalties(logits, reqs)
 
 
 def sampling_probs(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor:  # [S, V] -> [S, V] fp32
@@ -192,6 +196,5 @@ def processed_probs(logits: torch.Tensor, reqs: list[Request]) -> torch.Tensor: 
     """The distribution the sampler draws each row's token from, for logits of another model (a
     draft's): the rows' logit bias and penalties on a copy, then `sampling_probs`."""
     logits = logits.float() if logits.dtype != torch.float32 else logits.clone()
-    _apply_logit_bias(logits, reqs)
-    _apply_penalties(logits, reqs)
+    _bias_and_penalize(logits, reqs)
     return sampling_probs(logits, reqs)
