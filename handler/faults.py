@@ -2,19 +2,23 @@
 
 With `ORCASERVE_TEST_FAULTS=1` in TorchServe's environment, a request whose `user` field is
 `orcaserve-fault:step` makes the engine step that runs it raise (its requests fail with 500, the
-loop goes on), and `orcaserve-fault:loop` kills the engine loop thread (the worker answers what is
-in flight and exits; TorchServe starts a new one). Without the variable the `user` field is what
+loop goes on), `orcaserve-fault:loop` kills the engine loop thread (the worker answers what is
+in flight and exits; TorchServe starts a new one), and `orcaserve-fault:slow` makes each step that
+runs it take `SLOW_STEP_S` longer (a slow model: the request is surely still in flight when a
+suite kills its worker, on however fast a machine). Without the variable the `user` field is what
 OpenAI says it is: an opaque end-user id.
 """
 
 from __future__ import annotations
 
 import os
+import time
 
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
 
 ENV = "ORCASERVE_TEST_FAULTS"
 PREFIX = "orcaserve-fault:"
+SLOW_STEP_S = 0.05
 
 
 class InjectedLoopDeath(BaseException):
@@ -37,9 +41,13 @@ class FaultInjector:
 
     def hook(self, sched: SchedulerOutput) -> None:
         """`Engine.fault_hook`: runs on the engine thread before the model."""
+        slow = False
         for rid in sched.requests:
             kind = self._faults.get(rid)
+            slow |= kind == "slow"
             if kind == "step":
                 raise RuntimeError(f"injected step failure (request {rid})")
             if kind == "loop":
                 raise InjectedLoopDeath(f"injected engine loop death (request {rid})")
+        if slow:
+            time.sleep(SLOW_STEP_S)

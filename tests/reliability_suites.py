@@ -409,8 +409,15 @@ class Traffic:
 
 def in_flight(ts: TorchServe, model: str = MODEL) -> tuple[ThreadPoolExecutor, list]:
     """A long stream (status line sent; returned as its iterator of lines) and a long
-    non-streamed request in flight."""
-    body = {"prompt": "Count to one hundred:", "max_tokens": 64, "ignore_eos": True, "temperature": 0}
+    non-streamed request in flight: slowed down (at least 3 s each), so they still are when the
+    caller acts."""
+    body = {
+        "prompt": "Count to one hundred:",
+        "max_tokens": 64,
+        "ignore_eos": True,
+        "temperature": 0,
+        "user": "orcaserve-fault:slow",
+    }
     resp = call(ts, model, COMPLETIONS, {**body, "stream": True}, stream=True, timeout=120)
     lines = (line for line in resp.iter_lines(chunk_size=None) if line)  # each HTTP chunk as it comes
     first = next(lines)

@@ -1,5 +1,6 @@
 """The worker's side of the supervisor (process.py): starting it beside a worker TorchServe
-started, and the link that reports to it what crosses the worker's socket.
+started, and the link through which the worker reads the frontend's messages and reports the
+frames it writes.
 
 Standard library only, like the supervisor, which imports its constants from here.
 """
@@ -17,33 +18,36 @@ from types import FrameType
 from typing import Any
 
 from orcaserve.handler.torchserve import socket_lock
-from orcaserve.handler.torchserve.frames import InboundParser, written_requests
+from orcaserve.handler.torchserve.frames import written_requests
 
 log = logging.getLogger(__name__)
 
-ENV = "ORCASERVE_SUPERVISED"  # "EVENTS_FD,FLAG_FD" in a replacement worker's environment
-FLAG_BYTES = 2
+ENV = "ORCASERVE_SUPERVISED"  # "EVENTS_FD,FLAG_FD,INBOUND_FD" in a replacement worker's environment
+FLAG_BYTES = 1
 
 
 class SupervisorLink:
-    """The worker's end: tells the supervisor what crosses the worker's socket.
+    """The worker's end: reads the frontend's messages from the supervisor, tells it what it writes.
 
-    It observes the socket (`socket_lock.observe`): a request is open from the moment the worker
-    has read its message (`B`) until its final frame is on the socket (`E`); `S` marks its first
-    frame (the 200 status line). Events precede the bytes they describe, and a shared flag
-    covers each write and each half-read message, so that after a death the supervisor knows
-    whether its picture is exact. Event writes are single `os.write` calls under PIPE_BUF bytes
-    (atomic); if the supervisor is gone or its pipe is full, reporting stops rather than block.
+    The supervisor reads every message the frontend sends and hands it on over `inbound` (a socket
+    pair; `socket_lock.relay` makes the worker's reads come from there), so it knows each request
+    the worker may have seen before the worker sees it. The worker reports on a pipe what it
+    writes (`socket_lock.observe`): `S id` before a request's first frame (the 200 status line),
+    `E id` before its final frame, `Q` when it stops on request. A shared flag covers each frame
+    written, so after a death the supervisor knows whether the connection is between frames.
+    Event writes are single `os.write` calls under PIPE_BUF bytes (atomic); if the supervisor is
+    gone or its pipe is full, reporting stops rather than block.
     """
 
-    def __init__(self, events_fd: int, flag: mmap.mmap, proc: subprocess.Popen | None = None) -> None:
+    def __init__(
+        self, events_fd: int, flag: mmap.mmap, inbound: socket.socket, proc: subprocess.Popen | None = None
+    ) -> None:
         self._fd = events_fd
         os.set_blocking(self._fd, False)
-        self.flag = flag  # [0]: a frame is being written; [1]: a message is half read
+        self.flag = flag  # [0]: a frame is being written
+        self.inbound = inbound
         self._proc = proc
         self._ok = True
-        self._inbound = InboundParser()
-        self._lost = False
         self._started: set[str] = set()  # requests with a frame on the socket, not yet final
 
     @classmethod
@@ -52,7 +56,8 @@ class SupervisorLink:
         is between messages. `load`: how a replacement loads the model, as TorchServe's LOAD did."""
         read_fd, write_fd = os.pipe()
         flag_fd = new_flag_fd()
-        fds = (sock.fileno(), read_fd, flag_fd)
+        inbound, theirs = socket.socketpair()
+        fds = (sock.fileno(), read_fd, flag_fd, theirs.fileno())
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -64,6 +69,8 @@ class SupervisorLink:
                 str(read_fd),
                 "--flag-fd",
                 str(flag_fd),
+                "--inbound-fd",
+                str(fds[3]),
                 "--worker-pid",
                 str(os.getpid()),
                 "--load",
@@ -75,18 +82,19 @@ class SupervisorLink:
             stdin=subprocess.DEVNULL,
         )
         os.close(read_fd)
+        theirs.close()
         flag = mmap.mmap(flag_fd, FLAG_BYTES)
         os.close(flag_fd)
         log.info("orcaserve: supervisor %d watches worker %d", proc.pid, os.getpid())
-        return cls(write_fd, flag, proc)
+        return cls(write_fd, flag, inbound, proc)
 
     @classmethod
     def attach(cls, spec: str) -> SupervisorLink:
-        """In a replacement worker: the pipe and flag its supervisor passed (`ENV`)."""
-        events_fd, flag_fd = (int(x) for x in spec.split(","))
+        """In a replacement worker: the pipe, flag and relay its supervisor passed (`ENV`)."""
+        events_fd, flag_fd, inbound_fd = (int(x) for x in spec.split(","))
         flag = mmap.mmap(flag_fd, FLAG_BYTES)
         os.close(flag_fd)
-        return cls(events_fd, flag)
+        return cls(events_fd, flag, socket.socket(fileno=inbound_fd))
 
     def _send(self, event: str) -> None:
         if not self._ok:
@@ -96,18 +104,6 @@ class SupervisorLink:
         except OSError as e:
             self._ok = False
             log.error("orcaserve: supervisor unreachable (%s); a dead worker's requests will not be answered", e)
-
-    def read(self, data: bytes) -> None:
-        if self._lost:
-            return
-        try:
-            for rid in self._inbound.feed(data):
-                self._send(f"B {rid}")
-            self.flag[1] = self._inbound.mid_message
-        except Exception:  # a message it cannot follow: from now on it cannot vouch for anything
-            self.flag[1] = 1
-            self._lost = True
-            log.exception("orcaserve: cannot follow the frontend's messages; a takeover will not be tried")
 
     def writing(self, frame: bytes) -> None:
         self.flag[0] = 1
@@ -130,6 +126,11 @@ class SupervisorLink:
         """This worker stops on request (SIGTERM): do not replace it."""
         self._send("Q")
 
+    def attach_to_socket(self) -> None:
+        """From now on the worker's reads come from the relay and its frames are reported."""
+        socket_lock.relay(self.inbound)
+        socket_lock.observe(self)
+
 
 def new_flag_fd() -> int:
     fd = os.memfd_create("orcaserve-socket-flags")
@@ -138,11 +139,11 @@ def new_flag_fd() -> int:
 
 
 def start_supervisor(context: Any, props: dict) -> SupervisorLink | None:
-    """Lock and observe the connection to the frontend and start the supervisor beside it.
+    """Lock the connection to the frontend, start the supervisor beside it and read through it.
 
     The connection is not handed to handlers: during `initialize` it is the `cl_socket` local of
-    TorchServe's `handle_connection_async`, up the stack (ts 0.12). Finding it there means
-    observing from the first request on, at a message boundary."""
+    TorchServe's `handle_connection_async`, up the stack (ts 0.12). Found there, it is between
+    messages (the LOAD is read, no request yet), so the relay starts at a message boundary."""
     frame: FrameType | None = sys._getframe()
     while frame is not None and not isinstance(frame.f_locals.get("cl_socket"), socket.socket):
         frame = frame.f_back
@@ -156,7 +157,7 @@ def start_supervisor(context: Any, props: dict) -> SupervisorLink | None:
     except Exception:
         log.exception("orcaserve: could not start the supervisor; a dead worker's requests will not be answered")
         return None
-    socket_lock.observe(link)
+    link.attach_to_socket()
     return link
 
 

@@ -7,14 +7,16 @@ load), which drops such a request and kills the new worker; under steady traffic
 fails the same way. So the worker must never look dead to the frontend.
 
 The supervisor is started by the first worker and holds a copy of that worker's connection to the
-frontend. The worker reports on a pipe what crosses its socket (`B id` request read, `S id` status
+frontend. It reads every message the frontend sends and hands it to the worker (`relay.Relay`);
+the worker writes its frames to the connection itself and reports them on a pipe (`S id` status
 line written, `E id` final frame written, `Q` stopping on request; see `SupervisorLink`). When the
 pipe reaches EOF (the worker is gone, however it went):
 - every request still open gets a final frame: an in-band SSE error if its 200 went out, else a
   503 JSON error;
 - unless the worker stopped on request (`Q`) or the frontend has closed the connection, a
   replacement worker (`takeover.py`) starts on the same connection and loads the model; requests
-  sent meanwhile wait in the socket buffer. The supervisor then watches the replacement alike.
+  sent meanwhile wait for it, and so do those the dead worker never received. The supervisor then
+  serves the replacement alike.
   The frontend stops reading a dead worker's stdout, so from then on the supervisor and the
   replacements log to files (`log_path`), and the engine's metrics no longer reach TorchServe.
 - After `MAX_RESTARTS` replacements within `RESTART_WINDOW_S` it gives up: it answers what the
@@ -32,6 +34,7 @@ import json
 import logging
 import mmap
 import os
+import selectors
 import socket
 import subprocess
 import sys
@@ -39,45 +42,87 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from orcaserve.handler.supervisor.link import ENV, FLAG_BYTES, new_flag_fd
-from orcaserve.handler.torchserve.frames import final_frames, read_request_ids
+from orcaserve.handler.supervisor.relay import Relay
+from orcaserve.handler.torchserve.frames import final_frames
 
 log = logging.getLogger(__name__)
 
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
 LINGER_S = 2.0
+MAX_BACKLOG = 64 << 20  # bytes of messages held for a worker before the frontend is left to wait
 
 
 # ---- the supervisor process ------------------------------------------------------------------
 @dataclass
 class _Watched:
     pid: int
-    events: BinaryIO
+    events: int  # the read end of its event pipe
     flag: mmap.mmap
+    inbound: socket.socket  # the supervisor's end of its relay
     proc: subprocess.Popen | None  # None for the worker TorchServe started (not our child)
 
 
-def _watch(worker: _Watched) -> tuple[dict[str, bool], bool]:
-    """Follow the worker's events until it exits: (open request id -> status line sent, quit)."""
-    open_requests: dict[str, bool] = {}
-    stopping = False
-    for line in worker.events:
-        op, _, rid = line.decode().rstrip("\n").partition(" ")
-        if op == "B":
-            open_requests[rid] = False
-        elif op == "S" and rid in open_requests:
-            open_requests[rid] = True
-        elif op == "E":
-            open_requests.pop(rid, None)
-        elif op == "Q":
-            stopping = True
-    worker.events.close()
-    if worker.proc is not None:
-        worker.proc.wait()
-    return open_requests, stopping
+def _serve(sock: socket.socket, worker: _Watched, relay: Relay, frontend_open: bool) -> bool:
+    """Relay the frontend's messages to the worker and follow its events until it exits;
+    returns whether the frontend's connection is still open."""
+    worker.inbound.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(worker.events, selectors.EVENT_READ, "events")
+    watched = {"frontend": False, "inbound": False}
+    broken = False  # the relay's socket failed: the worker is gone
+    partial = b""
+    while True:
+        want = {
+            "frontend": frontend_open and relay.backlog() < MAX_BACKLOG,
+            "inbound": relay.backlog() > 0 and not broken,
+        }
+        for name, on in want.items():
+            if on != watched[name]:
+                watched[name] = on
+                obj, mask = (
+                    (sock, selectors.EVENT_READ) if name == "frontend" else (worker.inbound, selectors.EVENT_WRITE)
+                )
+                if on:
+                    sel.register(obj, mask, name)
+                else:
+                    sel.unregister(obj)
+        for key, _ in sel.select():
+            if key.data == "events":
+                data = os.read(worker.events, 65536)
+                if not data:  # the worker is gone
+                    sel.close()
+                    os.close(worker.events)
+                    worker.inbound.close()
+                    if worker.proc is not None:
+                        worker.proc.wait()
+                    return frontend_open
+                *lines, partial = (partial + data).split(b"\n")
+                for line in lines:
+                    relay.event(line)
+            elif key.data == "frontend":
+                data = sock.recv(65536)
+                if data:
+                    relay.from_frontend(data)
+                else:  # TorchServe closed the connection: the worker sees its end, as without us
+                    frontend_open = False
+                    _shut(worker.inbound)
+            else:
+                try:
+                    relay.hand_over(worker.inbound)
+                except BlockingIOError:
+                    pass
+                except OSError:  # the worker is gone: its events' end comes next
+                    broken = True
+
+
+def _shut(inbound: socket.socket) -> None:
+    try:
+        inbound.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def _frontend_closed(sock: socket.socket) -> bool:
@@ -100,7 +145,8 @@ def log_path(model_name: str, role: str, pid: int) -> str:
 def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
     read_fd, write_fd = os.pipe()
     flag_fd = new_flag_fd()
-    env = dict(os.environ, **{ENV: f"{write_fd},{flag_fd}"}, TQDM_DISABLE="1")
+    inbound, theirs = socket.socketpair()
+    env = dict(os.environ, **{ENV: f"{write_fd},{flag_fd},{theirs.fileno()}"}, TQDM_DISABLE="1")
     out = open(log_path(json.loads(load)["model_name"], "worker", os.getpid()), "ab")
     proc = subprocess.Popen(
         [
@@ -114,7 +160,7 @@ def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
             "--metrics-config",
             metrics_config,
         ],
-        pass_fds=(sock.fileno(), write_fd, flag_fd),
+        pass_fds=(sock.fileno(), write_fd, flag_fd, theirs.fileno()),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=out,
@@ -122,23 +168,38 @@ def _spawn(sock: socket.socket, load: str, metrics_config: str) -> _Watched:
     )
     out.close()
     os.close(write_fd)
+    theirs.close()
     flag = mmap.mmap(flag_fd, FLAG_BYTES)
     os.close(flag_fd)
-    return _Watched(proc.pid, os.fdopen(read_fd, "rb"), flag, proc)
+    return _Watched(proc.pid, read_fd, flag, inbound, proc)
 
 
-def _linger(sock: socket.socket, seconds: float) -> int:
-    """Answer new requests with 503 for `seconds`, so that none reaches a closing connection."""
+def _answer(sock: socket.socket, requests: dict[str, bool]) -> None:
+    try:
+        for rid, started in requests.items():
+            sock.sendall(final_frames(rid, started))
+    except OSError as e:
+        log.error("orcaserve supervisor: could not answer: %s", e)
+
+
+def _linger(sock: socket.socket, relay: Relay, seconds: float) -> int:
+    """Answer every request with 503 for `seconds`, so that none reaches a closing connection."""
     answered = 0
     deadline = time.monotonic() + seconds
     try:
-        while (left := deadline - time.monotonic()) > 0:
+        while True:
+            unsent = relay.unsent()
+            _answer(sock, dict.fromkeys(unsent, False))
+            answered += len(unsent)
+            if (left := deadline - time.monotonic()) <= 0:
+                break
             sock.settimeout(left)
-            for rid in read_request_ids(sock):
-                sock.sendall(final_frames(rid, False))
-                answered += 1
-    except (OSError, EOFError, ValueError):
-        pass  # time is up, the frontend closed, or a message the dead worker had half read
+            data = sock.recv(65536)
+            if not data or not relay.exact:
+                break
+            relay.from_frontend(data)
+    except OSError:
+        pass  # time is up or the frontend closed
     return answered
 
 
@@ -153,35 +214,33 @@ def _log_to_file(path: str) -> None:
 
 def supervise(sock: socket.socket, worker: _Watched, load: str, metrics_config: str) -> None:
     restarts: deque[float] = deque()
+    relay = Relay()
+    frontend_open = True
     first = True
     while True:
-        open_requests, stopping = _watch(worker)
-        if first and not stopping:
+        frontend_open = _serve(sock, worker, relay, frontend_open)
+        if first and not relay.stopping:
             path = log_path(json.loads(load)["model_name"], "supervisor", os.getpid())
             log.warning("orcaserve supervisor: worker %d is gone; logging to %s from now on", worker.pid, path)
             _log_to_file(path)
             first = False
-        if worker.flag[0] or worker.flag[1]:
+        if worker.flag[0] or not relay.exact:
             log.error(
                 "orcaserve supervisor: worker %d died while %s; %d requests cannot be answered, and the "
                 "connection goes back to TorchServe",
                 worker.pid,
-                "writing a frame" if worker.flag[0] else "reading a message",
-                len(open_requests),
+                "writing a frame" if worker.flag[0] else "the frontend's messages could not be followed",
+                len(relay.open),
             )
             return
-        if open_requests:
+        left = relay.worker_gone()
+        if left:
             log.warning(
-                "orcaserve supervisor: worker %d is gone; answering its %d requests in flight",
-                worker.pid,
-                len(open_requests),
+                "orcaserve supervisor: worker %d is gone; answering its %d requests in flight", worker.pid, len(left)
             )
-            try:
-                for rid, started in open_requests.items():
-                    sock.sendall(final_frames(rid, started))
-            except OSError as e:
-                log.error("orcaserve supervisor: could not answer: %s", e)
-        if stopping or _frontend_closed(sock):
+            _answer(sock, left)
+        if relay.stopping or not frontend_open or _frontend_closed(sock):
+            _answer(sock, dict.fromkeys(relay.unsent(), False))  # no worker will read them
             return
         now = time.monotonic()
         while restarts and now - restarts[0] > RESTART_WINDOW_S:
@@ -192,7 +251,7 @@ def supervise(sock: socket.socket, worker: _Watched, load: str, metrics_config: 
                 len(restarts),
                 RESTART_WINDOW_S,
             )
-            _linger(sock, LINGER_S)
+            _linger(sock, relay, LINGER_S)
             return
         restarts.append(now)
         old = worker.pid
@@ -205,13 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sock-fd", type=int, required=True)
     p.add_argument("--events-fd", type=int, required=True)
     p.add_argument("--flag-fd", type=int, required=True)
+    p.add_argument("--inbound-fd", type=int, required=True, help="the supervisor's end of the worker's relay")
     p.add_argument("--worker-pid", type=int, required=True)
     p.add_argument("--load", required=True, help="JSON: how a replacement loads the model")
     p.add_argument("--metrics-config", required=True)
     args = p.parse_args(argv)
     logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
     sock = socket.socket(fileno=args.sock_fd)
-    first = _Watched(args.worker_pid, os.fdopen(args.events_fd, "rb"), mmap.mmap(args.flag_fd, FLAG_BYTES), None)
+    inbound = socket.socket(fileno=args.inbound_fd)
+    first = _Watched(args.worker_pid, args.events_fd, mmap.mmap(args.flag_fd, FLAG_BYTES), inbound, None)
     try:
         supervise(sock, first, args.load, args.metrics_config)
     finally:

@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     os.chdir(load["model_dir"])  # TorchServe starts workers in the model directory
     sock = socket.socket(fileno=args.sock_fd)
     sock.setblocking(True)
-    socket_lock.install(sock)  # observed from the first byte: the supervisor knows what is open
-    socket_lock.observe(supervisor_link.SupervisorLink.attach(os.environ[supervisor_link.ENV]))
+    socket_lock.install(sock)  # reads come from the supervisor's relay, frames are reported
+    supervisor_link.SupervisorLink.attach(os.environ[supervisor_link.ENV]).attach_to_socket()
     service, result, code = worker.load_model(msg)
     if code != 200:
         logging.error("orcaserve replacement worker %d could not load the model: %s", os.getpid(), result)

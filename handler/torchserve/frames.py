@@ -9,7 +9,6 @@ then per request its id, content type, status, reason phrase, headers and body, 
 from __future__ import annotations
 
 import json
-import socket
 import struct
 
 WORKER_GONE = {
@@ -116,40 +115,23 @@ def parse_inference(buf: bytes | bytearray) -> tuple[int, list[str]] | None:
 
 
 class InboundParser:
-    """Follows the frontend's messages as the worker reads them off the socket."""
+    """Cuts the frontend's byte stream into whole inference messages."""
 
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[str]:
-        """The request ids of the messages `data` completes."""
+    def feed(self, data: bytes) -> list[tuple[bytes, list[str]]]:
+        """(the message's bytes, its request ids) for each message `data` completes; ValueError on
+        a message that is not an inference message."""
         self._buf += data
-        ids: list[str] = []
+        out: list[tuple[bytes, list[str]]] = []
         while (parsed := parse_inference(self._buf)) is not None:
-            used, got = parsed
-            ids += got
+            used, ids = parsed
+            out.append((bytes(self._buf[:used]), ids))
             del self._buf[:used]
-        return ids
+        return out
 
-    @property
-    def mid_message(self) -> bool:
-        return bool(self._buf)
-
-
-def _read_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("the frontend closed the connection")
-        data += chunk
-    return data
-
-
-def read_request_ids(sock: socket.socket) -> list[str]:
-    """The request ids of the next inference message on `sock`."""
-    parser = InboundParser()
-    while True:
-        ids = parser.feed(_read_exact(sock, 1))
-        if ids or not parser.mid_message:
-            return ids
+    def take(self) -> bytes:
+        """What is buffered (a message's beginning), emptying the parser."""
+        rest, self._buf = bytes(self._buf), bytearray()
+        return rest

@@ -8,9 +8,10 @@ frontend then reads garbage. Both writers call `cl_socket.sendall` on the same s
 switching that object's class to one whose `sendall` holds a process-wide lock serialises every
 frame without touching TorchServe's code.
 
-The same class lets an observer (the supervisor's link, supervisor/link.py) see every byte the worker
-reads and every frame it writes, so the supervisor knows exactly which requests a dead worker
-left without an answer.
+The same class lets an observer (the supervisor's link, supervisor/link.py) see every frame the
+worker writes, and takes the worker's reads from the supervisor's relay instead of the frontend's
+connection once a supervisor runs: the supervisor reads each message first, so it knows exactly
+which requests a dead worker left without an answer (docs/reliability.md, "Worker death").
 """
 
 from __future__ import annotations
@@ -23,10 +24,7 @@ _LOCK = threading.Lock()
 
 
 class SocketObserver(Protocol):
-    """Sees what the worker reads and writes (the supervisor's link, supervisor/link.py)."""
-
-    def read(self, data: bytes) -> None:
-        """Bytes just read from the frontend."""
+    """Sees what the worker writes (the supervisor's link, supervisor/link.py)."""
 
     def writing(self, frame: bytes) -> None:
         """A frame about to be written (under the lock)."""
@@ -36,6 +34,7 @@ class SocketObserver(Protocol):
 
 
 _OBSERVER: SocketObserver | None = None
+_INBOUND: socket.socket | None = None  # the supervisor's relay of the frontend's messages
 
 
 def observe(observer: SocketObserver | None) -> None:
@@ -47,8 +46,15 @@ def observer() -> SocketObserver | None:
     return _OBSERVER
 
 
+def relay(inbound: socket.socket | None) -> None:
+    """Read the frontend's messages from `inbound` (the supervisor's relay) from now on."""
+    global _INBOUND
+    _INBOUND = inbound
+
+
 class LockedSocket(socket.socket):
-    """A socket whose `sendall` writes each buffer as one uninterrupted unit."""
+    """A socket whose `sendall` writes each buffer as one uninterrupted unit, and whose reads
+    come from the supervisor's relay where one runs."""
 
     __slots__ = ()
 
@@ -63,11 +69,8 @@ class LockedSocket(socket.socket):
             obs.written()
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data = super().recv(bufsize, flags)
-        obs = _OBSERVER
-        if obs is not None:
-            obs.read(data)
-        return data
+        inbound = _INBOUND
+        return super().recv(bufsize, flags) if inbound is None else inbound.recv(bufsize, flags)
 
 
 def install(sock: object) -> bool:
