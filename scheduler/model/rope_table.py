@@ -1,8 +1,9 @@
 """The lean decoder's rotary tables (cos, and sin with rotate_half's sign folded in), per step.
 
 The model's own `rotary_emb` computes them from the step's positions: for a one-row step about ten
-small ops (a product, a cat, cos, sin, two scalings, two casts, the sign fold), about 0.12 ms of a
-2-4 ms step on a CPU (docs/one-stream.md, "Where a step's time goes"). Where its frequencies are
+small ops (a product, a cat, cos, sin, two scalings, two casts, the sign fold), serial work that a
+second thread does not split (docs/one-stream.md, "At one row on the Zen 5: what the roof does not
+explain"). Where its frequencies are
 fixed at load (the rope types of `STATIC`), a position's rows are a function of the position alone,
 so `RopeTable` computes them once, by the same code on chunks of positions, and a step reads its
 rows with one `index_select` each.

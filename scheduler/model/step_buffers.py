@@ -126,7 +126,7 @@ class StepBuffers:
         b = len(counts)
         t = sum(counts)
         s = len(sched.sampling)
-        if t == b == s and b <= PER_REQUEST and not sched.spec:
+        if 0 < b <= PER_REQUEST and t == b == s and not sched.spec:
             return self._prepare_decodes(reqs, starts, tables)
         if t == b:  # decodes only: one token each
             tokens = [r.all_token_ids[start] for r, start in zip(reqs, starts)]
@@ -174,8 +174,8 @@ class StepBuffers:
 
     def _prepare_decodes(self, reqs: list[Request], starts: list[int], tables: list[array[int]]) -> StepShape:
         """`prepare` for a step of a few decodes that all sample, without speculation: the same
-        entries, written request by request (at one stream `prepare`'s twenty numpy calls were
-        most of its time: docs/one-stream.md, "Where a step's time goes")."""
+        entries, written request by request (at one stream `prepare`'s twenty numpy calls were most
+        of its time: docs/one-stream.md, "At one row on the Zen 5: what the roof does not explain")."""
         b, npb, bs = len(reqs), self.np, self.block_size
         width = max(map(len, tables))
         if width > self.max_blocks or b > self.max_tokens or b > self.max_seqs:
