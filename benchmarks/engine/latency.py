@@ -222,7 +222,8 @@ def _by_op(b: dict, nbytes: dict) -> str:
         rate = f" ({nbytes[k] / b[k] / 1e6:.1f} GB/s)" if b[k] > 0 and k in nbytes and whole else ""
         return f"{k} {b[k]:.2f}{rate}"
 
-    return ", ".join([*(gemm(k) for k in (*GEMMS, "lm_head")), *(f"{k} {b[k]:.2f}" for k in (*OPS, "forward_rest"))])
+    rest = (f"{k} {b[k]:.2f}" for k in (*OPS, "forward_rest", "inputs") if k in b)
+    return ", ".join([*(gemm(k) for k in (*GEMMS, "lm_head")), *rest])
 
 
 def report(res: dict) -> None:

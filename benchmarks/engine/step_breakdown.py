@@ -7,7 +7,8 @@ step's bookkeeping). On the lean decoder the model run is split further, op by o
 projection's GEMM (the lm_head's too) with the weight bytes it reads, the attention, and the
 element-wise ops, and `layer`, the layers run as one C++ call each (scheduler/model/layer_call.py:
 their GEMMs and ops are then in it, not in their own columns); `forward_rest` is the forward less
-those (Python, embedding, rotary tables, the final norm). Figures and what was cut:
+those (Python, embedding, rotary tables, the final norm), and `inputs` the model run less the
+forward (the step's input tensors, the attention plan). Figures and what was cut:
 docs/one-stream.md."""
 
 from __future__ import annotations
@@ -134,5 +135,6 @@ def breakdown(
     if decoder is not None:
         forward = ms.pop("forward")
         ms["forward_rest"] = forward - sum(ms[k] for k in (*GEMMS, *OPS, "lm_head"))
+        ms["inputs"] = ms["model"] - forward  # the step's input tensors and attention plan
     ms["steps"] = steps
     return ms

@@ -31,6 +31,7 @@ from orcaserve.scheduler.model.bitnet import projection
 from orcaserve.scheduler.model.layer_call import LayerCall, layer_call
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
+from orcaserve.scheduler.model.rope_table import RopeTable, rotary_rows
 from orcaserve.scheduler.model.row_padding import PAD_MULTIPLE, padded_tokens
 
 
@@ -88,6 +89,8 @@ class Decoder:
         self.eps: float = cfg.rms_norm_eps
         self.embed: torch.Tensor = inner.embed_tokens.weight  # [V, hidden]
         self.rotary: Any = inner.rotary_emb
+        # Its rows by position where they are a function of the position alone (rope_table.py)
+        self.rope_table = RopeTable.of(self.rotary, self.head_dim, self.embed.dtype, self.embed.device)
         self.norm: torch.Tensor = inner.norm.weight
         # On the CPU: residual add + RMSNorm and SiLU * up as one C++ op each (csrc/fused/, the
         # variant kernels/dispatch.py picks for the model's dtype). In fp32 the norm's mean sums in
@@ -192,15 +195,12 @@ class Decoder:
             slot_mapping = F.pad(slot_mapping, (0, tp - t), value=-1)
         attn_buf = input_ids.new_zeros((tp, h, d), dtype=self.embed.dtype) if tp > t else None  # [Tp, H, D]
         x = self._embed(input_ids)  # [Tp, hidden]
-        cos, sin = self.rotary(x, positions[None])  # [1, T, D] each, x's dtype
-        cos = cos[0, :, None, :]  # [T, 1, D]
-        # rotate_half(u) * sin == roll(u, D/2) * [-sin_lo, sin_hi]: one roll instead of two slices,
-        # a negation and a cat, bit for bit the same.
-        sin = torch.cat((-sin[0, :, : d // 2], sin[0, :, d // 2 :]), dim=-1)[:, None, :]  # [T, 1, D]
+        table = self.rope_table if self.rope_table is not None and tp <= self.rope_table.max_rows else None
+        cos, sin = table(positions) if table is not None else rotary_rows(self.rotary, x, positions)  # [T, D] each
         fuse_rope = self.rope_store and kv_caches[0][0].device.type == "cpu" and kv_caches[0][0].dtype == x.dtype
         rope_op = self.triton_ops.rope_store_kv if self.triton_ops else self.rope_store_op if fuse_rope else None
-        if rope_op is not None:
-            cos, sin = cos.reshape(-1, d).contiguous(), sin.reshape(-1, d)  # [T, D] each
+        if rope_op is None:
+            cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
         one_call = self.layer_call if lora is None and rope_op is self.rope_store_op and tp == t else None
         if t > self.layer_call_rows:  # a larger step runs another GEMM than the call's (layer_call.py)

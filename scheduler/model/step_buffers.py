@@ -16,6 +16,7 @@ tokens (cu_seqlens_q repeats the real token count) and context 0, pad sample row
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from itertools import chain
 from operator import attrgetter
@@ -24,11 +25,15 @@ import numpy as np
 import torch
 
 from orcaserve.scheduler.core.kv_cache_manager import KVCacheManager
+from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.core.scheduler import SchedulerOutput
 from orcaserve.scheduler.spec.rows import sample_rows
 
 _ALIGN = 64  # bytes: every region starts aligned, as Triton specialises its pointer arguments
 _computed = attrgetter("num_computed_tokens")
+# Steps of up to this many decodes are written request by request (`_prepare_decodes`); larger
+# ones by whole-array numpy, whose per-call cost the rows then amortise.
+PER_REQUEST = 8
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class StepShape:
         return self.num_tokens == self.num_seqs
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepTensors:
     """Device views of one step's inputs, at its (padded) sizes."""
 
@@ -103,6 +108,7 @@ class StepBuffers:
         # The previous step's sampled ids [S'] on the device, while this step's inputs hold
         # placeholders for them (asynchronous scheduling, docs/host-overlap.md "Placeholders").
         self.prev_tokens: torch.Tensor | None = None
+        self._last: tuple[tuple[int, int, int, int | None], StepTensors] | None = None  # `tensors`' last
 
     def _view(self, buf: torch.Tensor, name: str, dtype: torch.dtype, count: int) -> torch.Tensor:
         start = self._offsets[name]
@@ -119,6 +125,9 @@ class StepBuffers:
         tables = kv.tables_of(nst)
         b = len(counts)
         t = sum(counts)
+        s = len(sched.sampling)
+        if 0 < b <= PER_REQUEST and t == b == s and not sched.spec:
+            return self._prepare_decodes(reqs, starts, tables)
         if t == b:  # decodes only: one token each
             tokens = [r.all_token_ids[start] for r, start in zip(reqs, starts)]
         else:
@@ -137,7 +146,6 @@ class StepBuffers:
         tok = npb["tokens"][:t]
         tok[:] = tokens
         last = cu[1 : b + 1] - 1  # [B] each request's last token
-        s = len(sched.sampling)
         if sched.spec:  # speculated rows sample at each checked position (spec/rows.py)
             npb["rows"][:s] = sample_rows(last, sched)
         elif s == b:
@@ -163,6 +171,30 @@ class StepBuffers:
         table[:] = 0
         table[np.arange(width)[None, :] < nb[:, None]] = flat  # row-major: each request's blocks in order
         return StepShape(t, b, s, width, int(q.max()), int(npb["seq_lens"][:b].max()), p)
+
+    def _prepare_decodes(self, reqs: list[Request], starts: list[int], tables: list[array[int]]) -> StepShape:
+        """`prepare` for a step of a few decodes that all sample, without speculation: the same
+        entries, written request by request (at one stream `prepare`'s twenty numpy calls were most
+        of its time: docs/one-stream.md, "At one row on the Zen 5: what the roof does not explain")."""
+        b, npb, bs = len(reqs), self.np, self.block_size
+        width = max(map(len, tables))
+        if width > self.max_blocks or b > self.max_tokens or b > self.max_seqs:
+            raise ValueError(f"step of {b} tokens, {b} requests, {width} blocks exceeds the buffers' sizes")
+        npb["cu"][: b + 1] = range(b + 1)
+        npb["rows"][:b] = range(b)
+        tok, pos, lens, slots = npb["tokens"], npb["positions"], npb["seq_lens"], npb["slots"]
+        table = npb["table"][: b * width].reshape(b, width)
+        table.fill(0)
+        p = 0
+        for i, (r, start, blocks) in enumerate(zip(reqs, starts, tables)):
+            token = tok[i] = r.all_token_ids[start]
+            pos[i], lens[i] = start, start + 1
+            slots[i] = blocks[start // bs] * bs + start % bs
+            table[i, : len(blocks)] = np.frombuffer(blocks, dtype=np.int64)
+            if token < 0:  # a placeholder for the previous step's id (`patch`)
+                npb["ph_pos"][p], npb["ph_src"][p] = i, r.pending_row
+                p += 1
+        return StepShape(b, b, b, width, 1, max(starts) + 1, p)
 
     def pad(self, shape: StepShape, num_tokens: int, num_seqs: int, num_samples: int) -> None:
         """Fill the staging buffer's entries from the real counts up to the padded ones."""
@@ -198,13 +230,17 @@ class StepBuffers:
 
     def tensors(self, num_tokens: int, num_seqs: int, num_samples: int, width: int | None) -> StepTensors:
         """Device views at the given sizes; the block table is the step's compact [B, width] one,
-        or with `width` None the graph table (full rows)."""
+        or with `width` None the graph table (full rows). The last sizes' views are kept: they never
+        move, and consecutive steps of one stream ask the same sizes (seven slices saved a step)."""
+        key = (num_tokens, num_seqs, num_samples, width)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
         dev = self.dev
         if width is None:
             table = self.graph_table[:num_seqs]
         else:
             table = dev["table"][: num_seqs * width].view(num_seqs, width)
-        return StepTensors(
+        t = StepTensors(
             input_ids=dev["tokens"][:num_tokens],
             positions=dev["positions"][:num_tokens],
             slot_mapping=dev["slots"][:num_tokens],
@@ -213,6 +249,8 @@ class StepBuffers:
             seq_lens=dev["seq_lens"][:num_seqs],
             block_tables=table,
         )
+        self._last = (key, t)
+        return t
 
     def reset_device(self, num_tokens: int, num_seqs: int) -> None:
         """Device inputs of a step with nothing to do (no query token, slot -1 everywhere): what

@@ -59,6 +59,7 @@ def test_breakdown_times_the_lean_decoders_ops(tmp_path, tokenizer, capsys):
     for part in ("qkv", "o", "gate_up", "down", "lm_head", "attention", "add_rms_norm", "silu_mul"):
         assert b[part] > 0, part
     assert b["model"] >= sum(b[k] for k in ("qkv", "o", "gate_up", "down", "lm_head", "attention"))
+    assert b["inputs"] > 0 and b["model"] - b["inputs"] > b["forward_rest"]  # the run less the forward
     # 2 layers' q/k/v (64 + 2 x 32 outputs of 64) in fp32
     assert res["breakdown_bytes"]["qkv"] == 4 * 2 * (64 + 2 * 32) * 64
     assert "of the model, by op: qkv" in capsys.readouterr().out
