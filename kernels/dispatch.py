@@ -126,14 +126,6 @@ TABLE: dict[tuple[str, str], tuple[tuple[str, ...], tuple[str, ...]]] = {
         for op in ("lora_sgmv", "lora_batched")
         for dt in ("float32", "bfloat16")
     },
-    # The bf16 GEMM that also requests other tensors' bytes into cache while it runs (gemm/ahead.h):
-    # a LoRA step's projection reads its adapters' stacked weights during the base GEMM, not after it
-    # (docs/lora.md "Reading the adapters during the base GEMM"); same bits as `linear`'s cell. Only
-    # where `linear` runs the project's vdpbf16ps GEMM; elsewhere ("torch") the plain GEMM runs.
-    ("linear_ahead", "bfloat16"): (
-        ("torch", "torch", "torch", *_o("linear_packed_bf16_ahead", "avx512_bf16", "amx")),
-        ("torch",),
-    ),
     # GGUF block formats (kernels/quant.py), the "dtype" a format name: the project's GEMM over codes.
     ("linear_quant", "q8_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),
     ("linear_quant", "q4_0"): (("torch", *_o("linear_quant", "avx2", "avx512", "avx512", "avx512")), ("torch",)),

@@ -126,12 +126,6 @@ class Linear:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         else:
             self.weight = weight
-        # The same GEMM requesting other tensors' bytes into cache meanwhile (the table's
-        # `linear_ahead`): where this layer runs the project's vdpbf16ps GEMM, and the table names one.
-        self._ahead_op: Any = None
-        vdp = self.kernel.startswith("orcaserve.linear_packed_bf16.")
-        if vdp and dispatch.resolve("linear_ahead", weight.dtype) != "torch":
-            self._ahead_op = dispatch.orcaserve_op(self.kernel.replace("_bf16.", "_bf16_ahead.", 1))
         # oneDNN's inner product compiles a kernel per new row count (MKL's and the project's GEMMs
         # do not): the decoder pads row counts where it runs.
         self.onednn = self.kernel == "onednn"
@@ -151,15 +145,6 @@ class Linear:
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
-
-    def ahead(self, x: torch.Tensor, tensors: list[torch.Tensor]) -> torch.Tensor:
-        """`self(x)`, bit for bit, requesting `tensors`' bytes into cache while the GEMM runs (what the
-        caller reads next: a LoRA step's adapters, docs/lora.md "Reading the adapters during the base
-        GEMM"). Only above GEMV_ROWS rows, where the GEMM leaves memory bandwidth unused; elsewhere,
-        or without the table's `linear_ahead` op, the plain call."""
-        if self._ahead_op is None or not tensors or x.shape[0] <= GEMV_ROWS:
-            return self(x)
-        return self._ahead_op(x, self.weight, self.bias, self.out_features, tensors)
 
 
 def fuse_linears(*linears: Any, pack: bool, plain_from: int | None = None) -> Linear:

@@ -93,32 +93,7 @@ def parts(args: argparse.Namespace) -> dict[str, Calls]:
     if op is not None:
         batched = batched_cell(op)
         out["C++ lora_batched"] = [partial(batched, y, x, batch, a, b) for x, y, a, b in mods]
-        # The projection as the engine runs it: the base GEMM, then its modules' updates; and the
-        # same with the adapters' bytes requested during the GEMM (Linear.ahead, where built).
-        out["base GEMMs, then C++ update"] = _projections(base, mods, batch, batched, ahead=False)
-        if base[0][1]._ahead_op is not None:
-            out["base GEMMs reading ahead, update"] = _projections(base, mods, batch, batched, ahead=True)
     return out
-
-
-def _projections(base: list[Any], mods: list[Any], batch: LoraBatch, batched: Any, ahead: bool) -> Calls:
-    """One call per fused projection (layer by layer): its GEMM, then each of its modules' update
-    (the output columns are the benchmark's own y per module, as in the parts above)."""
-    sizes = [3, 1, 2, 1]  # modules per fused projection: qkv, o, gate_up, down
-    calls: Calls = []
-    m = 0
-    for k, (x, lin) in enumerate(base):
-        group = mods[m : m + sizes[k % 4]]
-        m += len(group)
-        tensors = [w for _, _, a, b in group for w in (a, b)]
-
-        def call(x: torch.Tensor = x, lin: Linear = lin, group: list[Any] = group, tensors: Any = tensors) -> None:
-            lin.ahead(x, tensors) if ahead else lin(x)
-            for xm, y, a, b in group:
-                batched(y, xm, batch, a, b)
-
-        calls.append(call)
-    return calls
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from orcaserve.kernels.cpu.lora import batched_for, sgmv_for
-from orcaserve.kernels.linear import Linear
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup
 from orcaserve.scheduler.lora.adapter import LoraAdapter, ModuleShapes
 from orcaserve.scheduler.lora.slots import LoraSlots
@@ -63,8 +62,6 @@ class LoraSet:
         self._keys: frozenset[Key] = frozenset()
         self._stacks: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stacked: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
-        # per (layer, fused) the stacks' tensors, read during the base GEMM (Linear.ahead)
-        self.stacked_ahead: dict[tuple[int, str], list[torch.Tensor]] = {}
         self.tokens: Counter[str] = Counter()  # tokens computed under each adapter (metrics)
         for adapter in adapters:
             self.add(adapter)
@@ -128,7 +125,7 @@ class LoraSet:
 
     def _rebuild(self, want: list[str | None], keys: frozenset[Key], rank: int) -> None:
         n = len(want)
-        self.rank, self._keys, self._stacks, self.stacked, self.stacked_ahead = rank, keys, {}, {}, {}
+        self.rank, self._keys, self._stacks, self.stacked = rank, keys, {}, {}
         for layer, module in sorted(keys):
             in_f, out_f = self.base.shapes[module]
             a_all = torch.zeros(n, rank, in_f, dtype=self.dtype)  # [S, R, in]
@@ -142,7 +139,6 @@ class LoraSet:
                     a_all, b_all = self._stacks[layer, module]
                     views = (first, last, a_all.view(-1, a_all.shape[2]), b_all.view(b_all.shape[0], -1))
                     self.stacked.setdefault((layer, fused), []).append(views)
-                    self.stacked_ahead.setdefault((layer, fused), []).extend((a_all, b_all))
         for slot, name in enumerate(want):
             if name is not None:
                 self._fill(slot, name)
@@ -217,21 +213,6 @@ class LoraStep:
         self.loras = loras
         self.rows = rows
         self.batch = batch  # several adapters: their rows laid out for the batched update
-
-    def project(self, layer: int, fused: str, linear: Any, x: torch.Tensor) -> torch.Tensor:
-        """`linear(x)` [T, out] (fused projection `fused` of `layer`) plus the update of every
-        adapter with rows in the step. A `Linear` reads the adapters' weights into cache while its
-        GEMM runs (`Linear.ahead`, docs/lora.md "Reading the adapters during the base GEMM"): the
-        same bits as the GEMM alone, then the update."""
-        y = linear.ahead(x, self._weights(layer, fused)) if isinstance(linear, Linear) else linear(x)
-        self.apply(layer, fused, x, y)
-        return y
-
-    def _weights(self, layer: int, fused: str) -> list[torch.Tensor]:
-        """The tensors `apply` reads for this projection: the stacks, or each adapter's A and B."""
-        if self.batch is not None:
-            return self.loras.stacked_ahead.get((layer, fused), [])
-        return [w for name in self.rows for e in self.loras.tables[name].get((layer, fused), ()) for w in e[2:4]]
 
     def apply(self, layer: int, fused: str, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add to `y` [T, out] (fused projection `fused` of `layer`, from `x` [T, in]) the update

@@ -212,7 +212,9 @@ class Decoder:
                 x, delta = one_call(i, x, delta, cos, sin, k_cache, v_cache, slot_mapping, plan)
                 continue
             x, hn = self._add_norm(x, delta, layer.in_norm)
-            qkv = layer.qkv(hn) if lora is None else lora.project(i, "qkv", layer.qkv, hn)  # [T, (H + 2 H_kv) D]
+            qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
+            if lora is not None:
+                lora.apply(i, "qkv", hn, qkv)
             if layer.q_norm is not None and layer.k_norm is not None:
                 self._qk_norm(qkv, layer.q_norm, layer.k_norm)
             if rope_op is not None:
@@ -248,11 +250,14 @@ class Decoder:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """o, norm and MLP of layer `i` with the step's adapter updates (attn [T, H D], x [T, hidden]):
         (x + o, its norm, the MLP's output)."""
-        o = lora.project(i, "o", layer.o, attn)  # [T, hidden]
+        o = layer.o(attn)  # [T, hidden]
+        lora.apply(i, "o", attn, o)
         x, hn = self._add_norm(x, o, layer.post_norm)
-        gate_up = lora.project(i, "gate_up", layer.gate_up, hn)  # [T, 2 I]
+        gate_up = layer.gate_up(hn)  # [T, 2 I]
+        lora.apply(i, "gate_up", hn, gate_up)
         act = self._activate(layer, gate_up)  # [T, I]
-        down = lora.project(i, "down", layer.down, act)  # [T, hidden]
+        down = layer.down(act)  # [T, hidden]
+        lora.apply(i, "down", act, down)
         return x, hn, down
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]

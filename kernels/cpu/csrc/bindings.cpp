@@ -52,7 +52,6 @@ constexpr Schema kGemmInt8[] = {
 constexpr Schema kGemmBf16[] = {
     {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},
     {"linear_packed_bf16", "(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor"},
-    {"linear_packed_bf16_ahead", "(Tensor x, Tensor packed, Tensor? bias, int out_features, Tensor[] ahead) -> Tensor"},
 };
 
 template <size_t N>
@@ -82,8 +81,7 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("linear_ternary." #isa, &orcaserve::isa::linear_ternary)
 #define ORCA_IMPL_GEMM_BF16(m, isa)                                           \
   m.impl("pack_linear_weight_bf16." #isa, &orcaserve::isa::pack_linear_weight_bf16); \
-  m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16); \
-  m.impl("linear_packed_bf16_ahead." #isa, &orcaserve::isa::linear_packed_bf16_ahead)
+  m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16)
 
 TORCH_LIBRARY(orcaserve, m) {
   // One for all variants: its `variants` name each op's (fused/decoder_layer.cpp).

@@ -70,12 +70,9 @@ void lora_sgmv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& rows,
 void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& scales,
                   const at::Tensor& a, const at::Tensor& b, int64_t rank);
 
-// gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps; the same
-// GEMM requesting the storage of `ahead` into cache meanwhile (docs/lora.md).
+// gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
 at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                               int64_t out_features);
-at::Tensor linear_packed_bf16_ahead(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                                    int64_t out_features, at::TensorList ahead);
 
 }  // namespace orcaserve::ORCA_ISA

@@ -15,10 +15,6 @@
 // the panels as one stream and prefetch kStreamAhead bytes ahead in it: the same sums in the same
 // order, so the same bits.
 //
-// linear_packed_bf16_ahead: the same GEMM, requesting the bytes of other tensors into cache
-// meanwhile, an even share per micro-tile, a few lines per k2 step (gemm/ahead.h; docs/lora.md
-// "Reading the adapters during the base GEMM"): the same bits.
-//
 // `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
 // oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
 #include <ATen/ATen.h>
@@ -28,7 +24,6 @@
 #include <optional>
 #include <type_traits>
 
-#include "gemm/ahead.h"
 #include "gemm/panels.h"
 #include "ops.h"
 
@@ -44,11 +39,10 @@ constexpr int kRows = 8;   // rows per micro-tile: 24 accumulators, 3 panel load
 inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }  // same bits: GCC's vector cast
 
 // C[r, :ncols] = bias + sum_k2 a[r, 2 k2 : 2 k2 + 2] . b[k2, :, :] for R rows; b is one panel
-// [K2, 48, 2]. With Stream, the three lines kStreamAhead bytes past row k2 are prefetched at step k2;
-// with Ahead, `per` lines of `ahead` at each step.
-template <int R, bool Stream, bool Ahead = false>
+// [K2, 48, 2]. With Stream, the three lines kStreamAhead bytes past row k2 are prefetched at step k2.
+template <int R, bool Stream>
 inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int64_t K2, const float* bias,
-                 at::BFloat16* c, int64_t ldc, int ncols, AheadLines::Cursor* ahead = nullptr, int64_t per = 0) {
+                 at::BFloat16* c, int64_t ldc, int ncols) {
   alignas(64) float init[kCols] = {};
   if (bias != nullptr) std::copy(bias, bias + ncols, init);
   // Named registers, not an array: GCC keeps an accumulator array in memory across the loop.
@@ -72,7 +66,6 @@ inline void tile(const at::BFloat16* a, int64_t lda, const at::BFloat16* b, int6
       _mm_prefetch(ahead + 64, _MM_HINT_T0);
       _mm_prefetch(ahead + 128, _MM_HINT_T0);
     }
-    if constexpr (Ahead) ahead->next(per);
     const __m512bh b0 = as_bh(_mm512_loadu_si512(bk)), b1 = as_bh(_mm512_loadu_si512(bk + 32)),
                    b2 = as_bh(_mm512_loadu_si512(bk + 64));
     ORCA_DOT(0) ORCA_DOT(1) ORCA_DOT(2) ORCA_DOT(3) ORCA_DOT(4) ORCA_DOT(5) ORCA_DOT(6) ORCA_DOT(7)
@@ -116,11 +109,8 @@ at::Tensor pack_linear_weight_bf16(const at::Tensor& weight) {
   return packed;
 }
 
-namespace {
-
-// The GEMM of both ops; `lines`: the bytes requested meanwhile (none: the plain op's code).
-at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                int64_t out_features, const AheadLines* lines) {
+at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "linear_packed_bf16: x must be a bf16 [rows, in] CPU tensor");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2 &&
@@ -148,16 +138,9 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, const std::option
       const at::BFloat16* panel = b + p * panel_elems;
       const int ncols = static_cast<int>(std::min<int64_t>(kCols, N - p * kCols));
       const float* bias_p = bp ? bp + p * kCols : nullptr;
-      tiles.each([&](int64_t t, int64_t m, auto rows) {
-        constexpr int R = decltype(rows)::value;
-        constexpr bool S = decltype(stream)::value;
-        if (lines == nullptr) {
-          tile<R, S>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols, N, ncols);
-          return;
-        }
-        AheadLines::Cursor cursor = lines->share(p * tiles.count() + t, P * tiles.count());
-        tile<R, S, true>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols, N, ncols, &cursor,
-                         (cursor.left() + K2 - 1) / K2);
+      tiles.each([&](int64_t, int64_t m, auto rows) {
+        tile<decltype(rows)::value, decltype(stream)::value>(a + m * lda, lda, panel, K2, bias_p, c + m * N + p * kCols,
+                                                             N, ncols);
       });
     };
   };
@@ -166,20 +149,6 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, const std::option
   else
     for_each_panel(P, false, run(std::false_type{}));
   return y;
-}
-
-}  // namespace
-
-at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                              int64_t out_features) {
-  return gemm(x, packed, bias, out_features, nullptr);
-}
-
-at::Tensor linear_packed_bf16_ahead(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                                    int64_t out_features, at::TensorList ahead) {
-  for (const at::Tensor& t : ahead) TORCH_CHECK(t.device().is_cpu(), "linear_packed_bf16_ahead: CPU tensors to prefetch");
-  const AheadLines lines(ahead);
-  return gemm(x, packed, bias, out_features, lines.total() > 0 ? &lines : nullptr);
 }
 
 }  // namespace orcaserve::ORCA_ISA
