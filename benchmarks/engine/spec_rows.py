@@ -22,6 +22,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+import torch
+
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.core.request import Request
 from orcaserve.scheduler.prompt import ChatPrompt
@@ -38,6 +40,9 @@ class RepeatLast:
 
     def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
         return {req.request_id: 0 for req in reqs}
+
+    def distributions(self) -> dict[str, torch.Tensor]:
+        return {}  # point masses
 
     def drop(self, request_id: str) -> None:
         pass

@@ -23,7 +23,8 @@ the model is kept over the point's runs. The prefix cache is off: with it, the s
 would find the first one's prompts cached, computing less (a speed-up that is not speculation's)
 and, in bf16, a prompt's last chunk over cached K/V rather than in one prefill (numerics that are
 not speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed,
-accepted, mean accepted length) and the steps that speculated.
+accepted, mean accepted length), the steps that speculated, the decode rows that found no proposal
+and the acceptance at each proposal position (given the ones before it were accepted).
 """
 
 from __future__ import annotations
@@ -233,6 +234,9 @@ def run(args: argparse.Namespace) -> dict:
                 f"{stats['steps_on']:>7}/{stats['steps_off']:<6}{str(row['same_tokens']):>6}",
                 file=sys.stderr,
             )
+            by_pos = " ".join(f"{a:.2f}" for a in stats["acceptance_by_position"])
+            unmatched = stats["unmatched_rows"]
+            print(f"{'':<14}rows without a match {unmatched}; acceptance by position {by_pos}", file=sys.stderr)
     engine.spec = None
     if "llamacpp" in args.peers.split(","):
         results["peers"] = peer_table(args, {name: sets[name] for name in args.sets.split(",")}, results["runs"])
