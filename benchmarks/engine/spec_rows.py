@@ -9,7 +9,8 @@ One stream decodes greedily with every step carrying exactly K proposals (each a
 token, so almost none is accepted and every step computes 1 + K rows); the policy is bypassed.
 Each repeat sweeps the row counts, up and then down (a load that drifts biases both ways), and
 the median step of a run is kept (its first and last steps left out), the least over the repeats
-printed. So the figures say what a step of 1 + K rows
+printed, by the wall clock and by the process's CPU time (at `OMP_NUM_THREADS=1` the latter leaves
+out the waits of a shared machine). So the figures say what a step of 1 + K rows
 costs beside a step of one row: where the GEMMs leave their GEMV-shaped path (kernels/linear.py
 GEMV_ROWS, the C++ kStreamRows) and where a row tile of the int8-activation GEMM fills.
 """
@@ -21,6 +22,8 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+
+import torch
 
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.core.request import Request
@@ -39,6 +42,9 @@ class RepeatLast:
     def kinds(self, reqs: Sequence[Request]) -> dict[str, int]:
         return {req.request_id: 0 for req in reqs}
 
+    def distributions(self) -> dict[str, torch.Tensor]:
+        return {}  # point masses
+
     def drop(self, request_id: str) -> None:
         pass
 
@@ -48,6 +54,7 @@ def run_rows(args: argparse.Namespace, engine: Engine, spec: SpecDecoding) -> di
     spec.proposer = RepeatLast()
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     best: dict[int, list[float]] = {}
+    cpu: dict[int, list[float]] = {}
     for repeat in range(args.repeats):
         sweep = range(1, args.rows + 1)
         for rows in sweep if repeat % 2 == 0 else reversed(sweep):  # a load that drifts, both ways
@@ -55,19 +62,24 @@ def run_rows(args: argparse.Namespace, engine: Engine, spec: SpecDecoding) -> di
             spec.policy.plan = lambda sched, candidates, kinds=None, k=k: [(r, k) for r in candidates]
             engine.spec = spec if k else None
             engine.add_request("rows", ChatPrompt([{"role": "user", "content": PROMPT}]), params)
-            times = []
+            times, cpus = [], []
             while engine.has_unfinished():
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 engine.step()
                 times.append(time.perf_counter() - t)
+                cpus.append(time.process_time() - c)
             best.setdefault(rows, []).append(statistics.median(times[2:-2] or times))
+            cpu.setdefault(rows, []).append(statistics.median(cpus[2:-2] or cpus))
     engine.spec = None
-    print(f"{'rows':>5}{'step ms':>10}{'vs 1 row':>10}   runs (ms)", file=sys.stderr)
-    one = min(best[1])
+    print(f"{'rows':>5}{'step ms':>10}{'vs 1 row':>10}{'cpu ms':>9}{'vs 1 row':>10}   runs (ms)", file=sys.stderr)
+    one, one_cpu = min(best[1]), min(cpu[1])
     out = []
     for rows, runs in sorted(best.items()):
         ms = min(runs) * 1e3
-        out.append({"rows": rows, "step_ms": round(ms, 3), "runs_ms": [round(r * 1e3, 3) for r in runs]})
-        listed = ", ".join(f"{r * 1e3:.2f}" for r in runs)
-        print(f"{rows:>5}{ms:>10.2f}{min(runs) / one:>9.2f}x   {listed}", file=sys.stderr)
+        c = min(cpu[rows])
+        listed = [round(r * 1e3, 3) for r in runs]
+        out.append({"rows": rows, "step_ms": round(ms, 3), "cpu_ms": round(c * 1e3, 3), "runs_ms": listed})
+        shown = ", ".join(f"{r:.2f}" for r in listed)
+        line = f"{rows:>5}{ms:>10.2f}{min(runs) / one:>9.2f}x{c * 1e3:>9.2f}{c / one_cpu:>9.2f}x"
+        print(f"{line}   {shown}", file=sys.stderr)
     return {"rows": out, "max_tokens": args.max_tokens, "repeats": args.repeats}

@@ -101,6 +101,6 @@ class StatsSnapshot:
             step_time_predicted=cost.last_predicted,
             step_time_measured=cost.last_measured,
             step_cost_error=cost.relative_error,
-            spec=None if spec is None else copy.copy(spec),
+            spec=None if spec is None else copy.deepcopy(spec),  # its per-position lists too
             lora=lora,
         )

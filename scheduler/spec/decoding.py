@@ -81,6 +81,7 @@ class SpecDecoding:
         self._kinds = kinds
         for req in candidates:  # the proposer now holds state for each: dropped when it finishes
             self._tracked[req.request_id] = req
+        self.stats.unmatched_rows += sum(r.request_id not in kinds for r in candidates)
         candidates = [r for r in candidates if r.request_id in kinds]
         rows: list[tuple[Request, int]] = []  # the rows asked for proposals, each with its K
         for req, k in self.policy.plan(sched, candidates, kinds):

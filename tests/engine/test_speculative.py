@@ -23,6 +23,8 @@ def test_greedy_equals_off_and_transformers_under_chunks_cache_hits_and_preempti
     on = on_equals_off_under_pressure(engine_for, model, NGRAM, work)
     stats = on.spec.stats
     assert stats.accepted >= 5 and stats.proposed > stats.accepted, stats
+    # Each speculated row decided its first proposal; the positions' accepted add up to the total.
+    assert stats.checked_at[0] == stats.speculated_rows and sum(stats.accepted_at) == stats.accepted, stats
     assert on.kv.pool.num_free == on.kv.pool.num_blocks and not on.spec._tracked
 
 
