@@ -1,8 +1,9 @@
 """`orcaserve-bench bitnet`: BitNet b1.58 at the 2B4T shape, ternary against its bf16 twin, in one run.
 
 The same random weights (benchmarks/models/bitnet_2b4t.py) as formats of one model, each loaded
-by the engine in turn and measured offline at each stream count (`orcaserve-bench latency`'s
-points: `--output-len` greedy tokens a stream, EOS ignored, the best of `--repeats`):
+by its own engine, all held at once, and measured offline at each stream count alternated point
+by point, format after format, for `--repeats` rounds (`orcaserve-bench latency`'s points:
+`--output-len` greedy tokens a stream, EOS ignored; the best of the rounds is kept):
 
 - `bf16`: the bf16 checkpoint, every projection expanded to bf16 (served dense, as any lean model);
 - `tq2_0`, `tq1_0`: llama.cpp's GGUF files of the packed checkpoint (ternary projections over
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from functools import partial
 
 from orcaserve.bench.cpu import dram
 
@@ -32,7 +32,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--streams", default="1,32", help="concurrent streams, comma-separated")
     ap.add_argument("--input-len", type=int, default=16, help="prompt tokens per stream")
     ap.add_argument("--output-len", type=int, default=32, help="output tokens per stream")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per point; the best is kept")
+    ap.add_argument("--repeats", type=int, default=2, help="rounds, formats alternated; the best is kept")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured one-stream runs first, each format")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="engine argument override")
     ap.add_argument("--peers", default="", help="llamacpp: its server over HTTP on each GGUF format")
@@ -50,18 +50,36 @@ def model_path(fmt: str, layers: int | None) -> str:
     return bitnet_2b4t_gguf(fmt.upper(), layers=layers)
 
 
-def _measure(fmt: str, path: str, streams: list[int], args, overrides: dict) -> dict:
-    """One format's engine: load time, bytes a token, its offline points."""
-    from orcaserve.bench.engine.latency import _points, offline_point
+def _load(path: str, streams: list[int], overrides: dict) -> tuple[object, dict]:
+    """One format's engine, its load time and the weight bytes a decode step reads."""
     from orcaserve.scheduler.engine import Engine
 
     start = time.perf_counter()
     engine = Engine.from_pretrained(path, max_num_seqs=max(streams), **overrides)
     load_s = time.perf_counter() - start
-    dtype = engine.config.resolved_dtype()
-    per_token = dram.bytes_per_token(engine.runner.model, dtype, engine.runner.decoder)
-    rows = _points(partial(offline_point, engine, args.output_len), streams, args, engine.vocab_size)
-    return {"path": path, "load_s": load_s, "bytes_per_token": per_token, "vocab": engine.vocab_size, "rows": rows}
+    per_token = dram.bytes_per_token(engine.runner.model, engine.config.resolved_dtype(), engine.runner.decoder)
+    return engine, {"path": path, "load_s": load_s, "bytes_per_token": per_token, "vocab": engine.vocab_size}
+
+
+def _alternated(engines: dict, streams: list[int], args) -> dict[str, list[dict]]:
+    """Each format's best run per stream count, the formats alternated point by point for
+    `--repeats` rounds (on a shared machine the load drifts: each format sees the same drift)."""
+    from orcaserve.bench.engine.latency import _prompts, offline_point
+
+    for engine in engines.values():
+        for w in range(args.warmup):
+            offline_point(engine, args.output_len, _prompts(1, args.input_len, engine.vocab_size, args.seed + 999 + w))
+    best: dict[str, dict[int, dict]] = {fmt: {} for fmt in engines}
+    for r in range(args.repeats):
+        for n in streams:
+            for fmt, engine in engines.items():
+                row = offline_point(
+                    engine, args.output_len, _prompts(n, args.input_len, engine.vocab_size, args.seed + r)
+                )
+                print(f"bitnet: round {r}, {fmt}, {n} stream(s): {row['tok_s']:.1f} tok/s", flush=True)
+                if n not in best[fmt] or row["tok_s"] > best[fmt][n]["tok_s"]:
+                    best[fmt][n] = row
+    return {fmt: [rows[n] for n in streams] for fmt, rows in best.items()}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -70,11 +88,14 @@ def run(args: argparse.Namespace) -> dict:
     layers = args.layers or None
     streams = [int(s) for s in args.streams.split(",")]
     overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
-    args.thread_cpu = False  # latency's _points reads it
     res: dict = {"layers": layers or 30, "read_gb_s": dram.read_bandwidth(), "formats": {}, "peers": {}}
+    engines = {}
     for fmt in args.formats.split(","):
-        got = res["formats"][fmt] = _measure(fmt, model_path(fmt, layers), streams, args, overrides)
-        print(f"bitnet: {fmt} measured: {[round(r['tok_s'], 1) for r in got['rows']]} tok/s", flush=True)
+        engines[fmt], res["formats"][fmt] = _load(model_path(fmt, layers), streams, overrides)
+    for fmt, rows in _alternated(engines, streams, args).items():
+        res["formats"][fmt]["rows"] = rows
+    del engines  # their memory back before a peer's server loads
+    args.thread_cpu = False  # latency's _points reads it
     for peer in [p for p in args.peers.split(",") if p]:
         from orcaserve.bench.engine.latency_peers import peer_rows
 
