@@ -48,6 +48,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.engine.latency",
         "1, 2 and 4 streams offline and over HTTP: tok/s, ms per token, DRAM roof",
     ),
+    "bitnet": (
+        "orcaserve.bench.engine.bitnet_twin",
+        "BitNet at the 2B4T shape: TQ2_0 / TQ1_0 against the same weights in bf16, offline; llama.cpp per format",
+    ),
     "tp": (
         "orcaserve.bench.engine.tensor_parallel",
         "tensor parallel ranks vs one process: tok/s, collectives' share, RSS",

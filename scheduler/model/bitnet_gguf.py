@@ -11,8 +11,8 @@ weight is `d * code`. BitNet's arithmetic has one scale per tensor, `y = linear(
 same finite, positive `d`; its `weight_scale` is then `1 / d` in fp32, and the served model is bit
 for bit transformers' fp32 forward of the packed checkpoint with those codes and scales. The header
 is read lean (`gguf_header.read_gguf`: the vocabulary is not parsed), the tensors from a memory map
-one at a time, their codes decoded by gguf-py (its TQ1_0 / TQ2_0 dequantization of the blocks with
-`d` set to 1): the whole model is never in floats. A TQ2_0 code of 3 (the value 2), differing
+one at a time, their blocks decoded in integers straight into transformers' packing
+(`ternary_blocks.py`): no ternary weight is ever a float. A TQ2_0 code of 3 (the value 2), differing
 scales within a tensor, or a projection of any other type is refused with the tensor's name.
 """
 
@@ -27,6 +27,7 @@ import torch
 from orcaserve.scheduler.model.gguf_blocks import _as_gguf_py_reads
 from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
 from orcaserve.scheduler.model.stream_load import _put
+from orcaserve.scheduler.model.ternary_blocks import BLOCK, SIZES, block_scales, pack_rows, unsigned_codes
 
 log = logging.getLogger(__name__)
 
@@ -108,20 +109,16 @@ def bitnet_config(metadata: dict[str, Any], header: Any) -> Any:
 
 
 def ternary_codes(name: str, raw: np.ndarray, kind: Any, shape: tuple[int, int]) -> tuple[torch.Tensor, float]:
-    """([N, K] int8 codes, d) of a TQ1_0 / TQ2_0 tensor `name` (raw: its blocks' bytes); raises
-    ValueError naming the tensor where it is not one scale times {-1, 0, +1}."""
-    from gguf import GGML_QUANT_SIZES, dequantize
-
+    """([ceil(N/4), K] uint8 codes packed as transformers packs them, d) of a TQ1_0 / TQ2_0 tensor
+    `name` of `shape` [N, K] (raw: its blocks' bytes), decoded in integers (ternary_blocks.py);
+    raises ValueError naming the tensor where it is not one scale times {-1, 0, +1}."""
     n, k = shape
-    block, size = GGML_QUANT_SIZES[kind]
-    blocks = np.array(raw, dtype=np.uint8).reshape(n * k // block, size)  # a copy: d is rewritten below
-    d = blocks[:, -2:].copy().view(np.float16).astype(np.float32)[:, 0]  # [blocks], the last 2 bytes
-    blocks[:, -2:] = np.frombuffer(np.float16(1.0).tobytes(), dtype=np.uint8)
-    codes = dequantize(blocks, kind).reshape(n, k)  # gguf-py's decoding, times 1: integers in fp32
-    if codes.min() < -1 or codes.max() > 1:  # a bound, not np.isin: a third of the decoding's time
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(n * k // BLOCK, SIZES[kind.name])
+    unsigned = unsigned_codes(blocks, kind.name)  # [blocks, 256]: code + 1
+    if unsigned.max() > 2:  # TQ2_0's code 3; a bound, not np.isin
         raise ValueError(f"{name}: a {kind.name} code outside {{-1, 0, +1}}: not a ternary weight")
-    ints = codes.astype(np.int8)
-    live = d[ints.reshape(-1, block).any(axis=1)]  # blocks with a nonzero code
+    d = block_scales(blocks)
+    live = d[(unsigned != 1).any(axis=1)]  # blocks with a nonzero code
     scale = float(live[0]) if live.size else 1.0  # an all-zero tensor: any scale gives 0
     if live.size and (not np.all(live == live[0]) or not np.isfinite(scale) or scale <= 0):
         found = np.unique(live)[:4].tolist()
@@ -129,7 +126,7 @@ def ternary_codes(name: str, raw: np.ndarray, kind: Any, shape: tuple[int, int])
             f"{name}: its {kind.name} blocks carry scales {found}{' ...' if np.unique(live).size > 4 else ''}; "
             "BitNet serves one finite positive scale per tensor"
         )
-    return torch.from_numpy(ints), scale
+    return torch.from_numpy(pack_rows(unsigned.reshape(n, k))), scale
 
 
 def _parameter(name: str) -> str:
@@ -149,7 +146,7 @@ def load_bitnet_gguf(path: str) -> Any:
     from gguf import GGMLQuantizationType
     from gguf import dequantize as gguf_dequantize
     from transformers import BitNetForCausalLM
-    from transformers.integrations.bitnet import BitLinear, pack_weights
+    from transformers.integrations.bitnet import BitLinear
 
     metadata, header = read_gguf(path)
     config = bitnet_config(metadata, header)
@@ -163,9 +160,9 @@ def load_bitnet_gguf(path: str) -> Any:
             if kind.name not in TERNARY or len(info.shape) != 2:
                 raise ValueError(f"{info.name} is {kind.name}: a BitNet GGUF's projections are TQ1_0 or TQ2_0")
             n, k = info.shape  # [N, K]
-            codes, d = ternary_codes(info.name, raw, kind, (n, k))
+            packed, d = ternary_codes(info.name, raw, kind, (n, k))
             layer = BitLinear(k, n, bias=False, dtype=torch.float32)
-            layer.weight.copy_(pack_weights(codes))  # [N/4, K] uint8, transformers' packing
+            layer.weight.copy_(packed)  # [N/4, K] uint8, transformers' packing
             layer.weight_scale.fill_(1.0 / d)  # fp32
             owner, _, attr = key.rpartition(".")
             setattr(model.get_submodule(owner), attr, layer)

@@ -13,6 +13,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from cpu_variants import variants
 from test_bitnet import _load, eager_bitlinear  # noqa: F401  (the fixture)
 
 from orcaserve.bench.models.bitnet_gguf import write_bitnet_gguf
@@ -23,6 +24,8 @@ from orcaserve.scheduler.model.bitnet_gguf import load_bitnet_gguf
 
 # A TQ block is 256 weights of one row: every projection's input width a multiple of 256.
 _SHAPE = {"hidden_size": 256, "intermediate_size": 512}
+# The ternary GEMM's ISA variants this machine executes, and the twin
+ISAS = ["generic", *variants("linear_ternary")]
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +57,29 @@ def test_gguf_reads_to_the_checkpoints_weights(source, gguf_file):
     assert [k for k in expected if not torch.equal(got[k], expected[k])] == []
 
 
-def test_gguf_served_token_exact(source, gguf_file, engine_for):
-    reference = _load(source)
-    rng = random.Random(0)
-    work = [([rng.randrange(3, TINY_VOCAB) for _ in range(n)], m) for n, m in [(1, 8), (40, 12), (90, 10)]]
-    expected = [hf_greedy(reference, prompt, n) for prompt, n in work]
+_EXPECTED: dict[str, tuple[list, list]] = {}
+
+
+def _expected(source: str) -> tuple[list, list]:
+    """Prompts across block and chunk boundaries and transformers' fp32 greedy tokens on them,
+    once a module (computed inside a test: BitLinear run eagerly)."""
+    if source not in _EXPECTED:
+        reference = _load(source)
+        rng = random.Random(0)
+        work = [([rng.randrange(3, TINY_VOCAB) for _ in range(n)], m) for n, m in [(1, 8), (40, 12), (90, 10)]]
+        _EXPECTED[source] = work, [hf_greedy(reference, prompt, n) for prompt, n in work]
+    return _EXPECTED[source]
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_gguf_served_token_exact(source, gguf_file, engine_for, monkeypatch, isa):
+    """Through every ISA variant of the ternary GEMM this CPU runs (`generic`: the PyTorch twin)."""
+    work, expected = _expected(source)
+    monkeypatch.setenv("ORCASERVE_CPU_ISA", isa)
     engine = engine_for(load_bitnet_gguf(gguf_file), max_num_seqs=3, max_num_batched_tokens=64, block_size=16)
-    assert isinstance(engine.runner.decoder.layers[0].gate_up, TernaryLinear)
+    layer = engine.runner.decoder.layers[0].gate_up
+    assert isinstance(layer, TernaryLinear)
+    assert layer.kernel == ("torch" if isa == "generic" else f"orcaserve.linear_ternary.{isa}")
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     assert [o.output_token_ids for o in engine.generate([p for p, _ in work], params)] == expected
 
