@@ -44,9 +44,24 @@ template <int Bits, bool Offset, bool Wide, int R>
 __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   constexpr int S = fmt.spans(), G = 8 / S;
-  vf acc[R][kC];
+  // Up to kAccRows rows the fp32 sums live in registers; above, in `out` (L1), so that 5-8 rows are
+  // one pass over the panel with the integer sums in registers (docs/int8-activations.md, "Row
+  // tiles"). A memory round trip of an fp32 value is exact: the same bits either way.
+  constexpr bool kMem = R > kAccRows;
+  vf acc[kMem ? 1 : R][kC];
+  auto acc_add = [&](int r, int c, vf v) {
+    if constexpr (kMem)
+      fstore(out + r * kPanel + c * kL, fadd(fload(out + r * kPanel + c * kL), v));
+    else
+      acc[r][c] = fadd(acc[r][c], v);
+  };
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kC; ++c) acc[r][c] = fzero();
+    for (int c = 0; c < kC; ++c) {
+      if constexpr (kMem)
+        fstore(out + r * kPanel + c * kL, fzero());
+      else
+        acc[r][c] = fzero();
+    }
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = panel + b * fmt.block_bytes();
     if (pf != nullptr) prefetch_block<fmt.block_bytes()>(pf + b * fmt.block_bytes());
@@ -114,19 +129,20 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
         const vi corr = ibcast32(fmt.shift() ? a.corr[((m + r) * a.nb + b) * S + s] : 0);
         for (int c = 0; c < kC; ++c) {
           const vi isum = fmt.shift() ? isub(sum[r][c], corr) : sum[r][c];
-          acc[r][c] = fadd(acc[r][c], fmul(fmul(sw[c], sa), fcvt(isum)));
+          acc_add(r, c, fmul(fmul(sw[c], sa), fcvt(isum)));
         }
       }
     }
     if constexpr (Offset) {
       for (int c = 0; c < kC; ++c) {
         const vf mw = fload(heads + S * kPanel + c * kL);
-        for (int r = 0; r < R; ++r) acc[r][c] = fadd(acc[r][c], fmul(mw, fbcast(a.msum[(m + r) * a.nb + b])));
+        for (int r = 0; r < R; ++r) acc_add(r, c, fmul(mw, fbcast(a.msum[(m + r) * a.nb + b])));
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kC; ++c) fstore(out + r * kPanel + c * kL, acc[r][c]);
+  if constexpr (!kMem)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kC; ++c) fstore(out + r * kPanel + c * kL, acc[r][c]);
 }
 
 // One tile row's ncols results (+ bias) into y: fp32 as they are, bf16 rounded to nearest even with

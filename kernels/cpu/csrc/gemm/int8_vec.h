@@ -20,7 +20,10 @@ namespace {
 using vi = __m512i;
 using vf = __m512;
 constexpr int kL = 16;  // int32 / fp32 lanes: output columns per vector
-constexpr int kTileRows = 4;
+// Rows per tile: 8, one pass over a panel for up to 8 rows (a speculative step's 1 + K); the fp32
+// sums of the rows above kAccRows live in L1 (gemm_int8.cpp's tile).
+constexpr int kTileRows = 8;
+constexpr int kAccRows = 4;
 inline vi izero() { return _mm512_setzero_si512(); }
 inline vi iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline vi ibcast(const int8_t* p) {
@@ -59,6 +62,7 @@ using vi = __m256i;
 using vf = __m256;
 constexpr int kL = 8;
 constexpr int kTileRows = 2;
+constexpr int kAccRows = 2;
 constexpr bool kVnni = false;
 inline vi izero() { return _mm256_setzero_si256(); }
 inline vi iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
