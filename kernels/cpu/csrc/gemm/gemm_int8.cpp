@@ -44,9 +44,24 @@ template <int Bits, bool Offset, bool Wide, int R>
 __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   constexpr int S = fmt.spans(), G = 8 / S;
-  vf acc[R][kC];
+  // Up to kAccRows rows the fp32 sums live in registers; above, in `out` (L1), so that 5-8 rows are
+  // one pass over the panel with the integer sums in registers (docs/int8-activations.md,
+  // "Kernels per ISA"). A memory round trip of an fp32 value is exact: the same bits either way.
+  constexpr bool kMem = R > kAccRows;
+  vf acc[kMem ? 1 : R][kC];
+  auto acc_add = [&](int r, int c, vf v) {
+    if constexpr (kMem)
+      fstore(out + r * kPanel + c * kL, fadd(fload(out + r * kPanel + c * kL), v));
+    else
+      acc[r][c] = fadd(acc[r][c], v);
+  };
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kC; ++c) acc[r][c] = fzero();
+    for (int c = 0; c < kC; ++c) {
+      if constexpr (kMem)
+        fstore(out + r * kPanel + c * kL, fzero());
+      else
+        acc[r][c] = fzero();
+    }
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = panel + b * fmt.block_bytes();
     if (pf != nullptr) prefetch_block<fmt.block_bytes()>(pf + b * fmt.block_bytes());
@@ -114,19 +129,20 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
         const vi corr = ibcast32(fmt.shift() ? a.corr[((m + r) * a.nb + b) * S + s] : 0);
         for (int c = 0; c < kC; ++c) {
           const vi isum = fmt.shift() ? isub(sum[r][c], corr) : sum[r][c];
-          acc[r][c] = fadd(acc[r][c], fmul(fmul(sw[c], sa), fcvt(isum)));
+          acc_add(r, c, fmul(fmul(sw[c], sa), fcvt(isum)));
         }
       }
     }
     if constexpr (Offset) {
       for (int c = 0; c < kC; ++c) {
         const vf mw = fload(heads + S * kPanel + c * kL);
-        for (int r = 0; r < R; ++r) acc[r][c] = fadd(acc[r][c], fmul(mw, fbcast(a.msum[(m + r) * a.nb + b])));
+        for (int r = 0; r < R; ++r) acc_add(r, c, fmul(mw, fbcast(a.msum[(m + r) * a.nb + b])));
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kC; ++c) fstore(out + r * kPanel + c * kL, acc[r][c]);
+  if constexpr (!kMem)
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kC; ++c) fstore(out + r * kPanel + c * kL, acc[r][c]);
 }
 
 // One tile row's ncols results (+ bias) into y: fp32 as they are, bf16 rounded to nearest even with
@@ -159,23 +175,30 @@ inline void store_row(const float* src, const float* bias, Out* dst, int64_t nco
 template <int Bits, bool Offset, bool Wide, typename Out>
 void run(const Rows& a, const uint8_t* packed, const float* bias, Out* y, int64_t M, int64_t N, int64_t P) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
-  const RowTiles<kTileRows> tiles(M);
   const int64_t panel_bytes = a.nb * fmt.block_bytes();
-  for_each_panel_of(M, P, true, [&](int64_t p, int64_t next) {
-    alignas(64) float buf[kTileRows * kPanel];
-    const uint8_t* panel = packed + p * panel_bytes;
-    const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);
-    const float* bias_p = bias ? bias + p * kPanel : nullptr;
-    // The panel this thread computes next is requested into L2 during this one's first row tile: at
-    // decode row counts a panel's compute is too short for the hardware prefetcher to hide DRAM
-    // (docs/int8-activations.md, "The engine against the tile").
-    const uint8_t* pf = next < P ? packed + next * panel_bytes : nullptr;
-    tiles.each([&](int64_t t, int64_t m, auto rows) {
-      constexpr int R = decltype(rows)::value;
-      tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr);
-      for (int r = 0; r < R; ++r) store_row(buf + r * kPanel, bias_p, y + (m + r) * N + p * kPanel, ncols);
+  auto walk = [&](const auto& tiles) {
+    for_each_panel_of(M, P, true, [&](int64_t p, int64_t next) {
+      alignas(64) float buf[kTileRows * kPanel];
+      const uint8_t* panel = packed + p * panel_bytes;
+      const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);
+      const float* bias_p = bias ? bias + p * kPanel : nullptr;
+      // The panel this thread computes next is requested into L2 during this one's first row tile: at
+      // decode row counts a panel's compute is too short for the hardware prefetcher to hide DRAM
+      // (docs/int8-activations.md, "The engine against the tile").
+      const uint8_t* pf = next < P ? packed + next * panel_bytes : nullptr;
+      tiles.each([&](int64_t t, int64_t m, auto rows) {
+        constexpr int R = decltype(rows)::value;
+        tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr);
+        for (int r = 0; r < R; ++r) store_row(buf + r * kPanel, bias_p, y + (m + r) * N + p * kPanel, ncols);
+      });
     });
-  });
+  };
+  // Few rows: the weight's read dominates, tiles of up to kTileRows read it once per 8 rows. More:
+  // compute-bound, tiles of kAccRows keep every sum in registers (docs/int8-activations.md).
+  if (M <= kFewRows)
+    walk(RowTiles<kTileRows>(M));
+  else
+    walk(RowTiles<kAccRows>(M));
 }
 
 // x's rows as fp32 or bf16 values with unit stride (rows may be strided): the op's checks.

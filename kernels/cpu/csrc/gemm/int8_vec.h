@@ -20,7 +20,11 @@ namespace {
 using vi = __m512i;
 using vf = __m512;
 constexpr int kL = 16;  // int32 / fp32 lanes: output columns per vector
-constexpr int kTileRows = 4;
+// Rows per tile: up to 8 for calls of up to kFewRows rows, one pass over a panel for a speculative
+// step's 1 + K; the fp32 sums of the rows above kAccRows live in L1 (gemm_int8.cpp's tile). Calls of
+// more rows take tiles of kAccRows, all in registers (2-4 % faster there, compute-bound).
+constexpr int kTileRows = 8;
+constexpr int kAccRows = 4;
 inline vi izero() { return _mm512_setzero_si512(); }
 inline vi iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline vi ibcast(const int8_t* p) {
@@ -59,6 +63,7 @@ using vi = __m256i;
 using vf = __m256;
 constexpr int kL = 8;
 constexpr int kTileRows = 2;
+constexpr int kAccRows = 2;
 constexpr bool kVnni = false;
 inline vi izero() { return _mm256_setzero_si256(); }
 inline vi iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -87,6 +92,7 @@ inline vi dot_signed(vi acc, vi w, vi absw, vi s) { return dot(acc, absw, _mm256
 #endif
 
 constexpr int kC = 2;  // column vectors per panel
+constexpr int64_t kFewRows = 16;  // calls up to which row tiles take kTileRows (above kAccRows)
 constexpr int kPanel = kC * kL;  // output columns per panel: 32 (AVX-512), 16 (AVX2)
 constexpr int64_t kBlock = 32;  // k per block: one activation scale, one weight scale (q6_k: two)
 
