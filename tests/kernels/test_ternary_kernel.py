@@ -1,6 +1,7 @@
 """BitNet's ternary GEMM (csrc/gemm/gemm_ternary.cpp, docs/bitnet.md): the int32 sums of every ISA
 variant this CPU runs equal torch._int_mm's over the same int8 values (the twin), for shapes that
-leave partial panels, partial 16-k groups and row tiles of every height (1-8); weights outside {-1, 0, 1} refused."""
+leave partial panels, partial 16-k groups and row tiles of every height (1-8); weights outside
+{-1, 0, 1} refused."""
 
 from __future__ import annotations
 
