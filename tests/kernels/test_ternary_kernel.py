@@ -1,6 +1,7 @@
 """BitNet's ternary GEMM (csrc/gemm/gemm_ternary.cpp, docs/bitnet.md): the int32 sums of every ISA
 variant this CPU runs equal torch._int_mm's over the same int8 values (the twin), for shapes that
-leave partial panels, partial 16-k groups and partial row tiles; weights outside {-1, 0, 1} refused."""
+leave partial panels, partial 16-k groups and row tiles of every height (1-8); weights outside
+{-1, 0, 1} refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from orcaserve.kernels.ternary import TernaryLinear
 
 TERNARY = params("linear_ternary")
 SHAPES = [(16, 16), (72, 48), (3840, 2560), (33, 100), (8, 6912)]  # (N, K)
-ROWS = [1, 2, 3, 4, 5, 9, 17, 64]
+ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 17, 64]
 
 
 def _case(n: int, k: int, t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

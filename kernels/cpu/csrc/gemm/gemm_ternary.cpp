@@ -22,13 +22,21 @@
 #include <vector>
 
 #include "gemm/int8_vec.h"
+#include "gemm/panels.h"
 #include "ops.h"
 
 namespace orcaserve::ORCA_ISA {
 namespace {
 
 constexpr int64_t kGroupK = 16;
-constexpr int kRows = 4;  // rows of x per pass over a panel's codes
+// Rows of x per pass over a panel's codes: each unpacked code vector serves kRows rows. On AVX-512
+// (32 registers) 8 rows: 8 independent vpdpbusd chains, or 8 int16 sums and their int32 widenings;
+// AVX2's 16 registers hold 4 (docs/bitnet.md, "The kernel").
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+constexpr int kRows = 8;
+#else
+constexpr int kRows = 4;
+#endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 template <int S>
@@ -134,22 +142,17 @@ at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t
   at::Tensor out = at::empty({t, out_features}, x.options().dtype(at::kInt));
   int32_t* o = out.data_ptr<int32_t>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
+  const RowTiles<kRows> tiles(t);  // even tiles: 33 rows as 7, 7, 7, 6, 6, not 8, 8, 8, 8, 1
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     alignas(64) int32_t lanes[kRows][kL];
     vi acc[kRows];
     for (int64_t p = begin; p < end; ++p) {
       const uint8_t* panel = w + p * groups * kL * 4;
       const int64_t col = p * kL, width = std::min<int64_t>(kL, out_features - col);
-      for (int64_t r0 = 0; r0 < t; r0 += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, t - r0));
-        const int8_t* a = xs + r0 * kp;
-        switch (rows) {
-          case 4: panel_rows<4>(panel, groups, a, kp, acc); break;
-          case 3: panel_rows<3>(panel, groups, a, kp, acc); break;
-          case 2: panel_rows<2>(panel, groups, a, kp, acc); break;
-          default: panel_rows<1>(panel, groups, a, kp, acc); break;
-        }
-        for (int r = 0; r < rows; ++r) {
+      tiles.each([&](int64_t, int64_t r0, auto tile) {
+        constexpr int R = decltype(tile)::value;
+        panel_rows<R>(panel, groups, xs + r0 * kp, kp, acc);
+        for (int r = 0; r < R; ++r) {
           const vi v = isub(acc[r], ibcast32(sums[r0 + r]));
           if (width == kL) {
             istore(o + (r0 + r) * out_features + col, v);
@@ -158,7 +161,7 @@ at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t
             std::memcpy(o + (r0 + r) * out_features + col, lanes[r], width * sizeof(int32_t));
           }
         }
-      }
+      });
     }
   });
   return out;
