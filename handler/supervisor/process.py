@@ -189,7 +189,7 @@ def _linger(sock: socket.socket, relay: Relay, seconds: float) -> int:
     try:
         while True:
             unsent = relay.unsent()
-            _answer(sock, dict.fromkeys(unsent, False))
+            _answer(sock, unsent)
             answered += len(unsent)
             if (left := deadline - time.monotonic()) <= 0:
                 break
@@ -240,7 +240,7 @@ def supervise(sock: socket.socket, worker: _Watched, load: str, metrics_config: 
             )
             _answer(sock, left)
         if relay.stopping or not frontend_open or _frontend_closed(sock):
-            _answer(sock, dict.fromkeys(relay.unsent(), False))  # no worker will read them
+            _answer(sock, relay.unsent())  # no worker will read them
             return
         now = time.monotonic()
         while restarts and now - restarts[0] > RESTART_WINDOW_S:

@@ -24,9 +24,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Message:
-    end: int  # offset just past its last byte in the stream handed to the current worker
+    size: int  # bytes
     ids: list[str]
-    size: int
 
 
 class Relay:
@@ -37,9 +36,9 @@ class Relay:
         self.open: dict[str, bool] = {}  # request id -> its 200 status line went out
         self.stopping = False  # the worker stops on request (`Q`)
         self.exact = True  # False once a message could not be followed
-        self._out = bytearray()  # bytes not yet handed to the worker
+        self._out = bytearray()  # bytes not yet handed to the worker: the queued messages' rest
         self._messages: deque[_Message] = deque()  # messages not yet wholly handed over
-        self._sent = 0  # bytes handed to the current worker
+        self._head_sent = 0  # bytes of the first of them the current worker has taken
 
     # ---- the frontend's side -------------------------------------------------------------------
     def from_frontend(self, data: bytes) -> None:
@@ -57,7 +56,7 @@ class Relay:
             for rid in ids:
                 self.open[rid] = False
             self._out += raw
-            self._messages.append(_Message(self._sent + len(self._out), ids, len(raw)))
+            self._messages.append(_Message(len(raw), ids))
 
     # ---- the worker's side ---------------------------------------------------------------------
     def backlog(self) -> int:
@@ -68,9 +67,9 @@ class Relay:
         """Hand what the worker's socket takes now (non-blocking; OSError once the worker is gone)."""
         n = inbound.send(self._out)
         del self._out[:n]
-        self._sent += n
-        while self._messages and self._messages[0].end <= self._sent:
-            self._messages.popleft()
+        self._head_sent += n
+        while self._messages and self._messages[0].size <= self._head_sent:
+            self._head_sent -= self._messages.popleft().size
 
     def event(self, line: bytes) -> None:
         op, _, rid = line.decode().partition(" ")
@@ -84,23 +83,22 @@ class Relay:
     def worker_gone(self) -> dict[str, bool]:
         """The requests the dead worker may have seen and not finished (to be answered); the
         messages it never received stay queued for the next worker."""
-        if self._messages and self._messages[0].end - self._messages[0].size < self._sent:
-            del self._out[: self._messages.popleft().end - self._sent]  # a message it had begun to read
+        if self._head_sent:  # a message it had begun to read: its rest goes nowhere
+            del self._out[: self._messages.popleft().size - self._head_sent]
+            self._head_sent = 0
         unseen = {rid for m in self._messages for rid in m.ids}
         left = {rid: started for rid, started in self.open.items() if rid not in unseen}
         for rid in left:
             del self.open[rid]
-        self._sent, end = 0, 0
-        for m in self._messages:  # offsets in the stream the next worker gets
-            end += m.size
-            m.end = end
         return left
 
-    def unsent(self) -> list[str]:
-        """Every request no worker has received (answered when none will), emptying the queue."""
-        ids = [rid for m in self._messages for rid in m.ids]
+    def unsent(self) -> dict[str, bool]:
+        """Every request no worker has received, none started (answered when no worker will),
+        emptying the queue."""
+        ids = {rid: False for m in self._messages for rid in m.ids}
         for rid in ids:
             self.open.pop(rid, None)
         self._messages.clear()
         self._out.clear()
+        self._head_sent = 0
         return ids

@@ -164,7 +164,7 @@ def test_the_relay_answers_what_a_dead_worker_may_have_seen_and_requeues_the_res
     relay.hand_over(nxt)
     assert nxt.got == three and list(relay.open) == ["d"]  # the rest goes to the next worker, whole
     relay.from_frontend(one)  # sent while no worker runs: answered if none will read it
-    assert relay.unsent() == ["a"] and relay.backlog() == 0
+    assert relay.unsent() == {"a": False} and relay.backlog() == 0
 
 
 def test_frames_are_read_and_parsed_both_ways():
