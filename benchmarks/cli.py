@@ -108,6 +108,13 @@ def add_out(parser: argparse.ArgumentParser, help: str = "write the result here 
         parser.add_argument("--out", "--json", dest="out", action=_Out, default=None, help=help)
 
 
+def engine_overrides(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE` pairs as engine arguments, each value read as YAML (`8`, `true`, `null`)."""
+    import yaml
+
+    return {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in pairs)}
+
+
 def command(subcommand: str) -> list[str]:
     """How to start `orcaserve-bench SUBCOMMAND` in a child process of this interpreter: the
     console script beside it (its folder, not the working directory, goes first on sys.path)."""

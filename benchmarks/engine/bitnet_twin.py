@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from orcaserve.bench.cli import engine_overrides
 from orcaserve.bench.cpu import dram
 
 FORMATS = ("bf16", "tq2_0", "tq1_0")  # the first is the twin every ratio is taken against
@@ -83,11 +84,10 @@ def _alternated(engines: dict, streams: list[int], args) -> dict[str, list[dict]
 
 
 def run(args: argparse.Namespace) -> dict:
-    import yaml
 
     layers = args.layers or None
     streams = [int(s) for s in args.streams.split(",")]
-    overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    overrides = engine_overrides(args.set)
     res: dict = {"layers": layers or 30, "read_gb_s": dram.read_bandwidth(), "formats": {}, "peers": {}}
     engines = {}
     for fmt in args.formats.split(","):

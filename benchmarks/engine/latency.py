@@ -26,8 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-import yaml
-
+from orcaserve.bench.cli import engine_overrides
 from orcaserve.bench.cpu import dram
 
 
@@ -160,7 +159,7 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
 
     model = args.model or default_model_path()
-    overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    overrides = engine_overrides(args.set)
     streams = [int(s) for s in args.streams.split(",")]
     modes = args.modes.split(",")
     engine_args = {"max_num_seqs": max(streams), **overrides}

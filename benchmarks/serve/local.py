@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
-
+from orcaserve.bench.cli import engine_overrides
 from orcaserve.bench.serve.harness import TorchServe, registered
 
 ORCA, BASELINE = "smollm2", "smollm2-baseline"
@@ -58,7 +57,7 @@ def started(args: argparse.Namespace) -> Iterator[tuple[str, str | None, int | N
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="orcaserve-serve-"))
     args.model = args.model or [ORCA, BASELINE]
-    overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
+    overrides = engine_overrides(args.set)
     overrides.update({"dtype": args.dtype} if args.dtype else {})
     if ORCA in args.model:
         orcaserve_archive(work, ORCA, overrides)
