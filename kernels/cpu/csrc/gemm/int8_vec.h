@@ -21,7 +21,7 @@ using vi = __m512i;
 using vf = __m512;
 constexpr int kL = 16;  // int32 / fp32 lanes: output columns per vector
 // Rows per tile: up to 8 for calls of up to kFewRows rows, one pass over a panel for a speculative
-// step's 1 + K; the fp32 sums of the rows above kAccRows live in L1 (gemm_int8.cpp's tile). Calls of
+// step's 1 + K; a tile of more than kAccRows rows keeps its fp32 sums in L1 (gemm_int8.cpp's tile). Calls of
 // more rows take tiles of kAccRows, all in registers (2-4 % faster there, compute-bound).
 constexpr int kTileRows = 8;
 constexpr int kAccRows = 4;
