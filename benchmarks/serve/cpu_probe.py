@@ -1,13 +1,15 @@
 """CPU time of a server's processes and threads across a measured load (Linux /proc).
 
-A server started in its own session (TorchServe's launcher, its Java frontend and its Python
-workers; vLLM's API server and its engine core) is every process whose session id is the
-launcher's pid. `CpuProbe(sid)` reads, for each thread of each such process, the user + system
-ticks it has used; two snapshots around a load give what each part of the serving path spent on
-it. Threads are grouped by (process name, thread name) with digits folded, so the frontend's
-`epollEventLoopGroup-3-1` and `-3-2` add up as one row. The load generator's own process is
-counted apart (`client`): on a 2-vCPU machine it competes with the server for the same cores.
-How to read the rows: docs/benchmark-serving.md, "Where the serving path spends its CPU".
+A server started in its own session (TorchServe's launcher, its Java frontend and its Python workers; vLLM's API
+server and its engine core) is every process whose session id is the launcher's pid. `CpuProbe(sid)`
+reads, for each thread of each such process, the time it has run on a CPU (the scheduler's
+nanosecond count in `schedstat`; the user + system ticks of `stat`, 10 ms each, where a kernel lacks
+it: a thread that ran a few milliseconds would read 0); two snapshots around a load give what each
+part of the serving path spent on it. Threads are grouped by (process name, thread name) with digits
+folded, so the frontend's `epollEventLoopGroup-3-1` and `-3-2` add up as one row. The load
+generator's own process is counted apart (`client`): on a 2-vCPU machine it competes with the server
+for the same cores. How to read the rows: docs/benchmark-serving.md, "Where the serving path spends
+its CPU".
 """
 
 from __future__ import annotations
@@ -50,8 +52,15 @@ def _threads(pid: int, role: str, into: Snapshot) -> None:
     for task in Path(f"/proc/{pid}/task").glob("*"):
         if (st := _stat(task / "stat")) is None:
             continue
-        ticks = int(st[1][11]) + int(st[1][12])  # utime, stime (fields 14 and 15 of stat)
-        into[(role, pname, _DIGITS.sub("#", st[0]))] += ticks * TICK_S
+        into[(role, pname, _DIGITS.sub("#", st[0]))] += _cpu_s(task, st[1])
+
+
+def _cpu_s(task: Path, fields: list[str]) -> float:
+    """CPU seconds a task has run: schedstat's first field (ns on a CPU), else stat's ticks."""
+    try:
+        return int((task / "schedstat").read_text().split()[0]) * 1e-9
+    except (OSError, ValueError, IndexError):
+        return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime (fields 14 and 15 of stat)
 
 
 class CpuProbe:

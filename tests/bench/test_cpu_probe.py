@@ -45,3 +45,14 @@ def test_cpu_of_a_session_by_thread_name():
     assert engine["ms_per_token"] == round(1e3 * engine["cpu_s"] / 100, 4)
     assert cpu["totals_s"]["server"] >= engine["cpu_s"]
     assert f"| server | {engine['process']} | orca-engine |" in table(cpu)
+
+
+def test_a_few_milliseconds_of_cpu_are_counted():
+    """A thread that ran 3 ms shows (stat's ticks are 10 ms: it would often read 0 there)."""
+    probe = CpuProbe(None)
+    before = probe.snapshot()
+    end = time.thread_time() + 0.003
+    while time.thread_time() < end:
+        pass
+    cpu = CpuProbe.delta(before, probe.snapshot(), output_tokens=1, wall_s=1.0)
+    assert cpu["totals_s"]["client"] >= 0.002
