@@ -1,7 +1,8 @@
 """BitNet's ternary GEMM (csrc/gemm/gemm_ternary.cpp, docs/bitnet.md): the int32 sums of every ISA
 variant this CPU runs equal torch._int_mm's over the same int8 values (the twin), for shapes that
-leave partial panels, partial 16-k groups and row tiles of every height (1-8); weights outside
-{-1, 0, 1} refused."""
+leave partial panels (a panel is two column vectors: a partial first half, an empty second one),
+partial 16-k groups and row tiles of every height (1-8) and every split of 1-40 rows; weights
+outside {-1, 0, 1} refused."""
 
 from __future__ import annotations
 
@@ -34,6 +35,25 @@ def test_kernel_is_the_twin_bit_for_bit(variant, shape):
         got = op("linear_ternary", variant)(x, packed, n)
         assert got.dtype == torch.int32 and got.shape == (t, n)
         assert torch.equal(got, torch._int_mm(x, w.t().contiguous())), (variant, shape, t)
+
+
+# (N, K) around a panel's edges (32 columns on AVX-512, 16 on AVX2, two vectors each) and a 16-k
+# group's: the second half partial, empty, or the panel whole; K under, at and over a group.
+EDGES = [(1, 1), (17, 15), (31, 17), (33, 16), (40, 100), (65, 33), (96, 48)]
+
+
+@pytest.mark.parametrize("variant", TERNARY)
+@pytest.mark.parametrize("shape", EDGES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_every_row_count_at_the_panel_edges(variant, shape):
+    """Rows 1-40: one tile of each height, then tiles spread evenly (33 rows: 7, 7, 7, 6, 6), with
+    split sums for 1-3 rows; every one the twin's bit for bit."""
+    n, k = shape
+    w, x = _case(n, k, 40, n * k)
+    packed = op("pack_ternary_weight", variant)(w)
+    want = torch._int_mm(x, w.t().contiguous())
+    for t in range(1, 41):
+        got = op("linear_ternary", variant)(x[:t], packed, n)
+        assert torch.equal(got, want[:t]), (variant, shape, t)
 
 
 @pytest.mark.parametrize("variant", TERNARY)
