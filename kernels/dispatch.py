@@ -45,7 +45,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   C++ LoRA operators on AVX-512, B stored transposed"). amx runs avx512_bf16's code, not measured
   on an AMX CPU; generic keeps the twins.
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
-  sums, so bit for bit torch._int_mm over the same values.
+  sums, so bit for bit torch._int_mm over the same values; the variant chosen also runs a float or
+  bf16 layer whole (`bitlinear_ternary`, bit for bit the PyTorch path: kernels/ternary.py).
 - linear_int8, per format (opt-in, `activations="int8"`): the int8-activation GEMM over the same
   codes (gemm_int8.cpp), vpdpbusd on the VNNI variants, vpmaddubsw on avx2 and avx512, bit for bit
   its PyTorch twin (docs/int8-activations.md).

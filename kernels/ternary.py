@@ -19,7 +19,9 @@ The integer GEMM is the dispatch table's `linear_ternary` row on the CPU: the C+
 weights packed two bits a weight (csrc/gemm/gemm_ternary.cpp) where the library has it, else the
 PyTorch twin; on a GPU the Triton kernel (kernels/triton/ternary.py). The twin is the oracle
 every kernel is held to, bit for bit: the weight as int8 values (a byte a weight, never floats)
-and `torch._int_mm`.
+and `torch._int_mm`. With the C++ kernel, a float or bf16 layer runs in one call
+(`bitlinear_ternary`: the quantization, the GEMM and the scaling, each rounding as the PyTorch ops
+below do; docs/bitnet.md, "The whole layer in one call").
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ class TernaryLinear:
         cpu = weight.device.type == "cpu"
         self.kernel = kernel or (dispatch.resolve("linear_ternary", "int8") if cpu else "triton")
         self._op: Any = None
+        self._whole: Any = None  # the C++ BitLinear in one call, for float and bf16 x
+        self._scales: dict[torch.dtype, torch.Tensor] = {}  # col_scale in x's dtype, per dtype
         self.weight: torch.Tensor
         if self.kernel == "triton":  # the GPU's (kernels/triton/ternary.py); the interpreter runs it on a CPU
             from orcaserve.kernels.triton.ternary import pack_ternary, ternary_int_mm
@@ -77,6 +81,7 @@ class TernaryLinear:
             self._op = dispatch.orcaserve_op(self.kernel)
             pack = dispatch.orcaserve_op(self.kernel.replace(".linear_ternary", ".pack_ternary_weight", 1))
             self.weight = pack(weight)  # two bits a weight, the kernel's panels
+            self._whole = dispatch.orcaserve_op(self.kernel.replace(".linear_ternary", ".bitlinear_ternary", 1))
         else:
             self.weight = weight.t().contiguous()  # [K, N] int8: _int_mm's layout
 
@@ -98,6 +103,11 @@ class TernaryLinear:
         return torch._int_mm(x_q, self.weight)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N], x's dtype
+        if self._whole is not None and x.dtype in (torch.float32, torch.bfloat16):
+            scale = self._scales.get(x.dtype)
+            if scale is None:
+                scale = self._scales[x.dtype] = self.col_scale.to(x.dtype).contiguous()
+            return self._whole(x, self.weight, self.out_features, scale)
         x_q, s = quantize_activations(x)
         acc = self.int_sums(x_q)
         return (acc.to(x.dtype) / (self.col_scale.to(x.dtype) * s)).to(x.dtype)  # [T, N]

@@ -2,7 +2,8 @@
 variant this CPU runs equal torch._int_mm's over the same int8 values (the twin), for shapes that
 leave partial panels (a panel is two column vectors: a partial first half, an empty second one),
 partial 16-k groups and row tiles of every height (1-8) and every split of 1-40 rows; weights
-outside {-1, 0, 1} refused."""
+outside {-1, 0, 1} refused. The whole layer in one call (`bitlinear_ternary`: quantization, GEMM and
+scales in float or bf16) is the PyTorch path's output bit for bit."""
 
 from __future__ import annotations
 
@@ -56,6 +57,35 @@ def test_every_row_count_at_the_panel_edges(variant, shape):
         assert torch.equal(got, want[:t]), (variant, shape, t)
 
 
+def _activations(t: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Rows of every kind the quantization meets: Gaussian at several magnitudes, all zeros (a
+    step's pad row), under the 1e-5 clamp, one outlier, ties for the rounding (multiples of 1/2)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, k, generator=g) * torch.logspace(-3, 3, t).reshape(t, 1)
+    kinds = [torch.zeros(k), torch.randn(k, generator=g) * 3e-6, torch.randn(k, generator=g).round() / 2]
+    for i, row in enumerate(kinds[: max(0, t - 1)]):
+        x[i + 1] = row
+    x[0, k // 2] = 1e4
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("variant", TERNARY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(40, 100), (65, 33), (3840, 2560), (96, 6912)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_the_whole_layer_is_the_pytorch_path(variant, dtype, shape):
+    n, k = shape
+    w, _ = _case(n, k, 1, n + k)
+    col_scale = torch.rand(n, generator=torch.Generator().manual_seed(k)) + 0.5
+    twin = TernaryLinear(w, col_scale, kernel="torch")
+    packed = op("pack_ternary_weight", variant)(w)
+    scale = col_scale.to(dtype)
+    for t in (1, 3, 9, 33):
+        x = _activations(t, k, dtype, t)
+        got = op("bitlinear_ternary", variant)(x, packed, n, scale)
+        want = twin(x)
+        assert got.dtype == dtype and torch.equal(got, want), (variant, dtype, shape, t)
+
+
 @pytest.mark.parametrize("variant", TERNARY)
 def test_extreme_activations_never_saturate(variant):
     """vpmaddubsw sums pairs in int16: codes 2 against -128 twice is -512; without VNNI 16 groups'
@@ -88,3 +118,7 @@ def test_layer_uses_the_table_and_packs_two_bits_a_weight():
     assert torch.equal(layer.int_sums(x), want)
     if layer.kernel != "torch":
         assert layer.weight.dtype == torch.uint8 and layer.nbytes() < 72 * 48 // 2
+    twin = TernaryLinear(w, torch.full((72,), 0.5), kernel="torch")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # one call for the first two
+        xf = _activations(5, 48, dtype, 2)
+        assert torch.equal(layer(xf), twin(xf)), dtype

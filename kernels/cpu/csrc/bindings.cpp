@@ -48,6 +48,7 @@ constexpr Schema kGemmInt8[] = {
     {"linear_int8", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
     {"pack_ternary_weight", "(Tensor weight) -> Tensor"},
     {"linear_ternary", "(Tensor x, Tensor packed, int out_features) -> Tensor"},
+    {"bitlinear_ternary", "(Tensor x, Tensor packed, int out_features, Tensor col_scale) -> Tensor"},
 };
 constexpr Schema kGemmBf16[] = {
     {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},
@@ -78,7 +79,8 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("quantize_rows_int8." #isa, &orcaserve::isa::quantize_rows_int8);  \
   m.impl("linear_int8." #isa, &orcaserve::isa::linear_int8);                \
   m.impl("pack_ternary_weight." #isa, &orcaserve::isa::pack_ternary_weight); \
-  m.impl("linear_ternary." #isa, &orcaserve::isa::linear_ternary)
+  m.impl("linear_ternary." #isa, &orcaserve::isa::linear_ternary);         \
+  m.impl("bitlinear_ternary." #isa, &orcaserve::isa::bitlinear_ternary)
 #define ORCA_IMPL_GEMM_BF16(m, isa)                                           \
   m.impl("pack_linear_weight_bf16." #isa, &orcaserve::isa::pack_linear_weight_bf16); \
   m.impl("linear_packed_bf16." #isa, &orcaserve::isa::linear_packed_bf16)

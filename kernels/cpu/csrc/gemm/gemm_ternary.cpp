@@ -24,7 +24,9 @@
 
 #include "gemm/int8_vec.h"
 #include "gemm/panels.h"
+#include "gemm/ternary_act.h"
 #include "ops.h"
+#include "rows.h"
 
 namespace orcaserve::ORCA_ISA {
 namespace {
@@ -187,54 +189,100 @@ at::Tensor pack_ternary_weight(const at::Tensor& weight) {
   return out;
 }
 
-at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kChar, "linear_ternary: x is [T, K] int8");
-  const int64_t t = x.size(0), k = x.size(1), groups = groups_of(k), kp = groups * kGroupK;
-  const int64_t panels = (out_features + kCols - 1) / kCols;
+namespace {
+
+// x's rows as int8 codes padded to whole groups (zeros add nothing to a dot product or to sum(a)),
+// their sums, and the rows' scales where the caller quantizes (bitlinear_ternary).
+struct Rows {
+  std::vector<int8_t> codes;
+  std::vector<int32_t> sums;
+  std::vector<float> scales;
+  int64_t kp;
+};
+
+// dot(w, a) for every row of x and column of the weight: store(row, column, width, sums) for each
+// tile's kL columns (width of them real).
+template <typename Store>
+void ternary_gemm(const Rows& x, int64_t t, const at::Tensor& packed, int64_t out_features, Store&& store) {
+  const int64_t groups = x.kp / kGroupK, panels = (out_features + kCols - 1) / kCols;
   TORCH_CHECK(packed.numel() == panels * groups * kGroupBytes, "linear_ternary: packed weight of another shape");
-  // x padded to whole groups (zeros add nothing to a dot product or to sum(a)), and sum(a) per row.
-  at::Tensor xp = x.contiguous();
-  if (kp != k) {
-    xp = at::zeros({t, kp}, x.options());
-    xp.narrow(1, 0, k).copy_(x);
-  }
-  const int8_t* xs = xp.data_ptr<int8_t>();
-  std::vector<int32_t> sums(t);
-  for (int64_t i = 0; i < t; ++i) {
-    int32_t s = 0;
-    for (int64_t kk = 0; kk < kp; ++kk) s += xs[i * kp + kk];
-    sums[i] = s;
-  }
-  at::Tensor out = at::empty({t, out_features}, x.options().dtype(at::kInt));
-  int32_t* o = out.data_ptr<int32_t>();
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const RowTiles<kRows> tiles(t);  // even tiles: 33 rows as 7, 7, 7, 6, 6, not 8, 8, 8, 8, 1
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    alignas(64) int32_t lanes[kL];
     for (int64_t p = begin; p < end; ++p) {
       const uint8_t* panel = w + p * groups * kGroupBytes;
-      const int64_t col = p * kCols;
       tiles.each([&](int64_t, int64_t r0, auto tile) {
         constexpr int R = decltype(tile)::value;
         vi acc[R][kHalves];
-        panel_rows<R>(panel, groups, xs + r0 * kp, kp, acc);
-        for (int r = 0; r < R; ++r) {
-          const vi sum = ibcast32(sums[r0 + r]);
+        panel_rows<R>(panel, groups, x.codes.data() + r0 * x.kp, x.kp, acc);
+        for (int r = 0; r < R; ++r)
           for (int h = 0; h < kHalves; ++h) {
-            const int64_t c = col + h * kL, width = std::min<int64_t>(kL, out_features - c);
-            int32_t* dst = o + (r0 + r) * out_features + c;
-            if (width == kL) {
-              istore(dst, isub(acc[r][h], sum));
-            } else if (width > 0) {
-              istore(lanes, isub(acc[r][h], sum));
-              std::memcpy(dst, lanes, width * sizeof(int32_t));
-            }
+            const int64_t c = p * kCols + h * kL, width = std::min<int64_t>(kL, out_features - c);
+            if (width > 0) store(r0 + r, c, width, isub(acc[r][h], ibcast32(x.sums[r0 + r])));
           }
-        }
       });
     }
   });
+}
+
+template <typename T>
+at::Tensor bitlinear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, const at::Tensor& col_scale) {
+  const int64_t t = x.size(0), k = x.size(1), kp = groups_of(k) * kGroupK;
+  const int64_t cols = (out_features + kCols - 1) / kCols * kCols;
+  Rows rows{std::vector<int8_t>(t * kp), std::vector<int32_t>(t), std::vector<float>(t), kp};
+  std::vector<float> row(k), cs(cols, 1.0f);  // cs: the column scales, padded to whole panels
+  const T* xs = x.data_ptr<T>();
+  for (int64_t i = 0; i < t; ++i) {
+    to_float(xs + i * k, row.data(), k);
+    rows.scales[i] = quantize_row<T>(row.data(), k, rows.codes.data() + i * kp, kp, &rows.sums[i]);
+  }
+  to_float(col_scale.data_ptr<T>(), cs.data(), out_features);
+  at::Tensor out = at::empty({t, out_features}, x.options());
+  T* o = out.data_ptr<T>();
+  ternary_gemm(rows, t, packed, out_features, [&](int64_t r, int64_t c, int64_t width, vi v) {
+    scale_store<T>(v, cs.data() + c, rows.scales[r], o + r * out_features + c, width);
+  });
   return out;
+}
+
+}  // namespace
+
+at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kChar, "linear_ternary: x is [T, K] int8");
+  const int64_t t = x.size(0), k = x.size(1), kp = groups_of(k) * kGroupK;
+  Rows rows{std::vector<int8_t>(t * kp, 0), std::vector<int32_t>(t), {}, kp};
+  const at::Tensor xc = x.contiguous();
+  for (int64_t i = 0; i < t; ++i) {
+    const int8_t* src = xc.data_ptr<int8_t>() + i * k;
+    std::copy(src, src + k, rows.codes.data() + i * kp);
+    int32_t s = 0;
+    for (int64_t kk = 0; kk < k; ++kk) s += src[kk];
+    rows.sums[i] = s;
+  }
+  at::Tensor out = at::empty({t, out_features}, x.options().dtype(at::kInt));
+  int32_t* o = out.data_ptr<int32_t>();
+  ternary_gemm(rows, t, packed, out_features, [&](int64_t r, int64_t c, int64_t width, vi v) {
+    int32_t* dst = o + r * out_features + c;
+    if (width == kL) {
+      istore(dst, v);
+    } else {
+      alignas(64) int32_t lanes[kL];
+      istore(lanes, v);
+      std::memcpy(dst, lanes, width * sizeof(int32_t));
+    }
+  });
+  return out;
+}
+
+at::Tensor bitlinear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
+                             const at::Tensor& col_scale) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "bitlinear_ternary: x is [T, K] float or bfloat16");
+  TORCH_CHECK(col_scale.scalar_type() == x.scalar_type() && col_scale.numel() == out_features,
+              "bitlinear_ternary: col_scale is [N] in x's dtype");
+  const at::Tensor xc = x.contiguous(), cs = col_scale.contiguous();
+  if (x.scalar_type() == at::kFloat) return bitlinear<float>(xc, packed, out_features, cs);
+  return bitlinear<at::BFloat16>(xc, packed, out_features, cs);
 }
 
 }  // namespace orcaserve::ORCA_ISA
