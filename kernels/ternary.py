@@ -21,7 +21,7 @@ PyTorch twin; on a GPU the Triton kernel (kernels/triton/ternary.py). The twin i
 every kernel is held to, bit for bit: the weight as int8 values (a byte a weight, never floats)
 and `torch._int_mm`. With the C++ kernel, a float or bf16 layer runs in one call
 (`bitlinear_ternary`: the quantization, the GEMM and the scaling, each rounding as the PyTorch ops
-below do; docs/bitnet.md, "The whole layer in one call").
+below do; docs/bitnet.md, "The kernel").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 // BitNet's BitLinear around the ternary GEMM (gemm/gemm_ternary.cpp, `bitlinear_ternary`), in the
 // model's dtype T (float or bf16), op for op as kernels/ternary.py's PyTorch path computes it
-// (docs/bitnet.md, "The whole layer in one call"):
+// (docs/bitnet.md, "The kernel"):
 //
 //   s   = 127 / max|x|.clamp(min=1e-5)   torch: reciprocal, then * 127, each rounded to T
 //   x_q = round(x * s).clamp(-128, 127)  x * s rounded to T, then to the nearest integer (ties even)
