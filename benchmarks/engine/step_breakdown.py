@@ -41,9 +41,14 @@ class _TimedGemm:
 
     def __init__(self, gemm: Any, totals: dict[str, float], name: str, clock: Clock) -> None:
         self.gemm, self.call = gemm, _timed(totals, name, gemm, clock)
+        # a greedy step's argmax inside the lm_head's GEMM (QuantLinear.argmax): timed as the GEMM
+        self.argmax_call = _timed(totals, name, gemm.argmax, clock) if hasattr(gemm, "argmax") else None
 
     def __call__(self, x: Any) -> Any:
         return self.call(x)
+
+    def argmax(self, x: Any) -> Any:
+        return self.argmax_call(x) if self.argmax_call is not None else None
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.gemm, attr)

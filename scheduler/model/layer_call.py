@@ -106,7 +106,7 @@ class LayerCall:
         self,
         i: int,
         x: torch.Tensor,  # [T, hidden]
-        delta: torch.Tensor,  # [T, hidden]
+        delta: torch.Tensor | None,  # [T, hidden]; None at the first layer
         cos: torch.Tensor,  # [T, D]
         sin: torch.Tensor,  # [T, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
