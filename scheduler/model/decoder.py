@@ -212,10 +212,9 @@ class Decoder:
             one_call = None
         if one_call is not None and not LayerCall.applies(backend, plan, kv_caches[0][0]):
             one_call = None
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            if one_call is not None:  # the first layer too: no delta, x itself normed
-                x, delta = one_call(i, x, delta, cos, sin, k_cache, v_cache, slot_mapping, plan)
-                continue
+        if one_call is not None:  # every layer, the first too (no delta: x itself normed)
+            x, delta = one_call.all(x, cos, sin, kv_caches, slot_mapping, plan)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches) if one_call is None else ()):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
             if lora is not None:

@@ -33,28 +33,35 @@ def _same_tokens(one, loop, rows=None):
     assert call is not None
     loop.runner.decoder.layer_call = None
     calls, seen = [], rows if rows is not None else []
+    every = call.all
 
-    def counted(i, x, *a):
-        calls.append(i)
+    def counted(x, *a):
+        calls.append(len(call.layers))
         seen.append(len(x))
-        return call(i, x, *a)
+        return every(x, *a)
 
-    one.runner.decoder.layer_call = counted
+    call.all = counted
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=3, ignore_eos=True)
     for a, b in zip(one.generate(PROMPTS, params), loop.generate(PROMPTS, params)):
         assert a.output_token_ids == b.output_token_ids and len(a.output_token_ids) == 12
         assert a.logprobs == b.logprobs and a.logprobs  # each token's and the top 3, bit for bit
-    assert calls and set(calls) == {0, 1, 2}
+    assert calls and set(calls) == {3}
 
 
+@pytest.mark.parametrize("stack", [True, False], ids=["a-call-a-step", "a-call-a-layer"])
 @pytest.mark.parametrize(("arch", "dtype"), [("LlamaForCausalLM", "float32"), ("Qwen2ForCausalLM", "bfloat16")])
-def test_one_call_is_the_op_by_op_loop(arch, dtype, tokenizer):
-    """GGUF codes against int8 activations (Qwen2: q/k/v biases too)."""
+def test_one_call_is_the_op_by_op_loop(arch, dtype, stack, tokenizer):
+    """GGUF codes against int8 activations (Qwen2: q/k/v biases too); every layer in one call a step
+    (`decoder_layers`), or one call a layer (a library without it)."""
     if not build.load(build=False)[0]:
         pytest.skip("the C++ library is not built")
     model = tiny_family(arch, **SHAPE)
     one = _engine(model, tokenizer, dtype=dtype, quantization="int4", activations="int8")
     loop = _engine(model, tokenizer, dtype=dtype, quantization="int4", activations="int8")
+    call = one.runner.decoder.layer_call
+    assert call is not None and call.stack_op is not None
+    if not stack:
+        call.stack_op = None
     _same_tokens(one, loop)
 
 

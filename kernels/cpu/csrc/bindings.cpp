@@ -92,6 +92,11 @@ TORCH_LIBRARY(orcaserve, m) {
       "int[] meta, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor cu_seqlens_q, "
       "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
       "-> (Tensor, Tensor)");
+  m.def(
+      "decoder_layers(Tensor x, Tensor[] in_norms, Tensor[] post_norms, Tensor[] weights, Tensor?[] biases, int[] meta, "
+      "Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, Tensor cu_seqlens_q, "
+      "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
+      "-> (Tensor, Tensor)");
 #ifdef ORCA_BUILT_GENERIC
   define(m, kCommon, "generic");
 #endif
@@ -121,6 +126,7 @@ TORCH_LIBRARY(orcaserve, m) {
 
 TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
   m.impl("decoder_layer", &orcaserve::decoder_layer);
+  m.impl("decoder_layers", &orcaserve::decoder_layers);
 #ifdef ORCA_BUILT_GENERIC
   ORCA_IMPL_COMMON(m, generic);
 #endif

@@ -133,4 +133,27 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   return {x2, proj(3, silu(proj(2, h2)))};                                           // down: [T, hidden]
 }
 
+std::tuple<at::Tensor, at::Tensor> decoder_layers(
+    const at::Tensor& x, at::TensorList in_norms, at::TensorList post_norms, at::TensorList weights,
+    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta, const at::Tensor& cos, const at::Tensor& sin,
+    at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slots, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
+    int64_t num_kv_heads, at::IntArrayRef variants) {
+  const int64_t n = static_cast<int64_t>(in_norms.size());
+  TORCH_CHECK(n > 0 && post_norms.size() == n && weights.size() == 4 * n && biases.size() == 4 * n &&
+                  meta.size() == 16 * n && k_caches.size() == n && v_caches.size() == n,
+              "decoder_layers: per layer two norms, 4 weights and biases, 16 ints of meta, a K and a V cache");
+  at::Tensor h = x;
+  std::optional<at::Tensor> delta;
+  for (int64_t i = 0; i < n; ++i) {
+    c10::List<std::optional<at::Tensor>> b;
+    for (int64_t j = 4 * i; j < 4 * i + 4; ++j) b.push_back(biases.get(j));
+    std::tie(h, delta) = decoder_layer(h, delta, in_norms[i], post_norms[i], weights.slice(4 * i, 4), b,
+                                       meta.slice(16 * i, 16), cos, sin, k_caches[i], v_caches[i], slots,
+                                       cu_seqlens_q, seq_lens, block_tables, scale, eps, num_heads, num_kv_heads,
+                                       variants);
+  }
+  return {h, *delta};
+}
+
 }  // namespace orcaserve

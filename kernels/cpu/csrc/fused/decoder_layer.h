@@ -25,4 +25,14 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale,
     double eps, int64_t num_heads, int64_t num_kv_heads, at::IntArrayRef variants);
 
+// Every layer in turn, as decoder_layer (the first with no delta): (x + the last delta, the last layer's
+// delta), the lists holding each layer's tensors in order (4 weights, biases and 16 ints of meta a
+// layer). One call a step instead of one a layer: the per-call argument passing and dispatch once.
+std::tuple<at::Tensor, at::Tensor> decoder_layers(
+    const at::Tensor& x, at::TensorList in_norms, at::TensorList post_norms, at::TensorList weights,
+    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta, const at::Tensor& cos, const at::Tensor& sin,
+    at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slots, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
+    int64_t num_kv_heads, at::IntArrayRef variants);
+
 }  // namespace orcaserve
