@@ -244,9 +244,11 @@ class Decoder:
                 delta = layer.down(self._activate(layer, layer.gate_up(hn)))  # [T, hidden]
             else:
                 x, hn, delta = self._adapted_tail(i, layer, attn, x, lora)
-        if delta is not None:
-            x = x + delta
-        last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
+        if one_call is not None and delta is not None:  # the same ops in one call
+            last = one_call.last_rows(x, delta, sample_rows, self.norm)  # [S, hidden]
+        else:
+            x = x + delta if delta is not None else x
+            last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
         if argmax:  # a QuantLinear's argmax (or a wrapper's of one: the step breakdown's timer)
             tokens = cast(QuantLinear, self.lm_head).argmax(last) if self.head_argmax else None  # [S]
             if tokens is None:

@@ -26,6 +26,7 @@ from orcaserve.kernels.attention_backend import AttentionBackend
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.cpu.attention import SUPPORTED_HEAD_DIMS, CpuAttentionPlan, CpuBackend
 from orcaserve.kernels.linear import GEMV_ROWS, Linear
+from orcaserve.kernels.pytorch.fused import rms_norm
 from orcaserve.kernels.quant import BITS, OFFSET, WIDE, QuantLinear
 
 # The layer's ops in the order the C++ op takes their variants.
@@ -84,6 +85,7 @@ class LayerCall:
     ) -> None:
         self.op = op
         self.stack_op = stack_op  # decoder_layers: every layer in one call (`all`), where the library has it
+        self.norm_op: Any = None  # final_norm: the last add, the sampled rows and the final norm (`last_rows`)
         self.variants = variants
         self.scale, self.eps = float(decoder.scale), float(decoder.eps)
         self.num_heads, self.num_kv_heads = decoder.num_heads, decoder.num_kv_heads
@@ -155,6 +157,15 @@ class LayerCall:
             self.scale, self.eps, self.num_heads, self.num_kv_heads, self.variants,
         )  # fmt: skip
 
+    def last_rows(
+        self, x: torch.Tensor, delta: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor
+    ) -> torch.Tensor:  # x, delta [T, hidden], rows [S] -> [S, hidden]
+        """rms_norm((x + delta)[rows]): the forward's PyTorch ops after the last layer, in one C++
+        call of the same ATen ops where the library has `final_norm`."""
+        if self.norm_op is not None:
+            return self.norm_op(x, delta, rows, weight, self.eps)
+        return rms_norm((x + delta).index_select(0, rows), weight, self.eps)
+
 
 def layer_call(decoder: Any, op: Any = None) -> LayerCall | None:
     """A `LayerCall` for `decoder` where it applies (the module docstring), else None. `op`: the
@@ -185,4 +196,7 @@ def layer_call(decoder: Any, op: Any = None) -> LayerCall | None:
     variants = [_variant(dispatch.resolve(name, dtype), name) for name in OPS]
     if None in variants:
         return None
-    return LayerCall(op, decoder, [v for v in variants if v is not None] + [gemm_variant, family], found, stack_op)
+    call = LayerCall(op, decoder, [v for v in variants if v is not None] + [gemm_variant, family], found, stack_op)
+    if stack_op is not None:
+        call.norm_op = getattr(getattr(torch.ops.orcaserve, "final_norm", None), "default", None)
+    return call

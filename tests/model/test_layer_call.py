@@ -52,16 +52,17 @@ def _same_tokens(one, loop, rows=None):
 @pytest.mark.parametrize(("arch", "dtype"), [("LlamaForCausalLM", "float32"), ("Qwen2ForCausalLM", "bfloat16")])
 def test_one_call_is_the_op_by_op_loop(arch, dtype, stack, tokenizer):
     """GGUF codes against int8 activations (Qwen2: q/k/v biases too); every layer in one call a step
-    (`decoder_layers`), or one call a layer (a library without it)."""
+    (`decoder_layers`) and the final norm in one (`final_norm`), or one call a layer and the final
+    norm's PyTorch ops (a library without those)."""
     if not build.load(build=False)[0]:
         pytest.skip("the C++ library is not built")
     model = tiny_family(arch, **SHAPE)
     one = _engine(model, tokenizer, dtype=dtype, quantization="int4", activations="int8")
     loop = _engine(model, tokenizer, dtype=dtype, quantization="int4", activations="int8")
     call = one.runner.decoder.layer_call
-    assert call is not None and call.stack_op is not None
+    assert call is not None and call.stack_op is not None and call.norm_op is not None
     if not stack:
-        call.stack_op = None
+        call.stack_op = call.norm_op = None
     _same_tokens(one, loop)
 
 

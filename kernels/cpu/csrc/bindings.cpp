@@ -92,6 +92,7 @@ TORCH_LIBRARY(orcaserve, m) {
       "int[] meta, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor cu_seqlens_q, "
       "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
       "-> (Tensor, Tensor)");
+  m.def("final_norm(Tensor x, Tensor? delta, Tensor rows, Tensor weight, float eps) -> Tensor");
   m.def(
       "decoder_layers(Tensor x, Tensor[] in_norms, Tensor[] post_norms, Tensor[] weights, Tensor?[] biases, int[] meta, "
       "Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, Tensor cu_seqlens_q, "
@@ -127,6 +128,7 @@ TORCH_LIBRARY(orcaserve, m) {
 TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
   m.impl("decoder_layer", &orcaserve::decoder_layer);
   m.impl("decoder_layers", &orcaserve::decoder_layers);
+  m.impl("final_norm", &orcaserve::final_norm);
 #ifdef ORCA_BUILT_GENERIC
   ORCA_IMPL_COMMON(m, generic);
 #endif

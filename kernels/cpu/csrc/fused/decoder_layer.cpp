@@ -156,4 +156,10 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   return {h, *delta};
 }
 
+at::Tensor final_norm(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& rows,
+                      const at::Tensor& weight, double eps) {
+  const at::Tensor h = delta.has_value() ? x + *delta : x;
+  return aten_rms_norm(h.index_select(0, rows), weight, eps);
+}
+
 }  // namespace orcaserve

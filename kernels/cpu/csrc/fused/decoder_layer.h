@@ -35,4 +35,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
     const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
     int64_t num_kv_heads, at::IntArrayRef variants);
 
+// After the last layer: rms_norm((x + delta)[rows]) as the decoder's PyTorch ops compute it (the add,
+// index_select and kernels/pytorch/fused.py's rms_norm, through ATen's own ops): bit for bit, one call.
+at::Tensor final_norm(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& rows,
+                      const at::Tensor& weight, double eps);
+
 }  // namespace orcaserve
