@@ -187,12 +187,14 @@ class QuantLinear:
         else:
             self.kernel = dispatch.resolve(op, codes.fmt, lambda k: takes(k, codes))
         self._op: Any = None
+        self._argmax_op: Any = None  # linear_int8_argmax: the rows' argmax without the output (argmax)
         self._bias32 = None if bias is None else bias.float()
         self._codes: BlockCodes | None = None
         if self.kernel.startswith("orcaserve.linear_int8."):
             pack = dispatch.orcaserve_op(self.kernel.replace(".linear_int8", ".pack_int8_weight", 1))
             self.weight = pack(codes.q, codes.scale, codes.offset, BITS[codes.fmt], codes.fmt in WIDE)
             self._op = dispatch.orcaserve_op(self.kernel)
+            self._argmax_op = dispatch.orcaserve_op(self.kernel.replace(".linear_int8", ".linear_int8_argmax", 1))
         elif activations == "int8":  # the twin, over the codes as they are
             self._codes = codes
             self.weight = codes.q
@@ -212,6 +214,15 @@ class QuantLinear:
             c = self._codes
             return int8_activations.linear_int8(x, c.q, c.scale, c.offset, self._bias32)
         return F.linear(x.float(), self.weight, self._bias32).to(x.dtype)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:  # [T, K] -> [T] int64
+        """`self(x).argmax(-1)` (first maximum, first NaN) taken as the GEMM computes the output,
+        which is never written (a greedy lm_head: docs/one-stream.md, "The argmax inside the lm_head");
+        None where the kernel has no such op."""
+        if self._argmax_op is None:
+            return None
+        bits, wide = BITS[self.fmt], self.fmt in WIDE
+        return self._argmax_op(x, self.weight, self._bias32, self.out_features, bits, self.fmt in OFFSET, wide)
 
     def nbytes(self) -> int:
         """Bytes the weight holds in the kernel's layout (codes, scales and mins; the twin's fp32 copy)."""
@@ -241,6 +252,9 @@ class QuantLinearGroup(QuantLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        return None
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)

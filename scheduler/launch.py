@@ -23,7 +23,7 @@ from orcaserve.scheduler.core.token_logprob import TokenLogprob
 from orcaserve.scheduler.model.grammar import Grammars
 from orcaserve.scheduler.model.logprobs import token_logprobs
 from orcaserve.scheduler.model.model_runner import ModelRunner
-from orcaserve.scheduler.model.sampler import Sampler
+from orcaserve.scheduler.model.sampler import Sampler, plain_argmax
 
 log = logging.getLogger(__name__)
 _needs_host = attrgetter("needs_host")
@@ -97,8 +97,11 @@ def run_batch(
     try:
         if fault_hook is not None:
             fault_hook(sched)
-        logits: Any = model.runner.execute(sched, model.kv)
         sampling = sched.sampling
+        if model.runner.argmax_head and not sched.drafted and all(map(plain_argmax, sampling)):
+            # every row's token is its logits' argmax: taken in the lm_head, no logits made
+            return [Part(sampling, model.runner.execute(sched, model.kv, argmax=True), None)], []
+        logits: Any = model.runner.execute(sched, model.kv)
         if needs_host(sampling):  # (a constrained request is one) its matcher starts at its first token
             for req in sampling:
                 if req.grammar is None and req.params.structured_outputs is not None:

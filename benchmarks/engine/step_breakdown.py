@@ -5,7 +5,7 @@ changes): the model run (`runner.execute`: step inputs, the forward, the lm_head
 (`postprocessor.step`: tokens appended, detokenized, stops checked), and the rest (scheduling, the
 step's bookkeeping). On the lean decoder the model run is split further, op by op: each
 projection's GEMM (the lm_head's too) with the weight bytes it reads, the attention, and the
-element-wise ops, and `layer`, the layers run as one C++ call each (scheduler/model/layer_call.py:
+element-wise ops, and `layer`, the layers run in one C++ call a step (scheduler/model/layer_call.py:
 their GEMMs and ops are then in it, not in their own columns); `forward_rest` is the forward less
 those (Python, embedding, rotary tables, the final norm), and `inputs` the model run less the
 forward (the step's input tensors, the attention plan). Figures and what was cut:
@@ -41,9 +41,14 @@ class _TimedGemm:
 
     def __init__(self, gemm: Any, totals: dict[str, float], name: str, clock: Clock) -> None:
         self.gemm, self.call = gemm, _timed(totals, name, gemm, clock)
+        # a greedy step's argmax inside the lm_head's GEMM (QuantLinear.argmax): timed as the GEMM
+        self.argmax_call = _timed(totals, name, gemm.argmax, clock) if hasattr(gemm, "argmax") else None
 
     def __call__(self, x: Any) -> Any:
         return self.call(x)
+
+    def argmax(self, x: Any) -> Any:
+        return self.argmax_call(x) if self.argmax_call is not None else None
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.gemm, attr)
@@ -66,8 +71,9 @@ def _wrap_decoder(decoder: Any, backend: Any, totals: dict[str, float], clock: C
         if getattr(decoder, attr, None) is not None:
             swap(decoder, attr, _timed(totals, name, getattr(decoder, attr), clock))
     swap(backend, "attend", _timed(totals, "attention", backend.attend, clock))
-    if getattr(decoder, "layer_call", None) is not None:
-        swap(decoder, "layer_call", _timed(totals, "layer", decoder.layer_call, clock))
+    call = getattr(decoder, "layer_call", None)
+    if call is not None:  # every layer in one call a step (LayerCall.all)
+        swap(call, "all", _timed(totals, "layer", call.all, clock))
     swap(decoder, "forward", _timed(totals, "forward", decoder.forward, clock))
 
     def undo() -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -121,6 +121,9 @@ class Decoder:
         # take precedence. triton_fused=False keeps the PyTorch ops (A/B).
         self.triton_ops = triton_fused_ops(triton_fused, self.embed.device.type == "cuda")
         self.lm_head = head_linear(model, pack, dtype)
+        # Whether forward(argmax=True) can take the rows' greedy tokens inside the lm_head's GEMM
+        # (QuantLinear.argmax), no logits written (docs/one-stream.md, "The argmax inside the lm_head").
+        self.head_argmax = isinstance(self.lm_head, QuantLinear) and self.lm_head._argmax_op is not None
         narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
         self.layers: list[_Layer] = []
         relu2 = getattr(cfg, "hidden_act", "silu") == "relu2"
@@ -182,10 +185,12 @@ class Decoder:
         slot_mapping: torch.Tensor,  # [T] int64
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer [num_blocks, bs, H_kv, D]
         lora: LoraStep | None = None,
+        argmax: bool = False,
     ) -> torch.Tensor:
         """Logits `[S, V]` of the rows in `sample_rows`, in the model's dtype: the sampler widens
         them to fp32 only where it needs more than their argmax. `lora`: the step's rows grouped
-        by LoRA adapter, whose updates are added to each projection they target (docs/lora.md)."""
+        by LoRA adapter, whose updates are added to each projection they target (docs/lora.md).
+        `argmax` (where `head_argmax`): their argmax `[S]` int64 instead, taken in the lm_head."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         t = input_ids.shape[0]
         tp = padded_tokens(t, self.pad_multiple) if self.pad_multiple else t
@@ -207,10 +212,9 @@ class Decoder:
             one_call = None
         if one_call is not None and not LayerCall.applies(backend, plan, kv_caches[0][0]):
             one_call = None
-        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
-            if one_call is not None and delta is not None:  # after the first layer: x + delta to normalise
-                x, delta = one_call(i, x, delta, cos, sin, k_cache, v_cache, slot_mapping, plan)
-                continue
+        if one_call is not None:  # every layer, the first too (no delta: x itself normed)
+            x, delta = one_call.all(x, cos, sin, kv_caches, slot_mapping, plan)
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches) if one_call is None else ()):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]
             if lora is not None:
@@ -240,9 +244,16 @@ class Decoder:
                 delta = layer.down(self._activate(layer, layer.gate_up(hn)))  # [T, hidden]
             else:
                 x, hn, delta = self._adapted_tail(i, layer, attn, x, lora)
-        if delta is not None:
-            x = x + delta
-        last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
+        if one_call is not None and delta is not None:  # the same ops in one call
+            last = one_call.last_rows(x, delta, sample_rows, self.norm)  # [S, hidden]
+        else:
+            x = x + delta if delta is not None else x
+            last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
+        if argmax:  # a QuantLinear's argmax (or a wrapper's of one: the step breakdown's timer)
+            tokens = cast(QuantLinear, self.lm_head).argmax(last) if self.head_argmax else None  # [S]
+            if tokens is None:
+                raise ValueError("forward(argmax=True) needs an lm_head with its own argmax (head_argmax)")
+            return tokens
         return self._head(last)  # [S, V]
 
     def _adapted_tail(

@@ -26,6 +26,7 @@ from orcaserve.kernels.attention_backend import AttentionBackend
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.cpu.attention import SUPPORTED_HEAD_DIMS, CpuAttentionPlan, CpuBackend
 from orcaserve.kernels.linear import GEMV_ROWS, Linear
+from orcaserve.kernels.pytorch.fused import rms_norm
 from orcaserve.kernels.quant import BITS, OFFSET, WIDE, QuantLinear
 
 # The layer's ops in the order the C++ op takes their variants.
@@ -79,8 +80,12 @@ class LayerCall:
     """Runs layer `i` of a decoder in one call: (x + delta + o, the MLP's output), as the loop in
     `Decoder.forward` computes them from x [T, hidden] and the last layer's MLP output `delta`."""
 
-    def __init__(self, op: Any, decoder: Any, variants: list[int], gemms: list[list[_Gemm]]) -> None:
+    def __init__(
+        self, op: Any, decoder: Any, variants: list[int], gemms: list[list[_Gemm]], stack_op: Any = None
+    ) -> None:
         self.op = op
+        self.stack_op = stack_op  # decoder_layers: every layer in one call (`all`), where the library has it
+        self.norm_op: Any = None  # final_norm: the last add, the sampled rows and the final norm (`last_rows`)
         self.variants = variants
         self.scale, self.eps = float(decoder.scale), float(decoder.eps)
         self.num_heads, self.num_kv_heads = decoder.num_heads, decoder.num_kv_heads
@@ -92,6 +97,14 @@ class LayerCall:
             self.layers.append(
                 (layer.in_norm, layer.post_norm, [g.weight for g in projs], [g.bias for g in projs], meta)
             )
+        # The same, flat over the layers in order, for stack_op: norms, weights, biases, meta
+        self.stack = (
+            [n for n, _, _, _, _ in self.layers],
+            [n for _, n, _, _, _ in self.layers],
+            [w for _, _, ws, _, _ in self.layers for w in ws],
+            [b for _, _, _, bs, _ in self.layers for b in bs],
+            [m for _, _, _, _, ms in self.layers for m in ms],
+        )
 
     @staticmethod
     def applies(backend: AttentionBackend, plan: object, cache: torch.Tensor) -> bool:
@@ -106,7 +119,7 @@ class LayerCall:
         self,
         i: int,
         x: torch.Tensor,  # [T, hidden]
-        delta: torch.Tensor,  # [T, hidden]
+        delta: torch.Tensor | None,  # [T, hidden]; None at the first layer
         cos: torch.Tensor,  # [T, D]
         sin: torch.Tensor,  # [T, D]
         k_cache: torch.Tensor,  # [num_blocks, block_size, H_kv, D]
@@ -121,19 +134,53 @@ class LayerCall:
             self.num_heads, self.num_kv_heads, self.variants,
         )  # fmt: skip
 
+    def all(
+        self,
+        x: torch.Tensor,  # [T, hidden]
+        cos: torch.Tensor,  # [T, D]
+        sin: torch.Tensor,  # [T, D]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer
+        slot_mapping: torch.Tensor,  # [T] int64
+        plan: CpuAttentionPlan,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer in turn from the embedding x: (x + all but the last MLP output, the last), in
+        one call where the library has `decoder_layers` (the per-call cost once a step), else one a layer."""
+        if self.stack_op is None:
+            x, delta = self(0, x, None, cos, sin, *kv_caches[0], slot_mapping, plan)
+            for i in range(1, len(self.layers)):
+                x, delta = self(i, x, delta, cos, sin, *kv_caches[i], slot_mapping, plan)
+            return x, delta
+        in_norms, post_norms, weights, biases, meta = self.stack
+        return self.stack_op(
+            x, in_norms, post_norms, weights, biases, meta, cos, sin, [k for k, _ in kv_caches],
+            [v for _, v in kv_caches], slot_mapping, plan.cu_seqlens_q, plan.seq_lens, plan.block_tables,
+            self.scale, self.eps, self.num_heads, self.num_kv_heads, self.variants,
+        )  # fmt: skip
+
+    def last_rows(
+        self, x: torch.Tensor, delta: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor
+    ) -> torch.Tensor:  # x, delta [T, hidden], rows [S] -> [S, hidden]
+        """rms_norm((x + delta)[rows]): the forward's PyTorch ops after the last layer, in one C++
+        call of the same ATen ops where the library has `final_norm`."""
+        if self.norm_op is not None:
+            return self.norm_op(x, delta, rows, weight, self.eps)
+        return rms_norm((x + delta).index_select(0, rows), weight, self.eps)
+
 
 def layer_call(decoder: Any, op: Any = None) -> LayerCall | None:
     """A `LayerCall` for `decoder` where it applies (the module docstring), else None. `op`: the
-    C++ op to call (the library's by default)."""
+    C++ op to call (the library's by default, with its `decoder_layers`; a given op runs a call a layer)."""
     dtype = decoder.embed.dtype
     if decoder.embed.device.type != "cpu" or decoder.triton_ops is not None or not decoder.fused:
         return None
     if decoder.rope_store_op is None or not decoder.rope_store or decoder.head_dim not in SUPPORTED_HEAD_DIMS:
         return None
+    stack_op = None
     if op is None:
         if not build.load(build=False)[0]:
             return None
         op = getattr(getattr(torch.ops.orcaserve, "decoder_layer", None), "default", None)
+        stack_op = getattr(getattr(torch.ops.orcaserve, "decoder_layers", None), "default", None)
         if op is None:
             return None
     for layer in decoder.layers:
@@ -149,4 +196,7 @@ def layer_call(decoder: Any, op: Any = None) -> LayerCall | None:
     variants = [_variant(dispatch.resolve(name, dtype), name) for name in OPS]
     if None in variants:
         return None
-    return LayerCall(op, decoder, [v for v in variants if v is not None] + [gemm_variant, family], found)
+    call = LayerCall(op, decoder, [v for v in variants if v is not None] + [gemm_variant, family], found, stack_op)
+    if stack_op is not None:
+        call.norm_op = getattr(getattr(torch.ops.orcaserve, "final_norm", None), "default", None)
+    return call

@@ -142,11 +142,17 @@ class ModelRunner:
         if self.use_graphs and self.graphs is not None:
             self.graphs.capture_all()
 
+    @property
+    def argmax_head(self) -> bool:
+        """Whether `execute(..., argmax=True)` runs: the lean decoder's lm_head takes the argmax."""
+        return self.decoder is not None and self.decoder.head_argmax and not (self.use_graphs or self.pad_steps)
+
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput, kv: KVCacheManager) -> torch.Tensor:
+    def execute(self, sched: SchedulerOutput, kv: KVCacheManager, argmax: bool = False) -> torch.Tensor:
         """Forward the step; returns logits `[S, V]` of the S requests in `sched.sampling`: fp32, or
         the model's dtype from the lean decoder (the sampler widens them where it needs to). From
-        a CUDA graph they are a view of its output buffer, valid until the next step runs."""
+        a CUDA graph they are a view of its output buffer, valid until the next step runs.
+        `argmax` (where `argmax_head`): each row's argmax `[S]` int64 instead, no logits made."""
         shape = self.buffers.prepare(sched, kv)
         lora = self.loras.step(sched.num_scheduled_tokens, sched.requests) if self.loras is not None else None
         if self.graphs is not None and lora is None:  # graphs hold no adapter's update: such steps run eagerly
@@ -162,9 +168,8 @@ class ModelRunner:
             t.cu_seqlens_q, t.seq_lens, t.block_tables, self.block_size, shape.max_seqlen_q, shape.max_seqlen_k
         )
         if self.decoder is not None:
-            return self.decoder.forward(
-                t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches, lora=lora
-            )
+            inputs = (t.input_ids, t.positions, t.sample_rows, self.backend, plan, t.slot_mapping, self.kv_caches)
+            return self.decoder.forward(*inputs, lora=lora, argmax=argmax)
         layout = StepLayout(t.cu_seqlens_q, t.seq_lens, t.block_tables, self.block_size, shape.max_seqlen_k)
         ctx = StepContext(self.backend, plan, t.slot_mapping, self.kv_caches, layout)
         out = self.model(

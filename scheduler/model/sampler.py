@@ -88,6 +88,13 @@ def argmax_rows(x: torch.Tensor, ops: Mapping[torch.dtype, Any]) -> torch.Tensor
     return op(x) if op is not None else x.argmax(-1)
 
 
+def plain_argmax(req: Request) -> bool:
+    """Whether `Sampler.sample` takes the row's token as its logits' argmax as they are: greedy, no
+    logit bias, penalty or grammar to apply first, no log-probabilities to report from the logits."""
+    p = req.params
+    return p.greedy and p.logprobs is None and not p.logit_bias and not req.needs_host and req.grammar is None
+
+
 class Sampler:
     """Greedy rows take the argmax; the rest sample by the exponential race.
 

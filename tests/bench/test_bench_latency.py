@@ -53,7 +53,7 @@ def test_breakdown_times_the_lean_decoders_ops(tmp_path, tokenizer, capsys):
     out = tmp_path / "latency.json"
     argv = ["latency", "--model", str(tmp_path / "tiny"), "--streams", "1", "--input-len", "4", "--output-len", "6"]
     argv += ["--repeats", "1", "--modes", "offline", "--set", "dtype=float32", *KV, "--breakdown", "--out", str(out)]
-    assert cli.main(argv) == 0
+    assert cli.main([*argv, "--op-by-op"]) == 0  # every layer op by op (the layer call holds all their ops)
     res = json.loads(out.read_text())
     b = res["breakdown"]["1"]
     for part in ("qkv", "o", "gate_up", "down", "lm_head", "attention", "add_rms_norm", "silu_mul"):
@@ -81,8 +81,8 @@ def test_breakdown_restores_the_engine(tokenizer):
 
 @pytest.mark.parametrize("op_by_op", [False, True])
 def test_breakdown_times_the_one_call_layers(tmp_path, tokenizer, op_by_op):
-    """With int8 activations the layers after the first run as one C++ call each, timed as `layer`;
-    --op-by-op runs them op by op (the A/B)."""
+    """With int8 activations every layer runs as one C++ call, timed as `layer`; --op-by-op runs them
+    op by op (the A/B)."""
     if not build.load(build=False)[0]:
         pytest.skip("the C++ library is not built")
     model = tiny_family("LlamaForCausalLM")
@@ -95,4 +95,4 @@ def test_breakdown_times_the_one_call_layers(tmp_path, tokenizer, op_by_op):
     assert cli.main(argv) == 0
     b = json.loads(out.read_text())["breakdown"]["1"]
     assert (b["layer"] == 0) == op_by_op
-    assert b["qkv"] > 0 and b["attention"] > 0  # the first layer's, or every layer's op by op
+    assert (b["qkv"] > 0 and b["attention"] > 0) == op_by_op  # the call holds every layer's ops

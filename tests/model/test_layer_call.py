@@ -13,7 +13,7 @@ from orcaserve.kernels.linear import GEMV_ROWS
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.model.layer_call import GEMMS
 
-# Three layers: the first runs op by op (no MLP output to add yet), the other two in one call each.
+# Three layers, each in one call (the first with no MLP output to add yet).
 SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3}
 # A long prompt is chunked (64 tokens a step) beside the others' decodes: steps of 1 to 64 rows.
 PROMPTS = [[5, 6, 7, 8], [9] * 40, list(range(3, 150))]
@@ -28,27 +28,41 @@ def _engine(model, tokenizer, **kw):
 
 def _same_tokens(one, loop, rows=None):
     """Run the prompts through both engines (`one` with its layer call, `loop` without): greedy tokens
-    and log-probabilities bit for bit; the layers after the first ran as one call (their rows in `rows`)."""
+    and log-probabilities bit for bit; every layer ran as one call (their rows in `rows`)."""
     call = one.runner.decoder.layer_call
     assert call is not None
     loop.runner.decoder.layer_call = None
     calls, seen = [], rows if rows is not None else []
-    one.runner.decoder.layer_call = lambda i, x, *a: calls.append(i) or seen.append(len(x)) or call(i, x, *a)
+    every = call.all
+
+    def counted(x, *a):
+        calls.append(len(call.layers))
+        seen.append(len(x))
+        return every(x, *a)
+
+    call.all = counted
     params = SamplingParams(temperature=0, max_tokens=12, logprobs=3, ignore_eos=True)
     for a, b in zip(one.generate(PROMPTS, params), loop.generate(PROMPTS, params)):
         assert a.output_token_ids == b.output_token_ids and len(a.output_token_ids) == 12
         assert a.logprobs == b.logprobs and a.logprobs  # each token's and the top 3, bit for bit
-    assert calls and set(calls) == {1, 2}
+    assert calls and set(calls) == {3}
 
 
+@pytest.mark.parametrize("stack", [True, False], ids=["a-call-a-step", "a-call-a-layer"])
 @pytest.mark.parametrize(("arch", "dtype"), [("LlamaForCausalLM", "float32"), ("Qwen2ForCausalLM", "bfloat16")])
-def test_one_call_is_the_op_by_op_loop(arch, dtype, tokenizer):
-    """GGUF codes against int8 activations (Qwen2: q/k/v biases too)."""
+def test_one_call_is_the_op_by_op_loop(arch, dtype, stack, tokenizer):
+    """GGUF codes against int8 activations (Qwen2: q/k/v biases too); every layer in one call a step
+    (`decoder_layers`) and the final norm in one (`final_norm`), or one call a layer and the final
+    norm's PyTorch ops (a library without those)."""
     if not build.load(build=False)[0]:
         pytest.skip("the C++ library is not built")
     model = tiny_family(arch, **SHAPE)
     one = _engine(model, tokenizer, dtype=dtype, quantization="int4", activations="int8")
     loop = _engine(model, tokenizer, dtype=dtype, quantization="int4", activations="int8")
+    call = one.runner.decoder.layer_call
+    assert call is not None and call.stack_op is not None and call.norm_op is not None
+    if not stack:
+        call.stack_op = call.norm_op = None
     _same_tokens(one, loop)
 
 

@@ -46,6 +46,7 @@ constexpr Schema kGemmInt8[] = {
     {"pack_int8_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
     {"quantize_rows_int8", "(Tensor x) -> (Tensor, Tensor, Tensor)"},
     {"linear_int8", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
+    {"linear_int8_argmax", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
     {"pack_ternary_weight", "(Tensor weight) -> Tensor"},
     {"linear_ternary", "(Tensor x, Tensor packed, int out_features) -> Tensor"},
     {"bitlinear_ternary", "(Tensor x, Tensor packed, int out_features, Tensor col_scale) -> Tensor"},
@@ -78,6 +79,7 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
   m.impl("pack_int8_weight." #isa, &orcaserve::isa::pack_int8_weight);      \
   m.impl("quantize_rows_int8." #isa, &orcaserve::isa::quantize_rows_int8);  \
   m.impl("linear_int8." #isa, &orcaserve::isa::linear_int8);                \
+  m.impl("linear_int8_argmax." #isa, &orcaserve::isa::linear_int8_argmax);  \
   m.impl("pack_ternary_weight." #isa, &orcaserve::isa::pack_ternary_weight); \
   m.impl("linear_ternary." #isa, &orcaserve::isa::linear_ternary);         \
   m.impl("bitlinear_ternary." #isa, &orcaserve::isa::bitlinear_ternary)
@@ -88,8 +90,14 @@ void define(torch::Library& m, const Schema (&schemas)[N], const char* variant) 
 TORCH_LIBRARY(orcaserve, m) {
   // One for all variants: its `variants` name each op's (fused/decoder_layer.cpp).
   m.def(
-      "decoder_layer(Tensor x, Tensor delta, Tensor in_norm, Tensor post_norm, Tensor[] weights, Tensor?[] biases, "
+      "decoder_layer(Tensor x, Tensor? delta, Tensor in_norm, Tensor post_norm, Tensor[] weights, Tensor?[] biases, "
       "int[] meta, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slots, Tensor cu_seqlens_q, "
+      "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
+      "-> (Tensor, Tensor)");
+  m.def("final_norm(Tensor x, Tensor? delta, Tensor rows, Tensor weight, float eps) -> Tensor");
+  m.def(
+      "decoder_layers(Tensor x, Tensor[] in_norms, Tensor[] post_norms, Tensor[] weights, Tensor?[] biases, int[] meta, "
+      "Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, Tensor cu_seqlens_q, "
       "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
       "-> (Tensor, Tensor)");
 #ifdef ORCA_BUILT_GENERIC
@@ -121,6 +129,8 @@ TORCH_LIBRARY(orcaserve, m) {
 
 TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
   m.impl("decoder_layer", &orcaserve::decoder_layer);
+  m.impl("decoder_layers", &orcaserve::decoder_layers);
+  m.impl("final_norm", &orcaserve::final_norm);
 #ifdef ORCA_BUILT_GENERIC
   ORCA_IMPL_COMMON(m, generic);
 #endif

@@ -57,6 +57,10 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                        int64_t out_features, int64_t bits, bool has_offset, bool wide);
+// linear_int8's output rows reduced to their argmax [rows] int64 as it computes them, no logits written
+// (a greedy lm_head; docs/one-stream.md, "The argmax inside the lm_head").
+at::Tensor linear_int8_argmax(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features, int64_t bits, bool has_offset, bool wide);
 
 // gemm/gemm_ternary.cpp (avx2 and up): BitNet's ternary weights packed two bits a weight, against
 // int8 activations: the int32 sums (the caller applies the scales), or BitNet's BitLinear whole in

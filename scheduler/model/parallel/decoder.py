@@ -39,6 +39,7 @@ class ShardedDecoder(Decoder):
 
     def __init__(self, model: Any, group: TPGroup, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
+        self.head_argmax = False  # the lm_head's columns are split over the ranks (_head gathers them)
         self.group = group
         self.vocab: int = model.config.vocab_size  # V
         self.vocab_rows: int = self.embed.shape[0]  # V_r

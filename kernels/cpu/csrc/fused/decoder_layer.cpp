@@ -100,10 +100,19 @@ Proj projection(at::TensorList weights, const c10::List<std::optional<at::Tensor
   return [=](int i, const at::Tensor& in) { return gemm(in, weights[i], biases.get(i), meta[4 * i]); };
 }
 
+// The first layer's norm, with no residual to add yet: kernels/pytorch/fused.py's rms_norm, what the
+// decoder runs there, op for op through ATen's own ops, so bit for bit its result (the C++ norm sums
+// its mean in another order).
+at::Tensor aten_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  at::Tensor x32 = x.to(at::kFloat);
+  x32 = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * x32.to(x.scalar_type());
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
-    const at::Tensor& x, const at::Tensor& delta, const at::Tensor& in_norm, const at::Tensor& post_norm,
+    const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& in_norm, const at::Tensor& post_norm,
     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta,
     const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale,
@@ -115,12 +124,42 @@ std::tuple<at::Tensor, at::Tensor> decoder_layer(
   const auto attend = pick_paged_attention(variants[2]);
   const auto silu = pick_silu_mul(variants[3]);
   const Proj proj = projection(weights, biases, meta, variants[4], variants[5]);
-  auto [x1, h1] = norm(x, delta, in_norm, eps);                                                   // [T, hidden]
+  auto [x1, h1] = delta.has_value() ? norm(x, *delta, in_norm, eps)
+                                    : std::make_tuple(x, aten_rms_norm(x, in_norm, eps));  // [T, hidden]
   const at::Tensor q = rope(proj(0, h1), cos, sin, k_cache, v_cache, slots, num_heads, num_kv_heads);  // [T, H, D]
   const at::Tensor attn = at::empty(q.sizes(), q.options());                                       // [T, H, D]
   attend(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, scale, attn);
   auto [x2, h2] = norm(x1, proj(1, attn.view({attn.size(0), -1})), post_norm, eps);  // [T, hidden]
   return {x2, proj(3, silu(proj(2, h2)))};                                           // down: [T, hidden]
+}
+
+std::tuple<at::Tensor, at::Tensor> decoder_layers(
+    const at::Tensor& x, at::TensorList in_norms, at::TensorList post_norms, at::TensorList weights,
+    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta, const at::Tensor& cos, const at::Tensor& sin,
+    at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slots, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
+    int64_t num_kv_heads, at::IntArrayRef variants) {
+  const int64_t n = static_cast<int64_t>(in_norms.size());
+  TORCH_CHECK(n > 0 && post_norms.size() == n && weights.size() == 4 * n && biases.size() == 4 * n &&
+                  meta.size() == 16 * n && k_caches.size() == n && v_caches.size() == n,
+              "decoder_layers: per layer two norms, 4 weights and biases, 16 ints of meta, a K and a V cache");
+  at::Tensor h = x;
+  std::optional<at::Tensor> delta;
+  for (int64_t i = 0; i < n; ++i) {
+    c10::List<std::optional<at::Tensor>> b;
+    for (int64_t j = 4 * i; j < 4 * i + 4; ++j) b.push_back(biases.get(j));
+    std::tie(h, delta) = decoder_layer(h, delta, in_norms[i], post_norms[i], weights.slice(4 * i, 4), b,
+                                       meta.slice(16 * i, 16), cos, sin, k_caches[i], v_caches[i], slots,
+                                       cu_seqlens_q, seq_lens, block_tables, scale, eps, num_heads, num_kv_heads,
+                                       variants);
+  }
+  return {h, *delta};
+}
+
+at::Tensor final_norm(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& rows,
+                      const at::Tensor& weight, double eps) {
+  const at::Tensor h = delta.has_value() ? x + *delta : x;
+  return aten_rms_norm(h.index_select(0, rows), weight, eps);
 }
 
 }  // namespace orcaserve

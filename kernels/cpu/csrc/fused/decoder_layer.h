@@ -10,7 +10,8 @@
 
 namespace orcaserve {
 
-// (x + delta + o, down's output) of a layer at x [T, hidden] and the last layer's delta [T, hidden]:
+// (x + delta + o, down's output) of a layer at x [T, hidden] and the last layer's delta [T, hidden]
+// (none at the first layer: x itself is normed, as the PyTorch rms_norm does):
 // weights and biases of qkv, o, gate_up and down, meta 4 ints for each, variants the indices
 // (kernels/dispatch.py's CAPABILITIES) of add_rms_norm, rope_store_kv, paged_attention, silu_mul and
 // the GEMM, then the GEMM's family: 0, linear_int8 (pack_int8_weight's panels, fp32 biases or none,
@@ -18,10 +19,25 @@ namespace orcaserve {
 // panels); 2, linear_packed_bf16 (pack_linear_weight_bf16's pairs); for 1 and 2 the biases in the
 // activations' dtype or none, meta (out_features, 0, 0, 0).
 std::tuple<at::Tensor, at::Tensor> decoder_layer(
-    const at::Tensor& x, const at::Tensor& delta, const at::Tensor& in_norm, const at::Tensor& post_norm,
+    const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& in_norm, const at::Tensor& post_norm,
     at::TensorList weights, const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta,
     const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& slots,
     const at::Tensor& cu_seqlens_q, const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale,
     double eps, int64_t num_heads, int64_t num_kv_heads, at::IntArrayRef variants);
+
+// Every layer in turn, as decoder_layer (the first with no delta): (x + the last delta, the last layer's
+// delta), the lists holding each layer's tensors in order (4 weights, biases and 16 ints of meta a
+// layer). One call a step instead of one a layer: the per-call argument passing and dispatch once.
+std::tuple<at::Tensor, at::Tensor> decoder_layers(
+    const at::Tensor& x, at::TensorList in_norms, at::TensorList post_norms, at::TensorList weights,
+    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta, const at::Tensor& cos, const at::Tensor& sin,
+    at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slots, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
+    int64_t num_kv_heads, at::IntArrayRef variants);
+
+// After the last layer: rms_norm((x + delta)[rows]) as the decoder's PyTorch ops compute it (the add,
+// index_select and kernels/pytorch/fused.py's rms_norm, through ATen's own ops): bit for bit, one call.
+at::Tensor final_norm(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& rows,
+                      const at::Tensor& weight, double eps);
 
 }  // namespace orcaserve

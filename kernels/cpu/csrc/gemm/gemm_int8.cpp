@@ -23,11 +23,13 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "gemm/panels.h"
 #include "ops.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
+#include "gemm/int8_out.h"
 #include "gemm/int8_rows.h"
 #include "gemm/int8_vec.h"
 
@@ -145,35 +147,10 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
       for (int c = 0; c < kC; ++c) fstore(out + r * kPanel + c * kL, acc[r][c]);
 }
 
-// One tile row's ncols results (+ bias) into y: fp32 as they are, bf16 rounded to nearest even with
-// NaN made 0x7FC0 (c10::BFloat16's rounding, lane by lane on AVX-512, bit for bit the scalar cast).
-inline void put(float v, float* dst) { *dst = v; }
-inline void put(float v, at::BFloat16* dst) { *dst = static_cast<at::BFloat16>(v); }
-
-template <typename Out>
-inline void store_row(const float* src, const float* bias, Out* dst, int64_t ncols) {
-  int64_t j = 0;
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  for (; j < ncols; j += kL) {
-    const __mmask16 live = static_cast<__mmask16>(ncols - j >= kL ? 0xFFFF : (1u << (ncols - j)) - 1);
-    __m512 v = _mm512_loadu_ps(src + j);  // the tile's buffer holds a whole panel
-    if (bias != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, bias + j));
-    if constexpr (std::is_same_v<Out, float>) {
-      _mm512_mask_storeu_ps(dst + j, live, v);
-    } else {
-      const __m512i u = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-      _mm256_mask_storeu_epi16(dst + j, live, _mm512_cvtepi32_epi16(r));
-    }
-  }
-#endif
-  for (; j < ncols; ++j) put(bias ? src[j] + bias[j] : src[j], dst + j);
-}
-
-template <int Bits, bool Offset, bool Wide, typename Out>
-void run(const Rows& a, const uint8_t* packed, const float* bias, Out* y, int64_t M, int64_t N, int64_t P) {
+// The GEMM's tiles, each tile row's ncols fp32 sums handed to emit(row, panel, sums, bias of the
+// panel or null, ncols): stored into y (linear_int8) or reduced to an argmax (linear_int8_argmax).
+template <int Bits, bool Offset, bool Wide, typename Emit>
+void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int64_t N, int64_t P, const Emit& emit) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   const int64_t panel_bytes = a.nb * fmt.block_bytes();
   auto walk = [&](const auto& tiles) {
@@ -189,7 +166,7 @@ void run(const Rows& a, const uint8_t* packed, const float* bias, Out* y, int64_
       tiles.each([&](int64_t t, int64_t m, auto rows) {
         constexpr int R = decltype(rows)::value;
         tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr);
-        for (int r = 0; r < R; ++r) store_row(buf + r * kPanel, bias_p, y + (m + r) * N + p * kPanel, ncols);
+        for (int r = 0; r < R; ++r) emit(m + r, p, buf + r * kPanel, bias_p, ncols);
       });
     });
   };
@@ -230,21 +207,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tens
   return {q, scale, sums};
 }
 
-at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                       int64_t out_features, int64_t bits, bool has_offset, bool wide) {
-  TORCH_CHECK((bits == 8 && !has_offset) || (bits == 4 && !wide) || (bits == 4 && has_offset),
-              "linear_int8: q8_0 or q6_k (8 bits), q4_0, q4_1 or q4_k (4 bits)");
-  const at::Tensor xc = rows_of(x, "linear_int8");
-  const int64_t M = x.size(0), K = x.size(1), N = out_features, nb = K / kBlock;
+namespace {
+
+// x [M, K]'s rows quantized and run against the packed codes, each tile row handed to emit (run).
+template <typename Emit>
+void gemm_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t N,
+               int64_t bits, bool has_offset, bool wide, const char* op, const Emit& emit) {
+  TORCH_CHECK((bits == 8 && !has_offset) || (bits == 4 && !wide) || (bits == 4 && has_offset), op,
+              ": q8_0 or q6_k (8 bits), q4_0, q4_1 or q4_k (4 bits)");
+  const at::Tensor xc = rows_of(x, op);
+  const int64_t M = x.size(0), K = x.size(1), nb = K / kBlock;
   const Int8Format fmt{static_cast<int>(bits), has_offset, wide && bits == 8};
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.is_contiguous() &&
                   packed.size(0) == (N + kPanel - 1) / kPanel && packed.size(1) == nb &&
                   packed.size(2) == fmt.block_bytes(),
-              "linear_int8: packed must come from pack_int8_weight of an [out_features, in] weight in this format");
-  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N),
-              "linear_int8: bias must be fp32 [out_features]");
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0) return y;
+              op, ": packed must come from pack_int8_weight of an [out_features, in] weight in this format");
+  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N), op,
+              ": bias must be fp32 [out_features]");
+  if (M == 0) return;
   // One allocation for the quantized rows: codes, then scales, msum, sums and corr (4-byte aligned).
   const int S = fmt.spans();
   const int64_t code_bytes = (M * K + 63) / 64 * 64;
@@ -260,21 +240,61 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std:
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const int64_t P = packed.size(0);
-  auto go = [&](auto* out) {
-    if (bits == 8 && wide)
-      run<8, false, true>(a, w, bp, out, M, N, P);
-    else if (bits == 8)
-      run<8, false, false>(a, w, bp, out, M, N, P);
-    else if (has_offset)
-      run<4, true, false>(a, w, bp, out, M, N, P);
-    else
-      run<4, false, false>(a, w, bp, out, M, N, P);
-  };
-  if (y.scalar_type() == at::kFloat)
-    go(y.data_ptr<float>());
+  if (bits == 8 && wide)
+    run<8, false, true>(a, w, bp, M, N, P, emit);
+  else if (bits == 8)
+    run<8, false, false>(a, w, bp, M, N, P, emit);
+  else if (has_offset)
+    run<4, true, false>(a, w, bp, M, N, P, emit);
   else
-    go(y.data_ptr<at::BFloat16>());
+    run<4, false, false>(a, w, bp, M, N, P, emit);
+}
+
+// The GEMM's rows stored as Out (x's dtype) into y, or reduced to their argmax into out [M].
+template <typename Out>
+void store_or_argmax(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t N,
+                     int64_t bits, bool has_offset, bool wide, Out* y, int64_t* out) {
+  if (y != nullptr) {
+    gemm_int8(x, packed, bias, N, bits, has_offset, wide, "linear_int8",
+              [&](int64_t m, int64_t p, const float* sums, const float* bias_p, int64_t ncols) {
+                store_row(sums, bias_p, y + m * N + p * kPanel, ncols);
+              });
+    return;
+  }
+  const int64_t M = x.size(0), P = (N + kPanel - 1) / kPanel;
+  std::vector<float> best(M * P);
+  std::vector<int32_t> index(M * P);
+  gemm_int8(x, packed, bias, N, bits, has_offset, wide, "linear_int8_argmax",
+            [&](int64_t m, int64_t p, const float* sums, const float* bias_p, int64_t ncols) {
+              alignas(64) Out row[kPanel];
+              store_row(sums, bias_p, row, ncols);
+              panel_argmax(row, static_cast<int>(ncols), &best[m * P + p], &index[m * P + p]);
+            });
+  reduce_panels(best, index, M, P, kPanel, out);
+}
+
+}  // namespace
+
+at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                       int64_t out_features, int64_t bits, bool has_offset, bool wide) {
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());
+  if (y.scalar_type() == at::kFloat)
+    store_or_argmax(x, packed, bias, out_features, bits, has_offset, wide, y.data_ptr<float>(), nullptr);
+  else
+    store_or_argmax(x, packed, bias, out_features, bits, has_offset, wide, y.data_ptr<at::BFloat16>(), nullptr);
   return y;
+}
+
+at::Tensor linear_int8_argmax(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features, int64_t bits, bool has_offset, bool wide) {
+  TORCH_CHECK(out_features > 0, "linear_int8_argmax: no columns to take the argmax of");
+  at::Tensor out = at::empty({x.size(0)}, x.options().dtype(at::kLong));
+  int64_t* op = out.data_ptr<int64_t>();
+  if (x.scalar_type() == at::kFloat)
+    store_or_argmax<float>(x, packed, bias, out_features, bits, has_offset, wide, nullptr, op);
+  else
+    store_or_argmax<at::BFloat16>(x, packed, bias, out_features, bits, has_offset, wide, nullptr, op);
+  return out;
 }
 
 }  // namespace orcaserve::ORCA_ISA
