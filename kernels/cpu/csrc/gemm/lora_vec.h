@@ -174,7 +174,6 @@ inline void dots(const at::BFloat16* const* xr, const at::BFloat16* a, int64_t l
   for (int q = 0; q < NR; ++q)
     for (int p = 0; p < NJ; ++p) out[q * NJ + p] = _mm512_reduce_add_ps(acc[q][p]);
 }
-
 #endif
 
 }  // namespace lora
