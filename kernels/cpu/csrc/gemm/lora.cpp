@@ -14,9 +14,10 @@
 // A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, against
 // all its rows, in register blocks of up to 4 rows (the loops over them unrolled, so that the
 // accumulators stay in registers): the shrink h = A x (r dot products over `in` a row; on
-// avx512_bf16 vdpbf16ps on the bf16 values as stored, else FMAs on fp32), then the expand, kOut
-// outputs at a time: rows of B^T (widened in registers) against each row's h values broadcast, the
-// [rows, r] intermediate in L1. A's next rows and B^T's next blocks are prefetched. The roundings
+// avx512_bf16 vdpbf16ps on the bf16 values as stored, four rows of A at a time, gemm/lora_dp.h;
+// else FMAs on fp32), then the expand, kOut outputs at a time: rows of B^T against each row's h
+// values broadcast (on avx512_bf16 vdpbf16ps, two ranks at a time; else widened in registers, FMAs),
+// the [rows, r] intermediate in L1. A's next rows and B^T's next blocks are prefetched. The roundings
 // are PEFT's, as the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16
 // (nearest even, c10's bits: lora_vec.h), then y + that rounded once more (the twins' `y +=
 // delta`); the sums run in another order than the GEMMs', so the tests hold it to the twins
@@ -28,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gemm/lora_dp.h"
 #include "gemm/lora_vec.h"
 #include "ops.h"
 #include "rows.h"
@@ -54,19 +56,27 @@ struct Task {
   int64_t begin, end;
 };
 
+#ifdef ORCA_DPBF16
+constexpr bool kDpbf16 = true;  // the vdpbf16ps shrink and expand on bf16
+#else
+constexpr bool kDpbf16 = false;
+#endif
+
 // A thread's buffers, reused by its tasks: rows and A's rows widened to fp32, h [rows, r].
 struct Work {
   std::vector<float> xs, a, h;
+  std::vector<uint32_t> hp;  // h as bf16 pairs (the vdpbf16ps expand)
 };
 
 // h[i r + j] = A row j . x row i, rounded to T, for the task's n rows (xr).
 template <typename T>
 void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work& work, float* h) {
   const int64_t r = w.r;
-  auto pairs = [&](const auto* const* rows, const auto* a, int64_t lda) {  // j two at a time, then the last
+  // A's rows from j0 on, two at a time, then the last
+  auto pairs = [&](const auto* const* rows, const auto* a, int64_t lda, int64_t j0) {
     const int64_t row_bytes = lda * sizeof(*a);
-    prefetch(a, std::min<int64_t>(r, kAhead) * row_bytes);
-    for (int64_t j = 0; j < r; j += 2) {
+    if (j0 == 0) prefetch(a, std::min<int64_t>(r, kAhead) * row_bytes);
+    for (int64_t j = j0; j < r; j += 2) {
       if (j + kAhead < r) prefetch(a + (j + kAhead) * lda, std::min<int64_t>(2, r - j - kAhead) * row_bytes);
       row_blocks(n, [&](auto nr, int64_t i) {
         constexpr int NR = decltype(nr)::value;
@@ -83,10 +93,11 @@ void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work
     }
   };
   if constexpr (std::is_same_v<T, float>) {
-    pairs(xr, w.a, in);
+    pairs(xr, w.a, in, 0);
 #ifdef ORCA_DPBF16
   } else if constexpr (std::is_same_v<T, at::BFloat16>) {
-    pairs(xr, w.a, in);
+    const int64_t r4 = shrink4(w.a, r, xr, n, in, h);  // A's rows four at a time, the last r % 4 in pairs
+    pairs(xr, w.a, in, r4);
 #endif
   } else {  // widened once: the task's rows and A's r rows (r in)
     const float* xf[kChunk];
@@ -95,7 +106,7 @@ void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work
       xf[i] = work.xs.data() + i * in;
     }
     to_float(w.a, work.a.data(), r * in);
-    pairs(xf, work.a.data(), in);
+    pairs(xf, work.a.data(), in, 0);
   }
 }
 
@@ -132,10 +143,21 @@ inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int6
   }
 }
 
-// The expand of NR rows over every output, kOut at a time.
+
+// The expand of NR rows over every output, kOut at a time (hp: h as bf16 pairs, for the vdpbf16ps
+// expand; null elsewhere).
 template <typename T, int NR>
-void expand(const Adapter<T>& w, const float* h, T* const* yr, int64_t out) {
+void expand(const Adapter<T>& w, const float* h, const uint32_t* hp, T* const* yr, int64_t out) {
   int64_t o0 = 0;
+#ifdef ORCA_DPBF16
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (hp != nullptr) {
+      for (; o0 + kOut <= out; o0 += kOut) expand_block_dp<NR, true>(w.bt, w.ldbt, w.r, w.scale, hp, yr, o0, kOut, o0 + (kAhead + 1) * kOut <= out);
+      if (o0 < out) expand_block_dp<NR, false>(w.bt, w.ldbt, w.r, w.scale, hp, yr, o0, out - o0, false);
+      return;
+    }
+  }
+#endif
   for (; o0 + kOut <= out; o0 += kOut) expand_block<T, NR, true>(w, h, yr, o0, kOut, o0 + (kAhead + 1) * kOut <= out);
   if (o0 < out) expand_block<T, NR, false>(w, h, yr, o0, out - o0, false);
 }
@@ -155,7 +177,16 @@ void run_task(const Task<T>& task, const Task<T>* next, const int64_t* rows, con
   for (int64_t j = 0; j < task.w.r; ++j) prefetch(task.w.bt + j * task.w.ldbt, std::min(out, kAhead * kOut) * sizeof(T));
   shrink(task.w, xr, n, in, work, h);
   if (next != nullptr) prefetch(next->w.a, std::min<int64_t>(next->w.r, kAhead) * in * sizeof(T));
-  row_blocks(n, [&](auto nr, int64_t i) { expand<T, decltype(nr)::value>(task.w, h + i * task.w.r, yr + i, out); });
+  const int64_t pairs = (task.w.r + 1) / 2;
+  const uint32_t* hp = nullptr;
+#ifdef ORCA_DPBF16
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    if (h_pairs(h, n * task.w.r, task.w.r, work.hp.data())) hp = work.hp.data();
+  }
+#endif
+  row_blocks(n, [&](auto nr, int64_t i) {
+    expand<T, decltype(nr)::value>(task.w, h + i * task.w.r, hp == nullptr ? nullptr : hp + i * pairs, yr + i, out);
+  });
 }
 
 template <typename T>
@@ -165,8 +196,9 @@ void run_all(const std::vector<Task<T>>& tasks, const int64_t* rows, const at::T
   T* yp = y.data_ptr<T>();
   const int64_t ldy = y.stride(0), in = x.size(1), out = y.size(1);
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t k0, int64_t k1) {
-    Work work{std::vector<float>(std::is_same_v<T, float> ? 0 : kChunk * in),
-              std::vector<float>(std::is_same_v<T, float> ? 0 : rank * in), std::vector<float>(kChunk * rank)};
+    const bool widened = !std::is_same_v<T, float> && !kDpbf16;  // the FMA shrink widens bf16 (shrink)
+    Work work{std::vector<float>(widened ? kChunk * in : 0), std::vector<float>(widened ? rank * in : 0),
+              std::vector<float>(kChunk * rank), std::vector<uint32_t>(kDpbf16 ? kChunk * ((rank + 1) / 2) : 0)};
     for (int64_t k = k0; k < k1; ++k) run_task(tasks[k], k + 1 < k1 ? &tasks[k + 1] : nullptr, rows, xp, yp, ldy, in, out, work);
   });
 }

@@ -1,0 +1,153 @@
+// The vdpbf16ps pieces of the LoRA update on bf16 (gemm/lora.cpp, avx512_bf16 and amx; docs/lora.md
+// "The segmented update in the dispatch table"): the shrink four rows of A at a time with its 16
+// sums reduced together, the expand two ranks at a time, and c10's bf16 rounding on a vector.
+#pragma once
+
+#include "gemm/lora_vec.h"
+
+#ifdef ORCA_DPBF16
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace orcaserve::ORCA_ISA {
+namespace lora {
+
+// v rounded to bf16 as c10's scalar conversion does (nearest even, denormals kept, a NaN to
+// 0x7fc0), back in fp32: the bits, without vcvtneps2bf16 (which reads denormals as zero).
+inline __m512 bf16_round(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd),
+                                     _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000)));
+}
+
+// Lane k: the sum of v[k]'s 16 lanes, for the 16 vectors at once (a tree of 45 shuffles and adds
+// instead of 16 horizontal sums; another order of the fp32 sums).
+inline __m512 sums16(const __m512* v) {
+  __m512 s8[8], s4[4], s2[2];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], a = v[2i], b = v[2i+1]
+    s8[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: v[4i .. 4i+3]'s sums over that lane
+    const __m512d x = _mm512_castps_pd(s8[2 * i]), y = _mm512_castps_pd(s8[2 * i + 1]);
+    s4[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < 2; ++i)  // [v[8i..8i+3] over lanes 0-1, 2-3; v[8i+4..8i+7] over lanes 0-1, 2-3]
+    s2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0x88),
+                          _mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0xdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88), _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+}
+
+// h's n values (rows of r, each already a bf16 value in fp32) as bf16 pairs (j, j + 1) per row, a
+// zero past an odd r: false, nothing written, if one is a bf16 denormal (vdpbf16ps would read it as
+// zero; the FMA expand then runs).
+inline bool h_pairs(const float* h, int64_t n, int64_t r, uint32_t* hp) {
+  const int64_t pairs = (r + 1) / 2;
+  for (int64_t i = 0; i < n; i += r)
+    for (int64_t j = 0; j < r; j += 2) {
+      uint32_t b0, b1 = 0;
+      std::memcpy(&b0, h + i + j, 4);
+      if (j + 1 < r) std::memcpy(&b1, h + i + j + 1, 4);
+      const uint32_t e0 = b0 & 0x7f800000u, e1 = b1 & 0x7f800000u;
+      if ((e0 == 0 && (b0 & 0x7fffffffu) != 0) || (e1 == 0 && (b1 & 0x7fffffffu) != 0)) return false;
+      hp[i / r * pairs + j / 2] = (b0 >> 16) | (b1 & 0xffff0000u);
+    }
+  return true;
+}
+// out lane q * 4 + p = x row q . a row p, for NR <= 4 rows and 4 rows of A, on bf16 as stored
+// (vdpbf16ps) and summed across the lanes for all 16 pairs at once (`sums16`).
+template <int NR>
+inline __m512 dots4(const at::BFloat16* const* xr, const at::BFloat16* a, int64_t lda, int64_t in) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < in; k += 32) {
+    const __mmask32 mask = in - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (in - k)) - 1;
+    __m512i av[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) av[p] = _mm512_maskz_loadu_epi16(mask, a + p * lda + k);
+#pragma GCC unroll 4
+    for (int q = 0; q < NR; ++q) {
+      const __m512i xv = _mm512_maskz_loadu_epi16(mask, xr[q] + k);
+#pragma GCC unroll 4
+      for (int p = 0; p < 4; ++p) acc[q * 4 + p] = _mm512_dpbf16_ps(acc[q * 4 + p], (__m512bh)xv, (__m512bh)av[p]);
+    }
+  }
+  return sums16(acc);
+}
+
+// The shrink's first r / 4 * 4 ranks (returned) for the n rows xr, four rows of A [r, in] at a
+// time: h[i r + j] = A row j . x row i, rounded to bf16, in fp32.
+inline int64_t shrink4(const at::BFloat16* a, int64_t r, const at::BFloat16* const* xr, int64_t n, int64_t in,
+                       float* h) {
+  const int64_t row_bytes = in * 2, r4 = r / 4 * 4;
+  prefetch(a, std::min<int64_t>(r, kAhead) * row_bytes);
+  for (int64_t j = 0; j < r4; j += 4) {
+    if (j + kAhead < r) prefetch(a + (j + kAhead) * in, std::min<int64_t>(4, r - j - kAhead) * row_bytes);
+    row_blocks(n, [&](auto nr, int64_t i) {
+      constexpr int NR = decltype(nr)::value;
+      alignas(64) float s[16];
+      _mm512_store_ps(s, bf16_round(dots4<NR>(xr + i, a + j * in, in, in)));
+      for (int q = 0; q < NR; ++q) std::memcpy(h + (i + q) * r + j, s + q * 4, 4 * sizeof(float));
+    });
+  }
+  return r4;
+}
+
+// yr[q][o0, o0 + m) += rounded(rounded(h row q . B^T) * scale) for NR rows, one block of kOut
+// outputs (lora.cpp's expand_block) with vdpbf16ps: h's values are bf16 already (the shrink rounded
+// them), taken two ranks at a time (hp: row q's pair p at q * pairs + p, `h_pairs`) against B^T's
+// rows j and j + 1 interleaved (B^T [r, out] ldbt apart; products exact in fp32, sums in fp32,
+// another order than the FMAs').
+template <int NR, bool Full>
+inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t r, float scale_value, const uint32_t* hp,
+                            at::BFloat16* const* yr, int64_t o0, int64_t m, bool ahead) {
+  const int64_t pairs = (r + 1) / 2;
+  const __mmask32 mask = Full ? ~__mmask32(0) : (__mmask32(1) << m) - 1;
+  __m512 lo[NR], hi[NR];
+#pragma GCC unroll 4
+  for (int q = 0; q < NR; ++q) lo[q] = hi[q] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    const at::BFloat16* b0 = bt + 2 * p * ldbt + o0;
+    const bool two = 2 * p + 1 < r;
+    if (ahead) {
+      prefetch(b0 + kAhead * kOut, kOut * 2);
+      if (two) prefetch(b0 + ldbt + kAhead * kOut, kOut * 2);
+    }
+    const __m512i v0 = Full ? _mm512_loadu_si512(b0) : _mm512_maskz_loadu_epi16(mask, b0);
+    const __m512i v1 = !two ? _mm512_setzero_si512()
+                            : (Full ? _mm512_loadu_si512(b0 + ldbt) : _mm512_maskz_loadu_epi16(mask, b0 + ldbt));
+    const __m512bh bl = (__m512bh)_mm512_unpacklo_epi16(v0, v1), bh = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
+#pragma GCC unroll 4
+    for (int q = 0; q < NR; ++q) {
+      const __m512bh hv = (__m512bh)_mm512_set1_epi32(static_cast<int>(hp[q * pairs + p]));
+      lo[q] = _mm512_dpbf16_ps(lo[q], bl, hv);
+      hi[q] = _mm512_dpbf16_ps(hi[q], bh, hv);
+    }
+  }
+  // lo, hi in vpunpck*wd's order (outputs 8l + 0-3 and 8l + 4-7 of each 128-bit lane l): y is read
+  // in that order too, and packed back into the outputs' (vpackusdw undoes the interleave).
+  const __m512 scale = _mm512_set1_ps(scale_value);
+#pragma GCC unroll 4
+  for (int q = 0; q < NR; ++q) {
+    at::BFloat16* yq = yr[q] + o0;
+    const __m512i yv = Full ? _mm512_loadu_si512(yq) : _mm512_maskz_loadu_epi16(mask, yq);
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512 ylo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, yv));
+    const __m512 yhi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, yv));
+    const __m512 slo = _mm512_add_ps(ylo, bf16_round(_mm512_mul_ps(bf16_round(lo[q]), scale)));
+    const __m512 shi = _mm512_add_ps(yhi, bf16_round(_mm512_mul_ps(bf16_round(hi[q]), scale)));
+    const __m512i v = _mm512_packus_epi32(_mm512_srli_epi32(_mm512_castps_si512(bf16_round(slo)), 16),
+                                          _mm512_srli_epi32(_mm512_castps_si512(bf16_round(shi)), 16));
+    Full ? _mm512_storeu_si512(yq, v) : _mm512_mask_storeu_epi16(yq, mask, v);
+  }
+}
+
+}  // namespace lora
+}  // namespace orcaserve::ORCA_ISA
+#endif
