@@ -249,11 +249,10 @@ class Decoder:
         else:
             x = x + delta if delta is not None else x
             last = self._add_norm(x.index_select(0, sample_rows), None, self.norm)[1]  # [S, hidden]
+        if argmax and not self.head_argmax:
+            raise ValueError("forward(argmax=True) needs an lm_head with its own argmax (head_argmax)")
         if argmax:  # a QuantLinear's argmax (or a wrapper's of one: the step breakdown's timer)
-            tokens = cast(QuantLinear, self.lm_head).argmax(last) if self.head_argmax else None  # [S]
-            if tokens is None:
-                raise ValueError("forward(argmax=True) needs an lm_head with its own argmax (head_argmax)")
-            return tokens
+            return cast(QuantLinear, self.lm_head).argmax(last)  # [S] int64
         return self._head(last)  # [S, V]
 
     def _adapted_tail(
