@@ -5,9 +5,12 @@ dated runs in docs/performance-log.md).
 
     orcaserve-bench spec --replay                            # K = 2..8, 12, 16; copy and open sets
     orcaserve-bench spec --replay --replay-ks 4,7 --row-ms 1:3.29,4:4.24,8:5.63,16:8.61
+    orcaserve-bench spec --replay --replay-answers answers.json   # the same answers for every run
 
 Each set's `--requests` prompts (default 4, the one-client run's) are decoded greedily with
-speculation off, one after another. Then, for each K, every answer is replayed one request after another as
+speculation off, one after another (`--replay-answers FILE`: read from FILE where it exists, else
+written there: one run's greedy answers are not always the next one's, so compare proposers and
+policies on one file). Then, for each K, every answer is replayed one request after another as
 one stream decodes it: each step asks the proposer for its kind of proposal (`kinds`), the policy
 for its K (`plan`, over a step of one decode row) and the proposer for the tokens; the proposals
 the answer agrees with are accepted, plus the target's own token, and the policy observes the
@@ -23,6 +26,8 @@ of what the engine gets, to compare proposers and policies by, not a speed.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -144,8 +149,13 @@ def run_replay(args: argparse.Namespace, engine: Engine, sets: dict[str, list[st
         f"{'every row: tok/step':>21}{'priced':>9}{'no proposal':>13}",
         file=sys.stderr,
     )
+    cached: dict[str, list] = {}
+    if args.replay_answers and os.path.exists(args.replay_answers):
+        with open(args.replay_answers) as f:
+            cached = json.load(f)
     for name in args.sets.split(","):
-        work = answers(engine, sets[name][: args.requests or 4], args.max_tokens)
+        work = cached.get(name) or answers(engine, sets[name][: args.requests or 4], args.max_tokens)
+        cached[name] = work
         rows = []
         for k in map(int, args.replay_ks.split(",")):
             pol, every = replay(work, k, table), replay(work, k, table, every_row=True)
@@ -157,4 +167,7 @@ def run_replay(args: argparse.Namespace, engine: Engine, sets: dict[str, list[st
                 file=sys.stderr,
             )
         out["sets"][name] = {"answer_tokens": [len(a) for _, a in work], "rows": rows}
+    if args.replay_answers:
+        with open(args.replay_answers, "w") as f:
+            json.dump(cached, f)
     return out

@@ -133,6 +133,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="prompt lookup and the policy replayed over the off run's answers, steps priced by --row-ms",
     )
     ap.add_argument("--replay-ks", default="2,3,4,5,6,7,8,12,16", help="--replay: the K values")
+    ap.add_argument("--replay-answers", default=None, help="--replay: the off run's answers, read or written (JSON)")
     ap.add_argument("--row-ms", default=None, help="--replay: step ms by rows, 'ROWS:MS,...' (default: Zen 5's)")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
     ap.add_argument("--repeats", type=int, default=3, help="off/on pairs per point, alternated; medians kept")
