@@ -8,6 +8,7 @@ docs/performance-log.md).
     orcaserve-bench spec --method draft --draft-model DIR_OR_GGUF --temperature 1.0   # sampled rows
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1   # synthetic pair: spec_draft.py
     orcaserve-bench spec --rows 12                        # step time against a verifying row's rows: spec_rows.py
+    orcaserve-bench spec --replay                         # tokens a step, replayed and priced: spec_replay.py
 
 Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made from
 the project's own source and docstrings (shipped with it); open-ended ones ask for new text. Each
@@ -105,7 +106,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--clients", default="1,4,16,32", help="concurrent clients, comma-separated")
     ap.add_argument("--sets", default="copy,open", help="prompt sets: copy (copy-heavy), open (open-ended)")
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--num-speculative-tokens", type=int, default=4)
+    ap.add_argument("--num-speculative-tokens", type=int, default=7)
     ap.add_argument(
         "--temperature",
         type=float,
@@ -126,6 +127,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         help="bypass the policy: every eligible row proposes K tokens every step (acceptance, not the policy)",
     )
     ap.add_argument("--rows", type=int, default=0, help="step time at 1..ROWS rows of one verifying request")
+    ap.add_argument(
+        "--replay",
+        action="store_true",
+        help="prompt lookup and the policy replayed over the off run's answers, steps priced by --row-ms",
+    )
+    ap.add_argument("--replay-ks", default="2,3,4,5,6,7,8,12,16", help="--replay: the K values")
+    ap.add_argument("--replay-answers", default=None, help="--replay: the off run's answers, read or written (JSON)")
+    ap.add_argument("--row-ms", default=None, help="--replay: step ms by rows, 'ROWS:MS,...' (default: Zen 5's)")
     ap.add_argument("--requests", type=int, default=0, help="requests per run (default: max(4, clients))")
     ap.add_argument("--repeats", type=int, default=3, help="off/on pairs per point, alternated; medians kept")
     ap.add_argument("--dtype", default=None)
@@ -202,6 +211,11 @@ def run(args: argparse.Namespace) -> dict:
 
         return {"model": args.model or "SmolLM2-135M-Instruct (default)", **run_rows(args, engine, spec)}
     sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
+    if args.replay:
+        from orcaserve.bench.engine.spec_replay import ROW_MS, run_replay
+
+        args.row_ms = args.row_ms or ROW_MS
+        return {"model": args.model or "SmolLM2-135M-Instruct (default)", **run_replay(args, engine, sets)}
     if args.agreement is not None:
         from orcaserve.bench.engine.spec_draft import run_synthetic
 

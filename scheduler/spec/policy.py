@@ -19,6 +19,9 @@ a copied run found by 8 tokens is accepted far more often than a guess from one 
 whose one-token guesses fail keeps speculating, with its full K, on the long matches of a copied
 run. A kind whose recent accepted tokens per speculated step stay below `min_accepted` stops
 proposing for a while (doubling each time), then tries again; the request's other kinds go on.
+A request's first proposal of a kind starts from the engine's averages of that kind over all
+requests where they are higher than the default (docs/speculative-decoding.md "When it pays", "A
+request's start per kind"): a copied run gets the K long matches have earned from its first step.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
     from orcaserve.scheduler.core.step_output import SchedulerOutput
 
 EMA = 0.3  # weight of the newest step in a request's averages
+PRIOR_EMA = 0.1  # weight of the newest step in the engine's averages per kind (a new request's start)
 PROBATION = 4  # speculated steps before a request's average may pause it
 PAUSE_STEPS = 16  # first pause, in steps; doubles each time, up to MAX_PAUSE
 MAX_PAUSE = 512
@@ -68,6 +72,7 @@ class SpecPolicy:
         self.min_accepted = config.min_accepted
         self.cost = StepCostModel()
         self._rows: dict[str, dict[int, _Row]] = {}  # per request, per kind of proposal
+        self._prior: dict[int, tuple[float, float]] = {}  # per kind, over all requests: (accepted, checked)
         self.declined_steps = 0  # steps the cost model found speculation would not pay
 
     def _row(self, rid: str, kind: int = 0) -> _Row:
@@ -77,6 +82,11 @@ class SpecPolicy:
         row = rows.get(kind)
         if row is None:
             row = rows[kind] = _Row()
+            # The engine's averages of the kind where they beat the default's one half (never lower:
+            # a new request keeps its probation).
+            accepted, checked = self._prior.get(kind, (row.accepted, row.checked))
+            if accepted * row.checked > row.accepted * checked:
+                row.accepted, row.checked = accepted, checked
         return row
 
     def k_for(self, rid: str, kind: int = 0) -> int:
@@ -155,8 +165,11 @@ class SpecPolicy:
         """A speculated row's outcome: the averages of its kind of proposal, and a pause of that
         kind if they stay below the floor."""
         row = self._row(rid, kind)
+        checked = accepted + (accepted < proposed)
         row.accepted += EMA * (accepted - row.accepted)
-        row.checked += EMA * (accepted + (accepted < proposed) - row.checked)
+        row.checked += EMA * (checked - row.checked)
+        a, c = self._prior.get(kind, (_Row.accepted, _Row.checked))
+        self._prior[kind] = (a + PRIOR_EMA * (accepted - a), c + PRIOR_EMA * (checked - c))
         row.steps += 1
         if row.steps >= PROBATION and row.accepted < self.min_accepted:
             row.paused, row.pause_next = row.pause_next, min(MAX_PAUSE, row.pause_next * 2)

@@ -109,3 +109,21 @@ def test_a_kind_of_proposal_that_fails_pauses_alone():
     assert policy.plan(one, one.sampling, {"r0": 0}) == []  # type: ignore[arg-type]
     assert policy.plan(one, one.sampling, {"r0": 3}) == [(row, 4)]  # type: ignore[arg-type]
     assert policy.plan(one, one.sampling) == []  # type: ignore[arg-type]  # no kind given: kind 0
+
+
+def test_a_new_request_starts_from_the_engines_acceptance_of_its_kind():
+    """A request's first long match is sized from what the engine's earlier requests accepted of that
+    kind (a copied run, nearly all accepted: the full K), not from the default's one half (K = 3 at
+    this price, the test above); a kind the engine accepts poorly starts at the default, not lower,
+    so a new request keeps its probation."""
+    policy = _policy()
+    policy.cost.coefficients = [0.0087, 0.0, 0.0006, 0.0]
+    first, second, third = _Sched(1), _Sched(1), _Sched(1)
+    second.sampling[0].request_id, third.sampling[0].request_id = "r1", "r2"
+    assert policy.plan(first, first.sampling, {"r0": 3}) == [(first.sampling[0], 3)]  # nothing learnt: one half
+    for i in range(8):
+        policy.observe(f"done{i}", 4, 4, kind=3)
+        policy.observe(f"done{i}", 4, 0, kind=0)
+        policy.drop(f"done{i}")
+    assert policy.plan(second, second.sampling, {"r1": 3}) == [(second.sampling[0], 4)]
+    assert policy.plan(third, third.sampling, {"r2": 0}) == [(third.sampling[0], 3)]
