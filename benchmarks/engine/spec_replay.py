@@ -9,7 +9,8 @@ dated runs in docs/performance-log.md).
 
 Each set's `--requests` prompts (default 4, the one-client run's) are decoded greedily with
 speculation off, one after another (`--replay-answers FILE`: read from FILE where it exists, else
-written there: one run's greedy answers are not always the next one's, so compare proposers and
+written there: the answers are the same run to run only for the same prompts, which quote the
+project's docstrings, and the same kernels (docs/engine.md, "Run to run"), so compare proposers and
 policies on one file). Then, for each K, every answer is replayed one request after another as
 one stream decodes it: each step asks the proposer for its kind of proposal (`kinds`), the policy
 for its K (`plan`, over a step of one decode row) and the proposer for the tokens; the proposals
