@@ -44,12 +44,11 @@ inline void prefetch_block(const uint8_t* p, bool l1) {
        : _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T1);
 }
 
-// How far ahead in its stream a GEMV-shaped call's thread prefetches (docs/int8-activations.md,
-// "One row at the read rate").
-constexpr int64_t kAhead = 8192;
+constexpr int64_t kAhead = 8192;  // bytes a GEMV-shaped call prefetches ahead in its thread's stream
 
 template <int Bits, bool Offset, bool Wide, int R>
-__attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf, bool l1) {
+__attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf,
+                                     bool l1) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   constexpr int S = fmt.spans(), G = 8 / S;
   // Up to kAccRows rows the fp32 sums live in registers; above, in `out` (L1), so that 5-8 rows are
@@ -165,11 +164,9 @@ void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int
       const uint8_t* panel = packed + p * panel_bytes;
       const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);
       const float* bias_p = bias ? bias + p * kPanel : nullptr;
-      // During this panel's first row tile the tile prefetches: a GEMV-shaped call (each thread's
-      // panels one stream) kAhead bytes ahead in the stream, into L1 at one row, else L2; other calls
-      // the panel this thread computes next, into L2. At decode row counts a panel's compute is too
-      // short for the hardware prefetcher to hide DRAM (docs/int8-activations.md, "The engine
-      // against the tile", "One row at the read rate").
+      // The first row tile prefetches: GEMV-shaped calls kAhead bytes ahead in the thread's stream (L1
+      // at one row, else L2), others the thread's next panel into L2 (docs/int8-activations.md, "The
+      // engine against the tile", "One row at the read rate").
       const bool streamed = M <= kStreamRows;
       const uint8_t* pf = streamed ? panel + kAhead : next < P ? packed + next * panel_bytes : nullptr;
       tiles.each([&](int64_t t, int64_t m, auto rows) {
