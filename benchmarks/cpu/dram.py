@@ -15,11 +15,14 @@ import torch
 INT8_PACKED_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24, "q6_k": 40}
 
 
-def read_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+def read_bandwidth(mib: int = 512, repeats: int = 15) -> float:
     """Read bandwidth in GB/s with torch's threads: the best of `repeats` sums over a buffer far
-    larger than the last-level cache (a sum reads each byte once and writes nothing)."""
+    larger than the last-level cache (a sum reads each byte once and writes nothing), after two
+    unmeasured ones. Each sum takes ~10 ms, so one preempted sum on a shared machine read as half the
+    rate (best of 5: 41 and 74-80 GB/s in three runs on one machine), hence 15."""
     x = torch.ones(mib << 18, dtype=torch.float32)  # mib MiB of fp32
-    x.sum()  # pages touched, threads started
+    for _ in range(2):  # pages touched, threads started, clocks up
+        x.sum()
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()

@@ -4,7 +4,8 @@
     orcaserve-bench kernels quant [--kernels fp32,bf16,q8_0,q4_0,q4_1,q4_k,q6_k,t_int8,t_int4,t_w8a8]
     orcaserve-bench kernels int8  [--formats q4_0,q8_0,q4_1,q4_k,q6_k] [--no-bitwise] [--isa avx2]
     orcaserve-bench kernels ternary [--kernels bf16,ternary,t_ternary]
-    ... [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down] [--threads N] [--clock cpu] [--stat min]
+    ... [--rows 1,4,8,16,32,64,512] [--shapes qkv,o,gate_up,down,lm_head] [--model smollm2]
+        [--threads N] [--clock cpu] [--stat min]
 
 The steps differ in shapes, kernels and figure (docs/kernels.md, docs/int8-activations.md):
 - gemm: SmolLM2-135M's shapes, the dense GEMMs the lean decoder may pick (`kernels/linear.py`):
@@ -18,6 +19,8 @@ The steps differ in shapes, kernels and figure (docs/kernels.md, docs/int8-activ
 - ternary: BitNet b1.58 2B4T's shapes, the same weights in bf16 (`Linear`), ternary through the
   dispatch table's kernel (`ternary`: two bits a weight) and through the PyTorch twin (`t_ternary`:
   int8 and torch._int_mm), activations quantized per token inside each call (docs/bitnet.md); GB/s.
+`read` (int8 step, `--kernels read,q4_0+a8`) is a plain read of as many bytes as the first
+`--formats` entry's int8-activation panels, torch's sum: the rate a GEMV could read them at.
 The K-quants' codes are made from q4_1's and q8_0's (the speed does not depend on the values).
 Quant and int8 cycle each kernel over copies of its weight, at least `--min-mb` a round (48 MB: 3x
 a Zen 2's L3), so the weight streams from DRAM as in a decode step; gemm reuses one weight (0).
@@ -44,14 +47,18 @@ import torch
 import torch.nn.functional as F
 
 from orcaserve.bench import result
+from orcaserve.bench.cpu.dram import INT8_PACKED_BYTES
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.linear import MKL_PACK_ROWS, Linear
 from orcaserve.kernels.quant import BlockCodes, QuantLinear, quantize
 from orcaserve.kernels.ternary import TernaryLinear
 
-SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}  # (out, in)
-LLAMA1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192)}
+# (out, in); lm_head only where --shapes names it
+SMOLLM2 = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
+LLAMA1B = {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192),
+           "lm_head": (128256, 2048)}  # fmt: skip
 BITNET2B = {"qkv": (3840, 2560), "o": (2560, 2560), "gate_up": (13824, 2560), "down": (2560, 6912)}
+MODELS = {"llama1b": LLAMA1B, "smollm2": SMOLLM2, "bitnet2b": BITNET2B}
 FORMATS = ("q4_0", "q8_0", "q4_1", "q4_k", "q6_k")
 # step: (shapes, default kernels, default rows, MB of weight copies a round, figure)
 STEPS: dict[str, tuple[dict[str, tuple[int, int]], str, str, int, str]] = {
@@ -160,6 +167,10 @@ def make(kernel: str, w: torch.Tensor, args: argparse.Namespace) -> Kernel:
         return layer, layer.nbytes(), torch.bfloat16, layer.kernel
     if kernel.startswith("t_"):
         return torch_kernel(kernel, w)
+    if kernel == "read":  # a plain read (torch's sum) of the first format's int8-activation bytes
+        fmt = args.formats.split(",")[0]
+        buf = torch.ones(w.shape[0] * w.shape[1] // 32 * INT8_PACKED_BYTES[fmt] // 4)
+        return (lambda x: buf.sum()), buf.numel() * 4, torch.bfloat16, f"sum of {fmt}+a8's bytes"
     fmt, _, act = kernel.partition("+")
     forced = f"orcaserve.{'linear_int8' if act else 'linear_quant'}.{args.isa}" if args.isa else None
     q = QuantLinear(codes_for(w, fmt), None, kernel=forced, activations="int8" if act else None)
@@ -202,7 +213,8 @@ def bench_shape(name: str, n: int, k: int, kernels: list[str], args: argparse.Na
             cell = {"shape": name, "rows": m, "kernel": kern, "runs": built[kern][0][3], "ms": ms}
             cell.update(gflops=2 * m * n * k / ms / 1e6, gbps=built[kern][0][1] / ms / 1e6)
             cells.append(cell)
-            row.append(f"{ms:.3f} ({cell['gbps' if figure == 'GB/s' else 'gflops']:.0f})")
+            gbps = figure == "GB/s" or "read" in kernels  # beside a plain read: both at the read's figure
+            row.append(f"{ms:.3f} ({cell['gbps' if gbps else 'gflops']:.{1 if gbps else 0}f})")
         say(f"| {m} | " + " | ".join(row) + " |")
     return cells
 
@@ -210,7 +222,8 @@ def bench_shape(name: str, n: int, k: int, kernels: list[str], args: argparse.Na
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", default=None, help="row counts (default per step: " + "; ".join(
         f"{s} {v[2]}" for s, v in STEPS.items()) + ")")  # fmt: skip
-    ap.add_argument("--shapes", default="qkv,o,gate_up,down")
+    ap.add_argument("--shapes", default="qkv,o,gate_up,down", help="add lm_head for the vocabulary projection")
+    ap.add_argument("--model", choices=sorted(MODELS), default=None, help="whose shapes (default per step)")
     per_step = "; ".join(f"{s} {v[1]}" for s, v in STEPS.items())
     ap.add_argument("--kernels", default=None, help=f"default per step: {per_step}")
     ap.add_argument("--formats", default=",".join(FORMATS), help="int8: each as <fmt> and <fmt>+a8")
@@ -233,6 +246,7 @@ say = LINES.say
 def run(args: argparse.Namespace) -> dict[str, Any]:
     LINES.clear()
     shapes, kernels, rows, min_mb, _ = STEPS[args.step]
+    shapes = MODELS[args.model] if args.model else shapes
     args.rows = [int(r) for r in (args.rows or rows).split(",")]
     args.min_mb = min_mb if args.min_mb is None else args.min_mb
     if args.threads:

@@ -36,14 +36,19 @@
 namespace orcaserve::ORCA_ISA {
 namespace {
 
-// Bytes [p, p + Bytes) requested into L2, a cache line at a time.
+// Bytes [p, p + Bytes) requested a cache line at a time, into L1 where `l1`, else into L2.
 template <int64_t Bytes>
-inline void prefetch_block(const uint8_t* p) {
-  for (int64_t l = 0; l < Bytes; l += 64) _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T1);
+inline void prefetch_block(const uint8_t* p, bool l1) {
+  for (int64_t l = 0; l < Bytes; l += 64)
+    l1 ? _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T0)
+       : _mm_prefetch(reinterpret_cast<const char*>(p + l), _MM_HINT_T1);
 }
 
+constexpr int64_t kAhead = 8192;  // bytes a GEMV-shaped call prefetches ahead in its thread's stream
+
 template <int Bits, bool Offset, bool Wide, int R>
-__attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf) {
+__attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* panel, float* out, const uint8_t* pf,
+                                     bool l1) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   constexpr int S = fmt.spans(), G = 8 / S;
   // Up to kAccRows rows the fp32 sums live in registers; above, in `out` (L1), so that 5-8 rows are
@@ -66,7 +71,7 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
     }
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = panel + b * fmt.block_bytes();
-    if (pf != nullptr) prefetch_block<fmt.block_bytes()>(pf + b * fmt.block_bytes());
+    if (pf != nullptr) prefetch_block<fmt.block_bytes()>(pf + b * fmt.block_bytes(), l1);
     const float* heads = reinterpret_cast<const float*>(blk);
     const uint8_t* codes = blk + fmt.head_bytes();
     const int8_t* x = a.q + m * a.K + b * kBlock;
@@ -159,13 +164,14 @@ void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int
       const uint8_t* panel = packed + p * panel_bytes;
       const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);
       const float* bias_p = bias ? bias + p * kPanel : nullptr;
-      // The panel this thread computes next is requested into L2 during this one's first row tile: at
-      // decode row counts a panel's compute is too short for the hardware prefetcher to hide DRAM
-      // (docs/int8-activations.md, "The engine against the tile").
-      const uint8_t* pf = next < P ? packed + next * panel_bytes : nullptr;
+      // The first row tile prefetches: GEMV-shaped calls kAhead bytes ahead in the thread's stream (L1
+      // at one row, else L2), others the thread's next panel into L2 (docs/int8-activations.md, "The
+      // engine against the tile", "One row at the read rate").
+      const bool streamed = M <= kStreamRows;
+      const uint8_t* pf = streamed ? panel + kAhead : next < P ? packed + next * panel_bytes : nullptr;
       tiles.each([&](int64_t t, int64_t m, auto rows) {
         constexpr int R = decltype(rows)::value;
-        tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr);
+        tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr, streamed && R == 1);
         for (int r = 0; r < R; ++r) emit(m + r, p, buf + r * kPanel, bias_p, ncols);
       });
     });
