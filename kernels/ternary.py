@@ -102,12 +102,24 @@ class TernaryLinear:
             return x_q.new_zeros(0, self.out_features, dtype=torch.int32)
         return torch._int_mm(x_q, self.weight)
 
+    def _scale(self, dtype: torch.dtype) -> torch.Tensor:  # col_scale in dtype, converted once
+        scale = self._scales.get(dtype)
+        if scale is None:
+            scale = self._scales[dtype] = self.col_scale.to(dtype).contiguous()
+        return scale
+
+    def normed(self, x: torch.Tensor, weight: torch.Tensor, eps: float, relu2: bool = False) -> torch.Tensor | None:
+        """self(rms_norm(a, weight, eps)) in one C++ call, a being x [T, K], or relu(gate)^2 * up of
+        x = [gate | up] [T, 2 K] where relu2: BitNet's sub-layer norms (docs/bitnet.md, "The sub-layer
+        norms in the call"), the PyTorch ops' output bit for bit. None where the call does not apply
+        (no C++ kernel, another dtype): the caller runs those ops (scheduler/model/bitnet.py)."""
+        if self._whole is None or x.dtype not in (torch.float32, torch.bfloat16) or weight.dtype != x.dtype:
+            return None
+        return self._whole(x, self.weight, self.out_features, self._scale(x.dtype), weight, eps, relu2)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N], x's dtype
         if self._whole is not None and x.dtype in (torch.float32, torch.bfloat16):
-            scale = self._scales.get(x.dtype)
-            if scale is None:
-                scale = self._scales[x.dtype] = self.col_scale.to(x.dtype).contiguous()
-            return self._whole(x, self.weight, self.out_features, scale)
+            return self._whole(x, self.weight, self.out_features, self._scale(x.dtype))
         x_q, s = quantize_activations(x)
         acc = self.int_sums(x_q)
         return (acc.to(x.dtype) / (self.col_scale.to(x.dtype) * s)).to(x.dtype)  # [T, N]

@@ -15,6 +15,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+
+from orcaserve.kernels.pytorch.fused import rms_norm
 from orcaserve.kernels.ternary import TernaryLinear
 
 ARCHITECTURE = "BitNetForCausalLM"
@@ -54,3 +58,23 @@ def projection(build: Callable[..., Any], *modules: Any, **kwargs: Any) -> Any:
     for m in modules:  # the packed copy is no longer read: the decoder holds the weights now
         m.weight = m.weight.new_empty(0)
     return fused
+
+
+def relu2_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]
+    """BitNet's MLP activation: relu(gate)^2 * up, as transformers computes it."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.square(F.relu(gate)) * up
+
+
+def sub_normed(
+    linear: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float, relu2: bool = False
+) -> torch.Tensor:
+    """linear(rms_norm(a, weight, eps)), a being x, or relu2_mul(x) where relu2 (no weight: no
+    norm): BitNet's sub-layer norm before o_proj and down_proj. In the ternary layer's own call
+    where it has one (`TernaryLinear.normed`), else op by op: the same bits either way."""
+    if weight is not None and isinstance(linear, TernaryLinear):
+        y = linear.normed(x, weight, eps, relu2)
+        if y is not None:
+            return y
+    a = relu2_mul(x) if relu2 else x
+    return linear(rms_norm(a, weight, eps) if weight is not None else a)

@@ -27,7 +27,7 @@ from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.kernels.quant import QuantLinear
 from orcaserve.kernels.ternary import TernaryLinear
 from orcaserve.scheduler.lora.resident import LoraStep
-from orcaserve.scheduler.model.bitnet import projection
+from orcaserve.scheduler.model.bitnet import projection, relu2_mul, sub_normed
 from orcaserve.scheduler.model.layer_call import LayerCall, layer_call
 from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
@@ -237,11 +237,13 @@ class Decoder:
                     attn_buf[:t].copy_(real)
                 attn = attn_buf
             attn = attn.reshape(-1, h * d)  # [T, H D]
-            if layer.attn_sub_norm is not None:
-                attn = rms_norm(attn, layer.attn_sub_norm, self.eps)
-            if lora is None:
-                x, hn = self._add_norm(x, layer.o(attn), layer.post_norm)
-                delta = layer.down(self._activate(layer, layer.gate_up(hn)))  # [T, hidden]
+            if lora is None:  # BitNet's sub-layer norms in o's and down's own calls where ternary (bitnet.py)
+                x, hn = self._add_norm(x, sub_normed(layer.o, attn, layer.attn_sub_norm, self.eps), layer.post_norm)
+                gate_up = layer.gate_up(hn)  # [T, 2 I]
+                if layer.relu2:  # [T, hidden]
+                    delta = sub_normed(layer.down, gate_up, layer.ffn_sub_norm, self.eps, relu2=True)
+                else:
+                    delta = layer.down(self._silu_mul(gate_up))
             else:
                 x, hn, delta = self._adapted_tail(i, layer, attn, x, lora)
         if one_call is not None and delta is not None:  # the same ops in one call
@@ -260,6 +262,8 @@ class Decoder:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """o, norm and MLP of layer `i` with the step's adapter updates (attn [T, H D], x [T, hidden]):
         (x + o, its norm, the MLP's output)."""
+        if layer.attn_sub_norm is not None:
+            attn = rms_norm(attn, layer.attn_sub_norm, self.eps)
         o = layer.o(attn)  # [T, hidden]
         lora.apply(i, "o", attn, o)
         x, hn = self._add_norm(x, o, layer.post_norm)
@@ -301,8 +305,7 @@ class Decoder:
         """act(gate) * up: SiLU, or BitNet's ReLU^2 followed by its sub-layer norm."""
         if not layer.relu2:
             return self._silu_mul(gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
-        out = torch.square(F.relu(gate)) * up
+        out = relu2_mul(gate_up)  # [T, I]
         return rms_norm(out, layer.ffn_sub_norm, self.eps) if layer.ffn_sub_norm is not None else out
 
     def _silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2 I] -> [T, I]

@@ -11,7 +11,9 @@ import pytest
 import torch
 from cpu_variants import op, params
 
+from orcaserve.kernels.pytorch.fused import rms_norm
 from orcaserve.kernels.ternary import TernaryLinear
+from orcaserve.scheduler.model.bitnet import relu2_mul
 
 TERNARY = params("linear_ternary")
 SHAPES = [(16, 16), (72, 48), (3840, 2560), (33, 100), (8, 6912)]  # (N, K)
@@ -84,6 +86,26 @@ def test_the_whole_layer_is_the_pytorch_path(variant, dtype, shape):
         got = op("bitlinear_ternary", variant)(x, packed, n, scale)
         want = twin(x)
         assert got.dtype == dtype and torch.equal(got, want), (variant, dtype, shape, t)
+
+
+@pytest.mark.parametrize("variant", TERNARY)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("k", [7, 100, 2560, 6912])
+def test_the_sub_norm_in_the_call_is_the_pytorch_ops(variant, dtype, k):
+    """BitNet's sub-layer norm (of x, or of relu(gate)^2 * up) inside the layer's call: the PyTorch
+    ops' output bit for bit. Widths under a vector, with a vector tail, the 2B4T's two; 33 rows of
+    6912 are summed by ATen on several threads (a row each)."""
+    n, g = 40, torch.Generator().manual_seed(k)
+    w, _ = _case(n, k, 1, k)
+    col_scale, norm = torch.rand(n, generator=g) + 0.5, (torch.rand(k, generator=g) + 0.5).to(dtype)
+    twin = TernaryLinear(w, col_scale, kernel="torch")
+    packed = op("pack_ternary_weight", variant)(w)
+    for t in (1, 3, 33):
+        for relu2 in (False, True):
+            x = _activations(t, 2 * k if relu2 else k, dtype, t)
+            got = op("bitlinear_ternary", variant)(x, packed, n, col_scale.to(dtype), norm, 1e-5, relu2)
+            want = twin(rms_norm(relu2_mul(x) if relu2 else x, norm, 1e-5))
+            assert got.dtype == dtype and torch.equal(got, want), (variant, dtype, k, t, relu2)
 
 
 @pytest.mark.parametrize("variant", TERNARY)

@@ -49,7 +49,7 @@ constexpr Schema kGemmInt8[] = {
     {"linear_int8_argmax", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
     {"pack_ternary_weight", "(Tensor weight) -> Tensor"},
     {"linear_ternary", "(Tensor x, Tensor packed, int out_features) -> Tensor"},
-    {"bitlinear_ternary", "(Tensor x, Tensor packed, int out_features, Tensor col_scale) -> Tensor"},
+    {"bitlinear_ternary", "(Tensor x, Tensor packed, int out_features, Tensor col_scale, Tensor? norm=None, float eps=0., bool relu2=False) -> Tensor"},
 };
 constexpr Schema kGemmBf16[] = {
     {"pack_linear_weight_bf16", "(Tensor weight) -> Tensor"},

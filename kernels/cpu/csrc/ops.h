@@ -64,11 +64,13 @@ at::Tensor linear_int8_argmax(const at::Tensor& x, const at::Tensor& packed, con
 
 // gemm/gemm_ternary.cpp (avx2 and up): BitNet's ternary weights packed two bits a weight, against
 // int8 activations: the int32 sums (the caller applies the scales), or BitNet's BitLinear whole in
-// x's dtype (float, bf16: activations quantized, sums scaled; gemm/ternary_act.h).
+// x's dtype (float, bf16: activations quantized, sums scaled; gemm/ternary_act.h), optionally after
+// BitNet's sub-layer norm of x (or of relu(gate)^2 * up; gemm/ternary_norm.h).
 at::Tensor pack_ternary_weight(const at::Tensor& weight);
 at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features);
 at::Tensor bitlinear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                             const at::Tensor& col_scale);
+                             const at::Tensor& col_scale, const std::optional<at::Tensor>& norm, double eps,
+                             bool relu2);
 
 // gemm/lora.cpp (avx2 and up): LoRA adapters' update of a step's rows, in place (docs/lora.md): one
 // adapter's rows by index, or every row against its own slot of the stacked weights.

@@ -25,6 +25,7 @@
 #include "gemm/int8_vec.h"
 #include "gemm/panels.h"
 #include "gemm/ternary_act.h"
+#include "gemm/ternary_norm.h"
 #include "ops.h"
 #include "rows.h"
 
@@ -226,16 +227,22 @@ void ternary_gemm(const Rows& x, int64_t t, const at::Tensor& packed, int64_t ou
 }
 
 template <typename T>
-at::Tensor bitlinear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, const at::Tensor& col_scale) {
-  const int64_t t = x.size(0), k = x.size(1), kp = groups_of(k) * kGroupK;
+at::Tensor bitlinear(const at::Tensor& x, const at::Tensor& packed, int64_t out_features, const at::Tensor& col_scale,
+                     const SubNorm& sub) {
+  const int64_t t = x.size(0), in = x.size(1), k = sub.relu2 ? in / 2 : in, kp = groups_of(k) * kGroupK;
   const int64_t cols = (out_features + kCols - 1) / kCols * kCols;
   Rows rows{std::vector<int8_t>(t * kp), std::vector<int32_t>(t), std::vector<float>(t), kp};
-  std::vector<float> row(k), cs(cols, 1.0f);  // cs: the column scales, padded to whole panels
+  std::vector<float> cs(cols, 1.0f), norm(sub.weight != nullptr ? k : 0);  // cs: padded to whole panels
+  if (!norm.empty()) to_float(sub.weight->data_ptr<T>(), norm.data(), k);
   const T* xs = x.data_ptr<T>();
-  for (int64_t i = 0; i < t; ++i) {
-    to_float(xs + i * k, row.data(), k);
-    rows.scales[i] = quantize_row<T>(row.data(), k, rows.codes.data() + i * kp, kp, &rows.sums[i]);
-  }
+  at::parallel_for(0, t, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(2 * k);  // the row, then up's scratch where relu2
+    for (int64_t i = begin; i < end; ++i) {
+      sub_norm_row<T>(xs + i * in, k, sub.relu2, norm.empty() ? nullptr : norm.data(), sub.eps, row.data(),
+                      row.data() + k);
+      rows.scales[i] = quantize_row<T>(row.data(), k, rows.codes.data() + i * kp, kp, &rows.sums[i]);
+    }
+  });
   to_float(col_scale.data_ptr<T>(), cs.data(), out_features);
   at::Tensor out = at::empty({t, out_features}, x.options());
   T* o = out.data_ptr<T>();
@@ -275,14 +282,21 @@ at::Tensor linear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t
 }
 
 at::Tensor bitlinear_ternary(const at::Tensor& x, const at::Tensor& packed, int64_t out_features,
-                             const at::Tensor& col_scale) {
+                             const at::Tensor& col_scale, const std::optional<at::Tensor>& norm, double eps,
+                             bool relu2) {
   TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "bitlinear_ternary: x is [T, K] float or bfloat16");
   TORCH_CHECK(col_scale.scalar_type() == x.scalar_type() && col_scale.numel() == out_features,
               "bitlinear_ternary: col_scale is [N] in x's dtype");
+  TORCH_CHECK(!relu2 || x.size(1) % 2 == 0, "bitlinear_ternary: relu2 takes x as [T, 2 K], gate then up");
+  const int64_t k = relu2 ? x.size(1) / 2 : x.size(1);
   const at::Tensor xc = x.contiguous(), cs = col_scale.contiguous();
-  if (x.scalar_type() == at::kFloat) return bitlinear<float>(xc, packed, out_features, cs);
-  return bitlinear<at::BFloat16>(xc, packed, out_features, cs);
+  const at::Tensor w = norm.has_value() ? norm->contiguous() : at::Tensor();
+  TORCH_CHECK(!w.defined() || (w.scalar_type() == x.scalar_type() && w.numel() == k),
+              "bitlinear_ternary: norm is [K] in x's dtype");
+  const SubNorm sub{w.defined() ? &w : nullptr, static_cast<float>(eps), relu2};
+  if (x.scalar_type() == at::kFloat) return bitlinear<float>(xc, packed, out_features, cs, sub);
+  return bitlinear<at::BFloat16>(xc, packed, out_features, cs, sub);
 }
 
 }  // namespace orcaserve::ORCA_ISA
