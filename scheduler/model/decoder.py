@@ -15,7 +15,6 @@ Which models it serves is `families.lean_supports`; the others use the transform
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, cast
 
 import torch
@@ -26,6 +25,7 @@ from orcaserve.kernels.linear import PLAIN_FROM_ROWS, Linear
 from orcaserve.kernels.pytorch.fused import add_rms_norm, rms_norm, silu_mul
 from orcaserve.kernels.quant import QuantLinear
 from orcaserve.kernels.ternary import TernaryLinear
+from orcaserve.kernels.triton import fused_ops
 from orcaserve.scheduler.lora.resident import LoraStep
 from orcaserve.scheduler.model.bitnet import projection, relu2_mul, sub_normed
 from orcaserve.scheduler.model.layer_call import LayerCall, layer_call
@@ -33,20 +33,6 @@ from orcaserve.scheduler.model.loader import model_dims
 from orcaserve.scheduler.model.quantized import fused_linear, head_linear
 from orcaserve.scheduler.model.rope_table import RopeTable, rotary_rows
 from orcaserve.scheduler.model.row_padding import PAD_MULTIPLE, padded_tokens
-
-
-def triton_fused_ops(wanted: bool | None, cuda: bool) -> ModuleType | None:
-    """kernels/triton/fused.py where the decoder runs it: by default on CUDA, where Triton imports;
-    `wanted` True or False overrides (True on a CPU model needs TRITON_INTERPRET=1)."""
-    if wanted is False or (wanted is None and not cuda):
-        return None
-    try:
-        from orcaserve.kernels.triton import fused
-    except ImportError:
-        if wanted:
-            raise
-        return None
-    return fused
 
 
 @dataclass
@@ -119,7 +105,7 @@ class Decoder:
         # On CUDA the same three fusions as Triton kernels (kernels/triton/fused.py, each held to its
         # PyTorch twin in kernels/pytorch/fused.py) instead of separate PyTorch ops; where set they
         # take precedence. triton_fused=False keeps the PyTorch ops (A/B).
-        self.triton_ops = triton_fused_ops(triton_fused, self.embed.device.type == "cuda")
+        self.triton_ops = fused_ops(triton_fused, self.embed.device.type == "cuda")
         self.lm_head = head_linear(model, pack, dtype)
         # Whether forward(argmax=True) can take the rows' greedy tokens inside the lm_head's GEMM
         # (QuantLinear.argmax), no logits written (docs/one-stream.md, "The argmax inside the lm_head").

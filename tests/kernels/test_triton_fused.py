@@ -280,7 +280,7 @@ def test_fused_section(section, outcomes):
 def test_decoder_uses_triton_only_on_cuda_by_default():
     """Without an override the Triton kernels are chosen for CUDA models only: a CPU model keeps
     its C++ or PyTorch ops (nothing here imports the kernels)."""
-    from orcaserve.scheduler.model.decoder import triton_fused_ops
+    from orcaserve.kernels.triton import fused_ops as triton_fused_ops
 
     assert triton_fused_ops(None, cuda=False) is None
     assert triton_fused_ops(False, cuda=True) is None
