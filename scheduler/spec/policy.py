@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orcaserve.scheduler.core.request import Request
-from orcaserve.scheduler.core.step_cost import StepCostModel, StepShape, row_context
+from orcaserve.scheduler.core.step_cost import FEATURES, StepCostModel, StepShape, row_context
 from orcaserve.scheduler.spec.config import SpeculativeConfig
 
 if TYPE_CHECKING:
@@ -45,6 +45,7 @@ MAX_PAUSE = 512
 MAX_ALPHA = 0.95  # a request that accepted everything so far is not taken as certain
 Item = tuple[float, float, float, int, int]  # a proposal: gain per second, gain, seconds, its pick, j (1..K)
 KINDS = 4  # match lengths 1, 2-3, 4-7, 8 and more
+ROWS, CONTEXT = FEATURES.index("decode_rows"), FEATURES.index("context_kilo")  # the cost model's terms
 
 
 def match_kind(length: int) -> int:
@@ -154,12 +155,12 @@ class SpecPolicy:
         """What k proposals on a decode row add to the step `shape` (predicted `base` seconds): the
         step priced by its total rows, each checked token a row that computes its logits and samples
         as a decode row does (`SchedulerOutput.seal`), plus the K/V they read."""
-        wider = StepShape(
-            shape.prompt_tokens,
-            shape.decode_rows + k,
-            shape.context + row_context(computed, 1 + k) - row_context(computed, 1),
-        )
-        return (self.cost.predict(wider) or base) - base
+        # The model is linear: the wider step's prediction less `base` is the rows' and the
+        # context's terms alone, read off the coefficients (no shape built per proposal).
+        coef = self.cost.coefficients
+        if coef is None:
+            return 0.0
+        return coef[ROWS] * k + coef[CONTEXT] * (row_context(computed, 1 + k) - row_context(computed, 1))
 
     def observe(self, rid: str, proposed: int, accepted: int, kind: int = 0) -> None:
         """A speculated row's outcome: the averages of its kind of proposal, and a pause of that
