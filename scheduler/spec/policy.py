@@ -114,7 +114,7 @@ class SpecPolicy:
         if shape is None or base is None or base <= 0.0:
             return [(req, k) for req, k, _ in picks]  # the cost model is still learning: every eligible row speculates
         tokens = float(len(sched.sampling))
-        if not any(self._first_pays(shape, base, req, kind, tokens) for req, _, kind in picks):
+        if not any(self._first_pays(base, req, kind, tokens) for req, _, kind in picks):
             self.declined_steps += 1  # a row's first proposal is its best: none beats the step
             return []
         items: list[Item] = []  # the j-th proposal of each pick
@@ -122,7 +122,7 @@ class SpecPolicy:
             alpha = self._row(req.request_id, kind).alpha
             before = 0.0
             for j in range(1, cap + 1):
-                extra = self.extra_seconds(shape, base, req.num_computed_tokens, j)
+                extra = self.extra_seconds(req.num_computed_tokens, j)
                 gain, seconds = alpha**j, extra - before
                 before = extra
                 items.append((gain / seconds if seconds > 0 else float("inf"), gain, seconds, i, j))
@@ -147,16 +147,15 @@ class SpecPolicy:
             tokens, total = tokens + gain, total + max(seconds, 0.0)
         return ks, order
 
-    def _first_pays(self, shape: StepShape, base: float, req: Request, kind: int, tokens: float) -> bool:
-        seconds = self.extra_seconds(shape, base, req.num_computed_tokens, 1)
+    def _first_pays(self, base: float, req: Request, kind: int, tokens: float) -> bool:
+        seconds = self.extra_seconds(req.num_computed_tokens, 1)
         return seconds <= 0.0 or self._row(req.request_id, kind).alpha / seconds > tokens / base
 
-    def extra_seconds(self, shape: StepShape, base: float, computed: int, k: int) -> float:
-        """What k proposals on a decode row add to the step `shape` (predicted `base` seconds): the
-        step priced by its total rows, each checked token a row that computes its logits and samples
-        as a decode row does (`SchedulerOutput.seal`), plus the K/V they read."""
-        # The model is linear: the wider step's prediction less `base` is the rows' and the
-        # context's terms alone, read off the coefficients (no shape built per proposal).
+    def extra_seconds(self, computed: int, k: int) -> float:
+        """What k proposals on a decode row after `computed` tokens add to a step: the step priced
+        by its total rows, each checked token a row that computes its logits and samples as a decode
+        row does (`SchedulerOutput.seal`), plus the K/V they read. The cost model is linear, so
+        that is the rows' and the context's terms alone, whatever else the step holds."""
         coef = self.cost.coefficients
         if coef is None:
             return 0.0

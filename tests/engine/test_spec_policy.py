@@ -64,7 +64,7 @@ def test_proposals_are_priced_as_rows_not_as_prompt_tokens():
     assert policy.plan(one, one.sampling) == [(one.sampling[0], 4)]  # type: ignore[arg-type]
     assert policy.plan(full, full.sampling) == []  # type: ignore[arg-type]
     assert policy.declined_steps == 1
-    extra = policy.extra_seconds(full.shape, 0.0272, 100, 3)
+    extra = policy.extra_seconds(100, 3)
     assert abs(extra - 3 * 0.0006) < 1e-9
 
 
