@@ -215,6 +215,11 @@ class QuantLinear:
             return int8_activations.linear_int8(x, c.q, c.scale, c.offset, self._bias32)
         return F.linear(x.float(), self.weight, self._bias32).to(x.dtype)
 
+    @property
+    def has_argmax(self) -> bool:
+        """Whether `argmax` runs (the kernel has the fused op)."""
+        return self._argmax_op is not None
+
     def argmax(self, x: torch.Tensor) -> torch.Tensor | None:  # [T, K] -> [T] int64
         """`self(x).argmax(-1)` (first maximum, first NaN) taken as the GEMM computes the output,
         which is never written (a greedy lm_head: docs/one-stream.md, "The argmax inside the lm_head");
@@ -252,6 +257,10 @@ class QuantLinearGroup(QuantLinear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)
+
+    @property
+    def has_argmax(self) -> bool:
+        return False
 
     def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
         return None

@@ -109,7 +109,7 @@ class Decoder:
         self.lm_head = head_linear(model, pack, dtype)
         # Whether forward(argmax=True) can take the rows' greedy tokens inside the lm_head's GEMM
         # (QuantLinear.argmax), no logits written (docs/one-stream.md, "The argmax inside the lm_head").
-        self.head_argmax = isinstance(self.lm_head, QuantLinear) and self.lm_head._argmax_op is not None
+        self.head_argmax = isinstance(self.lm_head, QuantLinear) and self.lm_head.has_argmax
         narrow = PLAIN_FROM_ROWS if self.embed.dtype == torch.bfloat16 else None  # see PLAIN_FROM_ROWS
         self.layers: list[_Layer] = []
         relu2 = getattr(cfg, "hidden_act", "silu") == "relu2"
