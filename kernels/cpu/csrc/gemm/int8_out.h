@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #endif
 
+#include "gemm/bf16_round.h"
 #include "gemm/int8_vec.h"
 
 namespace orcaserve::ORCA_ISA {
@@ -38,11 +39,7 @@ inline void store_row(const float* src, const float* bias, Out* dst, int64_t nco
     if constexpr (std::is_same_v<Out, float>) {
       _mm512_mask_storeu_ps(dst + j, live, v);
     } else {
-      const __m512i u = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
-      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
-      _mm256_mask_storeu_epi16(dst + j, live, _mm512_cvtepi32_epi16(r));
+      _mm256_mask_storeu_epi16(dst + j, live, _mm512_cvtepi32_epi16(bf16_bits(v)));
     }
   }
 #endif

@@ -1,8 +1,9 @@
 // The vdpbf16ps pieces of the LoRA update on bf16 (gemm/lora.cpp, avx512_bf16 and amx; docs/lora.md
 // "The segmented update in the dispatch table"): the shrink four rows of A at a time with its 16
-// sums reduced together, the expand two ranks at a time, and c10's bf16 rounding on a vector.
+// sums reduced together, the expand two ranks at a time, each rounding c10's (gemm/bf16_round.h).
 #pragma once
 
+#include "gemm/bf16_round.h"
 #include "gemm/lora_vec.h"
 
 #ifdef ORCA_DPBF16
@@ -12,17 +13,6 @@
 
 namespace orcaserve::ORCA_ISA {
 namespace lora {
-
-// v rounded to bf16 as c10's scalar conversion does (nearest even, denormals kept, a NaN to
-// 0x7fc0), back in fp32: the bits, without vcvtneps2bf16 (which reads denormals as zero).
-inline __m512 bf16_round(__m512 v) {
-  const __m512i u = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd),
-                                     _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000)));
-}
 
 // Lane k: the sum of v[k]'s 16 lanes, for the 16 vectors at once (a tree of 45 shuffles and adds
 // instead of 16 horizontal sums; another order of the fp32 sums).
@@ -142,8 +132,7 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t r, flo
     const __m512 yhi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, yv));
     const __m512 slo = _mm512_add_ps(ylo, bf16_round(_mm512_mul_ps(bf16_round(lo[q]), scale)));
     const __m512 shi = _mm512_add_ps(yhi, bf16_round(_mm512_mul_ps(bf16_round(hi[q]), scale)));
-    const __m512i v = _mm512_packus_epi32(_mm512_srli_epi32(_mm512_castps_si512(bf16_round(slo)), 16),
-                                          _mm512_srli_epi32(_mm512_castps_si512(bf16_round(shi)), 16));
+    const __m512i v = _mm512_packus_epi32(bf16_bits(slo), bf16_bits(shi));
     Full ? _mm512_storeu_si512(yq, v) : _mm512_mask_storeu_epi16(yq, mask, v);
   }
 }
