@@ -1,15 +1,15 @@
 """CPU time of a server's processes and threads across a measured load (Linux /proc).
 
-A server started in its own session (TorchServe's launcher, its Java frontend and its Python workers; vLLM's API
-server and its engine core) is every process whose session id is the launcher's pid. `CpuProbe(sid)`
-reads, for each thread of each such process, the time it has run on a CPU (the scheduler's
-nanosecond count in `schedstat`; the user + system ticks of `stat`, 10 ms each, where a kernel lacks
-it: a thread that ran a few milliseconds would read 0); two snapshots around a load give what each
-part of the serving path spent on it. Threads are grouped by (process name, thread name) with digits
-folded, so the frontend's `epollEventLoopGroup-3-1` and `-3-2` add up as one row. The load
-generator's own process is counted apart (`client`): on a 2-vCPU machine it competes with the server
-for the same cores. How to read the rows: docs/benchmark-serving.md, "Where the serving path spends
-its CPU".
+A server started in its own session (TorchServe's launcher, its Java frontend and its Python
+workers; vLLM's API server and its engine core) is every process whose session id is the launcher's
+pid. `CpuProbe(sid)` reads, for each thread of each such process, the time it has run on a CPU (the
+scheduler's nanosecond count in `schedstat`; the user + system ticks of `stat`, 10 ms each, where a
+kernel lacks it: a thread that ran a few milliseconds would read 0); two snapshots around a load
+give what each part of the serving path spent on it. Threads are grouped by (process name, thread
+name) with digits folded, so the frontend's `epollEventLoopGroup-3-1` and `-3-2` add up as one row.
+The load generator's own process is counted apart (`client`): on a 2-vCPU machine it competes with
+the server for the same cores. How to read the rows: docs/benchmark-serving.md, "Where the serving
+path spends its CPU".
 """
 
 from __future__ import annotations
