@@ -143,7 +143,6 @@ inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int6
   }
 }
 
-
 // The expand of NR rows over every output, kOut at a time (hp: h as bf16 pairs, for the vdpbf16ps
 // expand; null elsewhere).
 template <typename T, int NR>
