@@ -110,6 +110,8 @@ class HandlerConfig:
     unlimited. `max_frame_bytes`: the largest frame
     sent to the frontend, which refuses one above its `max_response_size` (6,553,500 bytes by
     default; the request is then never answered); longer bodies go out in several frames.
+    neighbour_nice: the niceness a TorchServe worker gives its frontend's threads and its own
+    threads other than the engine's (neighbours.py); 0 = leave them alone.
     """
 
     model_path: str
@@ -127,6 +129,7 @@ class HandlerConfig:
     tenant_slo_class: dict[str, str] = dataclasses.field(default_factory=dict)
     reasoning_parser: str | None = "auto"
     lora_runtime_updates: bool = False
+    neighbour_nice: int = 0
 
     SERVING_KEYS = (
         "model_path",
@@ -143,6 +146,7 @@ class HandlerConfig:
         "tenant_slo_class",
         "reasoning_parser",
         "lora_runtime_updates",
+        "neighbour_nice",
     )
 
     @classmethod
@@ -173,6 +177,9 @@ class HandlerConfig:
         if "max_frame_bytes" in section:  # never unlimited: the frontend's own limit would hit
             value = parse_bytes(section.pop("max_frame_bytes"), "max_frame_bytes")
             serving["max_frame_bytes"] = _positive("max_frame_bytes", value, allow_none=False)
+        nice = serving["neighbour_nice"] = section.pop("neighbour_nice", 0)
+        if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+            raise ValueError(f"neighbour_nice must be an integer from 0 to 19, got {nice!r}")
         runtime = serving["lora_runtime_updates"] = section.pop("lora_runtime_updates", False)
         if not isinstance(runtime, bool):
             raise ValueError(f"lora_runtime_updates must be true or false, got {runtime!r}")

@@ -32,6 +32,7 @@ from orcaserve.handler.config import HandlerConfig
 from orcaserve.handler.faults import FaultInjector
 from orcaserve.handler.lora_admin import LOAD, UNLOAD, LoraAdmin
 from orcaserve.handler.metrics import EngineMetrics
+from orcaserve.handler.neighbours import lower_neighbours
 from orcaserve.handler.openai.body import check_size, decode_body
 from orcaserve.handler.openai.errors import http_error
 from orcaserve.handler.openai.fields import IGNORED_HEADER, MODELS
@@ -119,6 +120,7 @@ class OrcaHandler:
             name,
         )
         self._guard_worker = True
+        lower_neighbours(config.neighbour_nice)  # the engine's threads started at the worker's
         # A replacement worker's link is already on its socket (takeover.py); a worker TorchServe
         # started gets its supervisor now, while its socket is between messages.
         link = socket_lock.observer()

@@ -40,6 +40,14 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def shipped_vmargs() -> str:
+    """The frontend's JVM flags of the repository's config.properties (docs/serving.md, "The
+    frontend's JVM"): the benchmarks' and tests' servers run the frontend that `make serve` runs."""
+    path = Path(__file__).resolve().parents[2] / "config.properties"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return next((line.partition("=")[2].strip() for line in lines if line.startswith("vmargs=")), "")
+
+
 class TorchServeError(RuntimeError):
     pass
 
@@ -73,7 +81,7 @@ class TorchServe:
             # Java's temp dir (TMPDIR does not move java.io.tmpdir), so isolate both.
             "grpc_inference_port": str(grpc_inf),
             "grpc_management_port": str(grpc_mgmt),
-            "vmargs": f"-Xmx1g -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={self.workdir / 'tmp'}",
+            "vmargs": f"{shipped_vmargs()} -Xmx1g -XX:+ExitOnOutOfMemoryError -Djava.io.tmpdir={self.workdir / 'tmp'}",
             "inference_address": f"http://127.0.0.1:{inf}",
             "management_address": f"http://127.0.0.1:{mgmt}",
             "metrics_address": f"http://127.0.0.1:{met}",
