@@ -15,11 +15,32 @@ import torch
 INT8_PACKED_BYTES = {"q8_0": 36, "q4_0": 20, "q4_1": 24, "q4_k": 24, "q6_k": 40}
 
 
-def read_bandwidth(mib: int = 512, repeats: int = 15) -> float:
-    """Read bandwidth in GB/s with torch's threads: the best of `repeats` sums over a buffer far
-    larger than the last-level cache (a sum reads each byte once and writes nothing), after two
-    unmeasured ones. Each sum takes ~10 ms, so one preempted sum on a shared machine read as half the
-    rate (best of 5: 41 and 74-80 GB/s in three runs on one machine), hence 15."""
+def read_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+    """Read bandwidth in GB/s with torch's threads, over a buffer far larger than the last-level
+    cache: with the C++ library, the fastest of `repeats` rounds of 128 chunks of 4 MiB, each chunk
+    read by all the threads of one OpenMP region and timed alone (`read_sweep`); without it, the
+    best of 3 x `repeats` torch sums of the whole buffer (`sum_bandwidth`)."""
+    from orcaserve.kernels.cpu.build import load
+
+    if not load(build=False)[0] or not hasattr(torch.ops.orcaserve, "read_sweep"):
+        return sum_bandwidth(mib, 3 * repeats)
+    buf = torch.ones(mib << 20, dtype=torch.uint8)  # touched: its pages exist
+    chunk = min(4 << 20, (mib << 20) // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        # The first chunks start the threads and bring the clocks up; a pause between rounds lets a
+        # neighbour's burst that preempted one round pass.
+        best = min(best, torch.ops.orcaserve.read_sweep(buf, chunk, 128)[4:].min().item())
+        time.sleep(0.02)
+    return chunk / best / 1e9
+
+
+def sum_bandwidth(mib: int = 512, repeats: int = 15) -> float:
+    """Read bandwidth in GB/s from torch's sum over a float32 buffer: the best of `repeats` after two
+    unmeasured ones. Each sum takes ~10 ms, so on a shared machine it is often preempted, and torch's
+    reduction itself falls short of a plain read loop (on an AMD Zen 5 with 2 vCPUs under load: 17-28
+    GB/s where read_sweep read 61-66, docs/performance-log.md "2026-12-07 (afternoon): a steadier DRAM
+    probe")."""
     x = torch.ones(mib << 18, dtype=torch.float32)  # mib MiB of fp32
     for _ in range(2):  # pages touched, threads started, clocks up
         x.sum()

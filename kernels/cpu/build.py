@@ -22,7 +22,8 @@ widens them to fp32, and the one against int8 activations, `gemm/gemm_int8.cpp` 
 Every variant the building CPU can execute is built into the library, and each op is registered
 once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). One
 op is compiled once, like the bindings: `fused/decoder_layer.cpp`, a decoder layer in one call,
-which calls the other ops in the variants its caller names. Which
+which calls the other ops in the variants its caller names; and `probe/read_sweep.cpp`, the read
+bandwidth behind the benchmarks' DRAM roof. Which
 variant the engine runs, and what it falls back to, is the table in `kernels/dispatch.py`.
 
 Nothing is compiled on import. `load(build=True)` compiles on first use (ninja, the compiler
@@ -67,6 +68,8 @@ BINDINGS = "bindings.cpp"
 # Compiled once like the bindings (no ISA flags, each built variant's ops in reach): a decoder layer in
 # one call, each of its ops in the variant the caller names.
 COMPOSITE = ("fused/decoder_layer.cpp",)
+# Compiled once too: the read-bandwidth probe behind a decode step's DRAM roof (orcaserve.bench.cpu.dram).
+PROBE = ("probe/read_sweep.cpp",)
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ def ninja_file(lib: Path, variants: tuple[str, ...]) -> str:
             lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {' '.join(flags)}"]
             objects.append(obj)
     built = " ".join(f"-DORCA_BUILT_{v.upper()}" for v in variants)
-    for src in (*COMPOSITE, BINDINGS):
+    for src in (*COMPOSITE, *PROBE, BINDINGS):
         obj = f"{src.replace('/', '_').removesuffix('.cpp')}.o"
         lines += [f"build {obj}: compile {CSRC / src}", f"  vflags = {built}"]
         objects.append(obj)

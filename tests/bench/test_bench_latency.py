@@ -42,6 +42,19 @@ def test_latency_runs_offline_on_a_tiny_model(tmp_path, tokenizer, capsys):
 
 def test_read_bandwidth_is_a_rate():
     assert 0.1 < dram.read_bandwidth(mib=64, repeats=2) < 10_000
+    assert 0.1 < dram.sum_bandwidth(mib=64, repeats=2) < 10_000
+
+
+def test_read_sweep_times_each_chunk():
+    """The C++ probe returns one positive time a chunk, cycling over the buffer's chunks."""
+    if not build.load(build=False)[0]:
+        pytest.skip("C++ CPU ops not built")
+    import torch
+
+    seconds = torch.ops.orcaserve.read_sweep(torch.ones(1 << 20, dtype=torch.uint8), 1 << 18, 10)
+    assert seconds.shape == (10,) and seconds.dtype == torch.float64 and bool((seconds > 0).all())
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        torch.ops.orcaserve.read_sweep(torch.ones(1 << 20, dtype=torch.uint8), 100, 1)
 
 
 def test_breakdown_times_the_lean_decoders_ops(tmp_path, tokenizer, capsys):

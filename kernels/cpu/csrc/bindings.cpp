@@ -15,6 +15,7 @@
 
 #include "fused/decoder_layer.h"
 #include "ops_all.h"
+#include "probe/read_sweep.h"
 
 namespace {
 
@@ -95,6 +96,7 @@ TORCH_LIBRARY(orcaserve, m) {
       "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
       "-> (Tensor, Tensor)");
   m.def("final_norm(Tensor x, Tensor? delta, Tensor rows, Tensor weight, float eps) -> Tensor");
+  m.def("read_sweep(Tensor buf, int chunk_bytes, int chunks) -> Tensor");
   m.def(
       "decoder_layers(Tensor x, Tensor[] in_norms, Tensor[] post_norms, Tensor[] weights, Tensor?[] biases, int[] meta, "
       "Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, Tensor cu_seqlens_q, "
@@ -131,6 +133,7 @@ TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
   m.impl("decoder_layer", &orcaserve::decoder_layer);
   m.impl("decoder_layers", &orcaserve::decoder_layers);
   m.impl("final_norm", &orcaserve::final_norm);
+  m.impl("read_sweep", &orcaserve::read_sweep);
 #ifdef ORCA_BUILT_GENERIC
   ORCA_IMPL_COMMON(m, generic);
 #endif
