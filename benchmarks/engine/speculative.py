@@ -23,22 +23,25 @@ on, not counted, teaches the policy's step-cost model that load, as a running se
 the model is kept over the point's runs. The prefix cache is off: with it, the second run of a pair
 would find the first one's prompts cached, computing less (a speed-up that is not speculation's)
 and, in bf16, a prompt's last chunk over cached K/V rather than in one prefill (numerics that are
-not speculation's either). Printed: tokens/s off and on, the speed-up, the acceptance (proposed,
+not speculation's either). Printed: tokens/s off and on (medians), the speed-up, the acceptance (proposed,
 accepted, mean accepted length), the steps that speculated, the decode rows that found no proposal
 and the acceptance at each proposal position (given the ones before it were accepted); and the
 speed-up by the process's CPU time (tokens per CPU second, on over off), which on a shared machine
 at `OMP_NUM_THREADS=1` varies far less than the wall clock (it leaves out the time the process waits
-for a CPU; its OpenMP threads' spin-waits count in it).
+for a CPU; its OpenMP threads' spin-waits count in it); and the pairs: the median of each
+alternated pair's speed-up by both clocks (a phase of the machine lands on both runs of a pair,
+where the medians of each side can take it on one), the speed-up of the totals (all tokens over
+all seconds, each side) and each pair's. `same` holds when every pair's outputs agree.
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import statistics
 import sys
 import time
 
+from orcaserve.bench.engine.spec_pairs import pairs, summary
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.prompt import ChatPrompt
 from orcaserve.scheduler.spec.config import SpeculativeConfig
@@ -161,11 +164,13 @@ def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
 
 def alternate(
     engine: Engine, spec: SpecDecoding, method: str, prompts: list[str], clients: int, n: int, args: argparse.Namespace
-) -> tuple[dict, dict]:
-    """Off and on alternated `args.repeats` times; medians of tok/s, the last run's outputs, and
-    the stats and declined steps of the runs on added up. One run on first, not counted, teaches
-    the policy's step-cost model this load (as a running server has learnt it); the policy is kept
-    over the point's runs (it drops a request's state when the request finishes)."""
+) -> tuple[dict, dict, dict]:
+    """Off and on alternated `args.repeats` times (off, on, off, on, ...); medians of tok/s, the
+    runs' outputs, and the stats and declined steps of the runs on added up; and the pairs: each
+    pair's ratio (on over off, by the wall clock and by CPU time), their medians, and the totals
+    (all tokens over all seconds of each side). One run on first, not counted, teaches the
+    policy's step-cost model this load (as a running server has learnt it); the policy is kept over
+    the point's runs (it drops a request's state when the request finishes)."""
     spec.policy = SpecPolicy(spec.config)
     if args.every_row:
         k = spec.config.num_speculative_tokens
@@ -181,17 +186,7 @@ def alternate(
         engine.spec = spec
         ons.append(run_set(engine, prompts, clients, n, args.max_tokens, args.temperature))
     engine.spec = None
-
-    def summary(runs: list[dict]) -> dict:
-        rates = [r["tok_s"] for r in runs]
-        return {
-            "tok_s": statistics.median(rates),
-            "runs": [round(x, 1) for x in rates],
-            "tok_cpu_s": statistics.median(r["tok_cpu_s"] for r in runs),
-            "outputs": runs[-1]["outputs"],
-        }
-
-    return summary(offs), summary(ons)
+    return summary(offs), summary(ons), pairs(offs, ons)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -234,7 +229,7 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.sets.split(","):
         for clients in map(int, args.clients.split(",")):
             n = args.requests or max(4, clients)
-            off, on = alternate(engine, spec, method, sets[name], clients, n, args)
+            off, on, paired = alternate(engine, spec, method, sets[name], clients, n, args)
             stats = spec.stats.to_dict()
             row = {
                 "set": name,
@@ -246,7 +241,8 @@ def run(args: argparse.Namespace) -> dict:
                 f"{method}_runs": on["runs"],
                 "speedup": round(on["tok_s"] / off["tok_s"], 3),
                 "speedup_cpu": round(on["tok_cpu_s"] / off["tok_cpu_s"], 3),
-                "same_tokens": off["outputs"] == on["outputs"],
+                "same_tokens": off["all_outputs"] == on["all_outputs"],
+                "pairs": paired,
                 "spec": stats,
                 "declined_steps": spec.policy.declined_steps,
             }
@@ -262,6 +258,12 @@ def run(args: argparse.Namespace) -> dict:
             print(
                 f"{'':<14}by CPU time {row['speedup_cpu']:.2f}x; rows without a match {unmatched};"
                 f" acceptance by position {by_pos}",
+                file=sys.stderr,
+            )
+            print(
+                f"{'':<14}pairs {len(paired['ratios'])}: median {paired['median']:.2f}x wall,"
+                f" {paired['median_cpu']:.2f}x CPU time; totals {paired['total']:.2f}x;"
+                f" each {' '.join(f'{x:.2f}' for x in paired['ratios'])}",
                 file=sys.stderr,
             )
     engine.spec = None
