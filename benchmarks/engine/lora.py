@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from orcaserve.kernels.pytorch.lora import lora_batched, lora_sgmv
+from orcaserve.kernels.pytorch.lora import lora_batched_parts, lora_sgmv
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.lora.adapter import TARGETS
 
@@ -153,13 +153,15 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         mixed.append(got["tok_s"])
         if args.twin:  # the same mixed run through the PyTorch twins (the A/B of the table's cells)
             loras: Any = engine.runner.loras
-            table_ops = loras.op, loras.batched_op
-            loras.op, loras.batched_op = lora_sgmv, lora_batched
+            table_ops = loras.op, loras.batched_op, loras.blocked
+            loras.op = lora_sgmv
+            loras.use_batched(lora_batched_parts, False)  # the stacks in the twin's layout
             try:
                 twin.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
                                      args.output_len)["tok_s"])  # fmt: skip
             finally:
-                loras.op, loras.batched_op = table_ops
+                loras.op = table_ops[0]
+                loras.use_batched(table_ops[1], table_ops[2])
         share.append(got["steps_with_adapter"] / got["steps"])
         evictions.append(got["evictions"])
         sync_share.append(got["sync_share"])
