@@ -6,6 +6,7 @@
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
     orcaserve-bench lora --adapters 16 --ranks 16 --twin   # and the mixed runs through the PyTorch twins
     orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
+    orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform --peer vllm   # then vLLM's (peers/lora_vllm.py)
 
 For each (adapter count, rank) one engine is built with that many random adapters in PEFT's format
 (every projection of every layer targeted, B nonzero: written to a temporary directory, read
@@ -195,6 +196,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
     ap.add_argument("--twin", action="store_true", help="also the mixed runs through the PyTorch twins, alternated")
+    ap.add_argument(
+        "--peer",
+        choices=["vllm"],
+        default=None,
+        help="then vLLM's runs on the same adapters and workload (uniform traffic; its venv: benchmarks/peers)",
+    )
     ap.add_argument("--swap-cost", action="store_true", help="time slot swaps and adapter reads only (lora_swap.py)")
 
 
@@ -247,6 +254,12 @@ def run(args: argparse.Namespace) -> dict:
                         f"{row['evictions']:>11.1f}{100 * row['sync_share']:>8.2f}",
                         file=sys.stderr,
                     )
+                    if args.peer == "vllm" and traffic == "uniform":
+                        from orcaserve.bench.peers.lora_vllm import vllm_lora
+
+                        row.update(vllm_lora(list(adapters.values()), rank, args))
+                        print(f"{'':>23}vLLM: base {row['vllm_base_tok_s']:.1f}, mixed {row['vllm_mixed_tok_s']:.1f} "
+                              f"tok/s, {row['vllm_ratio']:.2f}x", file=sys.stderr)  # fmt: skip
                     if "mixed_twin_tok_s" in row:
                         twin = row["mixed_twin_tok_s"]
                         print(f"{'':>23}mixed through the PyTorch twins: {twin:.1f} tok/s", file=sys.stderr)
