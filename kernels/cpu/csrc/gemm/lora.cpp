@@ -11,7 +11,9 @@
 //
 // B is read as B^T (`bt` [r, out], each of its r columns contiguous over the outputs): the layout
 // the stacks keep (scheduler/lora/resident.py: B [out, S R] a view of [S R, out]); a B in PEFT's
-// layout ([out, r] rows contiguous, lora_sgmv's adapters) is transposed once per call.
+// layout ([out, r] rows contiguous, lora_sgmv's adapters) is transposed once per call. On vdpbf16ps
+// in bf16, lora_batched also takes the blocked stacks (a [S, R/4, in/32, 4, 32], b [S, out/32, R,
+// 32]: kernels/cpu/lora.py), each slot's A and B^T then read in order (lora_task.h's Adapter).
 //
 // A group is cut into tasks of up to kChunk rows (gemm/lora_task.h), split over the threads by
 // their cost; a task reads its adapter's A and B once, against
