@@ -9,8 +9,10 @@ At SmolLM2's widths, per layer: the base projections (the project's `Linear` ove
 o, gate/up and down weights) and the update of every module an adapter targets (seven), through
 the PyTorch twin's parts (the stacked shrink over all S R columns, the mask, the expand, the scale
 and add; with one adapter, its GEMM pair) and through the C++ operator (gemm/lora.cpp) where the
-library has it. Each figure is the median of `--repeats` timed passes over 30 layers' worth of
-calls, alternated: microseconds per step (the 30 layers summed). By default one layer's weights
+library has it: once a module at a time over the standard stacks, and once as the engine calls it
+(one call per fused output, over the blocked stacks where the engine holds them blocked). Each
+figure is the median of `--repeats` timed passes over 30 layers' worth of calls, alternated:
+microseconds per step (the 30 layers summed). By default one layer's weights
 serve the 30 (they stay in cache: the arithmetic); `--cold` gives each layer its own, as the
 engine's step streams them from memory.
 """
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 
 from orcaserve.kernels import dispatch
 from orcaserve.kernels.cpu import build
-from orcaserve.kernels.cpu.lora import batched_cell, sgmv_cell
+from orcaserve.kernels.cpu.lora import batched_cell, block_a, block_b, blocked, parts_cell, sgmv_cell
 from orcaserve.kernels.linear import Linear
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, lora_batched, lora_sgmv
 
@@ -93,7 +95,30 @@ def parts(args: argparse.Namespace) -> dict[str, Calls]:
     if op is not None:
         batched = batched_cell(op)
         out["C++ lora_batched"] = [partial(batched, y, x, batch, a, b) for x, y, a, b in mods]
+        out["C++ as the engine calls it"] = _engine_calls(op, mods, batch, blocked(op, dt))
     return out
+
+
+def _engine_calls(op: Any, mods: list, batch: LoraBatch, blocks: bool) -> Calls:
+    """The operator as `LoraStep.apply` calls it: one call per fused output (q/k/v, o, gate/up,
+    down) over its projections' stacks, blocked where the engine holds them so (kernels/cpu/lora.py)."""
+    cell, r, s = parts_cell(op), batch.rank, batch.num_slots
+    calls: Calls = []
+    for layer in range(len(mods) // len(MODULES)):
+        m = dict(zip(MODULES, mods[layer * len(MODULES) : (layer + 1) * len(MODULES)]))
+        for group in (("q", "k", "v"), ("o",), ("gate", "up"), ("down",)):
+            x, parts, first = m[group[0]][0], [], 0
+            y = torch.cat([m[name][1] for name in group], dim=1)
+            for name in group:
+                _, _, a, b = m[name]
+                width = b.shape[0]
+                if blocks:
+                    a = torch.stack([block_a(a[i * r : (i + 1) * r], r) for i in range(s)])
+                    b = torch.stack([block_b(b[:, i * r : (i + 1) * r], r) for i in range(s)])
+                parts.append((first, first + width, a, b))
+                first += width
+            calls.append(partial(cell, y, x, batch, parts))
+    return calls
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
     orcaserve-bench lora --adapters 16 --ranks 16 --twin   # and the mixed runs through the PyTorch twins
     orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
+    orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform --peer vllm   # then vLLM's (peers/lora_vllm.py)
 
 For each (adapter count, rank) one engine is built with that many random adapters in PEFT's format
 (every projection of every layer targeted, B nonzero: written to a temporary directory, read
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from orcaserve.kernels.pytorch.lora import lora_batched, lora_sgmv
+from orcaserve.kernels.pytorch.lora import lora_batched_parts, lora_sgmv
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
 from orcaserve.scheduler.lora.adapter import TARGETS
 
@@ -153,13 +154,15 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         mixed.append(got["tok_s"])
         if args.twin:  # the same mixed run through the PyTorch twins (the A/B of the table's cells)
             loras: Any = engine.runner.loras
-            table_ops = loras.op, loras.batched_op
-            loras.op, loras.batched_op = lora_sgmv, lora_batched
+            table_ops = loras.op, loras.batched_op, loras.blocked
+            loras.op = lora_sgmv
+            loras.use_batched(lora_batched_parts, False)  # the stacks in the twin's layout
             try:
                 twin.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
                                      args.output_len)["tok_s"])  # fmt: skip
             finally:
-                loras.op, loras.batched_op = table_ops
+                loras.op = table_ops[0]
+                loras.use_batched(table_ops[1], table_ops[2])
         share.append(got["steps_with_adapter"] / got["steps"])
         evictions.append(got["evictions"])
         sync_share.append(got["sync_share"])
@@ -193,6 +196,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
     ap.add_argument("--twin", action="store_true", help="also the mixed runs through the PyTorch twins, alternated")
+    ap.add_argument(
+        "--peer",
+        choices=["vllm"],
+        default=None,
+        help="then vLLM's runs on the same adapters and workload (uniform traffic; its venv: benchmarks/peers)",
+    )
     ap.add_argument("--swap-cost", action="store_true", help="time slot swaps and adapter reads only (lora_swap.py)")
 
 
@@ -245,6 +254,12 @@ def run(args: argparse.Namespace) -> dict:
                         f"{row['evictions']:>11.1f}{100 * row['sync_share']:>8.2f}",
                         file=sys.stderr,
                     )
+                    if args.peer == "vllm" and traffic == "uniform":
+                        from orcaserve.bench.peers.lora_vllm import vllm_lora
+
+                        row.update(vllm_lora(list(adapters.values()), rank, args))
+                        print(f"{'':>23}vLLM: base {row['vllm_base_tok_s']:.1f}, mixed {row['vllm_mixed_tok_s']:.1f} "
+                              f"tok/s, {row['vllm_ratio']:.2f}x", file=sys.stderr)  # fmt: skip
                     if "mixed_twin_tok_s" in row:
                         twin = row["mixed_twin_tok_s"]
                         print(f"{'':>23}mixed through the PyTorch twins: {twin:.1f} tok/s", file=sys.stderr)

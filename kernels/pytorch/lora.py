@@ -130,3 +130,13 @@ def lora_batched(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Te
     h = F.linear(x, a) * batch.mask  # [T, S' R]
     d = F.linear(h, b)  # [T, out]
     y.add_((d.float() * batch.scale).to(y.dtype) if y.dtype != torch.float32 else d * batch.scale)
+
+
+Part = tuple[int, int, torch.Tensor, torch.Tensor]  # first column, last column, a, b: one projection
+
+
+def lora_batched_parts(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, parts: Sequence[Part]) -> None:
+    """`lora_batched` for each projection of a fused output `y` (q/k/v, gate/up: one `x`), each
+    `(first, last, a, b)` updating y's columns [first, last)."""
+    for first, last, a, b in parts:
+        lora_batched(y[:, first:last], x, batch, a, b)

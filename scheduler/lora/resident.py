@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from orcaserve.kernels.cpu.lora import batched_for, sgmv_for
+from orcaserve.kernels.cpu.lora import BLOCK, batched_for, block_a, block_b, blocked_rank, sgmv_for
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup
 from orcaserve.scheduler.lora.adapter import LoraAdapter, ModuleShapes
 from orcaserve.scheduler.lora.slots import LoraSlots
@@ -52,7 +52,9 @@ class LoraSet:
         self.slots = LoraSlots(max_loras, self.adapters)  # which adapters are stacked (the scheduler changes it)
         # The dispatch table's cells: `lora_sgmv` (one adapter's rows) and `lora_batched` (several).
         self.op: Any = sgmv_for(dtype)
-        self.batched_op: Any = batched_for(dtype)
+        self.batched_op: Any
+        self.blocked: bool  # the stacks in the C++ operator's blocked layout (kernels/cpu/lora.py)
+        self.batched_op, self.blocked = batched_for(dtype)
         # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
         # stacked, per pair A [S, R, in] and B [out, S, R] (stored transposed: B^T [S, R, out]; zeros
         # for a free slot, an adapter that does not target the module, and past an adapter's own
@@ -115,6 +117,7 @@ class LoraSet:
         held = [self.adapters[n] for n in want if n is not None]
         keys = frozenset(key for a in held for key in a.weights)
         rank = max((a.rank for a in held), default=0)
+        rank = blocked_rank(rank) if self.blocked else rank
         if rank > self.rank or keys != self._keys:
             self._rebuild(want, keys, rank)
         else:
@@ -123,11 +126,23 @@ class LoraSet:
                     self._fill(slot, new)
         self._stacked_names = want
 
+    def use_batched(self, op: Any, blocked: bool) -> None:
+        """Run the batched update through `op`, the stacks rebuilt in its layout (`blocked`: the C++
+        operator's, kernels/cpu/lora.py)."""
+        self.batched_op, self.blocked = op, blocked
+        self._stacked_names, self.rank, self._keys = [None] * len(self.slots.names), 0, frozenset()
+        self.sync()
+
     def _rebuild(self, want: list[str | None], keys: frozenset[Key], rank: int) -> None:
         n = len(want)
         self.rank, self._keys, self._stacks, self.stacked = rank, keys, {}, {}
         for layer, module in sorted(keys):
             in_f, out_f = self.base.shapes[module]
+            if self.blocked:  # [S, R/4, in/32, 4, 32] and [S, out/32, R, 32], read in order by the C++ operator
+                a_blk = torch.zeros(n, rank // 4, -(-in_f // BLOCK), 4, BLOCK, dtype=self.dtype)
+                b_blk = torch.zeros(n, -(-out_f // BLOCK), rank, BLOCK, dtype=self.dtype)
+                self._stacks[layer, module] = (a_blk, b_blk)
+                continue
             a_all = torch.zeros(n, rank, in_f, dtype=self.dtype)  # [S, R, in]
             # [out, S, R] over B^T's storage [S, R, out]: each of B's columns contiguous, as the C++
             # expand reads them (docs/lora.md "Several adapters in one step")
@@ -137,7 +152,10 @@ class LoraSet:
             for fused, first, last, module in self._columns():
                 if (layer, module) in self._stacks:
                     a_all, b_all = self._stacks[layer, module]
-                    views = (first, last, a_all.view(-1, a_all.shape[2]), b_all.view(b_all.shape[0], -1))
+                    if self.blocked:
+                        views = (first, last, a_all, b_all)
+                    else:
+                        views = (first, last, a_all.view(-1, a_all.shape[2]), b_all.view(b_all.shape[0], -1))
                     self.stacked.setdefault((layer, fused), []).append(views)
         for slot, name in enumerate(want):
             if name is not None:
@@ -148,6 +166,14 @@ class LoraSet:
         weights = {} if name is None else self.adapters[name].weights
         for key, (a_all, b_all) in self._stacks.items():
             pair = weights.get(key)
+            if self.blocked:
+                if pair is None:
+                    a_all[slot].zero_()
+                    b_all[slot].zero_()
+                else:
+                    a_all[slot] = block_a(pair[0], self.rank)
+                    b_all[slot] = block_b(pair[1], self.rank)
+                continue
             rank = 0 if pair is None else pair[0].shape[0]
             if pair is not None:
                 a_all[slot, :rank] = pair[0]
@@ -219,8 +245,9 @@ class LoraStep:
         of every adapter with rows in the step, in place."""
         loras = self.loras
         if self.batch is not None:
-            for first, last, a, b in loras.stacked.get((layer, fused), ()):
-                loras.batched_op(y[:, first:last], x, self.batch, a, b)
+            parts = loras.stacked.get((layer, fused))
+            if parts:
+                loras.batched_op(y, x, self.batch, parts)
             return
         for name, rows in self.rows.items():
             for first, last, a, b, scale in loras.tables[name].get((layer, fused), ()):

@@ -41,7 +41,7 @@ constexpr Schema kGemmFp32[] = {
     {"pack_quant_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},
     {"linear_quant", "(Tensor x, Tensor packed, Tensor? bias, int out_features, int bits, bool has_offset, bool wide=False) -> Tensor"},
     {"lora_sgmv", "(Tensor(a!) y, Tensor x, Tensor rows, Tensor a, Tensor b, float scale) -> ()"},
-    {"lora_batched", "(Tensor(a!) y, Tensor x, Tensor row_slot, Tensor scales, Tensor a, Tensor b, int rank) -> ()"},
+    {"lora_batched", "(Tensor(a!) y, Tensor x, Tensor row_slot, Tensor scales, Tensor[] a, Tensor[] b, int[] cols, int rank) -> ()"},
 };
 constexpr Schema kGemmInt8[] = {
     {"pack_int8_weight", "(Tensor q, Tensor scale, Tensor? offset, int bits, bool wide=False) -> Tensor"},

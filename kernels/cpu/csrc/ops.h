@@ -73,11 +73,12 @@ at::Tensor bitlinear_ternary(const at::Tensor& x, const at::Tensor& packed, int6
                              bool relu2);
 
 // gemm/lora.cpp (avx2 and up): LoRA adapters' update of a step's rows, in place (docs/lora.md): one
-// adapter's rows by index, or every row against its own slot of the stacked weights.
+// adapter's rows by index, or every row against its own slot of the stacked weights, for one or several
+// projections of y (a fused q/k/v or gate/up output: each a's and b's outputs at its first column).
 void lora_sgmv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, const at::Tensor& a,
                const at::Tensor& b, double scale);
 void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& scales,
-                  const at::Tensor& a, const at::Tensor& b, int64_t rank);
+                  at::TensorList a, at::TensorList b, at::IntArrayRef cols, int64_t rank);
 
 // gemm/gemm_bf16.cpp (avx512_bf16 and amx): bf16 weights packed in pairs for vdpbf16ps.
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);

@@ -5,13 +5,18 @@
 // - lora_sgmv: one group (one adapter's rows, by index) against its own A [r, in], B [out, r].
 // - lora_batched: the rows of many adapters in one call, each row against its own slot's R columns
 //   of the stacked A [S R, in] and B [out, S R] (no mask over the S R columns, no index_select of
-//   the slots present): rows are sorted by slot and each slot's rows run as one group.
+//   the slots present): rows are sorted by slot and each slot's rows run as one group. One call
+//   takes every projection of a fused output (q/k/v, gate/up: each part's A, B and first column of
+//   y), so that its tasks share one parallel region.
 //
 // B is read as B^T (`bt` [r, out], each of its r columns contiguous over the outputs): the layout
 // the stacks keep (scheduler/lora/resident.py: B [out, S R] a view of [S R, out]); a B in PEFT's
-// layout ([out, r] rows contiguous, lora_sgmv's adapters) is transposed once per call.
+// layout ([out, r] rows contiguous, lora_sgmv's adapters) is transposed once per call. On vdpbf16ps
+// in bf16, lora_batched also takes the blocked stacks (a [S, R/4, in/32, 4, 32], b [S, out/32, R,
+// 32]: kernels/cpu/lora.py), each slot's A and B^T then read in order (lora_task.h's Adapter).
 //
-// A group is cut into tasks of up to kChunk rows; a task reads its adapter's A and B once, against
+// A group is cut into tasks of up to kChunk rows (gemm/lora_task.h), split over the threads by
+// their cost; a task reads its adapter's A and B once, against
 // all its rows, in register blocks of up to 4 rows (the loops over them unrolled, so that the
 // accumulators stay in registers): the shrink h = A x (r dot products over `in` a row; on
 // avx512_bf16 vdpbf16ps on the bf16 values as stored, four rows of A at a time, gemm/lora_dp.h;
@@ -29,8 +34,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "gemm/lora_dp.h"
-#include "gemm/lora_vec.h"
+#include "gemm/lora_task.h"
 #include "ops.h"
 #include "rows.h"
 
@@ -39,166 +43,27 @@ namespace {
 
 using namespace lora;  // the helpers of gemm/lora_vec.h
 
-// One adapter's weights for one projection: A rows a[0..r) of `in`, B^T rows bt[0..r) of `out`
-// (ldbt apart), and the scale.
+// The tasks split over the threads in contiguous runs of about equal cost (each a task's weights,
+// r (in + out), read once, plus its rows' arithmetic, taken as about a third of that a row: the
+// weights from memory cost more than a few rows' dot products), so that both threads stream.
 template <typename T>
-struct Adapter {
-  const T* a;
-  const T* bt;
-  int64_t ldbt, r;
-  float scale;
-};
-
-// A run of rows (rows[begin, end)) under one adapter.
-template <typename T>
-struct Task {
-  Adapter<T> w;
-  int64_t begin, end;
-};
-
-#ifdef ORCA_DPBF16
-constexpr bool kDpbf16 = true;  // the vdpbf16ps shrink and expand on bf16
-#else
-constexpr bool kDpbf16 = false;
-#endif
-
-// A thread's buffers, reused by its tasks: rows and A's rows widened to fp32, h [rows, r].
-struct Work {
-  std::vector<float> xs, a, h;
-  std::vector<uint32_t> hp;  // h as bf16 pairs (the vdpbf16ps expand)
-};
-
-// h[i r + j] = A row j . x row i, rounded to T, for the task's n rows (xr).
-template <typename T>
-void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work& work, float* h) {
-  const int64_t r = w.r;
-  // A's rows from j0 on, two at a time, then the last
-  auto pairs = [&](const auto* const* rows, const auto* a, int64_t lda, int64_t j0) {
-    const int64_t row_bytes = lda * sizeof(*a);
-    if (j0 == 0) prefetch(a, std::min<int64_t>(r, kAhead) * row_bytes);
-    for (int64_t j = j0; j < r; j += 2) {
-      if (j + kAhead < r) prefetch(a + (j + kAhead) * lda, std::min<int64_t>(2, r - j - kAhead) * row_bytes);
-      row_blocks(n, [&](auto nr, int64_t i) {
-        constexpr int NR = decltype(nr)::value;
-        float s[NR * 2];
-        if (j + 1 < r) {
-          dots<NR, 2>(rows + i, a + j * lda, lda, in, s);
-        } else {
-          dots<NR, 1>(rows + i, a + j * lda, lda, in, s);
-        }
-        const int nj = j + 1 < r ? 2 : 1;
-        for (int q = 0; q < NR; ++q)
-          for (int p = 0; p < nj; ++p) h[(i + q) * r + j + p] = rounded<T>(s[q * nj + p]);
-      });
-    }
-  };
-  if constexpr (std::is_same_v<T, float>) {
-    pairs(xr, w.a, in, 0);
-#ifdef ORCA_DPBF16
-  } else if constexpr (std::is_same_v<T, at::BFloat16>) {
-    const int64_t r4 = shrink4(w.a, r, xr, n, in, h);  // A's rows four at a time, the last r % 4 in pairs
-    pairs(xr, w.a, in, r4);
-#endif
-  } else {  // widened once: the task's rows and A's r rows (r in)
-    const float* xf[kChunk];
-    for (int64_t i = 0; i < n; ++i) {
-      to_float(xr[i], work.xs.data() + i * in, in);
-      xf[i] = work.xs.data() + i * in;
-    }
-    to_float(w.a, work.a.data(), r * in);
-    pairs(xf, work.a.data(), in, 0);
-  }
-}
-
-// yr[q][o0, o0 + m) += rounded(rounded(h row q . B^T) * scale) for NR rows: one block of kOut
-// outputs (m of them; Full: all kOut, the tail's masks compiled out). The accumulators are plain
-// locals, the loops over rows unrolled, so that they stay in registers.
-template <typename T, int NR, bool Full>
-inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int64_t o0, int64_t m, bool ahead) {
-  const int64_t r = w.r;
-  Vec lo[NR], hi[NR];
-#pragma GCC unroll 4
-  for (int q = 0; q < NR; ++q) lo[q] = hi[q] = Vec(0.f);
-  for (int64_t j = 0; j < r; ++j) {
-    const T* bj = w.bt + j * w.ldbt + o0;
-    if (ahead) prefetch(bj + kAhead * kOut, kOut * sizeof(T));
-    const auto [b0, b1] = load2(bj, Full ? kOut : m);
-#pragma GCC unroll 4
-    for (int q = 0; q < NR; ++q) {
-      const Vec hv(h[q * r + j]);
-      lo[q] = at::vec::fmadd(hv, b0, lo[q]);
-      hi[q] = at::vec::fmadd(hv, b1, hi[q]);
-    }
-  }
-  const Vec scale(w.scale);
-#pragma GCC unroll 4
-  for (int q = 0; q < NR; ++q) {
-    Vec dlo = lo[q], dhi = hi[q];
-    round2<T>(dlo, dhi);
-    dlo = dlo * scale;
-    dhi = dhi * scale;
-    round2<T>(dlo, dhi);
-    const auto [y0, y1] = load2(yr[q] + o0, Full ? kOut : m);
-    store2(yr[q] + o0, Full ? kOut : m, y0 + dlo, y1 + dhi);
-  }
-}
-
-// The expand of NR rows over every output, kOut at a time (hp: h as bf16 pairs, for the vdpbf16ps
-// expand; null elsewhere).
-template <typename T, int NR>
-void expand(const Adapter<T>& w, const float* h, const uint32_t* hp, T* const* yr, int64_t out) {
-  int64_t o0 = 0;
-#ifdef ORCA_DPBF16
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (hp != nullptr) {
-      for (; o0 + kOut <= out; o0 += kOut) expand_block_dp<NR, true>(w.bt, w.ldbt, w.r, w.scale, hp, yr, o0, kOut, o0 + (kAhead + 1) * kOut <= out);
-      if (o0 < out) expand_block_dp<NR, false>(w.bt, w.ldbt, w.r, w.scale, hp, yr, o0, out - o0, false);
-      return;
-    }
-  }
-#endif
-  for (; o0 + kOut <= out; o0 += kOut) expand_block<T, NR, true>(w, h, yr, o0, kOut, o0 + (kAhead + 1) * kOut <= out);
-  if (o0 < out) expand_block<T, NR, false>(w, h, yr, o0, out - o0, false);
-}
-
-// One task; `next` (the thread's next task, or null): its A's first rows are requested meanwhile.
-template <typename T>
-void run_task(const Task<T>& task, const Task<T>* next, const int64_t* rows, const T* x, T* y, int64_t ldy,
-              int64_t in, int64_t out, Work& work) {
-  const int64_t n = task.end - task.begin;
-  const T* xr[kChunk];
-  T* yr[kChunk];
-  for (int64_t i = 0; i < n; ++i) {
-    xr[i] = x + rows[task.begin + i] * in;
-    yr[i] = y + rows[task.begin + i] * ldy;
-  }
-  float* h = work.h.data();
-  for (int64_t j = 0; j < task.w.r; ++j) prefetch(task.w.bt + j * task.w.ldbt, std::min(out, kAhead * kOut) * sizeof(T));
-  shrink(task.w, xr, n, in, work, h);
-  if (next != nullptr) prefetch(next->w.a, std::min<int64_t>(next->w.r, kAhead) * in * sizeof(T));
-  const int64_t pairs = (task.w.r + 1) / 2;
-  const uint32_t* hp = nullptr;
-#ifdef ORCA_DPBF16
-  if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (h_pairs(h, n * task.w.r, task.w.r, work.hp.data())) hp = work.hp.data();
-  }
-#endif
-  row_blocks(n, [&](auto nr, int64_t i) {
-    expand<T, decltype(nr)::value>(task.w, h + i * task.w.r, hp == nullptr ? nullptr : hp + i * pairs, yr + i, out);
-  });
-}
-
-template <typename T>
-void run_all(const std::vector<Task<T>>& tasks, const int64_t* rows, const at::Tensor& x, const at::Tensor& y,
+void run_all(const std::vector<Task<T>>& tasks, const int64_t* rows, const at::Tensor& x, T* yp, int64_t ldy,
              int64_t rank) {
   const T* xp = x.data_ptr<T>();
-  T* yp = y.data_ptr<T>();
-  const int64_t ldy = y.stride(0), in = x.size(1), out = y.size(1);
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t k0, int64_t k1) {
+  const int64_t in = x.size(1), nt = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), tasks.size()));
+  std::vector<double> cost(tasks.size() + 1, 0.0);
+  for (size_t k = 0; k < tasks.size(); ++k)
+    cost[k + 1] = cost[k] + static_cast<double>(tasks[k].w.r * (in + tasks[k].w.out) * (3 + tasks[k].end - tasks[k].begin));
+  std::vector<int64_t> cut(nt + 1, static_cast<int64_t>(tasks.size()));
+  cut[0] = 0;
+  for (int64_t p = 1; p < nt; ++p)
+    cut[p] = std::lower_bound(cost.begin(), cost.end(), cost.back() * p / nt) - cost.begin();
+  at::parallel_for(0, nt, 1, [&](int64_t p0, int64_t p1) {
+    const int64_t k0 = cut[p0], k1 = cut[p1];
     const bool widened = !std::is_same_v<T, float> && !kDpbf16;  // the FMA shrink widens bf16 (shrink)
     Work work{std::vector<float>(widened ? kChunk * in : 0), std::vector<float>(widened ? rank * in : 0),
               std::vector<float>(kChunk * rank), std::vector<uint32_t>(kDpbf16 ? kChunk * ((rank + 1) / 2) : 0)};
-    for (int64_t k = k0; k < k1; ++k) run_task(tasks[k], k + 1 < k1 ? &tasks[k + 1] : nullptr, rows, xp, yp, ldy, in, out, work);
+    for (int64_t k = k0; k < k1; ++k) run_task(tasks[k], k + 1 < k1 ? &tasks[k + 1] : nullptr, rows, xp, yp, ldy, in, work);
   });
 }
 
@@ -225,7 +90,8 @@ void by_dtype(at::ScalarType dtype, F&& f) {
   }
 }
 
-void check(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const char* op) {
+// y [T, ...] and x [T, in] as the kernels read them, of one dtype with the weights a and b.
+void check_yx(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, const char* op) {
   TORCH_CHECK(y.device().is_cpu() && y.dim() == 2 && y.stride(1) == 1 && x.dim() == 2 && x.is_contiguous() &&
                   y.size(0) == x.size(0),
               op, ": y [T, out] with unit column stride (a column slice is fine), x [T, in] contiguous");
@@ -233,9 +99,15 @@ void check(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const 
                   b.scalar_type() == y.scalar_type() &&
                   (y.scalar_type() == at::kFloat || y.scalar_type() == at::kBFloat16),
               op, ": y, x, a and b of one dtype, fp32 or bf16");
+}
+
+// check_yx, and a [r, in], b [out, r] with b's outputs at y's columns [col, col + out).
+void check(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b, int64_t col,
+           const char* op) {
+  check_yx(y, x, a, b, op);
   TORCH_CHECK(a.dim() == 2 && a.is_contiguous() && a.size(1) == x.size(1) && b.dim() == 2 &&
-                  (b.stride(0) == 1 || b.stride(1) == 1) && b.size(0) == y.size(1),
-              op, ": a [r, in] contiguous, b [out, r] with a unit stride (B^T's rows or B's)");
+                  (b.stride(0) == 1 || b.stride(1) == 1) && col >= 0 && col + b.size(0) <= y.size(1),
+              op, ": a [r, in] contiguous, b [out, r] with a unit stride (B^T's rows or B's), its outputs within y");
 }
 
 }  // namespace
@@ -243,9 +115,10 @@ void check(const at::Tensor& y, const at::Tensor& x, const at::Tensor& a, const 
 // The ops, one instance per ISA variant, registered by bindings.cpp (declared in ops.h).
 void lora_sgmv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& rows, const at::Tensor& a,
                const at::Tensor& b, double scale) {
-  check(y, x, a, b, "lora_sgmv");
-  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() && b.size(1) == a.size(0),
-              "lora_sgmv: rows [N] int64, b [out, r] for a [r, in]");
+  check(y, x, a, b, 0, "lora_sgmv");
+  TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 1 && rows.is_contiguous() && b.size(1) == a.size(0) &&
+                  b.size(0) == y.size(1),
+              "lora_sgmv: rows [N] int64, b [out, r] for a [r, in], y [T, out]");
   const int64_t n = rows.numel();
   if (n == 0) return;
   const int64_t* rp = rows.data_ptr<int64_t>();
@@ -256,20 +129,38 @@ void lora_sgmv(const at::Tensor& y, const at::Tensor& x, const at::Tensor& rows,
     using scalar_t = decltype(zero);
     std::vector<Task<scalar_t>> tasks;
     const Adapter<scalar_t> w{a.data_ptr<scalar_t>(), bt.data_ptr<scalar_t>(), bt.stride(1), a.size(0),
-                              static_cast<float>(scale)};
+                              static_cast<float>(scale), 0, y.size(1)};
     chunk(tasks, w, 0, n);
-    run_all(tasks, rp, x, y, a.size(0));
+    run_all(tasks, rp, x, y.data_ptr<scalar_t>(), y.stride(0), a.size(0));
   });
 }
 
 void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& row_slot, const at::Tensor& scales,
-                  const at::Tensor& a, const at::Tensor& b, int64_t rank) {
-  check(y, x, a, b, "lora_batched");
-  const int64_t slots = scales.numel(), t = row_slot.numel();
+                  at::TensorList a, at::TensorList b, at::IntArrayRef cols, int64_t rank) {
+  const int64_t slots = scales.numel(), t = row_slot.numel(), parts = a.size();
+  TORCH_CHECK(parts > 0 && b.size() == a.size() && static_cast<int64_t>(cols.size()) == 2 * parts,
+              "lora_batched: as many a and b, and a first and last column of y for each");
+  for (int64_t m = 0; m < parts; ++m) {
+    const int64_t first = cols[2 * m], last = cols[2 * m + 1];
+    if (a[m].dim() == 5) {  // the blocked stacks (lora_task.h's Adapter): [S, R/4, in/32, 4, 32], [S, out/kOut, R, kOut]
+      check_yx(y, x, a[m], b[m], "lora_batched");
+      const int64_t in32 = a[m].size(2) * 32;
+      TORCH_CHECK(kDpbf16 && y.scalar_type() == at::kBFloat16 && a[m].is_contiguous() && b[m].is_contiguous() &&
+                      a[m].size(0) == slots && a[m].size(1) * 4 == rank && a[m].size(3) == 4 && a[m].size(4) == 32 &&
+                      in32 >= x.size(1) && in32 < x.size(1) + 32 && b[m].dim() == 4 && b[m].size(0) == slots &&
+                      b[m].size(2) == rank && b[m].size(3) == kOut && first >= 0 && first <= last &&
+                      last <= y.size(1) && b[m].size(1) * kOut >= last - first && b[m].size(1) * kOut < last - first + kOut,
+                  "lora_batched: blocked stacks (bf16 on vdpbf16ps only): a [S, R/4, in/32, 4, 32], b [S, out/",
+                  kOut, ", R, ", kOut, "], contiguous");
+    } else {
+      check(y, x, a[m], b[m], first, "lora_batched");
+      TORCH_CHECK(a[m].size(0) == slots * rank && b[m].size(1) == slots * rank && last == first + b[m].size(0),
+                  "lora_batched: a [S R, in], b [out, S R] for scales [S] and rank R, at y's columns [first, last)");
+    }
+  }
   TORCH_CHECK(row_slot.scalar_type() == at::kLong && row_slot.is_contiguous() && t <= x.size(0) &&
-                  scales.scalar_type() == at::kFloat && scales.is_contiguous() && rank > 0 &&
-                  a.size(0) == slots * rank && b.size(1) == slots * rank,
-              "lora_batched: row_slot [T] int64 (-1: no adapter), scales [S] fp32, a [S R, in], b [out, S R]");
+                  scales.scalar_type() == at::kFloat && scales.is_contiguous() && rank > 0,
+              "lora_batched: row_slot [T] int64 (-1: no adapter), scales [S] fp32");
   // Rows sorted by slot (a counting sort, stable: each slot's rows in step order).
   const int64_t* rs = row_slot.data_ptr<int64_t>();
   std::vector<int64_t> start(slots + 1, 0), rows;
@@ -284,17 +175,27 @@ void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& ro
   for (int64_t i = 0; i < t; ++i)
     if (rs[i] >= 0) rows[at_slot[rs[i]]++] = i;
   const float* sc = scales.data_ptr<float>();
-  at::Tensor keep;
-  const at::Tensor& bt = transposed(b, keep);
+  std::vector<at::Tensor> keep(parts);
   by_dtype(y.scalar_type(), [&](auto zero) {
     using scalar_t = decltype(zero);
-    std::vector<Task<scalar_t>> tasks;
-    for (int64_t s = 0; s < slots; ++s) {
-      const Adapter<scalar_t> w{a.data_ptr<scalar_t>() + s * rank * a.size(1),
-                                bt.data_ptr<scalar_t>() + s * rank * bt.stride(1), bt.stride(1), rank, sc[s]};
-      chunk(tasks, w, start[s], start[s + 1]);
+    std::vector<Task<scalar_t>> tasks;  // projection by projection, slot by slot: each thread's weights contiguous
+    for (int64_t m = 0; m < parts; ++m) {
+      const bool blocked = a[m].dim() == 5;
+      const at::Tensor& bt = blocked ? b[m] : transposed(b[m], keep[m]);
+      const int64_t first = cols[2 * m], out = cols[2 * m + 1] - first;
+      for (int64_t s = 0; s < slots; ++s) {
+        Adapter<scalar_t> w{a[m].data_ptr<scalar_t>() + s * rank * a[m].size(-1) * (blocked ? a[m].size(2) : 1),
+                            bt.data_ptr<scalar_t>() + s * (blocked ? bt.stride(0) : rank * bt.stride(1)),
+                            blocked ? kOut : bt.stride(1), rank, sc[s], first, out};
+        if (blocked) {
+          w.bblk = rank * kOut;
+          w.agroup = 4 * a[m].size(2) * 32;
+          w.blocked = true;
+        }
+        chunk(tasks, w, start[s], start[s + 1]);
+      }
     }
-    run_all(tasks, rows.data(), x, y, rank);
+    run_all(tasks, rows.data(), x, y.data_ptr<scalar_t>(), y.stride(0), rank);
   });
 }
 

@@ -50,9 +50,11 @@ inline bool h_pairs(const float* h, int64_t n, int64_t r, uint32_t* hp) {
   return true;
 }
 // out lane q * 4 + p = x row q . a row p, for NR <= 4 rows and 4 rows of A, on bf16 as stored
-// (vdpbf16ps) and summed across the lanes for all 16 pairs at once (`sums16`).
+// (vdpbf16ps) and summed across the lanes for all 16 pairs at once (`sums16`). A's row p, values
+// [32 i, 32 i + 32) at a + p lda + i astep: rows as stored (lda = in, astep = 32) or the blocked
+// stacks' (lda = 32, astep = 128: the four rows' 32 values side by side, read in order).
 template <int NR>
-inline __m512 dots4(const at::BFloat16* const* xr, const at::BFloat16* a, int64_t lda, int64_t in) {
+inline __m512 dots4(const at::BFloat16* const* xr, const at::BFloat16* a, int64_t lda, int64_t astep, int64_t in) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
@@ -60,7 +62,7 @@ inline __m512 dots4(const at::BFloat16* const* xr, const at::BFloat16* a, int64_
     const __mmask32 mask = in - k >= 32 ? ~__mmask32(0) : (__mmask32(1) << (in - k)) - 1;
     __m512i av[4];
 #pragma GCC unroll 4
-    for (int p = 0; p < 4; ++p) av[p] = _mm512_maskz_loadu_epi16(mask, a + p * lda + k);
+    for (int p = 0; p < 4; ++p) av[p] = _mm512_maskz_loadu_epi16(mask, a + p * lda + k / 32 * astep);
 #pragma GCC unroll 4
     for (int q = 0; q < NR; ++q) {
       const __m512i xv = _mm512_maskz_loadu_epi16(mask, xr[q] + k);
@@ -72,17 +74,24 @@ inline __m512 dots4(const at::BFloat16* const* xr, const at::BFloat16* a, int64_
 }
 
 // The shrink's first r / 4 * 4 ranks (returned) for the n rows xr, four rows of A [r, in] at a
-// time: h[i r + j] = A row j . x row i, rounded to bf16, in fp32.
+// time: h[i r + j] = A row j . x row i, rounded to bf16, in fp32. `blocked`: A as the blocked
+// stacks hold it (r a multiple of 4, each four rows [in / 32][4][32], `in` padded to 32s: agroup
+// apart), read in order.
 inline int64_t shrink4(const at::BFloat16* a, int64_t r, const at::BFloat16* const* xr, int64_t n, int64_t in,
-                       float* h) {
+                       float* h, bool blocked = false, int64_t agroup = 0) {
   const int64_t row_bytes = in * 2, r4 = r / 4 * 4;
-  prefetch(a, std::min<int64_t>(r, kAhead) * row_bytes);
+  const int64_t lda = blocked ? 32 : in, astep = blocked ? 128 : 32, group = blocked ? agroup : 4 * in;
+  prefetch(a, blocked ? std::min<int64_t>(r, kAhead) / 4 * agroup * 2 : std::min<int64_t>(r, kAhead) * row_bytes);
   for (int64_t j = 0; j < r4; j += 4) {
-    if (j + kAhead < r) prefetch(a + (j + kAhead) * in, std::min<int64_t>(4, r - j - kAhead) * row_bytes);
+    if (blocked) {
+      if (j + kAhead < r) prefetch(a + (j + kAhead) / 4 * agroup, agroup * 2);
+    } else if (j + kAhead < r) {
+      prefetch(a + (j + kAhead) * in, std::min<int64_t>(4, r - j - kAhead) * row_bytes);
+    }
     row_blocks(n, [&](auto nr, int64_t i) {
       constexpr int NR = decltype(nr)::value;
       alignas(64) float s[16];
-      _mm512_store_ps(s, bf16_round(dots4<NR>(xr + i, a + j * in, in, in)));
+      _mm512_store_ps(s, bf16_round(dots4<NR>(xr + i, a + j / 4 * group, lda, astep, in)));
       for (int q = 0; q < NR; ++q) std::memcpy(h + (i + q) * r + j, s + q * 4, 4 * sizeof(float));
     });
   }
@@ -92,22 +101,23 @@ inline int64_t shrink4(const at::BFloat16* a, int64_t r, const at::BFloat16* con
 // yr[q][o0, o0 + m) += rounded(rounded(h row q . B^T) * scale) for NR rows, one block of kOut
 // outputs (lora.cpp's expand_block) with vdpbf16ps: h's values are bf16 already (the shrink rounded
 // them), taken two ranks at a time (hp: row q's pair p at q * pairs + p, `h_pairs`) against B^T's
-// rows j and j + 1 interleaved (B^T [r, out] ldbt apart; products exact in fp32, sums in fp32,
-// another order than the FMAs').
+// rows j and j + 1 interleaved (products exact in fp32, sums in fp32, another order than the
+// FMAs'). B^T's row j, outputs of block o0 / kOut, at bt + j ldbt + o0 / kOut bblk: B^T [r, out]
+// (ldbt = out, bblk = kOut) or the blocked stacks' [out / kOut][r][kOut] (ldbt = kOut, bblk = r kOut).
 template <int NR, bool Full>
-inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t r, float scale_value, const uint32_t* hp,
-                            at::BFloat16* const* yr, int64_t o0, int64_t m, bool ahead) {
+inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, int64_t r, float scale_value,
+                            const uint32_t* hp, at::BFloat16* const* yr, int64_t o0, int64_t m, bool ahead) {
   const int64_t pairs = (r + 1) / 2;
   const __mmask32 mask = Full ? ~__mmask32(0) : (__mmask32(1) << m) - 1;
   __m512 lo[NR], hi[NR];
 #pragma GCC unroll 4
   for (int q = 0; q < NR; ++q) lo[q] = hi[q] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
-    const at::BFloat16* b0 = bt + 2 * p * ldbt + o0;
+    const at::BFloat16* b0 = bt + 2 * p * ldbt + o0 / kOut * bblk;
     const bool two = 2 * p + 1 < r;
     if (ahead) {
-      prefetch(b0 + kAhead * kOut, kOut * 2);
-      if (two) prefetch(b0 + ldbt + kAhead * kOut, kOut * 2);
+      prefetch(b0 + kAhead * bblk, kOut * 2);
+      if (two) prefetch(b0 + ldbt + kAhead * bblk, kOut * 2);
     }
     const __m512i v0 = Full ? _mm512_loadu_si512(b0) : _mm512_maskz_loadu_epi16(mask, b0);
     const __m512i v1 = !two ? _mm512_setzero_si512()
