@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import statistics
 import sys
 import time
@@ -153,9 +154,12 @@ def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
     """The engine's speculation as `args` ask (a draft model loads here, beside the engine's)."""
     setting: dict = {"method": args.method, "num_speculative_tokens": args.num_speculative_tokens}
     if args.method == "draft":
-        from orcaserve.bench.models.random_checkpoint import DRAFTS, checkpoint_path
+        from orcaserve.bench.models.random_checkpoint import DRAFTS, checkpoint_path, with_tokenizer
 
         setting["model"] = args.draft_model or checkpoint_path(DRAFTS[engine.vocab_size])
+        if args.draft_model is None and (args.model or "").endswith(".gguf"):  # the file's tokenizer
+            name = f"{DRAFTS[engine.vocab_size]}-{os.path.basename(args.model)[: -len('.gguf')]}"
+            setting["model"] = with_tokenizer(setting["model"], engine.tokenizer, name)
         setting["quantization"] = args.draft_quantization
     cfg = SpeculativeConfig.parse(setting)
     assert cfg is not None

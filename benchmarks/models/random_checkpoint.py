@@ -81,3 +81,17 @@ def checkpoint_path(shape: str = "1b", out: str | None = None) -> str:
     gguf = default_model_path()
     AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf)).save_pretrained(out)
     return out
+
+
+def with_tokenizer(path: str, tokenizer: Any, name: str) -> str:
+    """`path`'s weights and config (linked) beside `tokenizer` (saved), cached as random-<name>: a
+    draft for a GGUF target, whose tokenizer as read from the file (llama.cpp's converter pads the
+    vocabulary with [PAD] tokens) is not the checkpoint's."""
+    out = os.path.join(os.path.dirname(path), f"random-{name}")
+    if not os.path.exists(os.path.join(out, "tokenizer_config.json")):
+        os.makedirs(out, exist_ok=True)
+        for f in ("config.json", "generation_config.json", "model.safetensors"):
+            if not os.path.exists(os.path.join(out, f)):
+                os.symlink(os.path.join(path, f), os.path.join(out, f))
+        tokenizer.save_pretrained(out)
+    return out
