@@ -4,18 +4,21 @@ docs/performance-log.md).
 
     orcaserve-bench spec --method draft --agreement 0,0.5,0.7,0.8,0.9,1
     orcaserve-bench spec --method draft --agreement 0.8 --draft-model DIR --max-tokens 64
+    orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1 --model ~/.cache/orcaserve/random-1b
 
 The target is `--model` (SmolLM2-135M-Instruct by default). The draft is a real model that runs
 its real forwards, K per speculated step for all rows, with its own paged KV (by default a random
-checkpoint of SmolLM2's width with 4 layers of its 30, benchmarks/models/random_checkpoint.py
-"smollm2-draft"); only its proposals are replaced: each becomes the target's own greedy token at
+checkpoint chosen by the target's vocabulary, benchmarks/models/random_checkpoint.py `DRAFTS`:
+"smollm2-draft", SmolLM2's width with 4 layers of its 30; "1b-draft" for the 1B shape); only its
+proposals are replaced: each becomes the target's own greedy token at
 that position (from a run with speculation off) with probability `agreement`, else another token.
 So the draft costs what such a draft costs, and a proposal is accepted with probability close to
 `agreement` (its tokens past a rejection are the off run's, not the new ones: one per mille may
 differ where the target's bf16 numerics flip a near-tie). Every decode row proposes K tokens
 every step (the policy that decides when speculation pays is bypassed: this measures what a
-speculated step costs and brings at each acceptance). Off and draft runs alternate on one engine;
-the outputs are compared token for token.
+speculated step costs and brings at each acceptance). At each agreement `--repeats` off and draft
+runs alternate on one engine (medians, by the wall clock and by the process's CPU time); the
+outputs are compared token for token.
 """
 
 from __future__ import annotations
@@ -65,7 +68,10 @@ class SetAgreement:
 
 
 def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, prompts: list, run_set) -> dict:
-    """Off, then draft at each agreement (an off run before each), one stream by default."""
+    """Off, then at each agreement `args.repeats` off/draft pairs alternated (medians kept, by the
+    wall clock and by the process's CPU time), one stream by default."""
+    import statistics
+
     from orcaserve.scheduler.spec.policy import SpecPolicy
     from orcaserve.scheduler.spec.stats import SpecStats
 
@@ -74,40 +80,40 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
     n = args.requests or max(4, clients)
     draft = spec.proposer
     engine.spec = None
-    base = run_set(engine, prompts, clients, n, args.max_tokens)
-    answers = base["outputs"]
-    results: dict = {
-        "runs": [],
-        "k": k,
-        "clients": clients,
-        "requests": n,
-        "draft": args.draft_model or "smollm2-draft",
-    }
+    answers = run_set(engine, prompts, clients, n, args.max_tokens)["outputs"]
+    results: dict = {"runs": [], "k": k, "clients": clients, "requests": n, "draft": spec.config.model}
     print(
-        f"{'agreement':>10}{'off tok/s':>11}{'draft tok/s':>13}{'speed-up':>10}{'accept':>8}{'mean len':>10}"
-        f"{'same':>6}",
+        f"{'agreement':>10}{'off tok/s':>11}{'draft tok/s':>13}{'speed-up':>10}{'by CPU':>8}{'accept':>8}"
+        f"{'mean len':>10}{'same':>6}",
         file=sys.stderr,
     )
     for agreement in map(float, args.agreement.split(",")):
-        engine.spec = None
-        off = run_set(engine, prompts, clients, n, args.max_tokens)
         spec.proposer = SetAgreement(draft, answers, agreement, engine.vocab_size)
         spec.stats, spec.policy = SpecStats(method="draft"), SpecPolicy(spec.config)
         spec.policy.plan = lambda sched, candidates, kinds=None: [(r, k) for r in candidates]  # every row, K each
-        engine.spec = spec
-        on = run_set(engine, prompts, clients, n, args.max_tokens)
+        offs, ons = [], []
+        for _ in range(args.repeats):
+            engine.spec = None
+            offs.append(run_set(engine, prompts, clients, n, args.max_tokens))
+            engine.spec = spec
+            ons.append(run_set(engine, prompts, clients, n, args.max_tokens))
         stats = spec.stats.to_dict()
+        off, on = (statistics.median(r["tok_s"] for r in runs) for runs in (offs, ons))
+        off_cpu, on_cpu = (statistics.median(r["tok_cpu_s"] for r in runs) for runs in (offs, ons))
         row = {
             "agreement": agreement,
-            "off_tok_s": round(off["tok_s"], 2),
-            "draft_tok_s": round(on["tok_s"], 2),
-            "speedup": round(on["tok_s"] / off["tok_s"], 3),
-            "same_tokens": off["outputs"] == on["outputs"],
+            "off_tok_s": round(off, 2),
+            "draft_tok_s": round(on, 2),
+            "off_runs": [round(r["tok_s"], 2) for r in offs],
+            "draft_runs": [round(r["tok_s"], 2) for r in ons],
+            "speedup": round(on / off, 3),
+            "speedup_cpu": round(on_cpu / off_cpu, 3),
+            "same_tokens": all(a["outputs"] == b["outputs"] for a, b in zip(offs, ons)),
             "spec": stats,
         }
         results["runs"].append(row)
         print(
-            f"{agreement:>10.2f}{row['off_tok_s']:>11.1f}{row['draft_tok_s']:>13.1f}{row['speedup']:>9.2f}x"
+            f"{agreement:>10.2f}{off:>11.1f}{on:>13.1f}{row['speedup']:>9.2f}x{row['speedup_cpu']:>7.2f}x"
             f"{stats['acceptance_rate']:>8.2f}{stats['mean_accepted_length']:>10.2f}{str(row['same_tokens']):>6}",
             file=sys.stderr,
         )

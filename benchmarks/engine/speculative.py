@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import sys
 import time
 
@@ -119,6 +120,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--method", default="ngram", choices=("ngram", "draft"), help="the proposer")
     ap.add_argument("--draft-model", default=None, help="method draft: the draft's HF dir or .gguf")
     ap.add_argument(
+        "--draft-quantization", default=None, help="method draft: the draft's weights (null: chosen for its file)"
+    )
+    ap.add_argument(
         "--agreement",
         default=None,
         help="method draft: comma-separated agreements of a synthetic target/draft pair (spec_draft.py); "
@@ -153,9 +157,13 @@ def speculation(engine: Engine, args: argparse.Namespace) -> SpecDecoding:
     """The engine's speculation as `args` ask (a draft model loads here, beside the engine's)."""
     setting: dict = {"method": args.method, "num_speculative_tokens": args.num_speculative_tokens}
     if args.method == "draft":
-        from orcaserve.bench.models.random_checkpoint import checkpoint_path
+        from orcaserve.bench.models.random_checkpoint import DRAFTS, checkpoint_path, with_tokenizer
 
-        setting["model"] = args.draft_model or checkpoint_path("smollm2-draft")
+        setting["model"] = args.draft_model or checkpoint_path(DRAFTS[engine.vocab_size])
+        if args.draft_model is None and (args.model or "").endswith(".gguf"):  # the file's tokenizer
+            name = f"{DRAFTS[engine.vocab_size]}-{os.path.basename(args.model)[: -len('.gguf')]}"
+            setting["model"] = with_tokenizer(setting["model"], engine.tokenizer, name)
+        setting["quantization"] = args.draft_quantization
     cfg = SpeculativeConfig.parse(setting)
     assert cfg is not None
     target = Target(engine.config, engine.tokenizer, engine.vocab_size, engine.max_model_len, engine.kv.pool.num_blocks)

@@ -93,6 +93,9 @@ class DraftProposer:
             enable_prefix_caching=False,
             allow_unverified_architecture=tc.allow_unverified_architecture,
             quantization=config.quantization,
+            # Quantized as asked, the draft's codes take the target's activations (int8 where the
+            # engine chose them): the fp32 GEMM over codes costs a narrow draft more than its reads.
+            activations=tc.activations if config.quantization not in (None, "none") else None,
             max_model_len=target.max_model_len,
         )
         dcfg = choose_weights(dcfg, path)

@@ -101,6 +101,22 @@ def test_a_draft_that_raises_costs_its_step_only(llama_and_self, engine_for):
     _all_back(on)
 
 
+def test_a_quantized_draft_takes_the_targets_int8_activations(llama_and_self, engine_for):
+    """`speculative.quantization` given: the draft's codes run with the engine's int8 activations
+    (as the target's do), and greedy rows still answer as speculation off."""
+    model, path = llama_and_self
+    work = spec_prompts(seed=5, n=3)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    quant = {"quantization": "int8", "activations": "int8"}
+    off = engine_for(model, **quant)
+    on = speculating(engine_for(model, **quant, speculative={**draft_setting(path), "quantization": "int8"}))
+    assert on.spec.proposer.runner.decoder.lm_head.activations == "int8"
+    for a, b in zip(off.generate(work, params), on.generate(work, params)):
+        assert b.output_token_ids == a.output_token_ids
+    assert on.spec.stats.accepted > 0
+    _all_back(on)
+
+
 def test_a_draft_with_another_vocabulary_or_tokenizer_is_refused(engine_for, tokenizer, tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 

@@ -11,9 +11,9 @@
 // request's results do not depend on its batch-mates), each sum is rounded once to bf16, and
 // threads take panel pairs from a counter (gemm/panels.h).
 //
-// GEMV-shaped calls (up to kStreamRows rows, gemm/panels.h) walk each thread's contiguous share of
-// the panels as one stream and prefetch kStreamAhead bytes ahead in it: the same sums in the same
-// order, so the same bits.
+// Calls of one row tile (up to kRows = 8 rows, not kStreamRows' 4: a speculative verifying row of
+// 1 + K reads each panel once too) walk each thread's contiguous share of the panels as one stream
+// and prefetch kStreamAhead bytes ahead in it: the same sums in the same order, so the same bits.
 //
 // `vdpbf16ps` treats subnormal inputs as zero and rounds to nearest even; the sums may differ from
 // oneDNN's in the last bf16 place (other order), as oneDNN's differ from F.linear's.
@@ -144,7 +144,9 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
       });
     };
   };
-  if (M <= kStreamRows)
+  // One row tile reads each panel once: its weight's read is its cost (docs/speculative-decoding.md
+  // "When it pays").
+  if (M <= kRows)
     for_each_panel_streamed(P, run(std::true_type{}));
   else
     for_each_panel(P, false, run(std::false_type{}));
