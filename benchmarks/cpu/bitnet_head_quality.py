@@ -12,7 +12,11 @@ bf16 (its default) continues `--prompts` of int8_quality.py's prompts greedily f
 tokens; each variant then reads prompt + continuation (one teacher-forced forward each, the
 engine's prompt path) and, at every continuation position, its logits are compared with the
 reference's: top-1 agreement, mean KL(p_ref || p_variant) in nats, and the logit error (mean and
-max |difference|, over the reference logits' standard deviation). Variants, all served in bf16:
+max |difference|, over the reference logits' standard deviation). Each variant is also taken
+"alone": its head on the reference's own head inputs (the F16 model's final normed rows), the
+head's error without the tied embedding's through 30 layers of random weights, where BitNet's
+per-token int8 rounding of every projection's input makes small differences grow. Variants, all
+served in bf16:
 - the quantized-head file served dense (`quantization: none`: the head dequantized to bf16): the
   weights' error alone;
 - the same file as served by default (`gguf`: the head from its blocks, int8 activations);
@@ -45,18 +49,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _engine(path: str, **overrides: Any) -> Any:
     from orcaserve.scheduler import Engine
 
+    print(f"bitnet-head-quality: loading {path} {overrides or ''}", flush=True)
     return Engine.from_pretrained(path, dtype="bfloat16", max_num_seqs=1, **overrides)
 
 
-def position_logits(engine: Any, ids: list[int]) -> torch.Tensor:
-    """[len(ids) - 1, V] fp32: the logits at every position of `ids` but the last, from the
-    engine's prompt path (prompt_logprobs.py), read off the decoder's head."""
+def position_logits(engine: Any, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """([len(ids) - 1, V] fp32 logits, [len(ids) - 1, hidden] the head's input rows) at every
+    position of `ids` but the last, from the engine's prompt path (prompt_logprobs.py), read off
+    the decoder's head."""
     from orcaserve.scheduler.model.prompt_logprobs import prompt_logprobs
 
-    decoder, rows = engine.runner.decoder, []
+    decoder, rows, lasts = engine.runner.decoder, [], []
     head = decoder._head
 
     def kept(last: torch.Tensor) -> torch.Tensor:
+        lasts.append(last.clone())
         rows.append(head(last))
         return rows[-1]
 
@@ -65,12 +72,21 @@ def position_logits(engine: Any, ids: list[int]) -> torch.Tensor:
         prompt_logprobs(engine.runner, ids, 0)
     finally:
         del decoder._head
-    return torch.cat(rows).float()
+    return torch.cat(rows).float(), torch.cat(lasts)
 
 
-def _logits(engine: Any, seqs: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """Each sequence's logits at its continuation positions, [tokens, V]."""
-    return [position_logits(engine, p + c)[len(p) - 1 : len(p) + len(c) - 1] for p, c in seqs]
+def _logits(engine: Any, seqs: list[tuple[list[int], list[int]]]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each sequence's logits at its continuation positions, [tokens, V], and the head's inputs."""
+    got = [position_logits(engine, p + c) for p, c in seqs]
+    at = [slice(len(p) - 1, len(p) + len(c) - 1) for p, c in seqs]
+    return [g[0][a] for g, a in zip(got, at)], [g[1][a] for g, a in zip(got, at)]
+
+
+def _head_alone(engine: Any, lasts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`engine`'s head on the reference model's head inputs: the head's own error, without the
+    quantized embedding's path through the layers."""
+    with torch.inference_mode():
+        return [engine.runner.decoder._head(x).float() for x in lasts]
 
 
 def compare(ref: list[torch.Tensor], got: list[torch.Tensor]) -> dict[str, float]:
@@ -104,7 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         p = engine.tokenizer(text).input_ids
         params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
         seqs.append((p, engine.generate([p], [params])[0].output_token_ids))
-    ref = _logits(engine, seqs)
+    ref, lasts = _logits(engine, seqs)
     del engine
     rows: dict[str, dict[str, Any]] = {}
     for name, overrides in (
@@ -113,7 +129,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ):
         gc.collect()
         engine = _engine(head_path, **overrides)
-        rows[name] = compare(ref, _logits(engine, seqs))
+        rows[name] = compare(ref, _logits(engine, seqs)[0])
+        rows[f"{name}, the head alone"] = compare(ref, _head_alone(engine, lasts))
+        print(f"bitnet-head-quality: {name}: {rows[name]}; alone {rows[name + ', the head alone']}", flush=True)
         del engine
     if args.llamacpp:
         from orcaserve.bench.peers.llamacpp import greedy_next

@@ -67,6 +67,7 @@ def test_served_token_exact_with_fp32_activations(head_file, engine_for):
     assert _generate(engine, work) == expected
 
 
+@pytest.mark.slow  # an engine per ISA variant
 def test_int8_activations_match_the_twin(head_file, engine_for, monkeypatch):
     """The head's int8 GEMM and the ternary GEMM through every ISA variant this CPU runs give the
     PyTorch twins' tokens (`generic`)."""
@@ -81,6 +82,7 @@ def test_int8_activations_match_the_twin(head_file, engine_for, monkeypatch):
     assert all(tokens == got["generic"] for tokens in got.values()), got
 
 
+@pytest.mark.slow  # four engines, the tokenizer built from each file's metadata
 def test_engine_defaults_to_the_files_head(head_file, smollm2_path, tmp_path, source):  # noqa: F811
     """Engine.from_pretrained on a file with a block-type head chooses quantization gguf with int8
     activations; the same weights with an F16 head stay dense (quantization none)."""
