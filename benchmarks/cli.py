@@ -52,6 +52,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.engine.bitnet_twin",
         "BitNet at the 2B4T shape: TQ2_0 / TQ1_0 against the same weights in bf16, offline; llama.cpp per format",
     ),
+    "bitnet-head-quality": (
+        "orcaserve.bench.cpu.bitnet_head_quality",
+        "BitNet at the 2B4T shape: a Q6_K / Q8_0 lm_head against the F16 head, top-1, KL, logit error",
+    ),
     "tp": (
         "orcaserve.bench.engine.tensor_parallel",
         "tensor parallel ranks vs one process: tok/s, collectives' share, RSS",

@@ -7,7 +7,12 @@ by point, format after format, for `--repeats` rounds (`orcaserve-bench latency`
 
 - `bf16`: the bf16 checkpoint, every projection expanded to bf16 (served dense, as any lean model);
 - `tq2_0`, `tq1_0`: llama.cpp's GGUF files of the packed checkpoint (ternary projections over
-  int8 activations, docs/bitnet.md).
+  int8 activations, docs/bitnet.md), the head tied to the F16 embedding;
+- `tq2_0-q6_k`, `tq2_0-q8_0`: the `tq2_0` file through llama.cpp's `llama-quantize`, its tied head
+  in Q6_K (its default) or Q8_0, served from those blocks (docs/bitnet.md, "A quantized lm_head");
+  their twins `bf16-q6_k`, `bf16-q8_0`: the bf16 checkpoint with that head dequantized. A format's
+  ratio is taken against its own twin where it was run (`tq2_0-q6_k` against `bf16-q6_k`), else
+  against `bf16`.
 
 `--layers 4` (the default) is the 2B4T's first 4 layers under its full 128256-token head, where the
 head is most of a token's bytes; `--layers 0` the full 30 layers (the bf16 twin then takes about
@@ -24,12 +29,17 @@ import time
 from orcaserve.bench.cli import engine_overrides
 from orcaserve.bench.cpu import dram
 
-FORMATS = ("bf16", "tq2_0", "tq1_0")  # the first is the twin every ratio is taken against
+FORMATS = ("bf16", "tq2_0", "tq1_0")  # the default run; bf16 is the twin its ratios are taken against
+HEADS = ("q6_k", "q8_0")  # `<format>-<head>`: llama-quantize's head types
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--layers", type=int, default=4, help="the 2B4T's first N layers; 0: all 30")
-    ap.add_argument("--formats", default=",".join(FORMATS), help="bf16, tq2_0, tq1_0, comma-separated")
+    ap.add_argument(
+        "--formats",
+        default=",".join(FORMATS),
+        help="bf16, tq2_0, tq1_0, and with a head type tq2_0-q6_k, bf16-q6_k, ... comma-separated",
+    )
     ap.add_argument("--streams", default="1,32", help="concurrent streams, comma-separated")
     ap.add_argument("--input-len", type=int, default=16, help="prompt tokens per stream")
     ap.add_argument("--output-len", type=int, default=32, help="output tokens per stream")
@@ -42,13 +52,20 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def model_path(fmt: str, layers: int | None) -> str:
     """The cached file or directory of `fmt` (built on first use)."""
-    from orcaserve.bench.models.bitnet_2b4t import bitnet_2b4t, bitnet_2b4t_gguf
+    from orcaserve.bench.models.bitnet_2b4t import bitnet_2b4t, bitnet_2b4t_gguf, bitnet_2b4t_twin
 
-    if fmt == "bf16":
-        return bitnet_2b4t("bf16", layers=layers)
-    if fmt not in FORMATS:
-        raise SystemExit(f"--formats: {fmt!r} is not one of {', '.join(FORMATS)}")
-    return bitnet_2b4t_gguf(fmt.upper(), layers=layers)
+    base, _, head = fmt.partition("-")
+    if base not in FORMATS or (head and (head not in HEADS or base == "tq1_0")):
+        raise SystemExit(f"--formats: {fmt!r} is not one of {', '.join(FORMATS)}, or tq2_0 / bf16 - {'/'.join(HEADS)}")
+    if base == "bf16":
+        return bitnet_2b4t_twin(head.upper(), layers) if head else bitnet_2b4t("bf16", layers=layers)
+    return bitnet_2b4t_gguf(base.upper(), layers=layers, head=head.upper() or None)
+
+
+def twin_of(fmt: str, formats: dict) -> str:
+    """The format `fmt`'s ratio is taken against: its own head's bf16 twin where it was run, else bf16."""
+    _, _, head = fmt.partition("-")
+    return f"bf16-{head}" if head and f"bf16-{head}" in formats else "bf16"
 
 
 def _load(path: str, streams: list[int], overrides: dict) -> tuple[object, dict]:
@@ -114,8 +131,8 @@ def report(res: dict) -> None:
     head = [("streams", 8), ("tok/s", 9), ("ms/token", 10), ("MB/token", 10), ("of roof", 9), ("x bf16", 8)]
     head.append(("load s", 8))
     print(f"{'format':<18}" + "".join(f"{name:>{width}}" for name, width in head))
-    twin = {r["streams"]: r["tok_s"] for r in res["formats"].get("bf16", {}).get("rows", [])}
     for fmt, got in res["formats"].items():
+        twin = {r["streams"]: r["tok_s"] for r in res["formats"].get(twin_of(fmt, res["formats"]), {}).get("rows", [])}
         roof = gbps * 1e9 / got["bytes_per_token"]
         for r in got["rows"]:
             ratio = f"{r['tok_s'] / twin[r['streams']]:.2f}" if r["streams"] in twin else "-"

@@ -4,6 +4,8 @@
     bitnet_2b4t("bf16")     # ~/.cache/orcaserve/random-bitnet-2b4t-bf16: the same model, plain bf16
     bitnet_2b4t("bf16", layers=4)  # random-bitnet-2b4t-l4-bf16: its first 4 layers, the full head
     bitnet_2b4t_gguf("TQ2_0", layers=4)  # random-bitnet-2b4t-l4.tq2_0.gguf, for llama.cpp
+    bitnet_2b4t_gguf("TQ2_0", head="Q6_K")  # random-bitnet-2b4t.tq2_0-q6_k.gguf: llama-quantize's
+    bitnet_2b4t_twin("Q6_K")  # random-bitnet-2b4t-bf16-q6_k: its bf16 twin, the head dequantized
 
 The shape is microsoft/bitnet-b1.58-2B-4T's (hidden 2560, 30 layers, 20 heads over 5 KV heads, MLP
 6912, vocab 128256, ReLU^2), with tied embeddings as llama.cpp's bitnet files have them. Codes are
@@ -111,9 +113,12 @@ def bitnet_2b4t(kind: str = "packed", out: str | None = None, layers: int | None
     return out
 
 
-def bitnet_2b4t_gguf(qtype: str = "TQ2_0", layers: int | None = None) -> str:
+def bitnet_2b4t_gguf(qtype: str = "TQ2_0", layers: int | None = None, head: str | None = None) -> str:
     """The packed checkpoint as a `qtype` GGUF beside it (cached), written as llama.cpp's converter
-    writes `--outtype tq1_0 / tq2_0`: tied, the embedding in F16, with the grown tokenizer."""
+    writes `--outtype tq1_0 / tq2_0`: tied, the embedding in F16, with the grown tokenizer. `head`
+    (Q6_K, Q8_0): that file through llama.cpp's `llama-quantize ... qtype`, which keeps the TQ
+    tensors as they are and writes the tied embedding (its output tensor) as Q6_K by default, or
+    in `--output-tensor-type` (benchmarks/peers/setup_llamacpp.sh builds it)."""
     from orcaserve.bench.models.bitnet_gguf import write_bitnet_gguf
 
     source = bitnet_2b4t("packed", layers=layers)
@@ -122,4 +127,55 @@ def bitnet_2b4t_gguf(qtype: str = "TQ2_0", layers: int | None = None) -> str:
         vocab = vocab_gguf(SHAPE["vocab_size"])
         write_bitnet_gguf(source, out + ".part", qtype, tied=True, tokenizer_from=vocab, embed="F16")
         os.replace(out + ".part", out)
+    return out if head is None else _llama_quantized(out, qtype, head)
+
+
+def _llama_quantized(source: str, qtype: str, head: str) -> str:
+    import subprocess
+
+    from orcaserve.bench.peers.llamacpp import llamacpp_env
+    from orcaserve.bench.peers.models import QUANTIZE
+
+    out = f"{source.removesuffix('.gguf')}-{head.lower()}.gguf"
+    if not os.path.exists(out):
+        flags = [] if head == "Q6_K" else ["--output-tensor-type", head.lower()]  # Q6_K: its default
+        cmd = [str(QUANTIZE), *flags, source, out + ".part", qtype]
+        subprocess.run(cmd, env=llamacpp_env(), check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.replace(out + ".part", out)
+    return out
+
+
+def bitnet_2b4t_twin(head: str, layers: int | None = None) -> str:
+    """The bf16 checkpoint of `bitnet_2b4t_gguf("TQ2_0", layers, head)`'s weights: the bf16
+    checkpoint's layers (linked), its embedding (the tied head) the file's `head` blocks
+    dequantized and rounded to bf16 (cached)."""
+    import shutil
+
+    import numpy as np
+    from gguf import GGMLQuantizationType, dequantize
+    from safetensors.torch import save_file
+
+    from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
+
+    dense = bitnet_2b4t("bf16", layers=layers)
+    out = f"{dense}-{head.lower()}"
+    if os.path.exists(os.path.join(out, "config.json")):
+        return out
+    path = bitnet_2b4t_gguf("TQ2_0", layers=layers, head=head)
+    _, header = read_gguf(path)
+    info = next(t for t in header.tensors if t.name == "token_embd.weight")
+    kind = GGMLQuantizationType(info.ggml_type)
+    raw = tensor_bytes(np.memmap(path, mode="r", dtype=np.uint8), header, info).reshape(info.shape[0], -1)
+    embed = torch.from_numpy(dequantize(raw, kind)).bfloat16()
+    with open(os.path.join(dense, "model.safetensors.index.json")) as f:
+        shard = json.load(f)["weight_map"]["model.embed_tokens.weight"]
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(dense):
+        if name.endswith(".safetensors") and name != shard:
+            os.symlink(os.path.join(dense, name), os.path.join(out, name))
+        elif name != shard and name != "config.json":
+            shutil.copy(os.path.join(dense, name), os.path.join(out, name))
+    norm = torch.ones(SHAPE["hidden_size"], dtype=torch.bfloat16)
+    save_file({"model.embed_tokens.weight": embed, "model.norm.weight": norm}, os.path.join(out, shard))
+    shutil.copy(os.path.join(dense, "config.json"), os.path.join(out, "config.json"))  # last: the cache mark
     return out

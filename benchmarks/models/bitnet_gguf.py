@@ -12,7 +12,8 @@ a checkpoint whose scales round-trip (1 / fp16(1 / s) == s, e.g. powers of two) 
 bit. The converter also needs a SentencePiece tokenizer.model, which the tiny models have not.
 Norms are written in F32, embeddings in F32 (the checkpoint's floats exactly) or, with `embed="F16"`,
 in F16 as the converter writes them beside TQ projections; `tied` drops lm_head.weight as
-llama.cpp's bitnet tensor list has no output tensor.
+llama.cpp's bitnet tensor list has no output tensor. `head="Q6_K"` (or Q8_0) writes the output
+tensor, or the tied embedding, in that block type, as llama-quantize writes a TQ file's head.
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def write_bitnet_gguf(
     tied: bool = False,
     tokenizer_from: str | None = None,
     embed: str = "F32",
+    head: str | None = None,
 ) -> str:
     """`checkpoint` (a packed BitNet directory: config.json, model.safetensors) as a GGUF at `out`,
     its projections in `qtype` (TQ1_0, TQ2_0, or F32: the floats, for the refusal test), its
-    embeddings in `embed` (F32 or F16); `tokenizer_from`: a GGUF whose tokenizer metadata is copied
+    embeddings in `embed` (F32 or F16), the lm_head (output, or the tied embedding) in `head` where
+    given (Q6_K, Q8_0); `tokenizer_from`: a GGUF whose tokenizer metadata is copied
     in (none otherwise; llama.cpp loads the file only where its token list has the head's rows:
     benchmarks/models/vocab.py)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, RopeScalingType
@@ -107,6 +110,10 @@ def write_bitnet_gguf(
                         writer.add_tensor(gguf_name(key), dense)
                     else:
                         writer.add_tensor(gguf_name(key), quantize(dense, kind), raw_dtype=kind)
+                elif head and key == ("model.embed_tokens.weight" if tied else "lm_head.weight"):
+                    writer.add_tensor(
+                        gguf_name(key), _blocks(w.float().numpy(), head), raw_dtype=GGMLQuantizationType[head]
+                    )
                 elif key in _TOP and w.dim() == 2:  # token_embd, output
                     writer.add_tensor(gguf_name(key), w.float().numpy().astype(_EMBED[embed]))
                 else:
@@ -116,3 +123,13 @@ def write_bitnet_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _blocks(w: np.ndarray, qtype: str) -> np.ndarray:
+    """[N, K] fp32 as `qtype` blocks: gguf-py's quantizer, or q6_k.py's for Q6_K (gguf-py has none)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    from orcaserve.bench.models.q6_k import quantize_q6_k
+
+    return quantize_q6_k(w) if qtype == "Q6_K" else quantize(w, GGMLQuantizationType[qtype])

@@ -14,6 +14,11 @@ is read lean (`gguf_header.read_gguf`: the vocabulary is not parsed), the tensor
 one at a time, their blocks decoded in integers straight into transformers' packing
 (`ternary_blocks.py`): no ternary weight is ever a float. A TQ2_0 code of 3 (the value 2), differing
 scales within a tensor, or a projection of any other type is refused with the tensor's name.
+
+With `quantization="gguf"` the lm_head is served in the file's own block format where it has one
+(llama.cpp's `llama-quantize` writes a TQ file's output tensor, or its tied embedding, as Q6_K):
+its blocks are attached as codes (quantized.py), verified to dequantize to the loaded weight bit
+for bit, and the decoder runs it as a `QuantLinear` (docs/bitnet.md, "A quantized lm_head").
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from orcaserve.scheduler.model.gguf_blocks import _as_gguf_py_reads
+from orcaserve.kernels.quant import BlockCodes
+from orcaserve.scheduler.model.gguf_blocks import FORMATS, _as_gguf_py_reads, _verified, parse_blocks, takes_width
 from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
+from orcaserve.scheduler.model.quantized import QUANTIZED, attach
 from orcaserve.scheduler.model.stream_load import _put
 from orcaserve.scheduler.model.ternary_blocks import BLOCK, SIZES, block_scales, pack_rows, unsigned_codes
 
@@ -139,9 +146,35 @@ def _parameter(name: str) -> str:
     return f"model.layers.{layer}.{_LAYER[tail]}"
 
 
-def load_bitnet_gguf(path: str) -> Any:
+def head_format(path: str) -> str | None:
+    """The BlockCodes format of a `bitnet` GGUF's lm_head (its output tensor, else the tied
+    embedding) where the file holds it in a block type with a packed GEMM; None for F16 / F32."""
+    from gguf import GGMLQuantizationType
+
+    _, header = read_gguf(path)
+    types = {t.name: GGMLQuantizationType(t.ggml_type).name for t in header.tensors}
+    return FORMATS.get(types.get("output.weight") or types.get("token_embd.weight", ""))
+
+
+def head_codes(name: str, raw: np.ndarray, kind: Any, w: torch.Tensor) -> BlockCodes | None:
+    """The lm_head's codes from its tensor `name` (raw: its blocks as gguf-py reads them, w: their
+    fp32 dequantization), or None (logged) where the file's type has no packed GEMM."""
+    fmt = FORMATS.get(kind.name)
+    if fmt is None or not takes_width(fmt, w.shape[1]):
+        log.warning("%s is %s: the lm_head is served dense", name, kind.name)
+        return None
+    codes = _verified(parse_blocks(raw, fmt, w.shape[1]), w)
+    if codes is None:
+        log.warning("%s: its %s blocks do not reproduce it bit for bit: the lm_head is served dense", name, kind.name)
+    return codes
+
+
+def load_bitnet_gguf(path: str, quantization: str | None = None) -> Any:
     """The BitNetForCausalLM of a `bitnet` GGUF at `path`, on the CPU: projections as BitLinear
-    (packed codes, weight_scale = 1 / d in fp32), the rest in fp32 as gguf-py dequantizes it."""
+    (packed codes, weight_scale = 1 / d in fp32), the rest in fp32 as gguf-py dequantizes it. With
+    `quantization="gguf"`, the lm_head also keeps the file's blocks as codes where it has a block
+    type (the model is then marked loaded with quantization "gguf"); other modes are left to the
+    engine's check, which refuses them."""
     from accelerate import init_empty_weights
     from gguf import GGMLQuantizationType
     from gguf import dequantize as gguf_dequantize
@@ -153,6 +186,8 @@ def load_bitnet_gguf(path: str) -> Any:
     with init_empty_weights():
         model = BitNetForCausalLM(config)
     blob = np.memmap(path, mode="r", dtype=np.uint8)
+    head = "token_embd.weight" if config.tie_word_embeddings else "output.weight"
+    codes: BlockCodes | None = None
     for info in header.tensors:
         key = _parameter(info.name)
         kind, raw = GGMLQuantizationType(info.ggml_type), tensor_bytes(blob, header, info)
@@ -167,10 +202,18 @@ def load_bitnet_gguf(path: str) -> Any:
             owner, _, attr = key.rpartition(".")
             setattr(model.get_submodule(owner), attr, layer)
             continue
-        w = gguf_dequantize(_as_gguf_py_reads(raw, kind, info.shape), kind)
-        _put(model, key, torch.from_numpy(np.array(w, dtype=np.float32)).reshape(info.shape))  # a copy
+        data = _as_gguf_py_reads(raw, kind, info.shape)
+        w = torch.from_numpy(np.array(gguf_dequantize(data, kind), dtype=np.float32)).reshape(info.shape)  # a copy
+        _put(model, key, w)
+        if quantization == "gguf" and info.name == head:
+            codes = head_codes(info.name, data, kind, w)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
+    if quantization == "gguf":  # the embedding stays dense (read by row); only the head's tie is cut
+        if codes is not None:
+            attach(model.lm_head, codes)
+            log.info("BitNet GGUF %s: the lm_head served from %s's %s blocks", path, head, codes.fmt)
+        setattr(model, QUANTIZED, "gguf")
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{path} has no tensor for {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}")

@@ -7,7 +7,9 @@ Anywhere else (a safetensors directory, a GPU, tensor parallelism, LoRA adapters
 AVX2, where the C++ operators are not built) the weights stay dense in `dtype`: the quantized GEMMs would run
 their PyTorch twin there, an fp32 copy of every weight, slower than dense. `quantization: none`
 asks for the dense exact path by name. Why and what was measured: docs/quantized-weights.md
-"Defaults".
+"Defaults". A BitNet GGUF's projections are ternary whatever the choice; `gguf` there serves its
+lm_head from the file's blocks where it has them (llama-quantize's Q6_K), else it is dense
+(docs/bitnet.md, "A quantized lm_head").
 """
 
 from __future__ import annotations
@@ -58,13 +60,21 @@ def _dense_because(config: EngineConfig, path: str) -> str | None:
     if config.lora_adapters:
         return "LoRA adapters are served over dense weights (docs/lora.md)"
     arch = gguf_architecture(path)
-    if arch == "bitnet":
+    if arch == "bitnet" and not _bitnet_head_in_blocks(path):
         return _BITNET
-    if arch not in LEAN_GGUF_ARCHITECTURES:
+    if arch not in (*LEAN_GGUF_ARCHITECTURES, "bitnet"):
         return f"architecture {arch!r} is not served by the lean decoder"
     if not integer_dot_products():
         return "this CPU has no integer dot products the C++ operators use (AVX2 or VNNI)"
     return None
+
+
+def _bitnet_head_in_blocks(path: str) -> bool:
+    """Whether a BitNet GGUF's lm_head is in a block type with a packed GEMM (llama-quantize's
+    Q6_K), served from its blocks (docs/bitnet.md, "A quantized lm_head")."""
+    from orcaserve.scheduler.model.bitnet_gguf import head_format
+
+    return head_format(path) is not None
 
 
 def choose_weights(config: EngineConfig, path: str) -> EngineConfig:

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from orcaserve.scheduler.model.bitnet import ARCHITECTURE as BITNET
+from orcaserve.scheduler.model.quantized import QUANTIZED
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +75,12 @@ def check_architecture(model: Any, allow_unverified: bool = False) -> None:
 def check_quantization(model: Any, quantization: str | None) -> None:
     """Refuse, at load, quantized weights for a model served through transformers' forward: only
     the lean decoder runs the packed low-bit GEMMs (docs/serving.md "Quantized weights")."""
-    if quantization is not None and type(model).__name__ == BITNET:
+    bitnet_gguf = quantization == "gguf" and getattr(model, QUANTIZED, None) == "gguf"
+    if quantization is not None and type(model).__name__ == BITNET and not bitnet_gguf:
         raise UnsupportedArchitecture(
             f"quantization={quantization!r} on a BitNet model: its projections are served from their own "
-            "ternary weights (docs/bitnet.md); set quantization to null"
+            "ternary weights, only the lm_head of a BitNet GGUF from its blocks (quantization: gguf, "
+            'docs/bitnet.md "A quantized lm_head"); set quantization to null'
         )
     if quantization is not None and not lean_supports(model):
         raise UnsupportedArchitecture(

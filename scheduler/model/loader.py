@@ -54,7 +54,7 @@ def load_model_and_tokenizer(path: str, dtype: torch.dtype, device: torch.device
         from orcaserve.scheduler.model.bitnet_gguf import load_bitnet_gguf
 
         tokenizer: Any = PreTrainedTokenizerFast.from_pretrained(path, **kwargs)  # AutoTokenizer asks the config
-        return load_bitnet_gguf(file).to(device), tokenizer
+        return load_bitnet_gguf(file, quantization).to(device), tokenizer
     tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     if quantization is not None and can_stream(file):
         model: Any = load_streamed(file, dtype, quantization)

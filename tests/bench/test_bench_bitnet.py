@@ -31,6 +31,26 @@ def test_the_table_holds_ratios_to_the_twin(capsys):
     assert "llamacpp tq1_0: skipped (not set up)" in "\n".join(" ".join(v) for v in lines.values())
 
 
-def test_an_unknown_format_is_refused():
-    with pytest.raises(SystemExit, match="q4_0"):
-        bitnet_twin.model_path("q4_0", 4)
+def test_a_quantized_head_is_taken_against_its_own_twin(capsys):
+    """tq2_0-q6_k over bf16-q6_k (the bf16 twin with the head dequantized); tq2_0 over bf16."""
+    res = {
+        "layers": 30,
+        "read_gb_s": 40.0,
+        "formats": {
+            "bf16-q6_k": {"bytes_per_token": 4e9, "load_s": 9.0, "rows": [_row(1, 8.0)]},
+            "tq2_0-q6_k": {"bytes_per_token": 9e8, "load_s": 3.0, "rows": [_row(1, 36.0)]},
+            "bf16": {"bytes_per_token": 4e9, "load_s": 9.0, "rows": [_row(1, 10.0)]},
+            "tq2_0": {"bytes_per_token": 1.2e9, "load_s": 3.0, "rows": [_row(1, 30.0)]},
+        },
+        "peers": {},
+    }
+    bitnet_twin.report(res)
+    lines = {" ".join(line.split()[:3]): line.split() for line in capsys.readouterr().out.splitlines()}
+    assert lines["orcaserve tq2_0-q6_k 1"][7] == "4.50"
+    assert lines["orcaserve tq2_0 1"][7] == "3.00"
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "tq1_0-q6_k", "tq2_0-q4_0"])
+def test_an_unknown_format_is_refused(fmt):
+    with pytest.raises(SystemExit, match=fmt):
+        bitnet_twin.model_path(fmt, 4)

@@ -77,9 +77,10 @@ def test_bitnet_matches_transformers(tmp_path, engine_for, shape):
     assert [o.output_token_ids for o in engine.generate([p for p, _ in work], params)] == expected
 
 
-def test_bitnet_refuses_its_own_quantization(bitnet_dir, engine_for):
+@pytest.mark.parametrize("mode", ["int8", "gguf"])  # gguf: only a BitNet GGUF's head (test_bitnet_gguf_head.py)
+def test_bitnet_refuses_its_own_quantization(bitnet_dir, engine_for, mode):
     with pytest.raises(UnsupportedArchitecture, match="ternary"):
-        engine_for(_load(bitnet_dir), quantization="int8")
+        engine_for(_load(bitnet_dir), quantization=mode)
 
 
 def test_bitnet_loads_from_its_directory(bitnet_dir, tokenizer, tmp_path):
