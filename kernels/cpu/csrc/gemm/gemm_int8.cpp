@@ -158,23 +158,29 @@ template <int Bits, bool Offset, bool Wide, typename Emit>
 void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int64_t N, int64_t P, const Emit& emit) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   const int64_t panel_bytes = a.nb * fmt.block_bytes();
+  // Up to kFewRows rows (a decode step's few streams, a verifying row's 1 + K) each thread walks its
+  // contiguous share of the panels as one stream and prefetches kAhead bytes ahead in it (L1 at one
+  // row, else L2): the weight's read is most of such a call, and pairs of panels from one counter
+  // interleave two threads' reads (gemm/panels.h). More rows: the thread's next panel into L2
+  // (docs/int8-activations.md, "The engine against the tile", "One row at the read rate").
+  const bool streamed = M <= kFewRows;
   auto walk = [&](const auto& tiles) {
-    for_each_panel_of(M, P, true, [&](int64_t p, int64_t next) {
+    auto body = [&](int64_t p, int64_t next) {
       alignas(64) float buf[kTileRows * kPanel];
       const uint8_t* panel = packed + p * panel_bytes;
       const int64_t ncols = std::min<int64_t>(kPanel, N - p * kPanel);
       const float* bias_p = bias ? bias + p * kPanel : nullptr;
-      // The first row tile prefetches: GEMV-shaped calls kAhead bytes ahead in the thread's stream (L1
-      // at one row, else L2), others the thread's next panel into L2 (docs/int8-activations.md, "The
-      // engine against the tile", "One row at the read rate").
-      const bool streamed = M <= kStreamRows;
       const uint8_t* pf = streamed ? panel + kAhead : next < P ? packed + next * panel_bytes : nullptr;
       tiles.each([&](int64_t t, int64_t m, auto rows) {
         constexpr int R = decltype(rows)::value;
         tile<Bits, Offset, Wide, R>(a, m, panel, buf, t == 0 ? pf : nullptr, streamed && R == 1);
         for (int r = 0; r < R; ++r) emit(m + r, p, buf + r * kPanel, bias_p, ncols);
       });
-    });
+    };
+    if (streamed)
+      for_each_panel_streamed(P, body);
+    else
+      for_each_panel(P, true, body);
   };
   // Few rows: the weight's read dominates, tiles of up to kTileRows read it once per 8 rows. More:
   // compute-bound, tiles of kAccRows keep every sum in registers (docs/int8-activations.md).
