@@ -70,8 +70,7 @@ class SetAgreement:
 def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, prompts: list, run_set) -> dict:
     """Off, then at each agreement `args.repeats` off/draft pairs alternated (medians kept, by the
     wall clock and by the process's CPU time), one stream by default."""
-    import statistics
-
+    from orcaserve.bench.engine.spec_pairs import summary
     from orcaserve.scheduler.spec.policy import SpecPolicy
     from orcaserve.scheduler.spec.stats import SpecStats
 
@@ -98,8 +97,8 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
             engine.spec = spec
             ons.append(run_set(engine, prompts, clients, n, args.max_tokens))
         stats = spec.stats.to_dict()
-        off, on = (statistics.median(r["tok_s"] for r in runs) for runs in (offs, ons))
-        off_cpu, on_cpu = (statistics.median(r["tok_cpu_s"] for r in runs) for runs in (offs, ons))
+        off_med, on_med = summary(offs), summary(ons)
+        off, on = off_med["tok_s"], on_med["tok_s"]
         row = {
             "agreement": agreement,
             "off_tok_s": round(off, 2),
@@ -107,8 +106,8 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
             "off_runs": [round(r["tok_s"], 2) for r in offs],
             "draft_runs": [round(r["tok_s"], 2) for r in ons],
             "speedup": round(on / off, 3),
-            "speedup_cpu": round(on_cpu / off_cpu, 3),
-            "same_tokens": all(a["outputs"] == b["outputs"] for a, b in zip(offs, ons)),
+            "speedup_cpu": round(on_med["tok_cpu_s"] / off_med["tok_cpu_s"], 3),
+            "same_tokens": off_med["all_outputs"] == on_med["all_outputs"],
             "spec": stats,
         }
         results["runs"].append(row)
