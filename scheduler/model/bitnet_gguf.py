@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from orcaserve.kernels.quant import BlockCodes
-from orcaserve.scheduler.model.gguf_blocks import FORMATS, _as_gguf_py_reads, _verified, parse_blocks, takes_width
+from orcaserve.scheduler.model.gguf_blocks import FORMATS, as_gguf_py_reads, parse_blocks, takes_width, verified
 from orcaserve.scheduler.model.gguf_header import read_gguf, tensor_bytes
 from orcaserve.scheduler.model.quantized import QUANTIZED, attach
-from orcaserve.scheduler.model.stream_load import _put
+from orcaserve.scheduler.model.stream_load import put_tensor
 from orcaserve.scheduler.model.ternary_blocks import BLOCK, SIZES, block_scales, pack_rows, unsigned_codes
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ def head_codes(name: str, raw: np.ndarray, kind: Any, w: torch.Tensor) -> BlockC
     if fmt is None or not takes_width(fmt, w.shape[1]):
         log.warning("%s is %s: the lm_head is served dense", name, kind.name)
         return None
-    codes = _verified(parse_blocks(raw, fmt, w.shape[1]), w)
+    codes = verified(parse_blocks(raw, fmt, w.shape[1]), w)
     if codes is None:
         log.warning("%s: its %s blocks do not reproduce it bit for bit: the lm_head is served dense", name, kind.name)
     return codes
@@ -202,9 +202,9 @@ def load_bitnet_gguf(path: str, quantization: str | None = None) -> Any:
             owner, _, attr = key.rpartition(".")
             setattr(model.get_submodule(owner), attr, layer)
             continue
-        data = _as_gguf_py_reads(raw, kind, info.shape)
+        data = as_gguf_py_reads(raw, kind, info.shape)
         w = torch.from_numpy(np.array(gguf_dequantize(data, kind), dtype=np.float32)).reshape(info.shape)  # a copy
-        _put(model, key, w)
+        put_tensor(model, key, w)
         if quantization == "gguf" and info.name == head:
             codes = head_codes(info.name, data, kind, w)
     if config.tie_word_embeddings:

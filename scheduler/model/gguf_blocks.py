@@ -225,7 +225,7 @@ def stream_gguf(
     other: list[str] = []
     for info in header.tensors:
         kind = GGMLQuantizationType(info.ggml_type)
-        data = _as_gguf_py_reads(tensor_bytes(blob, header, info), kind, info.shape)
+        data = as_gguf_py_reads(tensor_bytes(blob, header, info), kind, info.shape)
         done = processor.process(
             weights=gguf_dequantize(data, kind), name=info.name, tensor_key_mapping=names, parsed_parameters=parsed
         )
@@ -237,7 +237,7 @@ def stream_gguf(
         codes = None
         if wants_codes(key):
             if kind.name in FORMATS and w.dim() == 2 and takes_width(FORMATS[kind.name], w.shape[1]):
-                codes = _verified(parse_blocks(data, FORMATS[kind.name], w.shape[1]), w)
+                codes = verified(parse_blocks(data, FORMATS[kind.name], w.shape[1]), w)
                 if codes is None:
                     log.warning("%s: its tensor %s does not reproduce it bit for bit: served dense", key, info.name)
             elif kind.name not in ("F32", "F16", "BF16"):
@@ -262,7 +262,7 @@ class _TopNames:
         return iter(())
 
 
-def _as_gguf_py_reads(raw: np.ndarray, kind: Any, shape: tuple[int, ...]) -> np.ndarray:
+def as_gguf_py_reads(raw: np.ndarray, kind: Any, shape: tuple[int, ...]) -> np.ndarray:
     """A tensor's bytes viewed as gguf-py's GGUFReader gives its `data` (what transformers hands
     gguf-py's dequantize): plain types as their numpy type, block types as uint8 rows of blocks."""
     from gguf import GGMLQuantizationType as T
@@ -274,7 +274,7 @@ def _as_gguf_py_reads(raw: np.ndarray, kind: Any, shape: tuple[int, ...]) -> np.
     return raw.reshape(*shape[:-1], -1)
 
 
-def _verified(codes: BlockCodes, w: torch.Tensor) -> BlockCodes | None:
+def verified(codes: BlockCodes, w: torch.Tensor) -> BlockCodes | None:
     """`codes` (file row order) in `w`'s row order if they dequantize to `w` bit for bit, else None.
     The row order is found by content, as match_gguf_blocks finds it (q/k come permuted)."""
     plain = dequantize(codes)

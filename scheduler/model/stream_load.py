@@ -61,7 +61,7 @@ def load_streamed(path: str, dtype: torch.dtype, mode: str) -> Any:
     else:
         config = AutoConfig.from_pretrained(folder)
     config.name_or_path = folder  # as from_pretrained sets it
-    model = _skeleton(config)
+    model = meta_skeleton(config)
     check_quantization(model, mode)
     if not gguf:  # what from_pretrained reads besides the weights; a GGUF has none (as there)
         try:
@@ -87,20 +87,20 @@ def load_streamed(path: str, dtype: torch.dtype, mode: str) -> Any:
             continue  # tied: transformers ignores a stored copy too
         for target in [key] + ([HEAD] if key == head_from else []):
             if target not in modules:
-                _put(model, target, w.to(dtype))
+                put_tensor(model, target, w.to(dtype))
                 continue
             name, module = modules[target]
             codes = file_codes if mode == "gguf" else quantize_for(mode, name, w)
             rows[name] = (w.numel(), codes)
             if codes is None:
-                _put(model, target, w.to(dtype))
+                put_tensor(model, target, w.to(dtype))
             else:
                 attach(module, codes)
         del w, file_codes
     if head_from is not None and getattr(model.lm_head, CODES, None) is None:
         model.lm_head.weight = model.get_parameter(head_from)  # dense and tied, as from_pretrained ties it
     for target, source in ties.items():
-        _put(model, target, model.get_parameter(source))
+        put_tensor(model, target, model.get_parameter(source))
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{path} has no tensor for {', '.join(missing[:8])}{', ...' if len(missing) > 8 else ''}")
@@ -111,7 +111,7 @@ def load_streamed(path: str, dtype: torch.dtype, mode: str) -> Any:
     return model.eval()
 
 
-def _skeleton(config: Any) -> Any:
+def meta_skeleton(config: Any) -> Any:
     """The model of `config` in fp32 (the dtype from_pretrained builds it in for quantization),
     its parameters on the meta device; buffers real (accelerate's init_empty_weights keeps them)."""
     from accelerate import init_empty_weights
@@ -136,7 +136,7 @@ def _safetensors(folder: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield key, tensor.to(torch.float32)
 
 
-def _put(model: Any, key: str, value: torch.Tensor) -> None:
+def put_tensor(model: Any, key: str, value: torch.Tensor) -> None:
     """Set parameter or buffer `key` of `model` to `value` (a Parameter, as loaded ones are)."""
     owner, _, attr = key.rpartition(".")
     module = model.get_submodule(owner)

@@ -21,7 +21,7 @@ import torch
 
 from orcaserve.scheduler.model.families import lean_supports
 from orcaserve.scheduler.model.parallel.shard import EMBED, HEAD, Shard, TensorParallelUnsupported
-from orcaserve.scheduler.model.stream_load import _put, _skeleton
+from orcaserve.scheduler.model.stream_load import meta_skeleton, put_tensor
 
 
 def read_config(path: str) -> tuple[Any, dict | None]:
@@ -48,7 +48,7 @@ def load_shard(path: str, shard_rank: int, world: int, dtype: torch.dtype) -> An
     if not gguf and not glob.glob(os.path.join(path, "*.safetensors")):
         raise TensorParallelUnsupported(f"{path} has no safetensors: tensor parallelism reads slices of them")
     config, parsed = read_config(path)
-    full = _skeleton(config)  # weightless: the tensors' names, ties and the GGUF name map
+    full = meta_skeleton(config)  # weightless: the tensors' names, ties and the GGUF name map
     if getattr(config, "quantization_config", None) and config.model_type == "bitnet":
         raise TensorParallelUnsupported("a packed BitNet checkpoint: its ternary projections are not split yet")
     if not lean_supports(full):
@@ -56,7 +56,7 @@ def load_shard(path: str, shard_rank: int, world: int, dtype: torch.dtype) -> An
             f"{type(full).__name__} runs through transformers' forward: tensor parallelism needs the lean decoder"
         )
     shard = Shard.of(config, shard_rank, world)
-    model = _skeleton(shard.local_config(config))
+    model = meta_skeleton(shard.local_config(config))
     if not gguf:
         try:
             model.generation_config = GenerationConfig.from_pretrained(path)
@@ -69,11 +69,11 @@ def load_shard(path: str, shard_rank: int, world: int, dtype: torch.dtype) -> An
         if key == HEAD and head_from is not None:
             continue
         w = _padded(w.to(dtype), shard, key)
-        _put(model, key, w)
+        put_tensor(model, key, w)
         if key == head_from:
-            _put(model, HEAD, w)  # tied: the same slice of the same rows
+            put_tensor(model, HEAD, w)  # tied: the same slice of the same rows
     for target, source in ties.items():
-        _put(model, target, model.get_parameter(source))
+        put_tensor(model, target, model.get_parameter(source))
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{path} has no tensor for {', '.join(missing[:8])}")
