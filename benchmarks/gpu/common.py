@@ -3,6 +3,7 @@ the models' shapes, result files, datasheet peaks and the timers (docs/kernels.m
 
 from __future__ import annotations
 
+import argparse
 import functools
 import gc
 import os
@@ -55,6 +56,16 @@ def device(step: str, smoke: bool) -> Any:
     os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)
     return torch.device("cpu")
+
+
+def add_step_arguments(ap: argparse.ArgumentParser, shapes: str, tokens: str) -> None:
+    """What the timed kernel steps (fused, lora) share: --dtype, --shapes, --tokens, --smoke,
+    --time-budget."""
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    ap.add_argument("--shapes", default=shapes, help=f"comma list of {shapes.replace(',', ', ')}")
+    ap.add_argument("--tokens", default=tokens, help="step sizes T")
+    ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, fp32, tiny")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
 
 
 def torch_dtype(name: str, dev) -> Any:

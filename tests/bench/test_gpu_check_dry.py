@@ -47,6 +47,7 @@ def test_gpu_check_dry_run(tmp_path):
         "engine_throughput",
         "engine_generate_batch",
         "startup",
+        "lora",
         "engine_real",
     }
     assert set(steps) == expected, steps
