@@ -122,7 +122,7 @@ run_step() {
     summarize
 }
 
-TESTS=("$PY" -m pytest -q -rA -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_triton_ternary.py --junitxml="$WORK/tests.xml")
+TESTS=("$PY" -m pytest -q -rA -p no:cacheprovider tests/kernels/test_triton_kernels.py tests/kernels/test_triton_ternary.py tests/kernels/test_triton_lora.py --junitxml="$WORK/tests.xml")
 if [ "$DRY" = 1 ]; then
     # CPU plumbing: one interpreter section, tiny sizes everywhere.
     run_step tests 300 "$RESULTS/tests.log" "${TESTS[@]}" -k store_fp32
