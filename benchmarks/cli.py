@@ -92,6 +92,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "orcaserve.bench.gpu.lora",
             "the Triton LoRA shrink/expand: 16 adapters rank 16, GB/s, vs twin and base",
         ),
+        "ternary": (
+            "orcaserve.bench.gpu.ternary",
+            "BitNet's Triton ternary GEMM at 2B4T's shapes: exact, GB/s, vs bf16",
+        ),
         "startup": ("orcaserve.bench.gpu.startup_cost", "import, custom-op registration and engine start-up times"),
         "summary": ("orcaserve.bench.gpu.summary", "summary.json from the steps' results (gpu_check.sh)"),
     },

@@ -22,12 +22,11 @@ Exit status 1 if a check fails. Without CUDA and without --smoke it says so and 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
-from orcaserve.bench.gpu.common import Results, Timer, add_step_arguments, device, device_name, torch_dtype
+from orcaserve.bench.gpu.common import Results, Timer, add_step_arguments, device, finish_rows, save_rows, torch_dtype
 
 # name: (hidden, intermediate, q width, k/v width, layers)
 SHAPES = {"smollm2": (576, 1536, 576, 192, 30), "llama8b": (4096, 14336, 4096, 1024, 32)}
@@ -57,7 +56,7 @@ def bench_projection(name, d_in, widths, t, slots, rank, dtype, dev, timer) -> d
         return (torch.randn(*shape, generator=g, device=dev) * 0.1).to(dtype)
 
     slot_of = [-1 if i % 4 == 3 else i % slots for i in range(t)]
-    batch = twin.LoraBatch.of(slot_of, slots, rank, [2.0] * slots, dtype)
+    batch = twin.LoraBatch.of(slot_of, slots, rank, [2.0] * slots, dtype, str(dev))
     parts, col = [], 0
     for w in widths:
         parts.append((col, col + w, randn(slots * rank, d_in), randn(slots, rank, w).view(-1, w).t()))
@@ -134,10 +133,5 @@ def run(args: argparse.Namespace) -> dict:
                     flush=True,
                 )
             print(f"{shape:<8} T={t:<4} per step ({layers} layers): {step}", flush=True)
-            result["all_ok"] = all(r["ok"] for r in result["rows"])
-            result["elapsed_s"] = round(time.perf_counter() - res.t0, 1)
-            res.save()
-    result["all_ok"] = all(r["ok"] for r in result["rows"])
-    res.save()
-    print(f"all_ok {result['all_ok']} on {device_name(dev)}")
-    return {**result, "exit_code": 0 if result["all_ok"] else 1}
+            save_rows(res, "all_ok", "ok")
+    return finish_rows(res, dev, "all_ok", "ok")

@@ -22,7 +22,9 @@ the GEMMs': the result is the twin's within fp32 accumulation (tests/kernels/tes
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -130,46 +132,65 @@ def _expand_kernel(
         tl.store(y_at, (y.to(tl.float32) + delta.to(tl.float32)).to(b.dtype), mask=y_mask)
 
 
-def _segments(groups: Sequence[tuple[torch.Tensor, int]], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """`order`, `starts`, `slots` on `device` from (rows, slot) per segment, and the longest segment."""
-    order = torch.cat([rows.to(torch.int32) for rows, _ in groups]) if groups else torch.zeros(0, dtype=torch.int32)
-    counts = [int(rows.numel()) for rows, _ in groups]
-    starts = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
-    slots = torch.tensor([slot for _, slot in groups], dtype=torch.int32)
-    return order.to(device), starts.to(device), slots.to(device), torch.tensor(max(counts, default=0))
+@dataclass(frozen=True)
+class Segments:
+    """A step's rows by segment, on the device: `order` [N] int32 the rows, segment by segment,
+    `starts` [G + 1] int32, `slots` [G] int32 each segment's slot, `scale` [G] fp32 its adapter's
+    scale; `count` G and `longest` the most rows of a segment (the grid's first side)."""
+
+    order: torch.Tensor
+    starts: torch.Tensor
+    slots: torch.Tensor
+    scale: torch.Tensor
+    count: int
+    longest: int
+
+    @classmethod
+    def of(cls, groups: Sequence[tuple[torch.Tensor, int, float]], device: torch.device | str) -> Segments | None:
+        """From (rows, slot, scale) per segment, its empty ones dropped; None when no row is left."""
+        groups = [g for g in groups if g[0].numel()]
+        if not groups:
+            return None
+        counts = [int(rows.numel()) for rows, _, _ in groups]
+        starts = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()], dtype=torch.int32)
+        order = torch.cat([rows.cpu().to(torch.int32) for rows, _, _ in groups])
+        slots = torch.tensor([slot for _, slot, _ in groups], dtype=torch.int32)
+        scale = torch.tensor([sc for _, _, sc in groups], dtype=torch.float32)
+        order, starts, slots, scale = (t.to(device) for t in (order, starts, slots, scale))
+        return cls(order, starts, slots, scale, len(groups), max(counts))
+
+
+@functools.lru_cache(maxsize=8)
+def _batch_segments(slot_of: tuple[int, ...], scales: tuple[float, ...], device: str) -> Segments | None:
+    """A step's segments for `lora_batched`: built once per step (its batch), not once per call."""
+    rows = torch.tensor(slot_of, dtype=torch.int64)
+    present = sorted({s for s in slot_of if s >= 0})
+    return Segments.of([(torch.nonzero(rows == s).flatten(), s, scales[s]) for s in present], device)
 
 
 def segmented_update(
-    y: torch.Tensor,
-    x: torch.Tensor,
-    groups: Sequence[tuple[torch.Tensor, int]],
-    scales: Sequence[float],
-    a: torch.Tensor,
-    b: torch.Tensor,
-    rank: int,
+    y: torch.Tensor, x: torch.Tensor, seg: Segments | None, a: torch.Tensor, b: torch.Tensor, rank: int
 ) -> None:
-    """y[rows] += (x[rows] @ A_s^T) @ B_s^T * scale for each (rows, slot s) of `groups`, A_s rows
-    s R..s R + R - 1 of `a` [S R, in] and B_s those columns of `b` [out, S R]; two launches."""
-    groups = [(rows, slot) for rows, slot in groups if rows.numel()]
-    if not groups or y.shape[1] == 0:
+    """y[rows] += (x[rows] @ A_s^T) @ B_s^T * scale for each segment (rows, slot s, scale) of
+    `seg`, A_s rows s R..s R + R - 1 of `a` [S R, in] and B_s those columns of `b` [out, S R]; two
+    launches (none without rows)."""
+    if seg is None or y.shape[1] == 0:
         return
     if x.stride(1) != 1:
         x = x.contiguous()
     if y.stride(1) != 1:
         raise ValueError("the LoRA kernels write y's columns at unit stride")
-    order, starts, slots, longest = _segments(groups, y.device)
-    scale = torch.tensor(list(scales), dtype=torch.float32, device=y.device)
     r_pad = rank_pad(rank)
-    h = torch.empty((order.numel(), r_pad), dtype=torch.float32, device=y.device)
+    h = torch.empty((seg.order.numel(), r_pad), dtype=torch.float32, device=y.device)
     ieee = y.dtype == torch.float32
-    m_blocks = triton.cdiv(int(longest), BLOCK_M)
-    _shrink_kernel[(m_blocks, len(groups))](
-        x, a, h, order, starts, slots, x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1),
+    m_blocks = triton.cdiv(seg.longest, BLOCK_M)
+    _shrink_kernel[(m_blocks, seg.count)](
+        x, a, h, seg.order, seg.starts, seg.slots, x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1),
         ieee, BLOCK_M, BLOCK_K, r_pad, num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
     n_out = y.shape[1]
-    _expand_kernel[(m_blocks, triton.cdiv(n_out, BLOCK_N), len(groups))](
-        h, b, y, scale, order, starts, slots, b.stride(0), b.stride(1), y.stride(0), n_out, rank,
+    _expand_kernel[(m_blocks, triton.cdiv(n_out, BLOCK_N), seg.count)](
+        h, b, y, seg.scale, seg.order, seg.starts, seg.slots, b.stride(0), b.stride(1), y.stride(0), n_out, rank,
         ieee, r_pad, BLOCK_M, BLOCK_N, num_warps=NUM_WARPS, enable_fp_fusion=False,
     )  # fmt: skip
 
@@ -189,11 +210,10 @@ def lora_sgmv(y: torch.Tensor, x: torch.Tensor, groups: Sequence[LoraGroup]) -> 
         if id(g.a) not in slots:
             slots[id(g.a)] = len(adapters)
             adapters.append(g)
-    segs = [(_rows(g.rows), slots[id(g.a)]) for g in groups]
-    scales = [adapters[slots[id(g.a)]].scale for g in groups]
+    seg = Segments.of([(_rows(g.rows), slots[id(g.a)], g.scale) for g in groups], y.device)
     if len(adapters) == 1:
         a, b = adapters[0].a, adapters[0].b
-        segmented_update(y, x, segs, scales, a, b, a.shape[0])
+        segmented_update(y, x, seg, a, b, a.shape[0])
         return
     rank = max(g.a.shape[0] for g in adapters)
     a = torch.zeros((len(adapters), rank, x.shape[1]), dtype=y.dtype, device=y.device)
@@ -201,15 +221,14 @@ def lora_sgmv(y: torch.Tensor, x: torch.Tensor, groups: Sequence[LoraGroup]) -> 
     for s, g in enumerate(adapters):
         a[s, : g.a.shape[0]] = g.a
         b[s, : g.a.shape[0]] = g.b.t()
-    segmented_update(y, x, segs, scales, a.view(-1, x.shape[1]), b.view(-1, y.shape[1]).t(), rank)
+    segmented_update(y, x, seg, a.view(-1, x.shape[1]), b.view(-1, y.shape[1]).t(), rank)
 
 
 def lora_batched(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Tensor, b: torch.Tensor) -> None:
     """kernels/pytorch/lora.py's `lora_batched` in two launches: one segment per slot present,
     each row against its own slot's R columns of the stacks (no mask, no gather)."""
-    slot_of = torch.tensor(batch.slot_of, dtype=torch.int64)
-    segs = [(torch.nonzero(slot_of == s).flatten(), s) for s in batch.present]
-    segmented_update(y, x, segs, [batch.scales[s] for s in batch.present], a, b, batch.rank)
+    seg = _batch_segments(batch.slot_of, batch.scales, str(y.device))
+    segmented_update(y, x, seg, a, b, batch.rank)
 
 
 def lora_batched_parts(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, parts: Sequence[Part]) -> None:

@@ -48,6 +48,7 @@ def test_gpu_check_dry_run(tmp_path):
         "engine_generate_batch",
         "startup",
         "lora",
+        "ternary",
         "engine_real",
     }
     assert set(steps) == expected, steps
