@@ -88,6 +88,14 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "kernels": ("orcaserve.bench.gpu.attention", "Triton attention: decode bandwidth, prefill TFLOP/s, split-K"),
         "graphs": ("orcaserve.bench.gpu.graphs", "CUDA graphs on vs off: decode step times, end to end, exactness"),
         "fused": ("orcaserve.bench.gpu.fused", "the decoder's fused Triton kernels vs the PyTorch ops they replace"),
+        "lora": (
+            "orcaserve.bench.gpu.lora",
+            "the Triton LoRA shrink/expand: 16 adapters rank 16, GB/s, vs twin and base",
+        ),
+        "ternary": (
+            "orcaserve.bench.gpu.ternary",
+            "BitNet's Triton ternary GEMM at 2B4T's shapes: exact, GB/s, vs bf16",
+        ),
         "startup": ("orcaserve.bench.gpu.startup_cost", "import, custom-op registration and engine start-up times"),
         "summary": ("orcaserve.bench.gpu.summary", "summary.json from the steps' results (gpu_check.sh)"),
     },

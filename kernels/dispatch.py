@@ -44,6 +44,8 @@ Why each cell is what it is (measurements in docs/performance-log.md):
   (2.5-3.9x less time in bf16, 3.9x with vdpbf16ps, 4.4-4.9x in fp32; "2026-12-07 (morning): the
   C++ LoRA operators on AVX-512, B stored transposed"). amx runs avx512_bf16's code, not measured
   on an AMX CPU; generic keeps the twins.
+  On a CUDA device both are the Triton shrink and expand (kernels/triton/lora.py; kernels/cpu/lora.py's
+  `sgmv_for` and `batched_for` take the device, as BitNet's layer does for `linear_ternary`).
 - linear_ternary (BitNet): the project's GEMM over two-bit codes (gemm_ternary.cpp), exact integer
   sums, so bit for bit torch._int_mm over the same values; the variant chosen also runs a float or
   bf16 layer whole (`bitlinear_ternary`, bit for bit the PyTorch path: kernels/ternary.py).

@@ -3,6 +3,7 @@ the models' shapes, result files, datasheet peaks and the timers (docs/kernels.m
 
 from __future__ import annotations
 
+import argparse
 import functools
 import gc
 import os
@@ -55,6 +56,33 @@ def device(step: str, smoke: bool) -> Any:
     os.environ["TRITON_INTERPRET"] = "1"
     torch.set_num_threads(1)
     return torch.device("cpu")
+
+
+def add_step_arguments(ap: argparse.ArgumentParser, shapes: str | None, tokens: str) -> None:
+    """What the timed kernel steps (fused, lora, ternary) share: --dtype and --shapes (unless
+    `shapes` is None), --tokens, --smoke, --time-budget."""
+    if shapes is not None:
+        ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+        ap.add_argument("--shapes", default=shapes, help=f"comma list of {shapes.replace(',', ', ')}")
+    ap.add_argument("--tokens", default=tokens, help="step sizes T")
+    ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1 (fp32), tiny")
+    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
+
+
+def save_rows(res: Results, key: str, ok: str) -> bool:
+    """The result's `key`: whether every row's `ok` holds; with the elapsed time, saved."""
+    data = res.data
+    data[key] = all(r[ok] for r in data["rows"])
+    data["elapsed_s"] = round(time.perf_counter() - res.t0, 1)
+    res.save()
+    return data[key]
+
+
+def finish_rows(res: Results, dev, key: str, ok: str) -> dict:
+    """The step's return value: `save_rows`, printed, exit status 1 unless every row's `ok` holds."""
+    good = save_rows(res, key, ok)
+    print(f"{key} {good} on {device_name(dev)}")
+    return {**res.data, "exit_code": 0 if good else 1}
 
 
 def torch_dtype(name: str, dev) -> Any:

@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import torch
 
-from orcaserve.bench.gpu.common import DTYPES, Results, device, device_name, torch_dtype
+from orcaserve.bench.gpu.common import Results, add_step_arguments, device, device_name, torch_dtype
 
 # name: (hidden, intermediate, H, H_kv, D)
 SHAPES = {"smollm2": (576, 1536, 9, 3, 64), "llama8b": (4096, 14336, 32, 8, 128)}
@@ -197,12 +197,8 @@ def per_layer(rows: list[dict]) -> dict:
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
-    ap.add_argument("--tokens", default="1,64,256,4096", help="step sizes T")
+    add_step_arguments(ap, ",".join(SHAPES), "1,64,256,4096")
     ap.add_argument("--calls", type=int, default=200, help="calls per eager timing")
-    ap.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, fp32, tiny")
-    ap.add_argument("--time-budget", type=float, default=None, help="seconds; no new shape starts after it")
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -76,6 +76,13 @@ def run(args: argparse.Namespace) -> dict:
     fu = load(os.path.join(results, "gpu-fused.json"))
     if fu:
         fig["fused"] = pick(fu, "device dtype all_ok truncated elapsed_s per_layer skipped")
+    lo = load(os.path.join(results, "gpu-lora.json"))
+    if lo:
+        fig["lora"] = pick(lo, "device dtype adapters rank all_ok truncated elapsed_s per_step skipped")
+    te = load(os.path.join(results, "gpu-ternary.json"))
+    if te:
+        fig["ternary"] = pick(te, "device all_exact truncated elapsed_s skipped")
+        fig["ternary"]["gbps"] = {f"{r['projection']}/T={r['tokens']}": r.get("gbps") for r in te.get("rows", [])}
     engine = {}
     for part in "exact throughput generate_batch real graphs graphs_8b generate_batch_8b startup".split():
         d = load(os.path.join(work, f"{part}.json"))

@@ -85,14 +85,24 @@ def block_b(b: torch.Tensor, rank: int) -> torch.Tensor:
     return pad.view(rank, -1, BLOCK).permute(1, 0, 2)
 
 
-def sgmv_for(dtype: torch.dtype) -> Sgmv:
-    """The dispatch table's `lora_sgmv` for `dtype` on this machine."""
+def sgmv_for(dtype: torch.dtype, device: torch.device | str = "cpu") -> Sgmv:
+    """The dispatch table's `lora_sgmv` for `dtype` on this machine; on a CUDA device the Triton
+    kernels (kernels/triton/lora.py), as `linear_ternary`'s (kernels/ternary.py)."""
+    if torch.device(device).type == "cuda":
+        from orcaserve.kernels.triton import lora as triton_lora
+
+        return triton_lora.lora_sgmv
     op = dispatch.kernel("lora_sgmv", dtype)
     return lora_sgmv if op is None else sgmv_cell(op)
 
 
-def batched_for(dtype: torch.dtype) -> tuple[Parts, bool]:
+def batched_for(dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[Parts, bool]:
     """The dispatch table's `lora_batched` for `dtype` on this machine, taking a fused output's
-    projections together, and whether it reads the stacks blocked."""
+    projections together, and whether it reads the stacks blocked; on a CUDA device the Triton
+    kernels, on the standard stacks."""
+    if torch.device(device).type == "cuda":
+        from orcaserve.kernels.triton import lora as triton_lora
+
+        return triton_lora.lora_batched_parts, False
     op = dispatch.kernel("lora_batched", dtype)
     return (lora_batched_parts, False) if op is None else (parts_cell(op), blocked(op, dtype))

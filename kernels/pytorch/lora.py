@@ -63,11 +63,20 @@ class LoraBatch:
     rank: int
     scales: tuple[float, ...]
     dtype: torch.dtype
+    device: str = "cpu"  # where the twin's tensors are built (the weights' device)
 
     @classmethod
-    def of(cls, row_slot: list[int], num_slots: int, rank: int, scales: list[float], dtype: torch.dtype) -> LoraBatch:
+    def of(
+        cls,
+        row_slot: list[int],
+        num_slots: int,
+        rank: int,
+        scales: list[float],
+        dtype: torch.dtype,
+        device: str = "cpu",
+    ) -> LoraBatch:
         """From each row's slot (-1: no adapter), `num_slots` resident adapters of stacked rank `rank`."""
-        return cls(tuple(row_slot), num_slots, rank, tuple(scales), dtype)
+        return cls(tuple(row_slot), num_slots, rank, tuple(scales), dtype, device)
 
     @property
     def rows(self) -> int:
@@ -88,7 +97,7 @@ class LoraBatch:
 
     @cached_property
     def slots(self) -> torch.Tensor:
-        return torch.tensor(self.present, dtype=torch.int64)
+        return torch.tensor(self.present, dtype=torch.int64, device=self.device)
 
     @cached_property
     def every(self) -> bool:
@@ -101,13 +110,13 @@ class LoraBatch:
         pos = torch.tensor([at[s] for s in self.slot_of if s >= 0], dtype=torch.int64)
         mask = torch.zeros(self.rows, len(self.present), self.rank, dtype=self.dtype)
         mask[rows, pos] = 1
-        return mask.view(self.rows, -1)
+        return mask.view(self.rows, -1).to(self.device)
 
     @cached_property
     def scale(self) -> torch.Tensor:
         scale = torch.zeros(self.rows, 1)
         scale[:, 0] = torch.tensor([self.scales[s] if s >= 0 else 0.0 for s in self.slot_of])
-        return scale
+        return scale.to(self.device)
 
 
 def lora_batched(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, a: torch.Tensor, b: torch.Tensor) -> None:

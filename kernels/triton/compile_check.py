@@ -39,12 +39,25 @@ from concurrent.futures import ProcessPoolExecutor
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 HEAD_DIMS = (64, 80, 96, 128)
 ARCHS = (80, 90)
-KERNELS = ("unified", "split_k", "reduce", "store_kv", "add_rms_norm", "silu_mul", "rope_store_kv", "ternary")
-FLAT = ("add_rms_norm", "silu_mul", "ternary")  # no head dim: built once per configuration
-# Pointers of another type than the configuration's dtype: the ternary GEMM's integers.
-POINTERS = {"ternary": {"x_ptr": "*i8", "w_ptr": "*u8", "out_ptr": "*i32"}}
+KERNELS = (
+    "unified", "split_k", "reduce", "store_kv", "add_rms_norm", "silu_mul", "rope_store_kv", "ternary",
+    "lora_shrink", "lora_expand",
+)  # fmt: skip
+FLAT = ("add_rms_norm", "silu_mul", "ternary", "lora_shrink", "lora_expand")  # no head dim: built once
+# Pointers of another type than the configuration's dtype: the ternary GEMM's integers, the LoRA
+# kernels' segments and fp32 intermediate.
+_SEGMENTS = {"order_ptr": "*i32", "starts_ptr": "*i32", "slot_ptr": "*i32", "h_ptr": "*fp32"}
+POINTERS = {
+    "ternary": {"x_ptr": "*i8", "w_ptr": "*u8", "out_ptr": "*i32"},
+    "lora_shrink": _SEGMENTS,
+    "lora_expand": {**_SEGMENTS, "scale_ptr": "*fp32"},
+}
+INTEGER = ("ternary",)  # the table's dtype column reads int8
 # --quick: the one configuration (by label) built per fused kernel (bf16; the rotary at head dim 80)
-QUICK_FUSED = {"add_rms_norm": "h4096", "silu_mul": "I>1024", "rope_store_kv": "H9/3", "ternary": "M"}
+QUICK_FUSED = {
+    "add_rms_norm": "h4096", "silu_mul": "I>1024", "rope_store_kv": "H9/3", "ternary": "M",
+    "lora_shrink": "r16", "lora_expand": "r16",
+}  # fmt: skip
 
 
 def _configs() -> list[tuple[str, str, dict, dict, str]]:
@@ -52,7 +65,7 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
     import torch
     import triton
 
-    from orcaserve.kernels.triton import ternary
+    from orcaserve.kernels.triton import lora, ternary
     from orcaserve.kernels.triton.attention import select_config
     from orcaserve.kernels.triton.fused import SILU_BLOCK, _num_warps
     from orcaserve.kernels.triton.store_kv import BLOCK_T
@@ -80,6 +93,13 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
             tiles = dict(HEADS_PAD=p2(h + hk), KV_PAD=p2(hk))
             opts = dict(num_warps=0, enable_fp_fusion=False)  # as the launcher
             out.append(("rope_store_kv", f"H{h}/{hk}", tiles, opts, dtype))
+        for r_pad in (16, 64):  # ranks up to 16 (max_lora_rank's default), up to 64
+            opts = dict(num_warps=lora.NUM_WARPS, enable_fp_fusion=False)  # as the launcher
+            ieee = dtype == "fp32"
+            tiles = dict(IEEE=ieee, BLOCK_M=lora.BLOCK_M, BLOCK_K=lora.BLOCK_K, R_PAD=r_pad)
+            out.append(("lora_shrink", f"r{r_pad} M{lora.BLOCK_M} K{lora.BLOCK_K}", tiles, opts, dtype))
+            tiles = dict(IEEE=ieee, BLOCK_M=lora.BLOCK_M, BLOCK_N=lora.BLOCK_N, R_PAD=r_pad)
+            out.append(("lora_expand", f"r{r_pad} M{lora.BLOCK_M} N{lora.BLOCK_N}", tiles, opts, dtype))
     t = ternary.BLOCK_M, ternary.BLOCK_N, ternary.BLOCK_K
     tiles = dict(zip(("BLOCK_M", "BLOCK_N", "BLOCK_K"), t))
     out.append(("ternary", "M{} N{} K{}".format(*t), tiles, dict(num_warps=4), "bf16"))  # POINTERS types it
@@ -89,6 +109,7 @@ def _configs() -> list[tuple[str, str, dict, dict, str]]:
 def _kernel(name: str):
     from orcaserve.kernels.triton import attention as triton_attention
     from orcaserve.kernels.triton import fused as triton_fused
+    from orcaserve.kernels.triton import lora as triton_lora
     from orcaserve.kernels.triton import split_k as triton_split_k
     from orcaserve.kernels.triton import store_kv as triton_store_kv
     from orcaserve.kernels.triton import ternary as triton_ternary
@@ -102,6 +123,8 @@ def _kernel(name: str):
         "silu_mul": triton_fused._silu_mul_kernel,
         "rope_store_kv": triton_fused._rope_store_kv_kernel,
         "ternary": triton_ternary._ternary_kernel,
+        "lora_shrink": triton_lora._shrink_kernel,
+        "lora_expand": triton_lora._expand_kernel,
     }[name]
 
 
@@ -113,7 +136,7 @@ def _signature(fn, dtype: str):
         n = p.name
         if p.is_constexpr:
             sig[n] = "constexpr"
-        elif n in ("stride_kd", "stride_vd"):
+        elif n in ("stride_kd", "stride_vd", "stride_ak", "stride_bn"):  # unit strides: constants
             sig[n] = "constexpr"
             consts[n] = 1
         elif n in ("cu_seqlens_q_ptr", "seq_lens_ptr", "block_tables_ptr"):
@@ -165,7 +188,7 @@ def compile_one(job: tuple) -> dict:
     row = dict(
         kernel=kernel,
         config=label,
-        dtype="int8" if kernel in POINTERS else dtype,
+        dtype="int8" if kernel in INTEGER else dtype,
         head_dim=head_dim or "-",
         arch=f"sm_{arch}",
         warps=opts["num_warps"],

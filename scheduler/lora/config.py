@@ -6,7 +6,8 @@ Refused, each with the reason in its message, until it is built and proven exact
 - tensor parallelism: the adapters would have to be split like their projections;
 - quantized base weights (and int8 activations, which need them): the update would run beside
   low-bit GEMMs that no test holds it to;
-- a device other than the CPU: there the update needs the Triton shrink/expand kernels.
+- a device other than the CPU: the engine does not run the Triton shrink/expand kernels yet
+  (kernels/triton/lora.py; docs/lora.md "What is refused").
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def check_lora_config(
         )
     if device.type != "cpu":
         raise LoraUnsupported(
-            f"LoRA adapters on {device.type} need the Triton shrink/expand kernels, not built yet: "
-            "serve them on the CPU"
+            f"LoRA adapters on {device.type}: the engine does not run the Triton shrink/expand kernels yet "
+            "(the adapters' stacks on the device, CUDA graphs of steps with adapters): serve them on the CPU"
         )
 
 

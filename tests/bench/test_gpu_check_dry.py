@@ -47,6 +47,8 @@ def test_gpu_check_dry_run(tmp_path):
         "engine_throughput",
         "engine_generate_batch",
         "startup",
+        "lora",
+        "ternary",
         "engine_real",
     }
     assert set(steps) == expected, steps

@@ -28,6 +28,8 @@ def test_compile_check_quick():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     table = proc.stdout
     assert "0 compile errors" in table
-    for kernel in ("unified", "split_k", "reduce", "store_kv"):
+    for kernel in ("unified", "split_k", "reduce", "store_kv", "lora_shrink", "lora_expand"):
         for arch in ("sm_80", "sm_90"):
             assert any(line.startswith(kernel) and arch in line for line in table.splitlines()), (kernel, arch, table)
+    # the LoRA kernels build without spills (docs/lora.md "The Triton kernels")
+    assert all(" 0/0 " in line for line in table.splitlines() if line.startswith("lora_")), table

@@ -9,10 +9,9 @@ Integers only: the interpreter computes them as the GPU does.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from interpreted import child_outcomes
 
 DEVICE = os.environ.get("ORCASERVE_TEST_DEVICE", "cpu")
 
@@ -52,12 +51,7 @@ def _cases() -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, bool]:
-    if DEVICE != "cpu":
-        return _cases()
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _cases() if DEVICE != "cpu" else child_outcomes(__file__, timeout=600)
 
 
 @pytest.mark.slow  # the Triton interpreter in a child process (~10 s); the full suite runs it
