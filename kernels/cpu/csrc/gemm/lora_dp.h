@@ -143,10 +143,16 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
   // in that order too, and packed back into the outputs' (vpackusdw undoes the interleave).
   // The last rounding: vcvtne2ps2bf16 (c10's bit for bit where no lane is a denormal or a NaN,
   // `hw_rounds`) and a permutation back from the interleaved order; else in software. The middle
-  // one skips the NaN fix-up where the scale is finite and nonzero: a NaN there is the first
-  // rounding's 0x7fc00000 carried through the product, which the integer rounding keeps.
+  // one, of the scaled update: none where the scale is a power of two of at least 1 (PEFT's
+  // lora_alpha = 2 r, r: the product of a bf16 value, or of the 0x7fc00000 the first rounding makes
+  // of a NaN, by it is exact, a bf16 value or an infinity already); without its NaN fix-up where
+  // the scale is finite and nonzero (a NaN there is that 0x7fc00000 carried through the product,
+  // which the integer rounding keeps).
   const __m512 scale = _mm512_set1_ps(scale_value);
   const bool plain_scale = std::isfinite(scale_value) && scale_value != 0.f;
+  int exponent = 0;
+  const bool exact_scale = plain_scale && std::fabs(scale_value) >= 1.f &&
+                           std::fabs(std::frexp(scale_value, &exponent)) == 0.5f;
   const __m512i order = _mm512_set_epi16(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8, 23, 22, 21, 20,
                                          7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
 #pragma GCC unroll 4
@@ -157,8 +163,8 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
     const __m512 ylo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, yv));
     const __m512 yhi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, yv));
     const __m512 plo = _mm512_mul_ps(bf16_round(lo[q]), scale), phi = _mm512_mul_ps(bf16_round(hi[q]), scale);
-    const __m512 slo = _mm512_add_ps(ylo, plain_scale ? bf16_round_num(plo) : bf16_round(plo));
-    const __m512 shi = _mm512_add_ps(yhi, plain_scale ? bf16_round_num(phi) : bf16_round(phi));
+    const __m512 slo = _mm512_add_ps(ylo, exact_scale ? plo : plain_scale ? bf16_round_num(plo) : bf16_round(plo));
+    const __m512 shi = _mm512_add_ps(yhi, exact_scale ? phi : plain_scale ? bf16_round_num(phi) : bf16_round(phi));
     __m512i v;
     if (hw_rounds(slo, shi)) {
       v = _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(shi, slo));
