@@ -8,6 +8,7 @@
 
 #ifdef ORCA_DPBF16
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -31,6 +32,14 @@ inline __m512 sums16(const __m512* v) {
     s2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0x88),
                           _mm512_shuffle_f32x4(s4[2 * i], s4[2 * i + 1], 0xdd));
   return _mm512_add_ps(_mm512_shuffle_f32x4(s2[0], s2[1], 0x88), _mm512_shuffle_f32x4(s2[0], s2[1], 0xdd));
+}
+
+// bf16_round for a vector with no NaN lane but a quiet 0x7fc00000 (which the integer rounding keeps).
+inline __m512 bf16_round_num(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd),
+                                              _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
 // h's n values (rows of r, each already a bf16 value in fp32) as bf16 pairs (j, j + 1) per row, a
@@ -132,7 +141,20 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
   }
   // lo, hi in vpunpck*wd's order (outputs 8l + 0-3 and 8l + 4-7 of each 128-bit lane l): y is read
   // in that order too, and packed back into the outputs' (vpackusdw undoes the interleave).
+  // The last rounding: vcvtne2ps2bf16 (c10's bit for bit where no lane is a denormal or a NaN,
+  // `hw_rounds`) and a permutation back from the interleaved order; else in software. The middle
+  // one, of the scaled update: none where the scale is a power of two of at least 1 (PEFT's
+  // lora_alpha = 2 r, r: the product of a bf16 value, or of the 0x7fc00000 the first rounding makes
+  // of a NaN, by it is exact, a bf16 value or an infinity already); without its NaN fix-up where
+  // the scale is finite and nonzero (a NaN there is that 0x7fc00000 carried through the product,
+  // which the integer rounding keeps).
   const __m512 scale = _mm512_set1_ps(scale_value);
+  const bool plain_scale = std::isfinite(scale_value) && scale_value != 0.f;
+  int exponent = 0;
+  const bool exact_scale = plain_scale && std::fabs(scale_value) >= 1.f &&
+                           std::fabs(std::frexp(scale_value, &exponent)) == 0.5f;
+  const __m512i order = _mm512_set_epi16(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8, 23, 22, 21, 20,
+                                         7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
 #pragma GCC unroll 4
   for (int q = 0; q < NR; ++q) {
     at::BFloat16* yq = yr[q] + o0;
@@ -140,9 +162,15 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
     const __m512i zero = _mm512_setzero_si512();
     const __m512 ylo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, yv));
     const __m512 yhi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, yv));
-    const __m512 slo = _mm512_add_ps(ylo, bf16_round(_mm512_mul_ps(bf16_round(lo[q]), scale)));
-    const __m512 shi = _mm512_add_ps(yhi, bf16_round(_mm512_mul_ps(bf16_round(hi[q]), scale)));
-    const __m512i v = _mm512_packus_epi32(bf16_bits(slo), bf16_bits(shi));
+    const __m512 plo = _mm512_mul_ps(bf16_round(lo[q]), scale), phi = _mm512_mul_ps(bf16_round(hi[q]), scale);
+    const __m512 slo = _mm512_add_ps(ylo, exact_scale ? plo : plain_scale ? bf16_round_num(plo) : bf16_round(plo));
+    const __m512 shi = _mm512_add_ps(yhi, exact_scale ? phi : plain_scale ? bf16_round_num(phi) : bf16_round(phi));
+    __m512i v;
+    if (hw_rounds(slo, shi)) {
+      v = _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(shi, slo));
+    } else {
+      v = _mm512_packus_epi32(bf16_bits(slo), bf16_bits(shi));
+    }
     Full ? _mm512_storeu_si512(yq, v) : _mm512_mask_storeu_epi16(yq, mask, v);
   }
 }
