@@ -79,6 +79,7 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
         "quant": ("orcaserve.bench.cpu.gemm", "GGUF block-format GEMMs at Llama-3.2-1B's shapes, ms and GB/s"),
         "int8": ("orcaserve.bench.cpu.gemm", "int8-activation GEMMs vs bitwise quantized and bf16, GFLOP/s and peak"),
         "ternary": ("orcaserve.bench.cpu.gemm", "BitNet's ternary GEMM vs its twin and bf16 at 2B4T's shapes, GB/s"),
+        "ternary-lut": ("orcaserve.bench.cpu.ternary_lut", "lookup-table ternary GEMMs (bitnet.cpp's TL2) vs vpdpbusd"),
         "gemv-copy": ("orcaserve.bench.cpu.gemv_copy", "bf16 decode, 1-4 streams, with and without the GEMV copy"),
         "lora": ("orcaserve.bench.cpu.lora_ops", "one step's LoRA update by part: the twin's GEMMs, mask, C++ op"),
     },

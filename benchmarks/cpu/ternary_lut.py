@@ -2,7 +2,7 @@
 for measurement only (docs/bitnet.md, "The kernel"): bitnet.cpp's TL2 method (`tl2`), the same
 bytes with the sign folded into a `vpermb` index (`tl2v`), and a 27-entry `vpermw` table (`perm27`).
 
-    python -m orcaserve.bench.cpu.ternary_lut [--rows 1,32] [--rounds 7] [--min-mb 96] [--check-only]
+    orcaserve-bench kernels ternary-lut [--rows 1,32] [--rounds 7] [--min-mb 96] [--check-only]
         [--clock cpu] [--stat min]     (--clock cpu: one thread, OMP_NUM_THREADS=1)
 
 The LUT kernels live in benchmarks/cpu/ternary_lut*.cpp, built here by torch's extension loader for
@@ -82,8 +82,7 @@ def time_rows(ops: dict[str, tuple[Any, list[torch.Tensor]]], x: torch.Tensor, n
     return {name: stat(v) for name, v in times.items()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", default="1,32")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--min-mb", type=int, default=96, help="MB of weight copies a kernel cycles over")
@@ -91,7 +90,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the thread's CPU time")
     ap.add_argument("--stat", choices=("median", "min"), default="median")
     ap.add_argument("--check-only", action="store_true")
-    args = ap.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.clock == "cpu" and torch.get_num_threads() != 1:
         raise SystemExit("--clock cpu times the calling thread: run with OMP_NUM_THREADS=1")
     ext = build()
@@ -100,11 +101,12 @@ def main(argv: list[str] | None = None) -> None:
         check(ext, n, k)
     print(f"exact against the twin at {', '.join(f'[{n} x {k}]' for n, k in shapes.values())}, rows {CHECK_ROWS}")
     if args.check_only:
-        return
+        return {"exact": True}
     how = f"threads {torch.get_num_threads()}, {args.clock} clock, {args.stat}"
     print(f"{how}; ms a call, GB/s of packed weight, bits a weight, GOP/s")
     print("| shape [N x K] | rows | kernel | ms | GB/s | bits/w | GOP/s |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    table: list[dict[str, Any]] = []
     for label, (n, k) in shapes.items():
         w = torch.randint(-1, 2, (n, k), dtype=torch.int8)
         ops: dict[str, tuple[Any, list[torch.Tensor]]] = {}
@@ -115,10 +117,8 @@ def main(argv: list[str] | None = None) -> None:
             x = torch.randint(-128, 128, (rows, k), dtype=torch.int8)
             for name, sec in time_rows(ops, x, n, args).items():
                 nbytes = ops[name][1][0].numel()
+                table.append({"shape": label, "rows": rows, "kernel": name, "ms": sec * 1e3, "bytes": nbytes})
                 print(f"| {label} [{n} x {k}] | {rows} | {name} | {sec * 1e3:.3f} | {nbytes / sec / 1e9:.1f} "
                       f"| {8 * nbytes / (n * k):.2f} | {2 * n * k * rows / sec / 1e9:.0f} |")  # fmt: skip
         del ops
-
-
-if __name__ == "__main__":
-    main()
+    return {"exact": True, "calls": table}
