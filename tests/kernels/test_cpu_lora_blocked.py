@@ -12,7 +12,7 @@ import pytest
 import torch
 from cpu_variants import LOADED, REASON, op, params, variants
 
-from orcaserve.kernels.cpu.lora import batched_cell, block_a, block_b, blocked, blocked_rank, parts_cell
+from orcaserve.kernels.cpu.lora import batched_cell, batched_for, block_a, block_b, blocked, blocked_rank, parts_cell
 from orcaserve.kernels.pytorch.lora import LoraBatch, lora_batched_parts
 from orcaserve.scheduler.lora.adapter import LoraAdapter, ModuleShapes
 from orcaserve.scheduler.lora.resident import FUSED, LoraSet
@@ -100,7 +100,9 @@ def _adapter(gen, name, rank, shapes, layers, skip=()):
     return LoraAdapter(name, f"/adapters/{name}", rank, 2.0 / rank, weights)
 
 
-@pytest.mark.skipif(not BLOCKED, reason="no vdpbf16ps variant: the stacks are never blocked here")
+@pytest.mark.skipif(
+    not batched_for(torch.bfloat16)[1], reason="the table's lora_batched reads the standard stacks here (ISA or cap)"
+)
 def test_a_lora_set_with_blocked_stacks_updates_as_the_twins_layout():
     gen = torch.Generator().manual_seed(3)
     shapes = {"q_proj": (70, 70), "k_proj": (70, 33), "v_proj": (70, 33), "o_proj": (70, 70),
