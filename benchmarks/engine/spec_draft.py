@@ -67,6 +67,19 @@ class SetAgreement:
         self.draft.drop(request_id)
 
 
+def cut_head(draft: Proposer, rows: int) -> None:
+    """The draft's dense lm_head cut to its first `rows` rows: a step then pays what a draft whose
+    head covers only part of the vocabulary pays (docs/speculative-decoding.md "Draft model"). Its
+    own proposals come from those ids; the synthetic pair replaces them."""
+    from orcaserve.kernels.linear import Linear
+
+    decoder = getattr(getattr(draft, "runner", None), "decoder", None)
+    if decoder is None or not isinstance(decoder.lm_head, Linear):
+        raise SystemExit("--draft-vocab cuts a dense lm_head of a draft model's lean decoder")
+    weight = draft.runner.model.lm_head.weight
+    decoder.lm_head = Linear(weight[:rows].contiguous(), None, pack=True)
+
+
 def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, prompts: list, run_set) -> dict:
     """Off, then at each agreement `args.repeats` off/draft pairs alternated (medians kept, by the
     wall clock and by the process's CPU time), one stream by default."""
@@ -78,9 +91,12 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
     clients = int(args.clients.split(",")[0])
     n = args.requests or max(4, clients)
     draft = spec.proposer
+    if getattr(args, "draft_vocab", 0):
+        cut_head(draft, args.draft_vocab)
     engine.spec = None
     answers = run_set(engine, prompts, clients, n, args.max_tokens)["outputs"]
     results: dict = {"runs": [], "k": k, "clients": clients, "requests": n, "draft": spec.config.model}
+    results["draft_vocab"] = getattr(args, "draft_vocab", 0) or engine.vocab_size
     print(
         f"{'agreement':>10}{'off tok/s':>11}{'draft tok/s':>13}{'speed-up':>10}{'by CPU':>8}{'accept':>8}"
         f"{'mean len':>10}{'same':>6}",

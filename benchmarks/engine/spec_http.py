@@ -10,8 +10,8 @@ archives of the model with the offline bench's engine settings (32 rows, prefix 
 `--dtype`, `--quantization`): `spec-off` without speculation and `spec-ngram` with prompt lookup
 at `--num-speculative-tokens`. Each gets the chat prompts that llama.cpp's server gets, from the
 same closed-loop clients over its OpenAI chat route (spec_peers.py), greedy; tokens are counted
-from each answer's usage. For each set and client count one uncounted run of each archive first
-(the policy's step-cost model learns the load there, as in the offline bench's first run), then
+from each answer's usage. For each set and client count two uncounted requests to each archive
+first, as llama.cpp's server gets (the policy's step-cost model starts learning the load there), then
 `--repeats` off/on pairs alternated (spec_pairs.py): each side's median, each pair's speed-up and
 their median, and the answers' text compared (`same`). By CPU time: tokens per CPU second of the
 whole server (every process of TorchServe's session: its frontend and both workers).
@@ -75,8 +75,8 @@ def run_http(args: argparse.Namespace, sets: dict[str, list[str]]) -> dict:
         for name, prompts in sets.items():
             for clients in map(int, args.clients.split(",")):
                 n = args.requests or max(4, clients)
-                for arm in ARMS:  # warm-up, not counted
-                    closed_loop(urls[arm], prompts, clients, n, args.max_tokens, ts.auth())
+                for arm in ARMS:  # warm-up, not counted: as many requests as llama.cpp's
+                    closed_loop(urls[arm], prompts, clients, min(n, 2), args.max_tokens, ts.auth())
                 offs: list[dict] = []
                 ons: list[dict] = []
                 for _ in range(args.repeats):

@@ -132,6 +132,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "the draft defaults to a random 4-layer model of SmolLM2's width",
     )
     ap.add_argument(
+        "--draft-vocab",
+        type=int,
+        default=0,
+        help="--agreement: the draft's lm_head cut to its first N rows (the cost of a head over part of the vocab)",
+    )
+    ap.add_argument(
         "--every-row",
         action="store_true",
         help="bypass the policy: every eligible row proposes K tokens every step (acceptance, not the policy)",
