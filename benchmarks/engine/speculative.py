@@ -133,9 +133,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--draft-vocab",
-        type=int,
-        default=0,
-        help="--agreement: the draft's lm_head cut to its first N rows (the cost of a head over part of the vocab)",
+        default="",
+        help="--agreement: the draft's lm_head cut to its first N rows, for each N of a comma-separated list in turn",
     )
     ap.add_argument(
         "--every-row",
