@@ -79,7 +79,13 @@ def cut_head(draft: Proposer, rows: int) -> None:
     decoder = getattr(getattr(draft, "runner", None), "decoder", None)
     if decoder is None or not isinstance(decoder.lm_head, Linear | QuantLinear):
         raise SystemExit("--draft-vocab cuts the lm_head of a draft model's lean decoder")
-    head, weight = decoder.lm_head, draft.runner.model.lm_head.weight[:rows].contiguous()
+    model = draft.runner.model
+    weight = model.lm_head.weight  # a quantized head keeps no dense weight: a tied one has the embedding's
+    if weight.dim() != 2 and getattr(model.config, "tie_word_embeddings", False):
+        weight = model.get_input_embeddings().weight
+    if weight.dim() != 2:
+        raise SystemExit("--draft-vocab: the draft's quantized lm_head has no dense weight to cut")
+    head, weight = decoder.lm_head, weight[:rows].contiguous()
     if isinstance(head, QuantLinear):
         decoder.lm_head = QuantLinear(quantize(weight.float(), head.fmt), None, activations=head.activations)
     else:
