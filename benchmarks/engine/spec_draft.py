@@ -5,6 +5,7 @@ docs/performance-log.md).
     orcaserve-bench spec --method draft --agreement 0,0.5,0.7,0.8,0.9,1
     orcaserve-bench spec --method draft --agreement 0.8 --draft-model DIR --max-tokens 64
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1 --model ~/.cache/orcaserve/random-1b
+    orcaserve-bench spec --method draft --agreement 0.8 --model ~/.cache/orcaserve/random-1b --draft-vocab 128256,32768
 
 The target is `--model` (SmolLM2-135M-Instruct by default). The draft is a real model that runs
 its real forwards, K per speculated step for all rows, with its own paged KV (by default a random
