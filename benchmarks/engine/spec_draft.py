@@ -5,6 +5,7 @@ docs/performance-log.md).
     orcaserve-bench spec --method draft --agreement 0,0.5,0.7,0.8,0.9,1
     orcaserve-bench spec --method draft --agreement 0.8 --draft-model DIR --max-tokens 64
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1 --model ~/.cache/orcaserve/random-1b
+    orcaserve-bench spec --method draft --agreement 0.8 --model ~/.cache/orcaserve/random-1b --draft-vocab 128256,32768
 
 The target is `--model` (SmolLM2-135M-Instruct by default). The draft is a real model that runs
 its real forwards, K per speculated step for all rows, with its own paged KV (by default a random
@@ -24,6 +25,7 @@ outputs are compared token for token.
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import sys
 from collections.abc import Sequence
@@ -67,6 +69,30 @@ class SetAgreement:
         self.draft.drop(request_id)
 
 
+def cut_head(draft: Proposer, rows: int) -> None:
+    """The draft's lm_head cut to its first `rows` rows: a step then pays what a draft whose head
+    covers only part of the vocabulary pays (docs/speculative-decoding.md "Draft model"). Its own
+    proposals come from those ids; the synthetic pair replaces them. A head served from codes is
+    quantized again, in its format, from the model's dense head (the kernel's layout keeps no rows)."""
+    from orcaserve.kernels.linear import Linear
+    from orcaserve.kernels.quant import QuantLinear, quantize
+
+    decoder = getattr(getattr(draft, "runner", None), "decoder", None)
+    if decoder is None or not isinstance(decoder.lm_head, Linear | QuantLinear):
+        raise SystemExit("--draft-vocab cuts the lm_head of a draft model's lean decoder")
+    model = draft.runner.model
+    weight = model.lm_head.weight  # a quantized head keeps no dense weight: a tied one has the embedding's
+    if weight.dim() != 2 and getattr(model.config, "tie_word_embeddings", False):
+        weight = model.get_input_embeddings().weight
+    if weight.dim() != 2:
+        raise SystemExit("--draft-vocab: the draft's quantized lm_head has no dense weight to cut")
+    head, weight = decoder.lm_head, weight[:rows].contiguous()
+    if isinstance(head, QuantLinear):
+        decoder.lm_head = QuantLinear(quantize(weight.float(), head.fmt), None, activations=head.activations)
+    else:
+        decoder.lm_head = Linear(weight, None, pack=True)
+
+
 def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, prompts: list, run_set) -> dict:
     """Off, then at each agreement `args.repeats` off/draft pairs alternated (medians kept, by the
     wall clock and by the process's CPU time), one stream by default."""
@@ -78,15 +104,19 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
     clients = int(args.clients.split(",")[0])
     n = args.requests or max(4, clients)
     draft = spec.proposer
+    # --draft-vocab: the head's rows for each block of agreements, in turn (a cut from the full head)
+    vocabs = [int(v) for v in str(getattr(args, "draft_vocab", "") or "").split(",") if v] or [engine.vocab_size]
     engine.spec = None
     answers = run_set(engine, prompts, clients, n, args.max_tokens)["outputs"]
     results: dict = {"runs": [], "k": k, "clients": clients, "requests": n, "draft": spec.config.model}
     print(
-        f"{'agreement':>10}{'off tok/s':>11}{'draft tok/s':>13}{'speed-up':>10}{'by CPU':>8}{'accept':>8}"
-        f"{'mean len':>10}{'same':>6}",
+        f"{'head rows':>10}{'agreement':>10}{'off tok/s':>11}{'draft tok/s':>13}{'speed-up':>10}{'by CPU':>8}"
+        f"{'accept':>8}{'mean len':>10}{'same':>6}",
         file=sys.stderr,
     )
-    for agreement in map(float, args.agreement.split(",")):
+    for vocab, agreement in itertools.product(vocabs, map(float, args.agreement.split(","))):
+        if vocab != engine.vocab_size or len(vocabs) > 1:
+            cut_head(draft, vocab)
         spec.proposer = SetAgreement(draft, answers, agreement, engine.vocab_size)
         spec.stats, spec.policy = SpecStats(method="draft"), SpecPolicy(spec.config)
         spec.policy.plan = lambda sched, candidates, kinds=None: [(r, k) for r in candidates]  # every row, K each
@@ -100,6 +130,7 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
         off_med, on_med = summary(offs), summary(ons)
         off, on = off_med["tok_s"], on_med["tok_s"]
         row = {
+            "draft_vocab": vocab,
             "agreement": agreement,
             "off_tok_s": round(off, 2),
             "draft_tok_s": round(on, 2),
@@ -112,7 +143,7 @@ def run_synthetic(args: argparse.Namespace, engine: Engine, spec: SpecDecoding, 
         }
         results["runs"].append(row)
         print(
-            f"{agreement:>10.2f}{off:>11.1f}{on:>13.1f}{row['speedup']:>9.2f}x{row['speedup_cpu']:>7.2f}x"
+            f"{vocab:>10}{agreement:>10.2f}{off:>11.1f}{on:>13.1f}{row['speedup']:>9.2f}x{row['speedup_cpu']:>7.2f}x"
             f"{stats['acceptance_rate']:>8.2f}{stats['mean_accepted_length']:>10.2f}{str(row['same_tokens']):>6}",
             file=sys.stderr,
         )

@@ -7,8 +7,10 @@ Recipe: docs/speculative-decoding.md "Benchmark"."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,13 +23,18 @@ import requests
 ARMS = {"off": ["--spec-type", "none"], "ngram": ["--spec-type", "ngram-simple"]}
 
 
-def _closed_loop(url: str, prompts: list[str], clients: int, requests_n: int, max_tokens: int) -> dict:
-    """`requests_n` chat requests (cycling `prompts`), `clients` at a time: tokens/s from usage."""
+def closed_loop(
+    url: str, prompts: list[str], clients: int, requests_n: int, max_tokens: int, headers: dict | None = None
+) -> dict:
+    """`requests_n` chat requests (cycling `prompts`), `clients` at a time, greedy: tokens/s from
+    usage, and each answer's text by request index (to compare two runs)."""
     queue = list(range(requests_n))
     done: list[int] = []
+    outputs: dict[int, str] = {}
 
     def client() -> None:
         with requests.Session() as s:
+            s.headers.update(headers or {})
             while True:
                 try:
                     i = queue.pop()
@@ -40,14 +47,16 @@ def _closed_loop(url: str, prompts: list[str], clients: int, requests_n: int, ma
                 }
                 r = s.post(url, json=body, timeout=900)
                 r.raise_for_status()
-                done.append(r.json()["usage"]["completion_tokens"])
+                answer = r.json()
+                done.append(answer["usage"]["completion_tokens"])
+                outputs[i] = answer["choices"][0]["message"]["content"]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         for f in [pool.submit(client) for _ in range(clients)]:
             f.result()
     wall = time.perf_counter() - start
-    return {"tokens": sum(done), "tok_s": sum(done) / wall}
+    return {"tokens": sum(done), "wall_s": wall, "tok_s": sum(done) / wall, "outputs": outputs}
 
 
 def llamacpp_rows(gguf: str, sets: dict[str, list[str]], clients: list[int], args) -> tuple[list[dict], str]:
@@ -75,8 +84,8 @@ def llamacpp_rows(gguf: str, sets: dict[str, list[str]], clients: list[int], arg
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
                 for name, prompts in sets.items():
                     k = args.requests or max(4, n)
-                    _closed_loop(url, prompts, n, min(k, 2), args.max_tokens)  # warm-up, not counted
-                    runs = [_closed_loop(url, prompts, n, k, args.max_tokens)["tok_s"] for _ in range(args.repeats)]
+                    closed_loop(url, prompts, n, min(k, 2), args.max_tokens)  # warm-up, not counted
+                    runs = [closed_loop(url, prompts, n, k, args.max_tokens)["tok_s"] for _ in range(args.repeats)]
                     rates[name, n, arm] = statistics.median(runs)
     rows = [
         {
@@ -90,3 +99,26 @@ def llamacpp_rows(gguf: str, sets: dict[str, list[str]], clients: list[int], arg
         for n in clients
     ]
     return rows, ""
+
+
+def peer_table(args: argparse.Namespace, sets: dict[str, list[str]], ours: list[dict], who: str = "orcaserve") -> dict:
+    """llama.cpp's n-gram speculation on the same file and prompts, printed beside the rows of
+    `who` (the engine offline, or served: spec_http.py)."""
+    from orcaserve.scheduler.model.loader import default_model_path
+
+    rows, why = llamacpp_rows(args.model or default_model_path(), sets, list(map(int, args.clients.split(","))), args)
+    if not rows:
+        print(f"llama.cpp skipped: {why}", file=sys.stderr)
+        return {"llamacpp": None, "skipped": why}
+    head = f"{'set':<6}{'clients':>8}{'llama.cpp off':>15}{'ngram':>9}{'speed-up':>10}"
+    print(head + f"{who + ' ' + args.method + ' / its ngram':>33}", file=sys.stderr)
+    for row in rows:
+        mine = next((r for r in ours if (r["set"], r["clients"]) == (row["set"], row["clients"])), None)
+        ratio = None if mine is None else mine[f"{args.method}_tok_s"] / row["ngram_tok_s"]
+        row["orcaserve_over_llamacpp"] = None if ratio is None else round(ratio, 3)
+        print(
+            f"{row['set']:<6}{row['clients']:>8}{row['off_tok_s']:>15.1f}{row['ngram_tok_s']:>9.1f}"
+            f"{row['speedup']:>9.2f}x{row['orcaserve_over_llamacpp'] or float('nan'):>32.2f}x",
+            file=sys.stderr,
+        )
+    return {"llamacpp": rows}

@@ -9,6 +9,7 @@ docs/performance-log.md).
     orcaserve-bench spec --method draft --agreement 0,0.5,0.8,1   # synthetic pair: spec_draft.py
     orcaserve-bench spec --rows 12                        # step time against a verifying row's rows: spec_rows.py
     orcaserve-bench spec --replay                         # tokens a step, replayed and priced: spec_replay.py
+    orcaserve-bench spec --http --peers llamacpp          # served by TorchServe, beside llama.cpp: spec_http.py
 
 Copy-heavy prompts ask to repeat, correct or reformat a text or code given in the prompt, made from
 the project's own source and docstrings (shipped with it); open-ended ones ask for new text. Each
@@ -83,12 +84,14 @@ OPEN_ENDED = [
 
 
 def run_set(
-    engine: Engine, prompts: list[str], clients: int, requests: int, max_tokens: int, temperature: float = 0.0
+    engine: Engine, prompts: list, clients: int, requests: int, max_tokens: int, temperature: float = 0.0
 ) -> dict:
-    """`requests` prompts (cycling through `prompts`), `clients` in flight at a time, greedy by default."""
+    """`requests` prompts (cycling through `prompts`: chat messages' text, or token ids as they
+    are), `clients` in flight at a time, greedy by default."""
     # Sampled requests run to max_tokens (an unseeded run's EOS would make its work another run's).
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=temperature > 0)
-    queue = [ChatPrompt([{"role": "user", "content": prompts[i % len(prompts)]}]) for i in range(requests)]
+    chat = lambda p: p if isinstance(p, list) else ChatPrompt([{"role": "user", "content": p}])  # noqa: E731
+    queue = [chat(prompts[i % len(prompts)]) for i in range(requests)]
     outputs: dict[str, list[int]] = {}
     in_flight, nxt = 0, 0
     start, cpu = time.perf_counter(), time.process_time()
@@ -129,6 +132,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "the draft defaults to a random 4-layer model of SmolLM2's width",
     )
     ap.add_argument(
+        "--draft-vocab",
+        default="",
+        help="--agreement: the draft's lm_head cut to its first N rows, for each N of a comma-separated list in turn",
+    )
+    ap.add_argument(
         "--every-row",
         action="store_true",
         help="bypass the policy: every eligible row proposes K tokens every step (acceptance, not the policy)",
@@ -146,6 +154,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="off/on pairs per point, alternated; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--quantization", default=None, help="the target's (null: chosen for the file; none: dense)")
+    ap.add_argument("--http", action="store_true", help="orcaserve served by TorchServe, not offline (spec_http.py)")
     ap.add_argument(
         "--peers",
         default="",
@@ -200,6 +209,11 @@ def alternate(
 def run(args: argparse.Namespace) -> dict:
     if args.method == "draft" and args.draft_model is None and args.agreement is None:
         raise SystemExit("--method draft needs --draft-model, or --agreement for the synthetic pair")
+    sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
+    if args.http:
+        from orcaserve.bench.engine.spec_http import run_http
+
+        return run_http(args, {name: sets[name] for name in args.sets.split(",")})
     engine = Engine.from_pretrained(
         args.model or default_model_path(),
         dtype=args.dtype,
@@ -213,7 +227,6 @@ def run(args: argparse.Namespace) -> dict:
         from orcaserve.bench.engine.spec_rows import run_rows
 
         return {"model": args.model or "SmolLM2-135M-Instruct (default)", **run_rows(args, engine, spec)}
-    sets = {"copy": copy_heavy_prompts(), "open": OPEN_ENDED}
     if args.replay:
         from orcaserve.bench.engine.spec_replay import ROW_MS, run_replay
 
@@ -276,27 +289,7 @@ def run(args: argparse.Namespace) -> dict:
             )
     engine.spec = None
     if "llamacpp" in args.peers.split(","):
+        from orcaserve.bench.engine.spec_peers import peer_table
+
         results["peers"] = peer_table(args, {name: sets[name] for name in args.sets.split(",")}, results["runs"])
     return results
-
-
-def peer_table(args: argparse.Namespace, sets: dict[str, list[str]], ours: list[dict]) -> dict:
-    """llama.cpp's n-gram speculation on the same file and prompts, printed beside the engine's rows."""
-    from orcaserve.bench.engine.spec_peers import llamacpp_rows
-
-    rows, why = llamacpp_rows(args.model or default_model_path(), sets, list(map(int, args.clients.split(","))), args)
-    if not rows:
-        print(f"llama.cpp skipped: {why}", file=sys.stderr)
-        return {"llamacpp": None, "skipped": why}
-    head = f"{'set':<6}{'clients':>8}{'llama.cpp off':>15}{'ngram':>9}{'speed-up':>10}"
-    print(head + f"{'orcaserve ' + args.method + ' / its ngram':>28}", file=sys.stderr)
-    for row in rows:
-        mine = next((r for r in ours if (r["set"], r["clients"]) == (row["set"], row["clients"])), None)
-        ratio = None if mine is None else mine[f"{args.method}_tok_s"] / row["ngram_tok_s"]
-        row["orcaserve_over_llamacpp"] = None if ratio is None else round(ratio, 3)
-        print(
-            f"{row['set']:<6}{row['clients']:>8}{row['off_tok_s']:>15.1f}{row['ngram_tok_s']:>9.1f}"
-            f"{row['speedup']:>9.2f}x{row['orcaserve_over_llamacpp'] or float('nan'):>27.2f}x",
-            file=sys.stderr,
-        )
-    return {"llamacpp": rows}
