@@ -112,9 +112,6 @@ class HandlerConfig:
     default; the request is then never answered); longer bodies go out in several frames.
     neighbour_nice: the niceness a TorchServe worker gives its frontend's threads and its own
     threads other than the engine's (neighbours.py); 0 = leave them alone.
-    frame_wait_ms: how long the engine thread, after a step, waits for the asyncio thread to
-    write that step's frames before it starts the next (docs/serving.md, "The step waits for its
-    frames"); 0 = not at all.
     """
 
     model_path: str
@@ -133,7 +130,6 @@ class HandlerConfig:
     reasoning_parser: str | None = "auto"
     lora_runtime_updates: bool = False
     neighbour_nice: int = 0
-    frame_wait_ms: float = 0.0
 
     SERVING_KEYS = (
         "model_path",
@@ -151,7 +147,6 @@ class HandlerConfig:
         "reasoning_parser",
         "lora_runtime_updates",
         "neighbour_nice",
-        "frame_wait_ms",
     )
 
     @classmethod
@@ -185,9 +180,6 @@ class HandlerConfig:
         nice = serving["neighbour_nice"] = section.pop("neighbour_nice", 0)
         if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
             raise ValueError(f"neighbour_nice must be an integer from 0 to 19, got {nice!r}")
-        wait = serving["frame_wait_ms"] = section.pop("frame_wait_ms", 0.0)
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 1000:
-            raise ValueError(f"frame_wait_ms must be a number of milliseconds from 0 to 1000, got {wait!r}")
         runtime = serving["lora_runtime_updates"] = section.pop("lora_runtime_updates", False)
         if not isinstance(runtime, bool):
             raise ValueError(f"lora_runtime_updates must be true or false, got {runtime!r}")

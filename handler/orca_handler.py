@@ -151,7 +151,6 @@ class OrcaHandler:
         self._frames = StreamFrames(config.max_frame_bytes)
         self.metrics = EngineMetrics(metrics_cache, model_name)
         self.engine_loop = make_loop(self.metrics.on_step, self.metrics.on_refused)
-        self.engine_loop.settle_s = config.frame_wait_ms / 1000  # docs/serving.md, "The step waits for its frames"
         engine = self.engine_loop.engine  # its cache's shape is fixed: safe to read from this thread
         self.metrics.on_start(engine.config.block_size, engine.stats.num_blocks)
         tokenizer = copy.deepcopy(engine.tokenizer)

@@ -76,7 +76,6 @@ class EngineLoop:
         self._admission = None if engine is None else self._new_admission(engine)
         self._thread = threading.Thread(target=self._run, name="orcaserve-engine", daemon=True)
         self._workers_named = False  # the OpenMP workers this thread started, named after its first step
-        self.settle_s = 0.0  # how long a step's delivery may wait for its readers (`deliver`)
 
     def start(self) -> EngineLoop:
         if self._admission is not None:
@@ -217,7 +216,7 @@ class EngineLoop:
 
     def _flush(self) -> None:
         if outbox := self._table.take():
-            deliver(outbox, self.settle_s)
+            deliver(outbox)
 
     def _drain(self, block: bool) -> list:
         """Everything in the inbox; when idle, wait for the first item or the nearest deadline."""

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import queue
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 
 from orcaserve.scheduler.core.outputs import RequestOutput
@@ -70,14 +68,9 @@ class RequestStream:
                 raise error
 
 
-def deliver(items: list[tuple[RequestStream, RequestOutput | EngineError]], settle_s: float = 0.0) -> None:
+def deliver(items: list[tuple[RequestStream, RequestOutput | EngineError]]) -> None:
     """Put items into their streams with one wake-up per event loop, not one per item (the
-    engine thread delivers a whole step's outputs at once).
-
-    With `settle_s`, return once each event loop has run everything the delivery set off (its
-    readers' coroutines, what they wrote) or after `settle_s` seconds: the caller's next step then
-    starts after the readers' Python, not beside it (docs/serving.md, "The step waits for its
-    frames")."""
+    engine thread delivers a whole step's outputs at once)."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
     for stream, item in items:
         if stream._async is None:
@@ -85,35 +78,13 @@ def deliver(items: list[tuple[RequestStream, RequestOutput | EngineError]], sett
         else:
             assert stream._event_loop is not None
             by_loop.setdefault(stream._event_loop, []).append((stream._async, item))
-    settled: list[threading.Event] = []
     for event_loop, puts in by_loop.items():
-        done = threading.Event() if settle_s > 0 else None
         try:
-            event_loop.call_soon_threadsafe(_put_all, puts, done)
+            event_loop.call_soon_threadsafe(_put_all, puts)
         except RuntimeError:  # the readers' event loop is closed: nobody is listening
-            continue
-        if done is not None:
-            settled.append(done)
-    deadline = time.monotonic() + settle_s
-    for done in settled:
-        done.wait(max(0.0, deadline - time.monotonic()))
-        done.set()  # timed out: the loop stops looking
+            pass
 
 
-def _put_all(puts: list[tuple[asyncio.Queue, RequestOutput | EngineError]], done: threading.Event | None) -> None:
+def _put_all(puts: list[tuple[asyncio.Queue, RequestOutput | EngineError]]) -> None:
     for q, item in puts:
         q.put_nowait(item)
-    if done is not None:
-        asyncio.get_running_loop().call_soon(_settle, done)
-
-
-def _settle(done: threading.Event) -> None:
-    """Runs after the callbacks the delivery queued; again while more are ready (the readers'
-    coroutines queue their round's frame), then tells the waiting engine thread."""
-    if done.is_set():
-        return
-    event_loop = asyncio.get_running_loop()
-    if getattr(event_loop, "_ready", None):  # asyncio's queue of callbacks ready to run
-        event_loop.call_soon(_settle, done)
-    else:
-        done.set()

@@ -132,9 +132,9 @@ def test_first_tokens_are_handed_over_first(loop_and_model, monkeypatch):
 
     real = engine_loop.deliver
 
-    def spy(items, settle_s=0.0):
+    def spy(items):
         flushes.append([(s.request_id, getattr(o, "completion_tokens", -1)) for s, o in items])
-        real(items, settle_s)
+        real(items)
 
     monkeypatch.setattr(engine_loop, "deliver", spy)
     # The early ones run until aborted, so they are still running whenever the late one joins

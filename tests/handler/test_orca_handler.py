@@ -149,11 +149,9 @@ def make_backend(tokenizer):
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(params=[0, 5], ids=["frames-unwaited", "frame-wait-5ms"])
-def backend(make_backend, request):
-    # The same answers whether or not the engine waits for a step's frames (docs/serving.md,
-    # "The step waits for its frames").
-    return make_backend(frame_wait_ms=request.param)
+@pytest.fixture
+def backend(make_backend):
+    return make_backend()
 
 
 def body_of(frames: list[dict]) -> bytes:
