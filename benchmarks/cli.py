@@ -97,6 +97,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "orcaserve.bench.gpu.ternary",
             "BitNet's Triton ternary GEMM at 2B4T's shapes: exact, GB/s, vs bf16",
         ),
+        "spec": (
+            "orcaserve.bench.gpu.spec",
+            "prompt lookup on the GPU engine vs off, graphs on/off: equal outputs, one-stream tok/s",
+        ),
         "startup": ("orcaserve.bench.gpu.startup_cost", "import, custom-op registration and engine start-up times"),
         "summary": ("orcaserve.bench.gpu.summary", "summary.json from the steps' results (gpu_check.sh)"),
     },

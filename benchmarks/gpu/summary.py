@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> dict:
     if te:
         fig["ternary"] = pick(te, "device all_exact truncated elapsed_s skipped")
         fig["ternary"]["gbps"] = {f"{r['projection']}/T={r['tokens']}": r.get("gbps") for r in te.get("rows", [])}
+    sp = load(os.path.join(results, "gpu-spec.json"))
+    if sp:
+        fig["spec"] = pick(sp, "device dtype all_equal speedup elapsed_s skipped")
+        fig["spec"]["tok_s"] = {k: s.get("tok_s") for k, s in sp.get("sides", {}).items()}
     engine = {}
     for part in "exact throughput generate_batch real graphs graphs_8b generate_batch_8b startup".split():
         d = load(os.path.join(work, f"{part}.json"))

@@ -10,6 +10,7 @@ draft's own checks (its vocabulary against the target's) come when it loads, wit
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,9 @@ from typing import Any
 # The most proposals a row may carry in a step: far beyond where prompt lookup still pays.
 MAX_SPECULATIVE_TOKENS = 16
 MAX_LOOKUP = 16
+# Set to 1 by the GPU check's `spec` step only: lets speculation run on a GPU so that step can prove
+# its outputs equal speculation off (docs/speculative-decoding.md "What is refused").
+GPU_CHECK_ENV = "ORCASERVE_SPECULATIVE_GPU_CHECK"
 # The settings of each method (the proposers' table, spec/proposers.py `PROPOSERS`, has one
 # proposer per method named here; a test holds the two to the same names).
 COMMON = frozenset({"method", "num_speculative_tokens", "min_accepted"})
@@ -89,7 +93,7 @@ class SpeculativeConfig:
     ) -> None:
         """Combinations not built yet, refused at load with the reason (docs/speculative-decoding.md
         "What composes")."""
-        if device != "cpu":
+        if device != "cpu" and os.environ.get(GPU_CHECK_ENV) != "1":
             raise ValueError(
                 f"speculative decoding runs on the CPU engine only for now (device {device!r}): "
                 "its rows are not proven exact on the GPU path; set speculative null there"

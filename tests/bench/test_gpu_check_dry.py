@@ -49,6 +49,7 @@ def test_gpu_check_dry_run(tmp_path):
         "startup",
         "lora",
         "ternary",
+        "spec",
         "engine_real",
     }
     assert set(steps) == expected, steps

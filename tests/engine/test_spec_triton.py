@@ -1,6 +1,6 @@
 """Speculation's verify rows (1 + K query tokens a request) through the Triton kernels, under the
-interpreter, are token-exact: prompt lookup on equals it off equals transformers
-(docs/speculative-decoding.md "The Triton path")."""
+interpreter, are token-exact: prompt lookup on (also with every step padded to its CUDA graph's
+sizes) equals it off equals transformers (docs/speculative-decoding.md "The Triton path")."""
 
 from __future__ import annotations
 
@@ -43,11 +43,16 @@ SCRIPT = textwrap.dedent(
     base = dict(attention_backend="triton", max_num_seqs=8, max_num_batched_tokens=64, block_size=16,
                 dtype="float32")
     outs = {}
-    for name, spec in (("off", None), ("ngram", {"method": "ngram", "num_speculative_tokens": 4,
-                                                 "prompt_lookup_min": 1, "prompt_lookup_max": 3,
-                                                 "min_accepted": 0.0})):
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3,
+             "min_accepted": 0.0}
+    # ngram_padded: every step padded to the CUDA graph it would replay (a speculated step, T > B,
+    # takes a mixed graph), run eagerly: what a graph computes, on the CPU.
+    for name, spec in (("off", None), ("ngram", ngram), ("ngram_padded", ngram)):
         engine = Engine.from_model(copy.deepcopy(model), ByteTokenizer(), speculative=spec, **base)
         assert type(engine.runner.backend).__name__ == "TritonBackend"
+        if name == "ngram_padded":
+            assert engine.runner.graphs is not None
+            engine.runner.pad_steps = True
         outs[name] = [o.output_token_ids for o in engine.generate(prompts, params)]
         if spec is not None:
             st = engine.spec.stats
@@ -55,6 +60,7 @@ SCRIPT = textwrap.dedent(
             assert st.steps_on > 0 and st.accepted > 0, st
     assert outs["off"] == expected, (outs["off"], expected)
     assert outs["ngram"] == expected, (outs["ngram"], expected)
+    assert outs["ngram_padded"] == expected, (outs["ngram_padded"], expected)
     print("triton spec ok")
     """
 )

@@ -146,6 +146,17 @@ def test_combinations_not_built_are_refused_at_load():
         SamplingParams(num_speculative_tokens=-1)
 
 
+def test_only_the_gpu_checks_variable_lifts_the_device_refusal(monkeypatch):
+    """docs/speculative-decoding.md "What is refused": the GPU check's `spec` step alone sets it."""
+    from orcaserve.scheduler.spec.config import GPU_CHECK_ENV
+
+    monkeypatch.setenv(GPU_CHECK_ENV, "true")  # only "1" counts
+    with pytest.raises(ValueError, match="CPU engine only"):
+        EngineConfig(speculative=NGRAM, device="cuda", quantization=None)
+    monkeypatch.setenv(GPU_CHECK_ENV, "1")
+    EngineConfig(speculative=NGRAM, device="cuda", quantization=None)
+
+
 def test_speculation_with_lora_adapters_is_refused():
     """Not proven exact together: the engine's configuration refuses it before anything loads."""
     from orcaserve.scheduler.config import EngineConfig
