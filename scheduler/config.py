@@ -218,4 +218,5 @@ class EngineConfig:
         """Whether steps overlap the host's work with the device's (docs/host-overlap.md)."""
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return self.resolved_device().type == "cuda"
+        # Null is off with speculation, which needs the synchronous step (spec/config.py check_engine).
+        return self.resolved_device().type == "cuda" and self.speculative is None

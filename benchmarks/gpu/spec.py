@@ -9,7 +9,9 @@ The engine refuses speculation off the CPU; this step alone lifts that with
 ORCASERVE_SPECULATIVE_GPU_CHECK=1 (set here, for this process), to prove the equality the refusal
 waits for. A speculated step feeds 1 + K query tokens a request, so it is never a decode graph's
 (B == T) step: it pads to a mixed graph. The `ngram_eager` side runs with cuda_graphs false, so a
-difference between the two ngram sides points at the graphs. Exit status 1 if an output differs.
+difference between the two ngram sides points at the graphs. `off` runs as the engine does by
+default (overlapped scheduling on CUDA); speculation runs synchronously. Exit status 1 if an
+output differs.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def run_side(model, dev, dtype, spec, graphs: bool, batch: list[list[int]], max_
 
     from orcaserve.scheduler import Engine, SamplingParams
 
+    # async_scheduling null: on for `off` on CUDA (the engine's default), off with speculation.
     args = dict(attention_backend="triton", max_num_seqs=8, max_num_batched_tokens=1024, block_size=16)
     engine = Engine.from_model(
         copy.deepcopy(model), ByteTokenizer(), speculative=spec, cuda_graphs=graphs and dev.type == "cuda",

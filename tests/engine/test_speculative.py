@@ -154,7 +154,9 @@ def test_only_the_gpu_checks_variable_lifts_the_device_refusal(monkeypatch):
     with pytest.raises(ValueError, match="CPU engine only"):
         EngineConfig(speculative=NGRAM, device="cuda", quantization=None)
     monkeypatch.setenv(GPU_CHECK_ENV, "1")
-    EngineConfig(speculative=NGRAM, device="cuda", quantization=None)
+    config = EngineConfig(speculative=NGRAM, device="cuda", quantization=None)
+    assert not config.resolved_async_scheduling()  # null is off with speculation, on CUDA too
+    assert EngineConfig(device="cuda", quantization=None).resolved_async_scheduling()
 
 
 def test_speculation_with_lora_adapters_is_refused():
