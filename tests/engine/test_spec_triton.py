@@ -4,12 +4,10 @@ sizes) equals it off equals transformers (docs/speculative-decoding.md "The Trit
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from interpreted import run_script
 
 pytestmark = pytest.mark.slow  # the whole engine under the Triton interpreter
 
@@ -21,13 +19,7 @@ SCRIPT = textwrap.dedent(
     from orcaserve.bench.models.tiny import hf_greedy
     from transformers import LlamaConfig, LlamaForCausalLM
     from orcaserve.scheduler import Engine, SamplingParams
-
-    class ByteTokenizer:  # the engine only needs encode/decode/eos here; prompts are token ids
-        eos_token_id = None
-        def encode(self, text, add_special_tokens=False):
-            return list(text.encode())
-        def decode(self, ids, skip_special_tokens=True):
-            return bytes(i % 256 for i in ids).decode("latin-1")
+    from orcaserve.bench.gpu.common import ByteTokenizer  # prompts are token ids
 
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -67,11 +59,4 @@ SCRIPT = textwrap.dedent(
 
 
 def test_ngram_speculation_with_triton_backend_under_interpreter_matches_transformers():
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "triton spec ok" in proc.stdout
-    print(proc.stdout)
+    run_script(SCRIPT, "triton spec ok", timeout=900)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import copy
 import os
 import subprocess
-import sys
 import textwrap
 from array import array
 
 import pytest
 import torch
+from interpreted import run_script
 
 from orcaserve.bench.cli import command
 from orcaserve.bench.models.tiny import TINY_VOCAB, tiny_model
@@ -261,21 +261,10 @@ TRITON_SCRIPT = textwrap.dedent(
 )
 
 
-def _interpreted(script: str, done: str, timeout: int) -> None:
-    """`script` in a child process under TRITON_INTERPRET=1 (set before any kernel is defined),
-    from the repository root; it must exit 0 and print `done`."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    cmd = [sys.executable, "-c", script]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert done in proc.stdout
-
-
 def test_the_triton_kernels_leave_pad_rows_and_skipped_slots_alone():
     """Under the interpreter, fp32: store_kv skips slot -1; the unified and split-K kernels write
     no row past cu_seqlens_q[-1] and the real rows as the reference."""
-    _interpreted(TRITON_SCRIPT, "triton pad rows ok", timeout=300)
+    run_script(TRITON_SCRIPT, "triton pad rows ok", timeout=300)
 
 
 @pytest.mark.slow
@@ -334,4 +323,4 @@ TRITON_ENGINE_SCRIPT = textwrap.dedent(
 def test_padded_steps_through_the_triton_kernels_are_token_exact():
     """The graph runner's padded inputs and fixed per-graph plans (split-K counts included) through
     the Triton kernels, under the interpreter in fp32: the same tokens as unpadded steps."""
-    _interpreted(TRITON_ENGINE_SCRIPT, "triton padded engine ok", timeout=900)
+    run_script(TRITON_ENGINE_SCRIPT, "triton padded engine ok", timeout=900)
