@@ -12,7 +12,7 @@
 # Settings (environment): GPU_CHECK_DRY_RUN=1 (CPU plumbing run), GPU_CHECK_BUDGET_S (470),
 # GPU_CHECK_STEPS (comma list of step names to run, e.g. "tests,engine_exact" for a short rerun:
 # tests, engine_exact, kernels, fused, engine_throughput, engine_graphs, engine_generate_batch,
-# engine_8b, engine_8b_generate_batch, startup, fused, lora, ternary, spec, engine_real), GPU_CHECK_PADDED=1 (transformers'
+# engine_8b, engine_8b_generate_batch, startup, lora, ternary, spec, engine_real), GPU_CHECK_PADDED=1 (transformers'
 # padded generate too in engine_throughput), GPU_CHECK_REAL=1 (the real model in the dry run),
 # PY (python; default .venv/bin/python if present, else python3), GPU_CHECK_JOBS (test workers).
 set -uo pipefail

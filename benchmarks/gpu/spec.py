@@ -50,15 +50,13 @@ def prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
 def run_side(model, dev, dtype, spec, graphs: bool, batch: list[list[int]], max_tokens: int) -> dict:
     import copy
 
-    import torch
-
     from orcaserve.scheduler import Engine, SamplingParams
 
     # async_scheduling null: on for `off` on CUDA (the engine's default), off with speculation.
     args = dict(attention_backend="triton", max_num_seqs=8, max_num_batched_tokens=256, block_size=16)
     engine = Engine.from_model(
         copy.deepcopy(model), ByteTokenizer(), speculative=spec, cuda_graphs=graphs and dev.type == "cuda",
-        dtype={torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype], **args,
+        dtype=dtype, **args,
     )  # fmt: skip
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     engine.generate([batch[0]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm-up
