@@ -12,9 +12,7 @@ of docs/reliability.md.
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import sys
 import threading
 import time
@@ -27,70 +25,22 @@ import requests
 from fuzz_bodies import chats, completions  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from openai_http import CHAT, COMPLETIONS, EXACT, PROMPTS, call, expected, metric, read_stream  # noqa: E402
+from openai_http import CHAT, COMPLETIONS, PROMPTS, call, expected, metric, read_stream  # noqa: E402
+from reliability_faults import kill_worker, sigterm_mid_stream  # noqa: E402
+from reliability_server import (  # noqa: E402
+    ENGINE_ARGS,
+    MODEL,
+    SERVING,
+    offline_engine,
+    rss_mib,
+    serving_pid,
+    start_server,
+    wait_idle,
+)
 
-from orcaserve.bench.serve.harness import REPO, TorchServe  # noqa: E402
+from orcaserve.bench.serve.harness import TorchServe  # noqa: E402
 from orcaserve.handler.archive import build  # noqa: E402
-from orcaserve.scheduler import Engine, default_model_path  # noqa: E402
-
-MODEL = "smollm2"
-# EXACT: greedy answers match the offline engine to the token, through preemptions; a small cache
-# keeps blocks visible.
-ENGINE_ARGS = {"kv_cache_memory": 64 << 20, "max_num_seqs": 32, "max_num_batched_tokens": 512, **EXACT}
-SERVING = {"default_timeout": 120, "max_tokens_limit": 64}
-
-
-def shipped_config() -> dict[str, str]:
-    """config.properties as `make serve` uses it."""
-    lines = (REPO / "config.properties").read_text().splitlines()
-    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
-
-
-def start_server(root: Path, faults: bool = True) -> TorchServe:
-    """A TorchServe with the shipped security settings and the test archive registered."""
-    store = root / "model-store"
-    build("default", MODEL, str(store), fmt="default", overrides={**ENGINE_ARGS, **SERVING})
-    env = {"ORCASERVE_TEST_FAULTS": "1"} if faults else {}
-    ts = TorchServe(root / "work", store, extra_config={"allowed_urls": shipped_config()["allowed_urls"]}, env=env)
-    ts.start()
-    try:
-        ts.register(f"{MODEL}.mar")
-    except Exception:
-        ts.stop()
-        raise
-    return ts
-
-
-def offline_engine(**overrides) -> Engine:
-    return Engine.from_pretrained(default_model_path(), **{**ENGINE_ARGS, "kv_cache_memory": 256 << 20, **overrides})
-
-
-def serving_pid(ts: TorchServe, model: str = MODEL) -> int:
-    """The process serving the model now: a replacement worker if one took over, else TorchServe's."""
-    takeovers = [
-        p
-        for p in psutil.process_iter(["pid", "cmdline", "create_time"])
-        if "orcaserve.handler.supervisor.takeover" in " ".join(p.info["cmdline"] or [])
-        and f'"model_name": "{model}"' in " ".join(p.info["cmdline"] or [])
-    ]
-    if takeovers:
-        return max(takeovers, key=lambda p: p.info["create_time"]).pid
-    return ts.worker_pids(model)[0]
-
-
-def rss_mib(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
-
-
-def wait_idle(ts: TorchServe, model: str = MODEL, timeout: float = 120.0) -> dict:
-    """Wait until the engine reports no running request and no KV block in use (via /metrics)."""
-    deadline = time.time() + timeout
-    while True:
-        m = ts.metrics()
-        used, running = metric(m, "orca_kv_blocks_used", model), metric(m, "orca_num_requests_running", model)
-        if used == 0 and running == 0 or time.time() > deadline:
-            return {"kv_blocks_used": used, "running": running}
-        time.sleep(0.5)
+from orcaserve.scheduler import Engine  # noqa: E402
 
 
 # ---- fuzz ---------------------------------------------------------------------------------------
@@ -363,122 +313,6 @@ def oversized_prompts(ts: TorchServe, offline: Engine, n: int = 4, model: str = 
         "streams": len(streams),
         "stream_mismatches": sum(s["text"] != want for s in streams),
         "largest_gap_during_s": round(max(during, default=attack_s), 3),
-    }
-
-
-# ---- faults -------------------------------------------------------------------------------------------
-class Traffic:
-    """A client sending a short request every `period` s, recording (sent, answered, status)."""
-
-    def __init__(self, ts: TorchServe, model: str = MODEL, period: float = 0.5) -> None:
-        self.ts, self.model, self.period = ts, model, period
-        self.log: list[tuple[float, float, object]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            sent = time.time()
-            try:
-                status: object = call(
-                    self.ts, self.model, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}, timeout=300
-                ).status_code
-            except requests.RequestException as e:
-                status = type(e).__name__
-            self.log.append((sent, time.time(), status))
-            time.sleep(self.period)
-
-    def __enter__(self) -> Traffic:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(320)
-
-    def first_ok_after(self, t: float, timeout: float = 300.0) -> float:
-        """Seconds from `t` until a request sent after `t` got 200."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            ok = [answered for sent, answered, status in list(self.log) if sent > t and status == 200]
-            if ok:
-                return round(ok[0] - t, 1)
-            time.sleep(0.2)
-        raise AssertionError(f"no 200 within {timeout} s after the fault: {self.log[-5:]}")
-
-
-def in_flight(ts: TorchServe, model: str = MODEL) -> tuple[ThreadPoolExecutor, list]:
-    """A long stream (status line sent; returned as its iterator of lines) and a long
-    non-streamed request in flight: slowed down (at least 3 s each), so they still are when the
-    caller acts."""
-    body = {
-        "prompt": "Count to one hundred:",
-        "max_tokens": 64,
-        "ignore_eos": True,
-        "temperature": 0,
-        "user": "orcaserve-fault:slow",
-    }
-    resp = call(ts, model, COMPLETIONS, {**body, "stream": True}, stream=True, timeout=120)
-    lines = (line for line in resp.iter_lines(chunk_size=None) if line)  # each HTTP chunk as it comes
-    first = next(lines)
-    assert first.startswith(b"data: {"), first
-    pool = ThreadPoolExecutor(1)
-    plain = pool.submit(call, ts, model, COMPLETIONS, body, False, None, 120)
-    time.sleep(0.3)
-    return pool, [lines, plain]
-
-
-def kill_worker(ts: TorchServe, how: str, model: str = MODEL) -> dict:
-    """Kill the serving process mid-request (`how`: SIGKILL, or "loop" to kill its engine loop),
-    with traffic running; returns how the requests in flight ended and when service came back."""
-    pid = serving_pid(ts, model)
-    with Traffic(ts, model) as traffic:
-        pool, (stream, plain) = in_flight(ts, model)
-        t = time.time()
-        if how == "loop":
-            killer = call(ts, model, COMPLETIONS, {"prompt": "x", "max_tokens": 4, "user": "orcaserve-fault:loop"})
-            assert killer.status_code == 500, killer.text
-        else:
-            os.kill(pid, signal.SIGKILL)
-        rest = list(stream)
-        stream_end = round(time.time() - t, 2)
-        plain_resp = plain.result(timeout=120)
-        plain_end = round(time.time() - t, 2)
-        pool.shutdown()
-        recovery = traffic.first_ok_after(t)
-        time.sleep(1)
-    statuses = Counter(str(s) for _, _, s in traffic.log)
-    assert len(rest) >= 2 and b"error" in rest[-2] and rest[-1] == b"data: [DONE]", rest[-3:]
-    return {
-        "fault": how,
-        "killed_pid": pid,
-        "replacement_pid": serving_pid(ts, model),
-        "stream_ended_s": stream_end,
-        "stream_error": json.loads(rest[-2][6:])["error"]["message"],
-        "plain_status": plain_resp.status_code,
-        "plain_answered_s": plain_end,
-        "recovery_s": recovery,
-        "traffic": dict(statuses),
-        "traffic_unanswered": sum(not isinstance(s, int) for _, _, s in traffic.log),
-    }
-
-
-def sigterm_mid_stream(ts: TorchServe, model: str = MODEL) -> dict:
-    """SIGTERM (how TorchServe stops a worker): the stream in flight still gets its last frames."""
-    pid = serving_pid(ts, model)
-    pool, (stream, plain) = in_flight(ts, model)
-    t = time.time()
-    os.kill(pid, signal.SIGTERM)
-    rest = list(stream)
-    stream_end = round(time.time() - t, 2)
-    plain_resp = plain.result(timeout=120)
-    pool.shutdown()
-    assert len(rest) >= 2 and rest[-1] == b"data: [DONE]", rest[-3:]
-    return {
-        "stream_ended_s": stream_end,
-        "stream_last_event": rest[-2].decode()[:120],
-        "plain_status": plain_resp.status_code,
-        "plain_error": plain_resp.json()["error"]["message"],
     }
 
 

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
+import reliability_faults as faults
+import reliability_server as serving
 import reliability_suites as rs
 import requests
-from openai_http import COMPLETIONS, call
+from openai_http import COMPLETIONS, PROMPTS, call, expected, read_stream
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ts(tmp_path_factory):
-    server = rs.start_server(tmp_path_factory.mktemp("reliability"))
+    server = serving.start_server(tmp_path_factory.mktemp("reliability"))
     try:
         yield server
     finally:
@@ -36,18 +39,18 @@ def offline():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # beside the server on 2 cores: see test_torchserve_e2e.offline
     try:
-        yield rs.offline_engine()
+        yield serving.offline_engine()
     finally:
         torch.set_num_threads(threads)
 
 
 def test_security(ts, tmp_path):
-    shipped = rs.shipped_config()
+    shipped = serving.shipped_config()
     assert shipped["inference_address"].startswith("http://127.0.0.1:")
     assert shipped["management_address"].startswith("http://127.0.0.1:")
     assert "disable_token_authorization" not in shipped
     # Without the key: inference, management and metrics are refused.
-    for url, api in ((ts.url(f"/predictions/{rs.MODEL}"), "inference"), (ts.url("/models", "management"), None)):
+    for url, api in ((ts.url(f"/predictions/{serving.MODEL}"), "inference"), (ts.url("/models", "management"), None)):
         r = requests.post(url, json={"prompt": "hi"}, timeout=30) if api else requests.get(url, timeout=30)
         assert r.status_code in (400, 401), r.text
     # The management API answers on loopback only.
@@ -73,20 +76,22 @@ def test_security(ts, tmp_path):
         )
         assert r.status_code >= 400, (url, r.status_code, r.text)
     listed = requests.get(ts.url("/models", "management"), headers=ts.auth("management"), timeout=30).json()
-    assert [m["modelName"] for m in listed["models"]] == [rs.MODEL]
+    assert [m["modelName"] for m in listed["models"]] == [serving.MODEL]
     # No request sees another's output: 16 different prompts at once, each gets its own answer.
-    with rs.ThreadPoolExecutor(16) as pool:
+    with ThreadPoolExecutor(16) as pool:
         texts = list(
             pool.map(
-                lambda p: call(ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()[
+                lambda p: call(ts, serving.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()[
                     "choices"
                 ][0]["text"],
-                rs.PROMPTS,
+                PROMPTS,
             )
         )
     alone = [
-        call(ts, rs.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()["choices"][0]["text"]
-        for p in rs.PROMPTS[:4]
+        call(ts, serving.MODEL, COMPLETIONS, {"prompt": p, "max_tokens": 8, "temperature": 0}).json()["choices"][0][
+            "text"
+        ]
+        for p in PROMPTS[:4]
     ]
     assert texts[:4] == alone
 
@@ -130,14 +135,14 @@ def test_oversized_prompts_do_not_stop_other_streams(ts, offline):
 
 
 def test_a_failing_step_fails_its_request_only(ts, offline):
-    want = rs.expected(offline, [("completions", p) for p in rs.PROMPTS[:2]], [32, 32])
-    with rs.ThreadPoolExecutor(3) as pool:
+    want = expected(offline, [("completions", p) for p in PROMPTS[:2]], [32, 32])
+    with ThreadPoolExecutor(3) as pool:
         streams = [
             pool.submit(
-                lambda p: rs.read_stream(
+                lambda p: read_stream(
                     call(
                         ts,
-                        rs.MODEL,
+                        serving.MODEL,
                         COMPLETIONS,
                         {"prompt": p, "max_tokens": 32, "temperature": 0, "stream": True},
                         stream=True,
@@ -145,18 +150,18 @@ def test_a_failing_step_fails_its_request_only(ts, offline):
                 )["text"],
                 p,
             )
-            for p in rs.PROMPTS[:2]
+            for p in PROMPTS[:2]
         ]
-        bad = call(ts, rs.MODEL, COMPLETIONS, {"prompt": "x", "max_tokens": 4, "user": "orcaserve-fault:step"})
+        bad = call(ts, serving.MODEL, COMPLETIONS, {"prompt": "x", "max_tokens": 4, "user": "orcaserve-fault:step"})
         got = [s.result() for s in streams]
     assert bad.status_code == 500 and "injected step failure" in bad.json()["error"]["message"]
     assert got == [w.text for w in want]
-    assert call(ts, rs.MODEL, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}).status_code == 200
+    assert call(ts, serving.MODEL, COMPLETIONS, {"prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGKILL-again", "loop"])
 def test_a_dead_worker_answers_its_requests_and_is_replaced(ts, how):
-    r = rs.kill_worker(ts, how.split("-")[0])
+    r = faults.kill_worker(ts, how.split("-")[0])
     print(r)
     assert r["stream_ended_s"] < 15 and r["plain_answered_s"] < 15
     assert r["plain_status"] == (500 if how == "loop" else 503)
@@ -164,7 +169,7 @@ def test_a_dead_worker_answers_its_requests_and_is_replaced(ts, how):
 
 
 def test_sigterm_delivers_the_final_frames(ts):
-    r = rs.sigterm_mid_stream(ts)
+    r = faults.sigterm_mid_stream(ts)
     print(r)
     assert r["stream_ended_s"] < 15 and "shutting down" in r["stream_last_event"]
     assert r["plain_status"] == 503
