@@ -18,7 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-
 from orcaserve.scheduler.errors import UnknownModel
 from orcaserve.scheduler.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from orcaserve.scheduler.lora.config import check_adapter_name
