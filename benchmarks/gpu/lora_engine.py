@@ -10,7 +10,8 @@ tok/s of each (docs/kernels.md "GPU check", docs/lora.md "The Triton kernels in 
 The engine refuses adapters off the CPU; this step alone lifts that with ORCASERVE_LORA_GPU_CHECK=1
 (set here, for this process), to prove on the device what the interpreter proved on the CPU
 (tests/engine/test_lora_triton.py). Both sides run the Triton attention and the same base GEMMs:
-only the LoRA update's kernels and the graphs differ. fp32 by default: the Triton kernels are the
+only the LoRA update's kernels, the graphs and the overlapped scheduling (the Triton side's, as
+the engine's default on CUDA) differ. fp32 by default: the Triton kernels are the
 twin's within fp32 accumulation (greedy tokens equal); in fp16/bf16 an intermediate may round to
 its neighbour, so a differing token there is reported, not failed (`tokens_equal_required` false).
 Requests go a third each to the base model and spread over the adapters, arriving together: steps
@@ -48,7 +49,7 @@ def run_side(side: str, model, dev, dtype, adapters: dict[str, str], work: list)
     engine = Engine.from_model(
         copy.deepcopy(model), ByteTokenizer(), attention_backend="triton", dtype=dtype, lora_adapters=adapters,
         cuda_graphs=side == "triton_graphs" and dev.type == "cuda", max_num_seqs=16, max_num_batched_tokens=256,
-        block_size=16, async_scheduling=False,
+        block_size=16, async_scheduling=side == "triton_graphs",
     )  # fmt: skip
     loras = engine.runner.loras
     if side == "twin_eager":  # the oracle: the PyTorch twins on the same device

@@ -1,7 +1,8 @@
 """LoRA adapters on the engine's Triton path (the Triton shrink/expand through the dispatch table,
 the stacks and step descriptors on the model's device), under the interpreter in fp32: token for
 token the CPU engine's and PEFT's, in steps mixing adapters and base rows, with an adapter loaded
-and another unloaded while serving (docs/lora.md "The Triton kernels in the engine")."""
+and another unloaded while serving and overlapped scheduling on (docs/lora.md "The Triton kernels
+in the engine")."""
 
 from __future__ import annotations
 
@@ -50,10 +51,11 @@ SCRIPT = textwrap.dedent(
         if lora is not None and len(prompt) > 4:
             assert hf_greedy(refs[lora], prompt, n) != hf_greedy(base, prompt, n), rid
 
-    def serve(backend):
+    def serve(backend):  # the Triton side overlaps the host's work with the step's, as on a GPU
         engine = Engine.from_model(copy.deepcopy(base), ByteTokenizer(), attention_backend=backend, max_num_seqs=6,
                                    max_num_batched_tokens=40, block_size=16, dtype="float32", max_loras=2,
-                                   enable_lora=True, lora_adapters={"a": str(tmp / "a"), "b": str(tmp / "b")})
+                                   enable_lora=True, lora_adapters={"a": str(tmp / "a"), "b": str(tmp / "b")},
+                                   async_scheduling=backend == "triton")
         steps = record_steps(engine)
         out = run_mixed(engine, first, per_step=3)
         engine.loras.add(engine.loras.read("c", str(tmp / "c")))  # loaded while serving
