@@ -26,7 +26,7 @@ class SegmentBuffers:
     [max_segments], scales [max_segments] (fp32 bits); and the shrink's fp32 scratch."""
 
     def __init__(self, max_rows: int, max_segments: int, max_rank: int, device: torch.device | str) -> None:
-        self.max_rows, self.max_segments = max_rows, max_segments
+        self.max_rows, self.max_segments, self.max_rank = max_rows, max_segments, max_rank
         self.ints = torch.zeros(max_rows + 3 * max_segments + 1, dtype=torch.int32, device=device)
         self.scratch = torch.empty(max_rows * rank_pad(max_rank), dtype=torch.float32, device=device)
         self.uploads = 0  # host-to-device copies made (one per step's batch)
@@ -69,6 +69,7 @@ class TritonLora:
 
     def __init__(self, buffers: SegmentBuffers) -> None:
         self.buffers = buffers
+        self.max_rank = buffers.max_rank  # the stacks' rank on this path (scheduler/lora/resident.py)
         self._key: Any = None
         self._seg: Segments | None = None
 

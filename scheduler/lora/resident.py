@@ -66,6 +66,10 @@ class LoraSet:
         self.batched_op: Any
         self.blocked: bool  # the stacks in the C++ operator's blocked layout (kernels/cpu/lora.py)
         self.batched_op, self.blocked = batched_for(dtype, self.device, triton)
+        # On the Triton path the stacks are allocated once, at the first sync, for every projection at
+        # `max_lora_rank` (0: elsewhere, sized to the stacked adapters; docs/lora.md "The Triton
+        # kernels in the engine").
+        self.fixed_rank: int = 0 if triton is None else triton.max_rank
         # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
         # stacked, per pair A [S, R, in] and B [out, S, R] (stored transposed: B^T [S, R, out]; zeros
         # for a free slot, an adapter that does not target the module, and past an adapter's own
@@ -121,7 +125,7 @@ class LoraSet:
     def sync(self) -> None:
         """Bring the stacked copy in line with `slots`: each slot that changed adapter is rewritten
         in place from the adapter's host copy; the stacks are rebuilt when the new set of adapters
-        needs a larger rank or another set of modules."""
+        needs a larger rank or another set of modules (never with `fixed_rank`: allocated once)."""
         want = list(self.slots.names)
         if want == self._stacked_names:
             return
@@ -129,6 +133,9 @@ class LoraSet:
         keys = frozenset(key for a in held for key in a.weights)
         rank = max((a.rank for a in held), default=0)
         rank = blocked_rank(rank) if self.blocked else rank
+        if self.fixed_rank:
+            keys = frozenset((layer, m) for layer in range(self.base.num_layers) for *_, m in self._columns())
+            rank = max(rank, self.fixed_rank)
         if rank > self.rank or keys != self._keys:
             self._rebuild(want, keys, rank)
         else:

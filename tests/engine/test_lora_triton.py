@@ -57,21 +57,25 @@ SCRIPT = textwrap.dedent(
                                    enable_lora=True, lora_adapters={"a": str(tmp / "a"), "b": str(tmp / "b")},
                                    async_scheduling=backend == "triton")
         steps = record_steps(engine)
+        stacks = {k: (a.data_ptr(), b.data_ptr()) for k, (a, b) in engine.runner.loras._stacks.items()}
         out = run_mixed(engine, first, per_step=3)
         engine.loras.add(engine.loras.read("c", str(tmp / "c")))  # loaded while serving
         engine.loras.remove("a")  # unloaded: no request in flight names it
         out.update(run_mixed(engine, second, per_step=2))
-        return engine, steps, {rid: o.output_token_ids for rid, o in out.items()}
+        kept = stacks == {k: (a.data_ptr(), b.data_ptr()) for k, (a, b) in engine.runner.loras._stacks.items()}
+        return engine, steps, {rid: o.output_token_ids for rid, o in out.items()}, kept
 
-    engine, steps, got = serve("triton")
+    engine, steps, got, kept = serve("triton")
     loras = engine.runner.loras
+    # allocated once, every projection at max_lora_rank (16): "c" (rank 16, other modules) swapped in
+    assert kept and loras.rank == 16 and len(loras._stacks) == 2 * 7, (kept, loras.rank, len(loras._stacks))
     assert isinstance(loras.batched_op.__self__, TritonLora) and isinstance(loras.op.__self__, TritonLora)
     assert all(t.device == base.lm_head.weight.device for ab in loras._stacks.values() for t in ab)
     assert any(s is not None and s.batch is not None for s in steps), "no step of several adapters"
     assert any(s is not None and s.batch is None for s in steps), "no step of one adapter"
     uploads = loras.batched_op.__self__.buffers.uploads
     assert 0 < uploads <= sum(s is not None for s in steps), uploads  # one per step, not per projection
-    _, _, cpu = serve("cpu")
+    _, _, cpu, _ = serve("cpu")
     assert got == cpu, (got, cpu)
     for rid, prompt, n, lora in first + second:
         assert got[rid] == hf_greedy(refs[lora] if lora else base, prompt, n), rid
