@@ -93,6 +93,10 @@ STEPS: dict[str, dict[str, tuple[str, str]]] = {
             "orcaserve.bench.gpu.lora",
             "the Triton LoRA shrink/expand: 16 adapters rank 16, GB/s, vs twin and base",
         ),
+        "lora_engine": (
+            "orcaserve.bench.gpu.lora_engine",
+            "the engine with LoRA adapters on the Triton path vs the PyTorch twins: equal tokens, tok/s",
+        ),
         "ternary": (
             "orcaserve.bench.gpu.ternary",
             "BitNet's Triton ternary GEMM at 2B4T's shapes: exact, GB/s, vs bf16",

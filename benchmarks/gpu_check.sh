@@ -12,7 +12,7 @@
 # Settings (environment): GPU_CHECK_DRY_RUN=1 (CPU plumbing run), GPU_CHECK_BUDGET_S (470),
 # GPU_CHECK_STEPS (comma list of step names to run, e.g. "tests,engine_exact" for a short rerun:
 # tests, engine_exact, kernels, fused, engine_throughput, engine_graphs, engine_generate_batch,
-# engine_8b, engine_8b_generate_batch, startup, lora, ternary, spec, engine_real), GPU_CHECK_PADDED=1 (transformers'
+# engine_8b, engine_8b_generate_batch, startup, lora, ternary, spec, lora_engine, engine_real), GPU_CHECK_PADDED=1 (transformers'
 # padded generate too in engine_throughput), GPU_CHECK_REAL=1 (the real model in the dry run),
 # PY (python; default .venv/bin/python if present, else python3), GPU_CHECK_JOBS (test workers).
 set -uo pipefail
@@ -39,7 +39,8 @@ STEPS=$WORK/steps.tsv
 rm -f "$RESULTS/tests.log" "$RESULTS/kernels.log" "$RESULTS/kernels.json" "$RESULTS/kernels.json.tmp" \
     "$RESULTS/engine.log" "$RESULTS/engine.json" "$RESULTS/summary.json" "$RESULTS/gpu-fused.json" \
     "$RESULTS/gpu-fused.json.tmp" "$RESULTS/gpu-lora.json" "$RESULTS/gpu-lora.json.tmp" \
-    "$RESULTS/gpu-ternary.json" "$RESULTS/gpu-ternary.json.tmp" "$RESULTS/gpu-spec.json" "$RESULTS/gpu-spec.json.tmp"
+    "$RESULTS/gpu-ternary.json" "$RESULTS/gpu-ternary.json.tmp" "$RESULTS/gpu-spec.json" "$RESULTS/gpu-spec.json.tmp" \
+    "$RESULTS/gpu-lora-engine.json" "$RESULTS/gpu-lora-engine.json.tmp"
 START=$(date +%s)
 
 log() { echo "[gpu_check $(($(date +%s) - START))s] $*" | tee -a "$LOG"; }
@@ -137,6 +138,7 @@ if [ "$DRY" = 1 ]; then
     run_step lora 300 "$RESULTS/kernels.log" "${G[@]}" lora --smoke --out "$RESULTS/gpu-lora.json"
     run_step ternary 300 "$RESULTS/kernels.log" "${G[@]}" ternary --smoke --out "$RESULTS/gpu-ternary.json"
     run_step spec 300 "$E" "${G[@]}" spec --smoke --out "$RESULTS/gpu-spec.json"
+    run_step lora_engine 300 "$E" "${G[@]}" lora_engine --smoke --out "$RESULTS/gpu-lora-engine.json"
     if [ "$HAVE_REAL" = 1 ] && [ "${GPU_CHECK_REAL:-0}" = 1 ]; then
         run_step engine_real 600 "$E" "${G[@]}" engine real --smoke --out "$WORK/real.json"
     else
@@ -180,6 +182,9 @@ else
     run_step ternary 40 "$RESULTS/kernels.log" "${G[@]}" ternary --time-budget 20 --out "$RESULTS/gpu-ternary.json"
     # Speculation off vs ngram (graphs on and off), one stream: lifts the engine's refusal for itself only.
     run_step spec 60 "$E" "${G[@]}" spec --dtype bf16 --out "$RESULTS/gpu-spec.json"
+    # LoRA adapters on the engine's Triton path vs the PyTorch twins (fp32: equal tokens), graphs on
+    # for the base steps: lifts the engine's refusal of adapters on a GPU for itself only.
+    run_step lora_engine 60 "$E" "${G[@]}" lora_engine --dtype fp32 --out "$RESULTS/gpu-lora-engine.json"
     if [ "$HAVE_REAL" = 1 ]; then
         run_step engine_real 60 "$E" "${G[@]}" engine real --out "$WORK/real.json"
     else

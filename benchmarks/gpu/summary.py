@@ -79,6 +79,10 @@ def run(args: argparse.Namespace) -> dict:
     lo = load(os.path.join(results, "gpu-lora.json"))
     if lo:
         fig["lora"] = pick(lo, "device dtype adapters rank all_ok truncated elapsed_s per_step skipped")
+    le = load(os.path.join(results, "gpu-lora-engine.json"))
+    if le:
+        fig["lora_engine"] = pick(le, "device dtype adapters rank all_equal tokens_equal_required elapsed_s skipped")
+        fig["lora_engine"]["tok_s"] = {k: s.get("tok_s") for k, s in le.get("sides", {}).items()}
     te = load(os.path.join(results, "gpu-ternary.json"))
     if te:
         fig["ternary"] = pick(te, "device all_exact truncated elapsed_s skipped")

@@ -85,9 +85,13 @@ def block_b(b: torch.Tensor, rank: int) -> torch.Tensor:
     return pad.view(rank, -1, BLOCK).permute(1, 0, 2)
 
 
-def sgmv_for(dtype: torch.dtype, device: torch.device | str = "cpu") -> Sgmv:
+def sgmv_for(dtype: torch.dtype, device: torch.device | str = "cpu", triton: Any = None) -> Sgmv:
     """The dispatch table's `lora_sgmv` for `dtype` on this machine; on a CUDA device the Triton
-    kernels (kernels/triton/lora.py), as `linear_ternary`'s (kernels/ternary.py)."""
+    kernels (kernels/triton/lora.py), as `linear_ternary`'s (kernels/ternary.py). `triton`: the
+    engine's Triton cells over their buffers (kernels/triton/lora_cells.py), on any device (the CPU
+    under the interpreter)."""
+    if triton is not None:
+        return triton.sgmv
     if torch.device(device).type == "cuda":
         from orcaserve.kernels.triton import lora as triton_lora
 
@@ -96,10 +100,12 @@ def sgmv_for(dtype: torch.dtype, device: torch.device | str = "cpu") -> Sgmv:
     return lora_sgmv if op is None else sgmv_cell(op)
 
 
-def batched_for(dtype: torch.dtype, device: torch.device | str = "cpu") -> tuple[Parts, bool]:
+def batched_for(dtype: torch.dtype, device: torch.device | str = "cpu", triton: Any = None) -> tuple[Parts, bool]:
     """The dispatch table's `lora_batched` for `dtype` on this machine, taking a fused output's
-    projections together, and whether it reads the stacks blocked; on a CUDA device the Triton
-    kernels, on the standard stacks."""
+    projections together, and whether it reads the stacks blocked; on a CUDA device (or given the
+    engine's Triton cells, `triton`) the Triton kernels, on the standard stacks."""
+    if triton is not None:
+        return triton.parts, False
     if torch.device(device).type == "cuda":
         from orcaserve.kernels.triton import lora as triton_lora
 

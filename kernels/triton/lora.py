@@ -169,11 +169,17 @@ def _batch_segments(slot_of: tuple[int, ...], scales: tuple[float, ...], device:
 
 
 def segmented_update(
-    y: torch.Tensor, x: torch.Tensor, seg: Segments | None, a: torch.Tensor, b: torch.Tensor, rank: int
+    y: torch.Tensor,
+    x: torch.Tensor,
+    seg: Segments | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    rank: int,
+    h: torch.Tensor | None = None,
 ) -> None:
     """y[rows] += (x[rows] @ A_s^T) @ B_s^T * scale for each segment (rows, slot s, scale) of
     `seg`, A_s rows s R..s R + R - 1 of `a` [S R, in] and B_s those columns of `b` [out, S R]; two
-    launches (none without rows)."""
+    launches (none without rows). `h`: the shrink's [N, R_PAD] fp32 intermediate, given or made."""
     if seg is None or y.shape[1] == 0:
         return
     if x.stride(1) != 1:
@@ -181,7 +187,8 @@ def segmented_update(
     if y.stride(1) != 1:
         raise ValueError("the LoRA kernels write y's columns at unit stride")
     r_pad = rank_pad(rank)
-    h = torch.empty((seg.order.numel(), r_pad), dtype=torch.float32, device=y.device)
+    if h is None:
+        h = torch.empty((seg.order.numel(), r_pad), dtype=torch.float32, device=y.device)
     ieee = y.dtype == torch.float32
     m_blocks = triton.cdiv(seg.longest, BLOCK_M)
     _shrink_kernel[(m_blocks, seg.count)](

@@ -7,6 +7,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from orcaserve.scheduler.lora.adapter import ModuleShapes, load_adapter
 from orcaserve.scheduler.lora.config import LoraUnsupported, lora_limits
 from orcaserve.scheduler.lora.resident import LoraSet
@@ -48,4 +50,18 @@ def load_lora_set(model: Any, config: Any) -> LoraSet | None:
             a.nbytes / 2**20,
         )
     stacked, _ = lora_limits(dict(adapters), config.max_loras, config.max_cpu_loras)
-    return LoraSet(loaded, base, weight.dtype, stacked)
+    return LoraSet(loaded, base, weight.dtype, stacked, weight.device, triton_cells(config, stacked, weight.device))
+
+
+def triton_cells(config: Any, max_loras: int, device: torch.device) -> Any:
+    """The Triton kernels' cells where the engine runs the Triton path (a CUDA device, or the
+    `triton` attention backend: the CPU under the interpreter), their step descriptors and scratch
+    allocated once on `device` for the most rows a forward takes; None elsewhere (docs/lora.md
+    "The Triton kernels in the engine")."""
+    if device.type != "cuda" and config.resolved_backend() != "triton":
+        return None
+    from orcaserve.kernels.triton.lora_cells import SegmentBuffers, TritonLora
+    from orcaserve.scheduler.model.prompt_logprobs import MAX_ROWS
+
+    rows = max(config.max_num_batched_tokens, MAX_ROWS)
+    return TritonLora(SegmentBuffers(rows, max_loras, config.max_lora_rank, device))

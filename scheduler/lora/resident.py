@@ -43,18 +43,33 @@ Key = tuple[int, str]  # (layer, module)
 class LoraSet:
     """The host-resident adapters by name, and the stacked copy of those in the `max_loras` slots."""
 
-    def __init__(self, adapters: Iterable[LoraAdapter], base: ModuleShapes, dtype: torch.dtype, max_loras: int) -> None:
+    def __init__(
+        self,
+        adapters: Iterable[LoraAdapter],
+        base: ModuleShapes,
+        dtype: torch.dtype,
+        max_loras: int,
+        device: torch.device | str = "cpu",
+        triton: Any = None,
+    ) -> None:
         self.base = base  # what a later adapter must fit (runtime loads: runtime.py)
         self.dtype = dtype
+        # Where the adapters and their stacks live: the model's device (docs/lora.md "The Triton
+        # kernels in the engine"). `triton`: the engine's Triton cells (kernels/triton/lora_cells.py).
+        self.device = torch.device(device)
         self.adapters: dict[str, LoraAdapter] = {}
         # adapter -> (layer, fused) -> the modules it targets there, at their columns of the output.
         self.tables: dict[str, dict[tuple[int, str], list[Entry]]] = {}
         self.slots = LoraSlots(max_loras, self.adapters)  # which adapters are stacked (the scheduler changes it)
         # The dispatch table's cells: `lora_sgmv` (one adapter's rows) and `lora_batched` (several).
-        self.op: Any = sgmv_for(dtype)
+        self.op: Any = sgmv_for(dtype, self.device, triton)
         self.batched_op: Any
         self.blocked: bool  # the stacks in the C++ operator's blocked layout (kernels/cpu/lora.py)
-        self.batched_op, self.blocked = batched_for(dtype)
+        self.batched_op, self.blocked = batched_for(dtype, self.device, triton)
+        # On the Triton path the stacks are allocated once, at the first sync, for every projection at
+        # `max_lora_rank` (0: elsewhere, sized to the stacked adapters; docs/lora.md "The Triton
+        # kernels in the engine").
+        self.fixed_rank: int = 0 if triton is None else triton.max_rank
         # The stacked copy: what each slot holds now, the stacked rank R, the (layer, module) pairs
         # stacked, per pair A [S, R, in] and B [out, S, R] (stored transposed: B^T [S, R, out]; zeros
         # for a free slot, an adapter that does not target the module, and past an adapter's own
@@ -110,7 +125,7 @@ class LoraSet:
     def sync(self) -> None:
         """Bring the stacked copy in line with `slots`: each slot that changed adapter is rewritten
         in place from the adapter's host copy; the stacks are rebuilt when the new set of adapters
-        needs a larger rank or another set of modules."""
+        needs a larger rank or another set of modules (never with `fixed_rank`: allocated once)."""
         want = list(self.slots.names)
         if want == self._stacked_names:
             return
@@ -118,6 +133,9 @@ class LoraSet:
         keys = frozenset(key for a in held for key in a.weights)
         rank = max((a.rank for a in held), default=0)
         rank = blocked_rank(rank) if self.blocked else rank
+        if self.fixed_rank:
+            keys = frozenset((layer, m) for layer in range(self.base.num_layers) for *_, m in self._columns())
+            rank = max(rank, self.fixed_rank)
         if rank > self.rank or keys != self._keys:
             self._rebuild(want, keys, rank)
         else:
@@ -139,14 +157,14 @@ class LoraSet:
         for layer, module in sorted(keys):
             in_f, out_f = self.base.shapes[module]
             if self.blocked:  # [S, R/4, in/32, 4, 32] and [S, out/32, R, 32], read in order by the C++ operator
-                a_blk = torch.zeros(n, rank // 4, -(-in_f // BLOCK), 4, BLOCK, dtype=self.dtype)
-                b_blk = torch.zeros(n, -(-out_f // BLOCK), rank, BLOCK, dtype=self.dtype)
+                a_blk = torch.zeros(n, rank // 4, -(-in_f // BLOCK), 4, BLOCK, dtype=self.dtype, device=self.device)
+                b_blk = torch.zeros(n, -(-out_f // BLOCK), rank, BLOCK, dtype=self.dtype, device=self.device)
                 self._stacks[layer, module] = (a_blk, b_blk)
                 continue
-            a_all = torch.zeros(n, rank, in_f, dtype=self.dtype)  # [S, R, in]
+            a_all = torch.zeros(n, rank, in_f, dtype=self.dtype, device=self.device)  # [S, R, in]
             # [out, S, R] over B^T's storage [S, R, out]: each of B's columns contiguous, as the C++
             # expand reads them (docs/lora.md "Several adapters in one step")
-            b_all = torch.zeros(n, rank, out_f, dtype=self.dtype).permute(2, 0, 1)
+            b_all = torch.zeros(n, rank, out_f, dtype=self.dtype, device=self.device).permute(2, 0, 1)
             self._stacks[layer, module] = (a_all, b_all)
         for layer in range(self.base.num_layers):
             for fused, first, last, module in self._columns():
@@ -214,7 +232,7 @@ class LoraSet:
                 for s, e in spans:
                     row_slot[s:e] = [slot] * (e - s)
             scales = [0.0 if n is None else self.adapters[n].scale for n in self._stacked_names]
-            batch = LoraBatch.of(row_slot, len(scales), self.rank, scales, self.dtype)
+            batch = LoraBatch.of(row_slot, len(scales), self.rank, scales, self.dtype, str(self.device))
         return LoraStep(self, {name: _rows(spans) for name, spans in runs.items()}, batch)
 
     def uniform(self, name: str, num_rows: int) -> LoraStep:

@@ -18,8 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from orcaserve.scheduler.errors import UnknownModel
 from orcaserve.scheduler.lora.adapter import AdapterError, LoraAdapter, load_adapter
 from orcaserve.scheduler.lora.config import check_adapter_name
@@ -94,7 +92,7 @@ class LoraRegistry:
             check_adapter_name(name)
         except ValueError as e:
             raise AdapterError(str(e)) from None
-        return load_adapter(name, path, self.loras.base, self.max_rank, self.loras.dtype, torch.device("cpu"))
+        return load_adapter(name, path, self.loras.base, self.max_rank, self.loras.dtype, self.loras.device)
 
     def add(self, adapter: LoraAdapter) -> None:
         """Serve `adapter` from now on (engine thread). Raises AdapterError when its name is taken

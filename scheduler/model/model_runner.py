@@ -127,7 +127,8 @@ class ModelRunner:
         # tests' proof that padding leaves every request's tokens unchanged.
         self.pad_steps = False
         # The LoRA adapters served (set by the engine; lora/resident.py): each step groups its rows by
-        # adapter. Only on the CPU, eagerly and in the lean decoder (lora/config.py, lora/load.py).
+        # adapter. In the lean decoder only (lora/load.py); steps holding adapters run eagerly, never
+        # from a CUDA graph (docs/lora.md "The Triton kernels in the engine").
         self.loras: LoraSet | None = None
 
     def _make_decoder(self, model: CausalLM) -> Decoder:

@@ -50,6 +50,7 @@ def test_gpu_check_dry_run(tmp_path):
         "lora",
         "ternary",
         "spec",
+        "lora_engine",
         "engine_real",
     }
     assert set(steps) == expected, steps

@@ -47,6 +47,14 @@ def _cases() -> dict[str, list]:
         untouched = torch.equal(got[keep], y0[keep])
         out[f"{name} {str(dtype).removeprefix('torch.')}"] = [err / max(span, 1e-30), untouched, err]
 
+    def check_parts(name, dtype, run_tri, x, batch, parts, y0):
+        """`run_tri` (a `lora_batched_parts`) against the twin's, every projection of `parts`."""
+        dev = [(f, last, a.to(DEVICE), b.to(DEVICE)) for f, last, a, b in parts]
+        touched = [i for i, s in enumerate(batch.slot_of) if s >= 0]
+        twin_run = partial(twin.lora_batched_parts, x=x, batch=batch, parts=parts)
+        tri_run = partial(run_tri, x=x.to(DEVICE), batch=batch, parts=dev)
+        check(name, dtype, twin_run, tri_run, y0, touched, (0, parts[-1][1]))
+
     def rnd(*shape, dtype):
         return (torch.randn(*shape, generator=g) * 0.5).to(dtype)
 
@@ -72,16 +80,7 @@ def _cases() -> dict[str, list]:
                     parts.append((col, col + w, a.view(-1, d_in), b_t.view(-1, w).t()))
                     col += w
                 touched = [i for i, s in enumerate(slot_of) if s >= 0]
-                dev = [(f, last, a.to(DEVICE), b.to(DEVICE)) for f, last, a, b in parts]
-                check(
-                    f"batched {label} r{rank}",
-                    dtype,
-                    partial(twin.lora_batched_parts, x=x, batch=batch, parts=parts),
-                    partial(tri.lora_batched_parts, x=x.to(DEVICE), batch=batch, parts=dev),
-                    y0,
-                    touched,
-                    (0, out_w),
-                )
+                check_parts(f"batched {label} r{rank}", dtype, tri.lora_batched_parts, x, batch, parts, y0)
                 # one projection alone (the k slice): the other columns untouched
                 f, last, a, b = parts[1]
                 check(
@@ -142,7 +141,44 @@ def _cases() -> dict[str, list]:
             y, rnd(5, 32, dtype=dtype).to(DEVICE), empty, rnd(32, 32, dtype=dtype), rnd(64, 32, dtype=dtype)
         )
         out[f"no adapter rows {str(dtype).removeprefix('torch.')}"] = [0.0, torch.equal(y.cpu(), y0), 0.0]
+        _cells(check, check_parts, rnd, dtype, out)
     return out
+
+
+def _cells(check, check_parts, rnd, dtype, out) -> None:
+    """The engine's cells (kernels/triton/lora_cells.py): two steps' batches and a one-adapter
+    step through descriptors and scratch allocated once, each the twin's; the buffers kept."""
+    from functools import partial
+
+    import torch
+
+    from orcaserve.kernels.pytorch import lora as twin
+    from orcaserve.kernels.triton.lora_cells import SegmentBuffers, TritonLora
+
+    cells = TritonLora(SegmentBuffers(32, 4, 64, DEVICE))
+    ptrs = (cells.buffers.ints.data_ptr(), cells.buffers.scratch.data_ptr())
+    d_in, widths = FUSED["odd"]
+    for i, slot_of in enumerate(([0, -1, 2, 2, 1, -1, 0], [3, 3, -1, 1, 3])):
+        x, y0 = rnd(len(slot_of) + 2, d_in, dtype=dtype), rnd(len(slot_of) + 2, sum(widths), dtype=dtype)
+        batch = twin.LoraBatch.of(slot_of, 4, 16, [0.5, 2.0, 1.0, 0.25], dtype)
+        parts, col = [], 0
+        for w in widths:
+            parts.append((col, col + w, rnd(64, d_in, dtype=dtype), rnd(4, 16, w, dtype=dtype).view(-1, w).t()))
+            col += w
+        check_parts(f"cells batched {i}", dtype, cells.parts, x, batch, parts, y0)
+    a, b, rows = rnd(8, d_in, dtype=dtype), rnd(widths[1], 8, dtype=dtype), torch.tensor([1, 4, 5])
+    x, y0 = rnd(7, d_in, dtype=dtype), rnd(7, widths[1], dtype=dtype)
+    check(
+        "cells sgmv",
+        dtype,
+        partial(twin.lora_sgmv, x=x, groups=[twin.LoraGroup(rows, a, b, 2.0)]),
+        partial(cells.sgmv, x=x.to(DEVICE), groups=[twin.LoraGroup(rows.to(DEVICE), a.to(DEVICE), b.to(DEVICE), 2.0)]),
+        y0,
+        rows.tolist(),
+        (0, widths[1]),
+    )
+    kept = ptrs == (cells.buffers.ints.data_ptr(), cells.buffers.scratch.data_ptr()) and cells.buffers.uploads == 3
+    out[f"cells buffers kept {str(dtype).removeprefix('torch.')}"] = [0.0, kept, 0.0]
 
 
 def _names() -> list[str]:
@@ -153,6 +189,7 @@ def _names() -> list[str]:
                 names += [f"batched {label} r{r} {dt}", f"batched {label} r{r} k only {dt}"]
             names += [f"sgmv {label} one adapter {dt}", f"sgmv {label} two adapters {dt}"]
         names.append(f"no adapter rows {dt}")
+        names += [f"cells batched 0 {dt}", f"cells batched 1 {dt}", f"cells sgmv {dt}", f"cells buffers kept {dt}"]
     return names
 
 

@@ -124,7 +124,7 @@ def test_a_model_outside_the_lean_decoder_is_refused(adapter, engine_for):
     [
         ({"tensor_parallel_size": 2}, "not split over ranks"),
         ({"quantization": "int8"}, "quantization='int8'"),
-        ({"device": "cuda"}, "Triton shrink/expand kernels"),
+        ({"device": "cuda"}, "not yet on a GPU"),
     ],
 )
 def test_combinations_not_built_are_refused_before_loading(args, message):
@@ -148,3 +148,15 @@ def test_combinations_not_built_are_refused_before_loading(args, message):
 def test_bad_lora_arguments_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**args)
+
+
+def test_the_gpu_checks_opt_in_alone_lifts_the_device_refusal(monkeypatch):
+    """On a CUDA device adapters are refused unless the GPU check's step sets its variable to "1"."""
+    from orcaserve.scheduler.lora.config import GPU_CHECK_ENV, check_lora_config
+
+    args = dict(tensor_parallel_size=1, quantization=None, device=torch.device("cuda"))
+    monkeypatch.setenv(GPU_CHECK_ENV, "true")  # only "1" counts
+    with pytest.raises(LoraUnsupported, match="not yet on a GPU"):
+        check_lora_config({"a": "/x"}, None, 16, **args)
+    monkeypatch.setenv(GPU_CHECK_ENV, "1")
+    check_lora_config({"a": "/x"}, None, 16, **args)
