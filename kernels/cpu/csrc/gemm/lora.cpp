@@ -16,9 +16,9 @@
 // 32]: kernels/cpu/lora.py), each slot's A and B^T then read in order (lora_task.h's Adapter).
 //
 // A group is cut into tasks of up to kChunk rows (gemm/lora_task.h), split over the threads by
-// their cost; a task reads its adapter's A and B once, against
-// all its rows, in register blocks of up to 4 rows (the loops over them unrolled, so that the
-// accumulators stay in registers): the shrink h = A x (r dot products over `in` a row; on
+// their cost; a task reads its adapter's A and B once, against all its rows, in register blocks of
+// up to 4 rows (8 in the vdpbf16ps expand; the loops over them unrolled, so that the accumulators
+// stay in registers): the shrink h = A x (r dot products over `in` a row; on
 // avx512_bf16 vdpbf16ps on the bf16 values as stored, four rows of A at a time, gemm/lora_dp.h;
 // else FMAs on fp32), then the expand, kOut outputs at a time: rows of B^T against each row's h
 // values broadcast (on avx512_bf16 vdpbf16ps, two ranks at a time; else widened in registers, FMAs),

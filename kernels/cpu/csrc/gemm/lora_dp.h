@@ -42,19 +42,19 @@ inline __m512 bf16_round_num(__m512 v) {
                                               _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
 }
 
-// h's n values (rows of r, each already a bf16 value in fp32) as bf16 pairs (j, j + 1) per row, a
-// zero past an odd r: false, nothing written, if one is a bf16 denormal (vdpbf16ps would read it as
-// zero; the FMA expand then runs).
+// h's n rows of r values (each already a bf16 value in fp32) as bf16 pairs (j, j + 1) per row, a
+// zero past an odd r: false, nothing more written, if one is a bf16 denormal (vdpbf16ps would read it
+// as zero; the FMA expand then runs).
 inline bool h_pairs(const float* h, int64_t n, int64_t r, uint32_t* hp) {
   const int64_t pairs = (r + 1) / 2;
-  for (int64_t i = 0; i < n; i += r)
+  for (int64_t i = 0; i < n; ++i, h += r, hp += pairs)
     for (int64_t j = 0; j < r; j += 2) {
       uint32_t b0, b1 = 0;
-      std::memcpy(&b0, h + i + j, 4);
-      if (j + 1 < r) std::memcpy(&b1, h + i + j + 1, 4);
+      std::memcpy(&b0, h + j, 4);
+      if (j + 1 < r) std::memcpy(&b1, h + j + 1, 4);
       const uint32_t e0 = b0 & 0x7f800000u, e1 = b1 & 0x7f800000u;
       if ((e0 == 0 && (b0 & 0x7fffffffu) != 0) || (e1 == 0 && (b1 & 0x7fffffffu) != 0)) return false;
-      hp[i / r * pairs + j / 2] = (b0 >> 16) | (b1 & 0xffff0000u);
+      hp[j / 2] = (b0 >> 16) | (b1 & 0xffff0000u);
     }
   return true;
 }
@@ -119,7 +119,7 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
   const int64_t pairs = (r + 1) / 2;
   const __mmask32 mask = Full ? ~__mmask32(0) : (__mmask32(1) << m) - 1;
   __m512 lo[NR], hi[NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int q = 0; q < NR; ++q) lo[q] = hi[q] = _mm512_setzero_ps();
   for (int64_t p = 0; p < pairs; ++p) {
     const at::BFloat16* b0 = bt + 2 * p * ldbt + o0 / kOut * bblk;
@@ -132,7 +132,7 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
     const __m512i v1 = !two ? _mm512_setzero_si512()
                             : (Full ? _mm512_loadu_si512(b0 + ldbt) : _mm512_maskz_loadu_epi16(mask, b0 + ldbt));
     const __m512bh bl = (__m512bh)_mm512_unpacklo_epi16(v0, v1), bh = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < NR; ++q) {
       const __m512bh hv = (__m512bh)_mm512_set1_epi32(static_cast<int>(hp[q * pairs + p]));
       lo[q] = _mm512_dpbf16_ps(lo[q], bl, hv);
@@ -141,9 +141,10 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
   }
   // lo, hi in vpunpck*wd's order (outputs 8l + 0-3 and 8l + 4-7 of each 128-bit lane l): y is read
   // in that order too, and packed back into the outputs' (vpackusdw undoes the interleave).
-  // The last rounding: vcvtne2ps2bf16 (c10's bit for bit where no lane is a denormal or a NaN,
-  // `hw_rounds`) and a permutation back from the interleaved order; else in software. The middle
-  // one, of the scaled update: none where the scale is a power of two of at least 1 (PEFT's
+  // The first rounding (of the sums) and the last (of y plus the update): vcvtne2ps2bf16 (c10's bit
+  // for bit where no lane is a denormal or a NaN, `hw_rounds`), the first's widened back to fp32 by a
+  // masked vpermw a vector, the last's permuted back from the interleaved order; else in software
+  // (docs/lora.md "The segmented update in the dispatch table"). The middle one, of the scaled update: none where the scale is a power of two of at least 1 (PEFT's
   // lora_alpha = 2 r, r: the product of a bf16 value, or of the 0x7fc00000 the first rounding makes
   // of a NaN, by it is exact, a bf16 value or an infinity already); without its NaN fix-up where
   // the scale is finite and nonzero (a NaN there is that 0x7fc00000 carried through the product,
@@ -153,16 +154,31 @@ inline void expand_block_dp(const at::BFloat16* bt, int64_t ldbt, int64_t bblk, 
   int exponent = 0;
   const bool exact_scale = plain_scale && std::fabs(scale_value) >= 1.f &&
                            std::fabs(std::frexp(scale_value, &exponent)) == 0.5f;
+  // vcvtne2ps2bf16's 32 values back to fp32 in the same lanes: word 2i + 1 of lane i takes value i
+  // (lo) or 16 + i (hi), word 2i zero (kOddWords)
+  constexpr __mmask32 kOddWords = 0xaaaaaaaau;
+  const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512i widen_lo = _mm512_slli_epi32(lanes, 16);
+  const __m512i widen_hi = _mm512_slli_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(16)), 16);
   const __m512i order = _mm512_set_epi16(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8, 23, 22, 21, 20,
                                          7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int q = 0; q < NR; ++q) {
     at::BFloat16* yq = yr[q] + o0;
     const __m512i yv = Full ? _mm512_loadu_si512(yq) : _mm512_maskz_loadu_epi16(mask, yq);
     const __m512i zero = _mm512_setzero_si512();
     const __m512 ylo = _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, yv));
     const __m512 yhi = _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, yv));
-    const __m512 plo = _mm512_mul_ps(bf16_round(lo[q]), scale), phi = _mm512_mul_ps(bf16_round(hi[q]), scale);
+    __m512 dlo, dhi;  // the first rounding, of the expand's sums
+    if (hw_rounds(lo[q], hi[q])) {
+      const __m512i d = (__m512i)_mm512_cvtne2ps_pbh(hi[q], lo[q]);
+      dlo = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, widen_lo, d));
+      dhi = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(kOddWords, widen_hi, d));
+    } else {
+      dlo = bf16_round(lo[q]);
+      dhi = bf16_round(hi[q]);
+    }
+    const __m512 plo = _mm512_mul_ps(dlo, scale), phi = _mm512_mul_ps(dhi, scale);
     const __m512 slo = _mm512_add_ps(ylo, exact_scale ? plo : plain_scale ? bf16_round_num(plo) : bf16_round(plo));
     const __m512 shi = _mm512_add_ps(yhi, exact_scale ? phi : plain_scale ? bf16_round_num(phi) : bf16_round(phi));
     __m512i v;

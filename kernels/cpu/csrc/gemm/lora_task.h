@@ -102,13 +102,13 @@ template <typename T, int NR, bool Full>
 inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int64_t o0, int64_t m, bool ahead) {
   const int64_t r = w.r;
   Vec lo[NR], hi[NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int q = 0; q < NR; ++q) lo[q] = hi[q] = Vec(0.f);
   for (int64_t j = 0; j < r; ++j) {
     const T* bj = w.bt + j * w.ldbt + o0 / kOut * w.bblk;
     if (ahead) prefetch(bj + kAhead * w.bblk, kOut * sizeof(T));
     const auto [b0, b1] = load2(bj, Full ? kOut : m);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int q = 0; q < NR; ++q) {
       const Vec hv(h[q * r + j]);
       lo[q] = at::vec::fmadd(hv, b0, lo[q]);
@@ -116,7 +116,7 @@ inline void expand_block(const Adapter<T>& w, const float* h, T* const* yr, int6
     }
   }
   const Vec scale(w.scale);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int q = 0; q < NR; ++q) {
     Vec dlo = lo[q], dhi = hi[q];
     round2<T>(dlo, dhi);
@@ -172,12 +172,17 @@ void run_task(const Task<T>& task, const Task<T>* next, const int64_t* rows, con
   const uint32_t* hp = nullptr;
 #ifdef ORCA_DPBF16
   if constexpr (std::is_same_v<T, at::BFloat16>) {
-    if (h_pairs(h, n * task.w.r, task.w.r, work.hp.data())) hp = work.hp.data();
+    if (h_pairs(h, n, task.w.r, work.hp.data())) hp = work.hp.data();
   }
 #endif
-  row_blocks(n, [&](auto nr, int64_t i) {
+  auto block = [&](auto nr, int64_t i) {
     expand<T, decltype(nr)::value>(task.w, h + i * task.w.r, hp == nullptr ? nullptr : hp + i * pairs, yr + i, out);
-  });
+  };
+  if constexpr (kDpbf16 && std::is_same_v<T, at::BFloat16>) {
+    row_blocks8(n, block);  // B^T's pairs unpacked once for 8 rows (the FMA expand too: 32 registers here)
+  } else {
+    row_blocks(n, block);
+  }
 }
 
 }  // namespace
