@@ -39,6 +39,7 @@ import torch
 from orcaserve.bench.cli import command
 from orcaserve.bench.engine.offline import _time_model_runs
 from orcaserve.bench.peers.parts import ENGINE_LIMITS
+from orcaserve.bench.serve import run_delay
 from orcaserve.bench.serve.cpu_probe import CpuProbe
 from orcaserve.bench.serve.workload import Spec, make_workload
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
@@ -171,6 +172,7 @@ def _print(r: dict) -> None:
         file=sys.stderr,
         flush=True,
     )
+    print(run_delay.lines(run_delay.summary(r["cpu"], r["steps"])), file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict:
