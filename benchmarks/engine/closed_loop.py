@@ -47,6 +47,7 @@ from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 from orcaserve.scheduler.sampling_params import RequestOutputKind
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
+from orcaserve.scheduler.serving.os_thread import name_spawned_threads, name_this_thread
 
 VIAS = ("engine", "loop")
 
@@ -130,6 +131,9 @@ def measure(via: str, engine: Engine, loop: EngineLoop | None, args, warm: list[
 
     reader_cpu: list[float] = []
     once(warm, "w")
+    if via == "engine":  # this thread steps the engine: named as the serving thread and its workers are
+        name_spawned_threads("orca-omp")
+        name_this_thread("orca-engine")
     reader_cpu.clear()
     by_kind = _time_model_runs(engine)
     steps0, probe = engine.stats.num_steps, CpuProbe(None)
