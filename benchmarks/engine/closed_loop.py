@@ -141,6 +141,7 @@ def measure(via: str, engine: Engine, loop: EngineLoop | None, args, warm: list[
     tokens = once(specs, "m")
     wall = time.perf_counter() - t
     cpu = CpuProbe.delta(before, probe.snapshot(), tokens, wall)
+    cpu["threads"] = [r for r in cpu["threads"] if r["thread"] != "(ended threads)"]  # the reader, named below
     for spent in reader_cpu:  # the asyncio thread's row (`loop`)
         row = {"role": "client", "process": "closed-loop", "thread": "asyncio-readers", "cpu_s": round(spent, 3)}
         row.update(ms_per_token=round(1e3 * spent / tokens, 4), cores=round(spent / wall, 3))

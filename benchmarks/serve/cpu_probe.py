@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +114,13 @@ class CpuProbe:
             for pid in _session_pids(self.sid):
                 _threads(pid, "server", out)
         _threads(os.getpid(), "client", out)
+        # The load generator's client threads end before the load's last snapshot: what this
+        # process spent beyond its live threads (getrusage counts the ended ones too) is theirs.
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        live = sum(v.cpu_s for k, v in out.items() if k[0] == "client")
+        ended = max(0.0, used.ru_utime + used.ru_stime - live)
+        pname = _DIGITS.sub("#", Path("/proc/self/comm").read_text().strip())
+        out[("client", pname, "(ended threads)")] = Sched(ended, 0.0, 0, 0)
         return out
 
     @staticmethod

@@ -77,7 +77,8 @@ def against(http: dict[str, Any], loop: dict[str, Any], engine: dict[str, Any] |
         "step_ms_loop": loop["step_ms"],
         "step_excess_ms_per_token": excess,
         "extra_wait_ms_per_token": extra_wait,
-        "amplification": excess / extra_wait if extra_wait > 1e-6 else None,
+        # a load that eased between the runs gives both a negative sign: the ratio still holds
+        "amplification": excess / extra_wait if abs(extra_wait) > 1e-6 and excess * extra_wait > 0 else None,
     }
     if engine is not None:
         target = engine["wall_ms_per_token"] / GOAL  # HTTP's wall per token at GOAL x the engine's rate
@@ -105,8 +106,8 @@ def lines(s: dict[str, Any], versus: dict[str, Any] | None = None) -> str:
         parts.append(
             f"against loop: step {versus['step_ms_http']:.2f} vs {versus['step_ms_loop']:.2f} ms, excess"
             f" {versus['step_excess_ms_per_token']:.3f} ms per output token for"
-            f" {versus['extra_wait_ms_per_token']:.3f} ms more run delay: amplification "
-            + (f"{amp:.1f}" if amp is not None else "-")
+            f" {versus['extra_wait_ms_per_token']:.3f} ms more run delay (both threads): amplification "
+            + (f"{amp:.2f} ({2 * amp:.2f} over one thread's)" if amp is not None else "-")
         )
         if "ratio_to_engine" in versus:
             parts.append(

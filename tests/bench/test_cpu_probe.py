@@ -114,4 +114,24 @@ def test_amplification_is_step_excess_over_extra_run_delay():
     # 0.9x of the engine's 2.5 ms a token is 2.778 ms: 0.222 ms of wall to cut, 0.111 of run delay at 2x
     assert abs(v["wall_ms_per_token_to_cut"] - (3.0 - 2.5 / 0.9)) < 1e-9
     assert abs(v["wait_ms_per_token_to_cut"] - (3.0 - 2.5 / 0.9) / 2) < 1e-9
-    assert "amplification 2.0" in run_delay.lines(http, v)
+    assert "amplification 2.00 (4.00 over one thread's)" in run_delay.lines(http, v)
+    # the machine's load eased between the runs: both differences negative, the same ratio
+    assert abs(run_delay.against(loop, http)["amplification"] - 2.0) < 1e-9
+
+
+def test_threads_that_ended_during_the_load_are_counted():
+    """The load generator's client threads end before the last snapshot: their CPU still shows."""
+    probe = CpuProbe(None)
+    before = probe.snapshot()
+
+    def spin() -> None:
+        end = time.thread_time() + 0.03
+        while time.thread_time() < end:
+            pass
+
+    t = threading.Thread(target=spin)
+    t.start()
+    t.join()
+    cpu = CpuProbe.delta(before, probe.snapshot(), output_tokens=1, wall_s=1.0)
+    [ended] = [r for r in cpu["threads"] if r["thread"] == "(ended threads)"]
+    assert 0.025 <= ended["cpu_s"] < 0.5
