@@ -46,6 +46,7 @@ def summary(cpu: dict, steps: float | None) -> dict[str, Any]:
         "step_ms": 1e3 * cpu["wall_s"] / steps if steps else None,
         "compute": compute,
         "compute_wait_ms_per_token": sum(c["wait_ms_per_token"] for c in compute.values()),
+        "compute_cpu_ms_per_token": sum(c["cpu_ms_per_token"] for c in compute.values()),
         "neighbours_cpu_ms_per_token": sum(n["cpu_ms_per_token"] for n in neighbours),
         "neighbours": neighbours,
     }
@@ -77,6 +78,8 @@ def against(http: dict[str, Any], loop: dict[str, Any], engine: dict[str, Any] |
         "step_ms_loop": loop["step_ms"],
         "step_excess_ms_per_token": excess,
         "extra_wait_ms_per_token": extra_wait,
+        # the other side of a wait: the thread that runs on spins at the barrier (CPU, not step)
+        "extra_cpu_ms_per_token": http["compute_cpu_ms_per_token"] - loop["compute_cpu_ms_per_token"],
         # a load that eased between the runs gives both a negative sign: the ratio still holds
         "amplification": excess / extra_wait if abs(extra_wait) > 1e-6 and excess * extra_wait > 0 else None,
     }
@@ -108,6 +111,7 @@ def lines(s: dict[str, Any], versus: dict[str, Any] | None = None) -> str:
             f" {versus['step_excess_ms_per_token']:.3f} ms per output token for"
             f" {versus['extra_wait_ms_per_token']:.3f} ms more run delay (both threads): amplification "
             + (f"{amp:.2f} ({2 * amp:.2f} over one thread's)" if amp is not None else "-")
+            + f"; the compute threads' CPU {versus['extra_cpu_ms_per_token']:+.3f} ms per output token"
         )
         if "ratio_to_engine" in versus:
             parts.append(

@@ -111,6 +111,7 @@ def test_amplification_is_step_excess_over_extra_run_delay():
     v = run_delay.against(http, loop, engine)
     assert abs(v["step_excess_ms_per_token"] - 0.4) < 1e-9 and abs(v["extra_wait_ms_per_token"] - 0.2) < 1e-9
     assert abs(v["amplification"] - 2.0) < 1e-9
+    assert v["extra_cpu_ms_per_token"] == 0.0  # 2 ms a thread on both sides
     # 0.9x of the engine's 2.5 ms a token is 2.778 ms: 0.222 ms of wall to cut, 0.111 of run delay at 2x
     assert abs(v["wall_ms_per_token_to_cut"] - (3.0 - 2.5 / 0.9)) < 1e-9
     assert abs(v["wait_ms_per_token_to_cut"] - (3.0 - 2.5 / 0.9) / 2) < 1e-9
@@ -132,6 +133,10 @@ def test_threads_that_ended_during_the_load_are_counted():
     t = threading.Thread(target=spin)
     t.start()
     t.join()
+    deadline = time.monotonic() + 10  # join() returns a moment before the OS thread is gone
+    while Path(f"/proc/self/task/{t.native_id}").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     cpu = CpuProbe.delta(before, probe.snapshot(), output_tokens=1, wall_s=1.0)
     [ended] = [r for r in cpu["threads"] if r["thread"] == "(ended threads)"]
     assert 0.025 <= ended["cpu_s"] < 0.5
