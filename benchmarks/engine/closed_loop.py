@@ -39,6 +39,7 @@ import torch
 from orcaserve.bench.cli import command
 from orcaserve.bench.engine.offline import _time_model_runs
 from orcaserve.bench.peers.parts import ENGINE_LIMITS
+from orcaserve.bench.serve import run_delay
 from orcaserve.bench.serve.cpu_probe import CpuProbe
 from orcaserve.bench.serve.workload import Spec, make_workload
 from orcaserve.scheduler import Engine, SamplingParams, default_model_path
@@ -46,6 +47,7 @@ from orcaserve.scheduler.engine_request import EngineRequest
 from orcaserve.scheduler.model.loader import load_model_and_tokenizer
 from orcaserve.scheduler.sampling_params import RequestOutputKind
 from orcaserve.scheduler.serving.engine_loop import EngineLoop
+from orcaserve.scheduler.serving.os_thread import name_spawned_threads, name_this_thread
 
 VIAS = ("engine", "loop")
 
@@ -129,6 +131,9 @@ def measure(via: str, engine: Engine, loop: EngineLoop | None, args, warm: list[
 
     reader_cpu: list[float] = []
     once(warm, "w")
+    if via == "engine":  # this thread steps the engine: named as the serving thread and its workers are
+        name_spawned_threads("orca-omp")
+        name_this_thread("orca-engine")
     reader_cpu.clear()
     by_kind = _time_model_runs(engine)
     steps0, probe = engine.stats.num_steps, CpuProbe(None)
@@ -136,6 +141,7 @@ def measure(via: str, engine: Engine, loop: EngineLoop | None, args, warm: list[
     tokens = once(specs, "m")
     wall = time.perf_counter() - t
     cpu = CpuProbe.delta(before, probe.snapshot(), tokens, wall)
+    cpu["threads"] = [r for r in cpu["threads"] if r["thread"] != "(ended threads)"]  # the reader, named below
     for spent in reader_cpu:  # the asyncio thread's row (`loop`)
         row = {"role": "client", "process": "closed-loop", "thread": "asyncio-readers", "cpu_s": round(spent, 3)}
         row.update(ms_per_token=round(1e3 * spent / tokens, 4), cores=round(spent / wall, 3))
@@ -171,6 +177,7 @@ def _print(r: dict) -> None:
         file=sys.stderr,
         flush=True,
     )
+    print(run_delay.lines(run_delay.summary(r["cpu"], r["steps"])), file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict:

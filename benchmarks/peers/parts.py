@@ -170,6 +170,7 @@ def load_http(
     cmd += f"{flags} --warmup-load {args.warmup_load} --timeout 900 --out {out} --no-progress".split()
     cmd += ["--model-name", model_name] if model_name else []
     cmd += [f"--engine-metrics={engine_metrics}"] if engine_metrics else []
+    cmd += [f"--against-loop={args.against_loop}"] if engine_metrics and getattr(args, "against_loop", None) else []
     run_logged(cmd, out.with_suffix(".log"), timeout=3600, ok=(0, 1))  # 1: some requests failed (counted below)
     data = json.loads(out.read_text())
     [s] = data["summaries"]
@@ -183,6 +184,7 @@ def load_http(
         "workload_sha256": hashlib.sha256(json.dumps(shape).encode()).hexdigest(),
         "cpu": s.get("cpu"),
         "engine": s.get("engine"),
+        "run_delay": s.get("run_delay"),
         "raw": str(out),
     }
 

@@ -68,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs per cell, in alternating order; the table: medians")
     p.add_argument("--warmup", type=int, default=2, help="unrecorded HTTP requests per system first")
     p.add_argument("--warmup-load", type=int, default=96, help="then unrecorded HTTP requests of the measured kind")
+    p.add_argument("--against-loop", default=None, help="orcaserve over HTTP beside `closed-loop --out` JSON")
     p.add_argument("--server-timeout", type=float, default=900, help="seconds for a peer's server to come up")
     p.add_argument("--out", default=None, help="JSON (default: docs/results/peers.json; --smoke: in --work)")
     p.add_argument("--png", default=None, help="bar chart (default: docs/peers.png; --smoke: in --work)")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from orcaserve.bench import cli
 from orcaserve.bench.result import machine, update_doc
-from orcaserve.bench.serve import engine_counts
+from orcaserve.bench.serve import engine_counts, run_delay
 from orcaserve.bench.serve import local as serve_local
 from orcaserve.bench.serve.client import Result, run_one
 from orcaserve.bench.serve.cpu_probe import CpuProbe
@@ -80,6 +80,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="URL",
         help="orcaserve's Prometheus page (TorchServe's :8082/metrics): its step counters over each measured load",
+    )
+    p.add_argument(
+        "--against-loop",
+        default=None,
+        metavar="JSON",
+        help="`closed-loop --via engine,loop --out JSON`: HTTP's step-time excess over its loop run and the"
+        " amplification of the compute threads' run delay (with --cpu-of and --engine-metrics)",
     )
     serve_local.add_arguments(p)
 
@@ -191,9 +198,23 @@ def _run_all(args: argparse.Namespace, plan: Plan, specs: list[Spec]) -> tuple[l
                 after = engine_counts.settled(args.engine_metrics, counts["orca_generation_tokens_total"] + tokens)
                 summaries[-1]["engine"] = engine_counts.delta(counts, after)
                 print(engine_counts.line(summaries[-1]["engine"]), flush=True)
+                if probe is not None:
+                    summaries[-1]["run_delay"] = _run_delay(args, summaries[-1])
     if bar is not None:
         bar.close()
     return results, summaries
+
+
+def _run_delay(args: argparse.Namespace, summary: dict) -> dict:
+    """The compute threads' run delay and the neighbours' CPU (run_delay.py); against the
+    `--against-loop` run, the step-time excess and its amplification."""
+    got = {"http": run_delay.summary(summary["cpu"], summary["engine"]["steps"])}
+    if args.against_loop:
+        runs = run_delay.loop_runs(args.against_loop)
+        got["against"] = run_delay.against(got["http"], runs["loop"], runs.get("engine")) if "loop" in runs else {}
+        got["loop"], got["engine"] = runs.get("loop"), runs.get("engine")
+    print(run_delay.lines(got["http"], got.get("against")), flush=True)
+    return got
 
 
 def run(args: argparse.Namespace) -> dict:
