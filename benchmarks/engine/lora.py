@@ -5,6 +5,7 @@
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform,zipf --out lora.json
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
     orcaserve-bench lora --adapters 16 --ranks 16 --twin   # and the mixed runs through the PyTorch twins
+    orcaserve-bench lora --adapters 16 --ranks 16 --loop   # and with the adapters' steps op by op
     orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform --peer vllm   # then vLLM's (peers/lora_vllm.py)
 
@@ -144,6 +145,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
     base: list[float] = []
     mixed: list[float] = []
     twin: list[float] = []
+    loop: list[float] = []
     share: list[float] = []
     evictions: list[int] = []
     sync_share: list[float] = []
@@ -163,10 +165,25 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
             finally:
                 loras.op = table_ops[0]
                 loras.use_batched(table_ops[1], table_ops[2])
+        call = engine.runner.decoder.layer_call
+        if args.loop and call is not None:  # the same mixed run, its adapters' steps op by op (the layer call's A/B)
+            call.with_lora = False
+            try:
+                loop.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
+                                     args.output_len)["tok_s"])  # fmt: skip
+            finally:
+                call.with_lora = True
         share.append(got["steps_with_adapter"] / got["steps"])
         evictions.append(got["evictions"])
         sync_share.append(got["sync_share"])
     base_tok_s, mixed_tok_s = statistics.median(base), statistics.median(mixed)
+    extra: dict[str, Any] = {}
+    for name, runs in (("twin", twin), ("loop", loop)):  # the alternated A/B runs asked for
+        if runs:
+            extra |= {
+                f"mixed_{name}_tok_s": round(statistics.median(runs), 2),
+                f"{name}_runs": [round(x, 1) for x in runs],
+            }
     return {
         "base_tok_s": round(base_tok_s, 2),
         "mixed_tok_s": round(mixed_tok_s, 2),
@@ -176,11 +193,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         "steps_with_adapter": round(statistics.mean(share), 3),
         "evictions": round(statistics.mean(evictions), 1),
         "sync_share": round(statistics.mean(sync_share), 4),
-    } | (
-        {"mixed_twin_tok_s": round(statistics.median(twin), 2), "twin_runs": [round(x, 1) for x in twin]}
-        if twin
-        else {}
-    )
+    } | extra
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -196,6 +209,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
     ap.add_argument("--twin", action="store_true", help="also the mixed runs through the PyTorch twins, alternated")
+    ap.add_argument(
+        "--loop", action="store_true", help="also the mixed runs with the adapters' steps op by op (no layer call)"
+    )
     ap.add_argument(
         "--peer",
         choices=["vllm"],
@@ -263,5 +279,9 @@ def run(args: argparse.Namespace) -> dict:
                     if "mixed_twin_tok_s" in row:
                         twin = row["mixed_twin_tok_s"]
                         print(f"{'':>23}mixed through the PyTorch twins: {twin:.1f} tok/s", file=sys.stderr)
+                    if "mixed_loop_tok_s" in row:
+                        loop = row["mixed_loop_tok_s"]
+                        print(f"{'':>23}mixed, adapters' steps op by op: {loop:.1f} tok/s "
+                              f"({loop / row['base_tok_s']:.2f}x)", file=sys.stderr)  # fmt: skip
                 del engine
     return results

@@ -42,17 +42,24 @@ def batched_cell(op: Any) -> Batched:
     return run
 
 
-def parts_cell(op: Any) -> Parts:
+class PartsCell:
     """`lora_batched_parts` through the C++ op `op`: every projection of a fused output in one call
-    (one parallel region for q/k/v, one for gate/up; docs/lora.md "Several adapters in one step")."""
+    (one parallel region for q/k/v, one for gate/up; docs/lora.md "Several adapters in one step").
+    The layer call runs the same `op` inside it (scheduler/model/layer_call.py)."""
 
-    def run(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, parts: Sequence[Part]) -> None:
+    def __init__(self, op: Any) -> None:
+        self.op = op  # torch.ops.orcaserve.lora_batched.<variant>
+
+    def __call__(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, parts: Sequence[Part]) -> None:
         a = [p[2] for p in parts]
         b = [p[3] for p in parts]
         cols = [c for p in parts for c in p[:2]]
-        op(y, x.contiguous(), batch.row_slot, batch.slot_scale, a, b, cols, batch.rank)
+        self.op(y, x.contiguous(), batch.row_slot, batch.slot_scale, a, b, cols, batch.rank)
 
-    return run
+
+def parts_cell(op: Any) -> Parts:
+    """`lora_batched_parts` through the C++ op `op` (a `PartsCell`)."""
+    return PartsCell(op)
 
 
 # The blocked stacks (docs/lora.md "Several adapters in one step"): what the C++ operator reads in

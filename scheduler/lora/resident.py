@@ -38,6 +38,7 @@ FUSED: dict[str, tuple[str, ...]] = {
 }
 Entry = tuple[int, int, torch.Tensor, torch.Tensor, float]  # first column, last column, A, B, scale
 Key = tuple[int, str]  # (layer, module)
+Flat = tuple[list[torch.Tensor], list[torch.Tensor], list[int], list[int]]  # LoraSet.flat()
 
 
 class LoraSet:
@@ -64,6 +65,7 @@ class LoraSet:
         self._keys: frozenset[Key] = frozenset()
         self._stacks: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stacked: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+        self._flat: Flat | None = None  # `stacked` flat over the layers, for the layer call (flat())
         self.tokens: Counter[str] = Counter()  # tokens computed under each adapter (metrics)
         for adapter in adapters:
             self.add(adapter)
@@ -135,7 +137,7 @@ class LoraSet:
 
     def _rebuild(self, want: list[str | None], keys: frozenset[Key], rank: int) -> None:
         n = len(want)
-        self.rank, self._keys, self._stacks, self.stacked = rank, keys, {}, {}
+        self.rank, self._keys, self._stacks, self.stacked, self._flat = rank, keys, {}, {}, None
         for layer, module in sorted(keys):
             in_f, out_f = self.base.shapes[module]
             if self.blocked:  # [S, R/4, in/32, 4, 32] and [S, out/32, R, 32], read in order by the C++ operator
@@ -160,6 +162,27 @@ class LoraSet:
         for slot, name in enumerate(want):
             if name is not None:
                 self._fill(slot, name)
+
+    def flat(self) -> Flat:
+        """`stacked` as the layer call takes it (scheduler/model/layer_call.py): every layer's fused
+        projections in order (qkv, o, gate_up, down), their parts' A, B and first and last columns
+        flat, and how many parts each (layer, fused) has. The same tensors LoraStep.apply passes;
+        built once per rebuild of the stacks (a slot's fill is in place)."""
+        if self._flat is None:
+            a: list[torch.Tensor] = []
+            b: list[torch.Tensor] = []
+            cols: list[int] = []
+            counts: list[int] = []
+            for layer in range(self.base.num_layers):
+                for fused in FUSED:
+                    parts = self.stacked.get((layer, fused), [])
+                    counts.append(len(parts))
+                    for first, last, a_all, b_all in parts:
+                        a.append(a_all)
+                        b.append(b_all)
+                        cols += [first, last]
+            self._flat = (a, b, cols, counts)
+        return self._flat
 
     def _fill(self, slot: int, name: str | None) -> None:
         """Slot `slot` holds `name`'s weights (None: zeros), zero-padded past its rank."""
