@@ -6,6 +6,7 @@
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
     orcaserve-bench lora --adapters 16 --ranks 16 --twin   # and the mixed runs through the PyTorch twins
     orcaserve-bench lora --adapters 16 --ranks 16 --loop   # and with the adapters' steps op by op
+    OMP_WAIT_POLICY=passive orcaserve-bench lora --clock cpu   # tokens per second of the process's CPU time
     orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform --peer vllm   # then vLLM's (peers/lora_vllm.py)
 
@@ -33,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,8 +97,16 @@ def pick(names: list[str], traffic: str, count: int, seed: int) -> list[str | No
     return list(rng.choices(names, weights=weights, k=count))
 
 
-def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], clients: int, out_len: int) -> dict:
-    """Closed loop: `clients` requests in flight, each prompt once, greedy, `out_len` tokens."""
+def run_load(
+    engine: Engine,
+    prompts: list[list[int]],
+    loras: list[str | None],
+    clients: int,
+    out_len: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
+    """Closed loop: `clients` requests in flight, each prompt once, greedy, `out_len` tokens; timed
+    by `clock` (the wall, or the process's CPU time: `--clock cpu`, steadier on a shared machine)."""
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     steps_with_adapter, sync_s = 0, 0.0
     loras_set = engine.runner.loras
@@ -111,13 +121,13 @@ def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], 
 
     def timed() -> None:
         nonlocal sync_s
-        t = time.perf_counter()
+        t = clock()
         sync()
-        sync_s += time.perf_counter() - t
+        sync_s += clock() - t
 
     loras_set.step, loras_set.sync = counting, timed
     in_flight, nxt, tokens, steps = 0, 0, 0, 0
-    start = time.perf_counter()
+    start = clock()
     try:
         while nxt < len(prompts) or in_flight:
             while in_flight < clients and nxt < len(prompts):
@@ -130,7 +140,7 @@ def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], 
                     in_flight -= 1
     finally:
         del loras_set.step, loras_set.sync  # the instance attributes: the class's methods again
-    wall = time.perf_counter() - start
+    wall = clock() - start
     return {
         "tok_s": tokens / wall,
         "steps": steps,
@@ -149,10 +159,14 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
     share: list[float] = []
     evictions: list[int] = []
     sync_share: list[float] = []
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for r in range(args.repeats):
-        got = run_load(engine, prompts, pick(names, "base", len(prompts), r), args.clients, args.output_len)
-        base.append(got["tok_s"])
-        got = run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients, args.output_len)
+
+        def load(kind: str, r: int = r) -> dict:
+            return run_load(engine, prompts, pick(names, kind, len(prompts), r), args.clients, args.output_len, clock)
+
+        base.append(load("base")["tok_s"])
+        got = load(traffic)
         mixed.append(got["tok_s"])
         if args.twin:  # the same mixed run through the PyTorch twins (the A/B of the table's cells)
             loras: Any = engine.runner.loras
@@ -160,8 +174,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
             loras.op = lora_sgmv
             loras.use_batched(lora_batched_parts, False)  # the stacks in the twin's layout
             try:
-                twin.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
-                                     args.output_len)["tok_s"])  # fmt: skip
+                twin.append(load(traffic)["tok_s"])
             finally:
                 loras.op = table_ops[0]
                 loras.use_batched(table_ops[1], table_ops[2])
@@ -169,8 +182,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         if args.loop and call is not None:  # the same mixed run, its adapters' steps op by op (the layer call's A/B)
             call.with_lora = False
             try:
-                loop.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
-                                     args.output_len)["tok_s"])  # fmt: skip
+                loop.append(load(traffic)["tok_s"])
             finally:
                 call.with_lora = True
         share.append(got["steps_with_adapter"] / got["steps"])
@@ -208,6 +220,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternated base/mixed rounds; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the process's CPU time")
     ap.add_argument("--twin", action="store_true", help="also the mixed runs through the PyTorch twins, alternated")
     ap.add_argument(
         "--loop", action="store_true", help="also the mixed runs with the adapters' steps op by op (no layer call)"
