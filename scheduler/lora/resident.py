@@ -19,7 +19,7 @@ one step").
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -169,20 +169,30 @@ class LoraSet:
         flat, and how many parts each (layer, fused) has. The same tensors LoraStep.apply passes;
         built once per rebuild of the stacks (a slot's fill is in place)."""
         if self._flat is None:
-            a: list[torch.Tensor] = []
-            b: list[torch.Tensor] = []
-            cols: list[int] = []
-            counts: list[int] = []
-            for layer in range(self.base.num_layers):
-                for fused in FUSED:
-                    parts = self.stacked.get((layer, fused), [])
-                    counts.append(len(parts))
-                    for first, last, a_all, b_all in parts:
-                        a.append(a_all)
-                        b.append(b_all)
-                        cols += [first, last]
-            self._flat = (a, b, cols, counts)
+            self._flat = self._flatten(self.stacked)[0]
         return self._flat
+
+    def flat_one(self, name: str) -> tuple[Flat, list[float]]:
+        """As `flat`, for adapter `name`'s own weights (a step of one adapter, `lora_sgmv`), with each
+        part's scale."""
+        return self._flatten(self.tables[name])
+
+    def _flatten(self, table: Mapping[tuple[int, str], Sequence[tuple[Any, ...]]]) -> tuple[Flat, list[float]]:
+        a: list[torch.Tensor] = []
+        b: list[torch.Tensor] = []
+        cols: list[int] = []
+        counts: list[int] = []
+        scales: list[float] = []  # the parts' scales, where the table has them (an adapter's own)
+        for layer in range(self.base.num_layers):
+            for fused in FUSED:
+                parts = table.get((layer, fused), [])
+                counts.append(len(parts))
+                for part in parts:
+                    cols += part[:2]
+                    a.append(part[2])
+                    b.append(part[3])
+                    scales += part[4:]
+        return (a, b, cols, counts), scales
 
     def _fill(self, slot: int, name: str | None) -> None:
         """Slot `slot` holds `name`'s weights (None: zeros), zero-padded past its rank."""

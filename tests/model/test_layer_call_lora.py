@@ -39,9 +39,9 @@ def _engine(model, tokenizer, dtype, paths):
     )  # fmt: skip
 
 
-def _run(engine):
+def _run(engine, loras):
     params = SamplingParams(temperature=0, max_tokens=10, logprobs=3, ignore_eos=True)
-    for i, (prompt, lora) in enumerate(zip(PROMPTS, LORAS)):
+    for i, (prompt, lora) in enumerate(zip(PROMPTS, loras)):
         engine.add_request(f"r{i}", prompt, params, lora=lora)
     done = {}
     while engine.has_unfinished():
@@ -51,45 +51,60 @@ def _run(engine):
     return [done[f"r{i}"] for i in range(len(PROMPTS))]
 
 
-@pytest.mark.parametrize(("cap", "dtype"), DENSE)
-def test_layer_call_with_adapters_is_the_op_by_op_loop(cap, dtype, tokenizer, tmp_path, monkeypatch):
-    """Dense weights (Qwen2's q/k/v biases too), the dispatch table's `lora_batched` of each
-    capability (the blocked stacks on avx512_bf16 in bf16): greedy tokens and log-probabilities bit
-    for bit the loop's, every step of several adapters in the call, rows of prefill and decode."""
-    if not build.load(build=False)[0]:
-        pytest.skip("the C++ library is not built")
-    monkeypatch.setenv("ORCASERVE_CPU_ISA", cap)
-    model = tiny_family("Qwen2ForCausalLM", **SHAPE)
-    paths = _adapters(model, tmp_path)
+def _same_as_the_loop(model, tokenizer, dtype, paths, loras):
+    """Both engines over `loras` (each prompt's adapter): tokens and log-probabilities bit for bit;
+    the (rows, adapters in the step) of each step that ran as one call."""
     one, loop = _engine(model, tokenizer, dtype, paths), _engine(model, tokenizer, dtype, paths)
-    call = one.runner.decoder.layer_call
-    assert call is not None and call.lora_op is not None
-    loop_call = loop.runner.decoder.layer_call
-    assert loop_call is not None
+    call, loop_call = one.runner.decoder.layer_call, loop.runner.decoder.layer_call
+    assert call is not None and call.lora_op is not None and call.sgmv_op is not None and loop_call is not None
     loop_call.with_lora = False  # the A/B switch: steps with adapters take the loop
-    seen: list[tuple[int, bool]] = []  # (rows, adapters in the call) of each call
+    seen: list[tuple[int, int]] = []
     every = call.all
 
     def counted(x, *a):
         lora = a[-1]
-        seen.append((len(x), lora is not None))
-        if lora is not None:
-            assert lora.batch is not None and call.takes(lora)
+        assert lora is None or call.takes(lora)
+        seen.append((len(x), 0 if lora is None else len(lora.rows)))
         return every(x, *a)
 
     call.all = counted
-    for a, b in zip(_run(one), _run(loop)):
+    for a, b in zip(_run(one, loras), _run(loop, loras)):
         assert a.output_token_ids == b.output_token_ids and len(a.output_token_ids) == 10
         assert a.logprobs == b.logprobs and a.logprobs  # each token's and the top 3, bit for bit
-    with_lora = [rows for rows, lora in seen if lora]
-    assert len(with_lora) >= 3 and max(with_lora) > 16 and min(with_lora) < 16  # prefill chunks and decodes
+    return seen
 
 
-def test_one_adapter_and_the_twins_keep_the_loop(tokenizer, tmp_path):
-    """A step of one adapter (`lora_sgmv`) and the twin's batched update run op by op."""
+@pytest.mark.parametrize(("cap", "dtype"), DENSE)
+def test_layer_call_with_adapters_is_the_op_by_op_loop(cap, dtype, tokenizer, tmp_path, monkeypatch):
+    """Dense weights (Qwen2's q/k/v biases too), the dispatch table's `lora_batched` and `lora_sgmv`
+    of each capability (the blocked stacks on avx512_bf16 in bf16): greedy tokens and
+    log-probabilities bit for bit the loop's, every step with adapters in the call, rows of prefill
+    and decode."""
     if not build.load(build=False)[0]:
         pytest.skip("the C++ library is not built")
-    from orcaserve.kernels.pytorch.lora import lora_batched_parts
+    monkeypatch.setenv("ORCASERVE_CPU_ISA", cap)
+    model = tiny_family("Qwen2ForCausalLM", **SHAPE)
+    seen = _same_as_the_loop(model, tokenizer, dtype, _adapters(model, tmp_path), LORAS)
+    several = [rows for rows, n in seen if n > 1]
+    assert len(several) >= 3 and max(several) > 16 and min(several) < 16  # prefill chunks and decodes
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_layer_call_with_one_adapter_is_the_op_by_op_loop(dtype, tokenizer, tmp_path):
+    """One adapter beside base requests (`lora_sgmv`, its rows gathered by index, its own weights)."""
+    if not build.load(build=False)[0]:
+        pytest.skip("the C++ library is not built")
+    model = tiny_family("Qwen2ForCausalLM", **SHAPE)
+    seen = _same_as_the_loop(model, tokenizer, dtype, _adapters(model, tmp_path), ["a", None, "a", None, "a", "a"])
+    one = [rows for rows, n in seen if n == 1]
+    assert len(one) >= 3 and max(one) > 16 and min(one) < 16
+
+
+def test_the_twins_keep_the_loop(tokenizer, tmp_path):
+    """The PyTorch twins' update runs op by op; the C++ cells in the call."""
+    if not build.load(build=False)[0]:
+        pytest.skip("the C++ library is not built")
+    from orcaserve.kernels.pytorch.lora import lora_batched_parts, lora_sgmv
 
     model = tiny_family("LlamaForCausalLM", **SHAPE)
     engine = _engine(model, tokenizer, "float32", _adapters(model, tmp_path))
@@ -97,10 +112,10 @@ def test_one_adapter_and_the_twins_keep_the_loop(tokenizer, tmp_path):
     assert call is not None and call.takes(None)
     one = loras.step({"r0": 3, "r1": 2}, {"r0": _Req("a"), "r1": _Req(None)})
     several = loras.step({"r0": 3, "r1": 2}, {"r0": _Req("a"), "r1": _Req("b")})
-    assert one is not None and not call.takes(one)
-    assert several is not None and call.takes(several)
+    assert one is not None and several is not None and call.takes(one) and call.takes(several)
+    loras.op = lora_sgmv
     loras.use_batched(lora_batched_parts, False)
-    assert not call.takes(several)
+    assert not call.takes(one) and not call.takes(several)
 
 
 class _Req:

@@ -81,6 +81,7 @@ ORCA_PICK(linear_int8, ORCA_GEMM_CASES)
 ORCA_PICK(linear_packed, ORCA_GEMM_CASES)
 ORCA_PICK(linear_packed_bf16, ORCA_BF16_CASES)
 ORCA_PICK(lora_batched, ORCA_GEMM_CASES)
+ORCA_PICK(lora_sgmv, ORCA_GEMM_CASES)
 
 // The layer's GEMM families, the last of `variants` (scheduler/model/layer_call.py's GEMMS).
 enum Gemm : int64_t { kInt8 = 0, kPacked = 1, kPackedBf16 = 2 };
@@ -180,6 +181,18 @@ std::tuple<at::Tensor, at::Tensor> layers_with(
   return {h, *delta};
 }
 
+// Each (layer, projection)'s first part in the flat lists (lora_parts[4 i + p] parts each), checked
+// against the lists' lengths: an a, a b and a first and last column a part.
+std::vector<int64_t> part_starts(at::IntArrayRef lora_parts, int64_t layers, size_t a, size_t b, size_t cols) {
+  TORCH_CHECK(static_cast<int64_t>(lora_parts.size()) == 4 * layers, "decoder_layers_lora: 4 part counts a layer");
+  std::vector<int64_t> first(4 * layers + 1, 0);
+  for (int64_t k = 0; k < 4 * layers; ++k) first[k + 1] = first[k] + lora_parts[k];
+  const auto parts = static_cast<size_t>(first.back());
+  TORCH_CHECK(a == parts && b == parts && cols == 2 * parts,
+              "decoder_layers_lora: an a, a b and a first and last column for each part");
+  return first;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> decoder_layers(
@@ -200,19 +213,35 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers_lora(
     int64_t num_kv_heads, at::IntArrayRef variants, const at::Tensor& row_slot, const at::Tensor& slot_scale,
     int64_t rank, at::TensorList lora_a, at::TensorList lora_b, at::IntArrayRef lora_cols, at::IntArrayRef lora_parts,
     int64_t lora_variant) {
-  const int64_t n = static_cast<int64_t>(in_norms.size());
-  TORCH_CHECK(static_cast<int64_t>(lora_parts.size()) == 4 * n, "decoder_layers_lora: 4 part counts a layer");
-  std::vector<int64_t> first(4 * n + 1, 0);  // each (layer, projection)'s first part in lora_a, lora_b
-  for (int64_t k = 0; k < 4 * n; ++k) first[k + 1] = first[k] + lora_parts[k];
-  TORCH_CHECK(static_cast<int64_t>(lora_a.size()) == first.back() && lora_b.size() == lora_a.size() &&
-                  static_cast<int64_t>(lora_cols.size()) == 2 * first.back(),
-              "decoder_layers_lora: an a, a b and a first and last column for each part");
+  const std::vector<int64_t> first =
+      part_starts(lora_parts, static_cast<int64_t>(in_norms.size()), lora_a.size(), lora_b.size(), lora_cols.size());
   const auto update = pick_lora_batched(lora_variant);
   const StackLora lora = [&](int64_t i, int p, const at::Tensor& in, const at::Tensor& y) {
     const int64_t b = first[4 * i + p], m = first[4 * i + p + 1] - b;
     if (m > 0)  // the projection's parts in one call, as LoraStep.apply's (kernels/cpu/lora.py's parts_cell)
       update(y, in.contiguous(), row_slot, slot_scale, lora_a.slice(b, m), lora_b.slice(b, m),
              lora_cols.slice(2 * b, 2 * m), rank);
+  };
+  return layers_with(x, in_norms, post_norms, weights, biases, meta, cos, sin, k_caches, v_caches, slots, cu_seqlens_q,
+                     seq_lens, block_tables, scale, eps, num_heads, num_kv_heads, variants, lora);
+}
+
+std::tuple<at::Tensor, at::Tensor> decoder_layers_sgmv(
+    const at::Tensor& x, at::TensorList in_norms, at::TensorList post_norms, at::TensorList weights,
+    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta, const at::Tensor& cos, const at::Tensor& sin,
+    at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slots, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
+    int64_t num_kv_heads, at::IntArrayRef variants, const at::Tensor& rows, at::TensorList lora_a,
+    at::TensorList lora_b, at::IntArrayRef lora_cols, at::ArrayRef<double> lora_scales, at::IntArrayRef lora_parts,
+    int64_t lora_variant) {
+  const std::vector<int64_t> first =
+      part_starts(lora_parts, static_cast<int64_t>(in_norms.size()), lora_a.size(), lora_b.size(), lora_cols.size());
+  TORCH_CHECK(lora_scales.size() == lora_a.size(), "decoder_layers_sgmv: a scale for each part");
+  const auto update = pick_lora_sgmv(lora_variant);
+  const StackLora lora = [&](int64_t i, int p, const at::Tensor& in, const at::Tensor& y) {
+    const at::Tensor xc = in.contiguous();  // each module of the projection at its columns, as LoraStep.apply
+    for (int64_t k = first[4 * i + p]; k < first[4 * i + p + 1]; ++k)
+      update(y.slice(1, lora_cols[2 * k], lora_cols[2 * k + 1]), xc, rows, lora_a[k], lora_b[k], lora_scales[k]);
   };
   return layers_with(x, in_norms, post_norms, weights, biases, meta, cos, sin, k_caches, v_caches, slots, cu_seqlens_q,
                      seq_lens, block_tables, scale, eps, num_heads, num_kv_heads, variants, lora);

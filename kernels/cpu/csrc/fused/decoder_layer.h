@@ -63,6 +63,18 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers_lora(
     int64_t rank, at::TensorList lora_a, at::TensorList lora_b, at::IntArrayRef lora_cols, at::IntArrayRef lora_parts,
     int64_t lora_variant);
 
+// The same with one adapter's update (lora_sgmv in variant `lora_variant`, as LoraStep.apply calls it):
+// its rows [N] int64; per part its A [r, in] and B [out, r] (PEFT's), its columns of the projection's
+// output and its scale.
+std::tuple<at::Tensor, at::Tensor> decoder_layers_sgmv(
+    const at::Tensor& x, at::TensorList in_norms, at::TensorList post_norms, at::TensorList weights,
+    const c10::List<std::optional<at::Tensor>>& biases, at::IntArrayRef meta, const at::Tensor& cos, const at::Tensor& sin,
+    at::TensorList k_caches, at::TensorList v_caches, const at::Tensor& slots, const at::Tensor& cu_seqlens_q,
+    const at::Tensor& seq_lens, const at::Tensor& block_tables, double scale, double eps, int64_t num_heads,
+    int64_t num_kv_heads, at::IntArrayRef variants, const at::Tensor& rows, at::TensorList lora_a,
+    at::TensorList lora_b, at::IntArrayRef lora_cols, at::ArrayRef<double> lora_scales, at::IntArrayRef lora_parts,
+    int64_t lora_variant);
+
 // After the last layer: rms_norm((x + delta)[rows]) as the decoder's PyTorch ops compute it (the add,
 // index_select and kernels/pytorch/fused.py's rms_norm, through ATen's own ops): bit for bit, one call.
 at::Tensor final_norm(const at::Tensor& x, const std::optional<at::Tensor>& delta, const at::Tensor& rows,
