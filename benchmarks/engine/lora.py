@@ -5,6 +5,8 @@
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform,zipf --out lora.json
     orcaserve-bench lora --adapters 16 --ranks 16 --max-loras 4   # 16 on the host, 4 stacked: LRU swaps
     orcaserve-bench lora --adapters 16 --ranks 16 --twin   # and the mixed runs through the PyTorch twins
+    orcaserve-bench lora --adapters 16 --ranks 16 --loop   # and with the adapters' steps op by op
+    OMP_WAIT_POLICY=passive orcaserve-bench lora --clock cpu   # tokens per second of the process's CPU time
     orcaserve-bench lora --swap-cost --adapters 8 --ranks 16 --max-loras 4   # a swap, a load: lora_swap.py
     orcaserve-bench lora --adapters 16 --ranks 16 --traffic uniform --peer vllm   # then vLLM's (peers/lora_vllm.py)
 
@@ -32,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -94,8 +97,16 @@ def pick(names: list[str], traffic: str, count: int, seed: int) -> list[str | No
     return list(rng.choices(names, weights=weights, k=count))
 
 
-def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], clients: int, out_len: int) -> dict:
-    """Closed loop: `clients` requests in flight, each prompt once, greedy, `out_len` tokens."""
+def run_load(
+    engine: Engine,
+    prompts: list[list[int]],
+    loras: list[str | None],
+    clients: int,
+    out_len: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
+    """Closed loop: `clients` requests in flight, each prompt once, greedy, `out_len` tokens; timed
+    by `clock` (the wall, or the process's CPU time: `--clock cpu`, steadier on a shared machine)."""
     params = SamplingParams(temperature=0, max_tokens=out_len, ignore_eos=True)
     steps_with_adapter, sync_s = 0, 0.0
     loras_set = engine.runner.loras
@@ -110,13 +121,13 @@ def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], 
 
     def timed() -> None:
         nonlocal sync_s
-        t = time.perf_counter()
+        t = clock()
         sync()
-        sync_s += time.perf_counter() - t
+        sync_s += clock() - t
 
     loras_set.step, loras_set.sync = counting, timed
     in_flight, nxt, tokens, steps = 0, 0, 0, 0
-    start = time.perf_counter()
+    start = clock()
     try:
         while nxt < len(prompts) or in_flight:
             while in_flight < clients and nxt < len(prompts):
@@ -129,7 +140,7 @@ def run_load(engine: Engine, prompts: list[list[int]], loras: list[str | None], 
                     in_flight -= 1
     finally:
         del loras_set.step, loras_set.sync  # the instance attributes: the class's methods again
-    wall = time.perf_counter() - start
+    wall = clock() - start
     return {
         "tok_s": tokens / wall,
         "steps": steps,
@@ -144,13 +155,18 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
     base: list[float] = []
     mixed: list[float] = []
     twin: list[float] = []
+    loop: list[float] = []
     share: list[float] = []
     evictions: list[int] = []
     sync_share: list[float] = []
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for r in range(args.repeats):
-        got = run_load(engine, prompts, pick(names, "base", len(prompts), r), args.clients, args.output_len)
-        base.append(got["tok_s"])
-        got = run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients, args.output_len)
+
+        def load(kind: str, r: int = r) -> dict:
+            return run_load(engine, prompts, pick(names, kind, len(prompts), r), args.clients, args.output_len, clock)
+
+        base.append(load("base")["tok_s"])
+        got = load(traffic)
         mixed.append(got["tok_s"])
         if args.twin:  # the same mixed run through the PyTorch twins (the A/B of the table's cells)
             loras: Any = engine.runner.loras
@@ -158,15 +174,28 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
             loras.op = lora_sgmv
             loras.use_batched(lora_batched_parts, False)  # the stacks in the twin's layout
             try:
-                twin.append(run_load(engine, prompts, pick(names, traffic, len(prompts), r), args.clients,
-                                     args.output_len)["tok_s"])  # fmt: skip
+                twin.append(load(traffic)["tok_s"])
             finally:
                 loras.op = table_ops[0]
                 loras.use_batched(table_ops[1], table_ops[2])
+        call = engine.runner.decoder.layer_call
+        if args.loop and call is not None:  # the same mixed run, its adapters' steps op by op (the layer call's A/B)
+            call.with_lora = False
+            try:
+                loop.append(load(traffic)["tok_s"])
+            finally:
+                call.with_lora = True
         share.append(got["steps_with_adapter"] / got["steps"])
         evictions.append(got["evictions"])
         sync_share.append(got["sync_share"])
     base_tok_s, mixed_tok_s = statistics.median(base), statistics.median(mixed)
+    extra: dict[str, Any] = {}
+    for name, runs in (("twin", twin), ("loop", loop)):  # the alternated A/B runs asked for
+        if runs:
+            extra |= {
+                f"mixed_{name}_tok_s": round(statistics.median(runs), 2),
+                f"{name}_runs": [round(x, 1) for x in runs],
+            }
     return {
         "base_tok_s": round(base_tok_s, 2),
         "mixed_tok_s": round(mixed_tok_s, 2),
@@ -176,11 +205,7 @@ def alternate(engine: Engine, prompts: list[list[int]], names: list[str], traffi
         "steps_with_adapter": round(statistics.mean(share), 3),
         "evictions": round(statistics.mean(evictions), 1),
         "sync_share": round(statistics.mean(sync_share), 4),
-    } | (
-        {"mixed_twin_tok_s": round(statistics.median(twin), 2), "twin_runs": [round(x, 1) for x in twin]}
-        if twin
-        else {}
-    )
+    } | extra
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -195,7 +220,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="alternated base/mixed rounds; medians kept")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--max-loras", type=int, default=None, help="stacked slots (default: every adapter)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="cpu: the process's CPU time")
     ap.add_argument("--twin", action="store_true", help="also the mixed runs through the PyTorch twins, alternated")
+    ap.add_argument(
+        "--loop", action="store_true", help="also the mixed runs with the adapters' steps op by op (no layer call)"
+    )
     ap.add_argument(
         "--peer",
         choices=["vllm"],
@@ -263,5 +292,9 @@ def run(args: argparse.Namespace) -> dict:
                     if "mixed_twin_tok_s" in row:
                         twin = row["mixed_twin_tok_s"]
                         print(f"{'':>23}mixed through the PyTorch twins: {twin:.1f} tok/s", file=sys.stderr)
+                    if "mixed_loop_tok_s" in row:
+                        loop = row["mixed_loop_tok_s"]
+                        print(f"{'':>23}mixed, adapters' steps op by op: {loop:.1f} tok/s "
+                              f"({loop / row['base_tok_s']:.2f}x)", file=sys.stderr)  # fmt: skip
                 del engine
     return results

@@ -18,16 +18,27 @@ Batched = Callable[[torch.Tensor, torch.Tensor, LoraBatch, torch.Tensor, torch.T
 Parts = Callable[[torch.Tensor, torch.Tensor, LoraBatch, Sequence[Part]], None]
 
 
-def sgmv_cell(op: Any) -> Sgmv:
-    """`lora_sgmv` through the C++ op `op` (one call per group: its rows by index)."""
+class SgmvCell:
+    """`lora_sgmv` through the C++ op `op` (one call per group: its rows by index). The layer call
+    runs the same `op` inside it (scheduler/model/layer_call.py)."""
 
-    def run(y: torch.Tensor, x: torch.Tensor, groups: Sequence[LoraGroup]) -> None:
+    def __init__(self, op: Any) -> None:
+        self.op = op  # torch.ops.orcaserve.lora_sgmv.<variant>
+
+    def __call__(self, y: torch.Tensor, x: torch.Tensor, groups: Sequence[LoraGroup]) -> None:
         x = x.contiguous()  # once for every group, not a copy per group of a strided x
         for g in groups:
-            rows = torch.arange(g.rows.start, g.rows.stop) if isinstance(g.rows, slice) else g.rows
-            op(y, x, rows, g.a, g.b, g.scale)
+            self.op(y, x, row_indices(g.rows), g.a, g.b, g.scale)
 
-    return run
+
+def row_indices(rows: slice | torch.Tensor) -> torch.Tensor:
+    """A group's rows as [N] int64 indices."""
+    return torch.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows
+
+
+def sgmv_cell(op: Any) -> Sgmv:
+    """`lora_sgmv` through the C++ op `op` (an `SgmvCell`)."""
+    return SgmvCell(op)
 
 
 def batched_cell(op: Any) -> Batched:
@@ -42,17 +53,24 @@ def batched_cell(op: Any) -> Batched:
     return run
 
 
-def parts_cell(op: Any) -> Parts:
+class PartsCell:
     """`lora_batched_parts` through the C++ op `op`: every projection of a fused output in one call
-    (one parallel region for q/k/v, one for gate/up; docs/lora.md "Several adapters in one step")."""
+    (one parallel region for q/k/v, one for gate/up; docs/lora.md "Several adapters in one step").
+    The layer call runs the same `op` inside it (scheduler/model/layer_call.py)."""
 
-    def run(y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, parts: Sequence[Part]) -> None:
+    def __init__(self, op: Any) -> None:
+        self.op = op  # torch.ops.orcaserve.lora_batched.<variant>
+
+    def __call__(self, y: torch.Tensor, x: torch.Tensor, batch: LoraBatch, parts: Sequence[Part]) -> None:
         a = [p[2] for p in parts]
         b = [p[3] for p in parts]
         cols = [c for p in parts for c in p[:2]]
-        op(y, x.contiguous(), batch.row_slot, batch.slot_scale, a, b, cols, batch.rank)
+        self.op(y, x.contiguous(), batch.row_slot, batch.slot_scale, a, b, cols, batch.rank)
 
-    return run
+
+def parts_cell(op: Any) -> Parts:
+    """`lora_batched_parts` through the C++ op `op` (a `PartsCell`)."""
+    return PartsCell(op)
 
 
 # The blocked stacks (docs/lora.md "Several adapters in one step"): what the C++ operator reads in

@@ -19,7 +19,7 @@ one step").
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ FUSED: dict[str, tuple[str, ...]] = {
 }
 Entry = tuple[int, int, torch.Tensor, torch.Tensor, float]  # first column, last column, A, B, scale
 Key = tuple[int, str]  # (layer, module)
+Flat = tuple[list[torch.Tensor], list[torch.Tensor], list[int], list[int]]  # LoraSet.flat()
 
 
 class LoraSet:
@@ -79,6 +80,7 @@ class LoraSet:
         self._keys: frozenset[Key] = frozenset()
         self._stacks: dict[Key, tuple[torch.Tensor, torch.Tensor]] = {}
         self.stacked: dict[tuple[int, str], list[tuple[int, int, torch.Tensor, torch.Tensor]]] = {}
+        self._flat: Flat | None = None  # `stacked` flat over the layers, for the layer call (flat())
         self.tokens: Counter[str] = Counter()  # tokens computed under each adapter (metrics)
         for adapter in adapters:
             self.add(adapter)
@@ -153,7 +155,7 @@ class LoraSet:
 
     def _rebuild(self, want: list[str | None], keys: frozenset[Key], rank: int) -> None:
         n = len(want)
-        self.rank, self._keys, self._stacks, self.stacked = rank, keys, {}, {}
+        self.rank, self._keys, self._stacks, self.stacked, self._flat = rank, keys, {}, {}, None
         for layer, module in sorted(keys):
             in_f, out_f = self.base.shapes[module]
             if self.blocked:  # [S, R/4, in/32, 4, 32] and [S, out/32, R, 32], read in order by the C++ operator
@@ -178,6 +180,37 @@ class LoraSet:
         for slot, name in enumerate(want):
             if name is not None:
                 self._fill(slot, name)
+
+    def flat(self) -> Flat:
+        """`stacked` as the layer call takes it (scheduler/model/layer_call.py): every layer's fused
+        projections in order (qkv, o, gate_up, down), their parts' A, B and first and last columns
+        flat, and how many parts each (layer, fused) has. The same tensors LoraStep.apply passes;
+        built once per rebuild of the stacks (a slot's fill is in place)."""
+        if self._flat is None:
+            self._flat = self._flatten(self.stacked)[0]
+        return self._flat
+
+    def flat_one(self, name: str) -> tuple[Flat, list[float]]:
+        """As `flat`, for adapter `name`'s own weights (a step of one adapter, `lora_sgmv`), with each
+        part's scale."""
+        return self._flatten(self.tables[name])
+
+    def _flatten(self, table: Mapping[tuple[int, str], Sequence[tuple[Any, ...]]]) -> tuple[Flat, list[float]]:
+        a: list[torch.Tensor] = []
+        b: list[torch.Tensor] = []
+        cols: list[int] = []
+        counts: list[int] = []
+        scales: list[float] = []  # the parts' scales, where the table has them (an adapter's own)
+        for layer in range(self.base.num_layers):
+            for fused in FUSED:
+                parts = table.get((layer, fused), [])
+                counts.append(len(parts))
+                for part in parts:
+                    cols += part[:2]
+                    a.append(part[2])
+                    b.append(part[3])
+                    scales += part[4:]
+        return (a, b, cols, counts), scales
 
     def _fill(self, slot: int, name: str | None) -> None:
         """Slot `slot` holds `name`'s weights (None: zeros), zero-padded past its rank."""

@@ -193,13 +193,13 @@ class Decoder:
         if rope_op is None:
             cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, D] each
         delta: torch.Tensor | None = None  # the last MLP's output, not yet added to x
-        one_call = self.layer_call if lora is None and rope_op is self.rope_store_op and tp == t else None
-        if t > self.layer_call_rows:  # a larger step runs another GEMM than the call's (layer_call.py)
-            one_call = None
+        one_call = self.layer_call if rope_op is self.rope_store_op and tp == t else None
+        if t > self.layer_call_rows or (one_call is not None and not one_call.takes(lora)):
+            one_call = None  # a larger step runs another GEMM than the call's; adapters it does not run
         if one_call is not None and not LayerCall.applies(backend, plan, kv_caches[0][0]):
             one_call = None
         if one_call is not None:  # every layer, the first too (no delta: x itself normed)
-            x, delta = one_call.all(x, cos, sin, kv_caches, slot_mapping, plan)
+            x, delta = one_call.all(x, cos, sin, kv_caches, slot_mapping, plan, lora)
         for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches) if one_call is None else ()):
             x, hn = self._add_norm(x, delta, layer.in_norm)
             qkv = layer.qkv(hn)  # [T, (H + 2 H_kv) D]

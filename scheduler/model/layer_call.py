@@ -11,7 +11,10 @@ GEMMs (a safetensors checkpoint's dense path; where the layers keep a second cop
 calls, on AMX, only steps of up to GEMV_ROWS rows, the larger ones being oneDNN's); where the add +
 RMSNorm, SiLU * up and rotary + K/V write are the C++ ops, and the layer has nothing else (no Qwen3
 q/k norm, no BitNet sub-norms or ReLU^2); per step, where the attention is the CPU backend's C++
-operator and no LoRA adapter runs.
+operator and the step holds no LoRA adapter, or adapters whose update is the C++ operator: then
+`decoder_layers_lora` (several adapters, `lora_batched`) or `decoder_layers_sgmv` (one, `lora_sgmv`)
+calls that operator after each projection, as `LoraStep.apply` would (docs/lora.md "The layer call
+with adapters").
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from orcaserve.kernels import dispatch
 from orcaserve.kernels.attention_backend import AttentionBackend
 from orcaserve.kernels.cpu import build
 from orcaserve.kernels.cpu.attention import SUPPORTED_HEAD_DIMS, CpuAttentionPlan, CpuBackend
+from orcaserve.kernels.cpu.lora import PartsCell, SgmvCell, row_indices
 from orcaserve.kernels.linear import GEMV_ROWS, Linear
 from orcaserve.kernels.pytorch.fused import rms_norm
 from orcaserve.kernels.quant import BITS, OFFSET, WIDE, QuantLinear
+from orcaserve.scheduler.lora.resident import LoraStep
 
 # The layer's ops in the order the C++ op takes their variants.
 OPS = ("add_rms_norm", "rope_store_kv", "paged_attention", "silu_mul")
@@ -86,6 +91,9 @@ class LayerCall:
         self.op = op
         self.stack_op = stack_op  # decoder_layers: every layer in one call (`all`), where the library has it
         self.norm_op: Any = None  # final_norm: the last add, the sampled rows and the final norm (`last_rows`)
+        self.lora_op: Any = None  # decoder_layers_lora: `all` with a step's adapters, where the library has it
+        self.sgmv_op: Any = None  # decoder_layers_sgmv: `all` with one adapter's rows
+        self.with_lora = True  # False: steps with adapters take the op-by-op loop (the bench's A/B)
         self.variants = variants
         self.scale, self.eps = float(decoder.scale), float(decoder.eps)
         self.num_heads, self.num_kv_heads = decoder.num_heads, decoder.num_kv_heads
@@ -115,6 +123,18 @@ class LayerCall:
             and backend.op_for(cache.dtype) is not None
         )
 
+    def takes(self, lora: LoraStep | None) -> bool:
+        """Whether a step with `lora` runs in `all`: none, or adapters whose update is the C++ operator
+        (the dispatch table's cell, in any variant: `lora_batched` for several, `lora_sgmv` for one);
+        the twins keep the loop."""
+        if lora is None:
+            return True
+        if not self.with_lora:
+            return False
+        if lora.batch is not None:
+            return self.lora_op is not None and isinstance(lora.loras.batched_op, PartsCell)
+        return self.sgmv_op is not None and len(lora.rows) == 1 and isinstance(lora.loras.op, SgmvCell)
+
     def __call__(
         self,
         i: int,
@@ -142,9 +162,13 @@ class LayerCall:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer
         slot_mapping: torch.Tensor,  # [T] int64
         plan: CpuAttentionPlan,
+        lora: LoraStep | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer in turn from the embedding x: (x + all but the last MLP output, the last), in
-        one call where the library has `decoder_layers` (the per-call cost once a step), else one a layer."""
+        one call where the library has `decoder_layers` (the per-call cost once a step), else one a layer;
+        with `lora` (where `takes` it) its update after each projection, in one call."""
+        if lora is not None:
+            return self._all_lora(x, cos, sin, kv_caches, slot_mapping, plan, lora)
         if self.stack_op is None:
             x, delta = self(0, x, None, cos, sin, *kv_caches[0], slot_mapping, plan)
             for i in range(1, len(self.layers)):
@@ -156,6 +180,35 @@ class LayerCall:
             [v for _, v in kv_caches], slot_mapping, plan.cu_seqlens_q, plan.seq_lens, plan.block_tables,
             self.scale, self.eps, self.num_heads, self.num_kv_heads, self.variants,
         )  # fmt: skip
+
+    def _all_lora(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        slot_mapping: torch.Tensor,
+        plan: CpuAttentionPlan,
+        lora: LoraStep,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`all` with the step's adapters: the same `lora_batched` op, stacks and per-step tensors
+        LoraStep.apply passes it (kernels/cpu/lora.py's PartsCell), after each projection."""
+        batch, cell, one = lora.batch, lora.loras.batched_op, lora.loras.op
+        args = (
+            x, *self.stack, cos, sin, [k for k, _ in kv_caches], [v for _, v in kv_caches], slot_mapping,
+            plan.cu_seqlens_q, plan.seq_lens, plan.block_tables, self.scale, self.eps, self.num_heads,
+            self.num_kv_heads, self.variants,
+        )  # fmt: skip
+        if batch is not None:
+            assert isinstance(cell, PartsCell), "takes(lora) first"
+            a, b, cols, parts = lora.loras.flat()
+            variant = dispatch.CAPABILITIES.index(cell.op._overloadname)
+            return self.lora_op(*args, batch.row_slot, batch.slot_scale, batch.rank, a, b, cols, parts, variant)
+        assert isinstance(one, SgmvCell), "takes(lora) first"
+        ((name, rows),) = lora.rows.items()
+        (a, b, cols, parts), scales = lora.loras.flat_one(name)
+        variant = dispatch.CAPABILITIES.index(one.op._overloadname)
+        return self.sgmv_op(*args, row_indices(rows), a, b, cols, scales, parts, variant)
 
     def last_rows(
         self, x: torch.Tensor, delta: torch.Tensor, rows: torch.Tensor, weight: torch.Tensor
@@ -199,4 +252,6 @@ def layer_call(decoder: Any, op: Any = None) -> LayerCall | None:
     call = LayerCall(op, decoder, [v for v in variants if v is not None] + [gemm_variant, family], found, stack_op)
     if stack_op is not None:
         call.norm_op = getattr(getattr(torch.ops.orcaserve, "final_norm", None), "default", None)
+        call.lora_op = getattr(getattr(torch.ops.orcaserve, "decoder_layers_lora", None), "default", None)
+        call.sgmv_op = getattr(getattr(torch.ops.orcaserve, "decoder_layers_sgmv", None), "default", None)
     return call

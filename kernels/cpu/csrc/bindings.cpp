@@ -102,6 +102,18 @@ TORCH_LIBRARY(orcaserve, m) {
       "Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, Tensor cu_seqlens_q, "
       "Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, int num_kv_heads, int[] variants) "
       "-> (Tensor, Tensor)");
+  m.def(
+      "decoder_layers_lora(Tensor x, Tensor[] in_norms, Tensor[] post_norms, Tensor[] weights, Tensor?[] biases, "
+      "int[] meta, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, "
+      "Tensor cu_seqlens_q, Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, "
+      "int num_kv_heads, int[] variants, Tensor row_slot, Tensor slot_scale, int rank, Tensor[] lora_a, "
+      "Tensor[] lora_b, int[] lora_cols, int[] lora_parts, int lora_variant) -> (Tensor, Tensor)");
+  m.def(
+      "decoder_layers_sgmv(Tensor x, Tensor[] in_norms, Tensor[] post_norms, Tensor[] weights, Tensor?[] biases, "
+      "int[] meta, Tensor cos, Tensor sin, Tensor(a!)[] k_caches, Tensor(b!)[] v_caches, Tensor slots, "
+      "Tensor cu_seqlens_q, Tensor seq_lens, Tensor block_tables, float scale, float eps, int num_heads, "
+      "int num_kv_heads, int[] variants, Tensor rows, Tensor[] lora_a, Tensor[] lora_b, int[] lora_cols, "
+      "float[] lora_scales, int[] lora_parts, int lora_variant) -> (Tensor, Tensor)");
 #ifdef ORCA_BUILT_GENERIC
   define(m, kCommon, "generic");
 #endif
@@ -132,6 +144,8 @@ TORCH_LIBRARY(orcaserve, m) {
 TORCH_LIBRARY_IMPL(orcaserve, CPU, m) {
   m.impl("decoder_layer", &orcaserve::decoder_layer);
   m.impl("decoder_layers", &orcaserve::decoder_layers);
+  m.impl("decoder_layers_lora", &orcaserve::decoder_layers_lora);
+  m.impl("decoder_layers_sgmv", &orcaserve::decoder_layers_sgmv);
   m.impl("final_norm", &orcaserve::final_norm);
   m.impl("read_sweep", &orcaserve::read_sweep);
 #ifdef ORCA_BUILT_GENERIC
