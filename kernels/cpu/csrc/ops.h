@@ -92,5 +92,8 @@ void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& ro
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
 at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                               int64_t out_features);
+// linear_packed_bf16 by one thread of a region its caller opened (as linear_int8_shared): up to 4 rows.
+void linear_packed_bf16_shared(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                               int64_t out_features, const at::Tensor& y, const PanelShare& share);
 
 }  // namespace orcaserve::ORCA_ISA

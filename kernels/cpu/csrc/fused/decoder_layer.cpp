@@ -79,6 +79,7 @@ ORCA_PICK(paged_attention, ORCA_ALL_CASES)
 ORCA_PICK(silu_mul, ORCA_ALL_CASES)
 ORCA_PICK(linear_int8, ORCA_GEMM_CASES)
 ORCA_PICK(linear_int8_shared, ORCA_GEMM_CASES)
+ORCA_PICK(linear_packed_bf16_shared, ORCA_BF16_CASES)
 ORCA_PICK(linear_packed, ORCA_GEMM_CASES)
 ORCA_PICK(linear_packed_bf16, ORCA_BF16_CASES)
 
@@ -148,7 +149,8 @@ std::tuple<at::Tensor, at::Tensor> decoder_layers(
   if (region_applies(x, variants[5], meta))  // a GEMV-shaped step in one OpenMP region, bit for bit this loop
     return layers_in_region({pick_add_rms_norm(variants[0]), pick_rope_store_kv(variants[1]),
                              pick_paged_attention(variants[2]), pick_silu_mul(variants[3]),
-                             pick_linear_int8_shared(variants[4])},
+                             variants[5] == kInt8 ? pick_linear_int8_shared(variants[4]) : nullptr,
+                             variants[5] == kPackedBf16 ? pick_linear_packed_bf16_shared(variants[4]) : nullptr},
                             x, aten_rms_norm(x, in_norms[0], eps), in_norms, post_norms, weights, biases, meta, cos,
                             sin, k_caches, v_caches, slots, cu_seqlens_q, seq_lens, block_tables, scale, eps,
                             num_heads, num_kv_heads);

@@ -74,7 +74,7 @@ class Barrier {
 
 bool region_applies(const at::Tensor& x, int64_t family, at::IntArrayRef meta) {
   const char* env = std::getenv("ORCASERVE_LAYER_REGION");
-  if (family != 0 || x.size(0) > kRegionRows || x.size(0) == 0 || (env != nullptr && std::strcmp(env, "0") == 0))
+  if ((family != 0 && family != 2) || x.size(0) > kRegionRows || x.size(0) == 0 || (env != nullptr && std::strcmp(env, "0") == 0))
     return false;
   for (size_t i = 16; i < meta.size(); ++i)
     if (meta[i] != meta[i % 16]) return false;  // the shared outputs are sized by the first layer's
@@ -106,7 +106,10 @@ std::tuple<at::Tensor, at::Tensor> layers_in_region(
       auto gemm = [&](int j, const at::Tensor& in) {  // projection j of layer i, then the barrier
         const int64_t* m = meta.data() + 16 * i + 4 * j;
         const PanelShare share{tid, team, taken.data() + (4 * i + j) * threads};
-        ops.gemm(in, weights[4 * i + j], biases.get(4 * i + j), m[0], m[1], m[2] != 0, m[3] != 0, out[j], share);
+        if (ops.int8 != nullptr)
+          ops.int8(in, weights[4 * i + j], biases.get(4 * i + j), m[0], m[1], m[2] != 0, m[3] != 0, out[j], share);
+        else
+          ops.bf16(in, weights[4 * i + j], biases.get(4 * i + j), m[0], out[j], share);
         barrier.wait();
       };
       if (i > 0) std::tie(xt, h) = ops.norm(xt, out[3], in_norms[i], eps);

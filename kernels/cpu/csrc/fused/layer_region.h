@@ -12,18 +12,20 @@
 
 namespace orcaserve {
 
-// The ops a layer calls, each in the variant the dispatch table picked; the GEMM is linear_int8's
-// form for a region's threads.
+// The ops a layer calls, each in the variant the dispatch table picked; the GEMM is the family's
+// form for a region's threads: linear_int8_shared (GGUF codes against int8 activations) or
+// linear_packed_bf16_shared (dense bf16 on vdpbf16ps), the other null.
 struct RegionOps {
   decltype(&generic::add_rms_norm) norm;
   decltype(&generic::rope_store_kv) rope;
   decltype(&generic::paged_attention) attend;
   decltype(&generic::silu_mul) silu;
-  decltype(&generic::linear_int8_shared) gemm;
+  decltype(&generic::linear_int8_shared) int8;
+  decltype(&generic::linear_packed_bf16_shared) bf16;
 };
 
 // Whether decoder_layers' step runs in one region: GGUF codes against int8 activations (`family`
-// 0), at most kRegionRows rows, every layer's projections of the same shapes, and
+// 0) or dense bf16 on vdpbf16ps (2), at most kRegionRows rows, every layer's projections of the same shapes, and
 // ORCASERVE_LAYER_REGION not "0" (the A/B switch).
 bool region_applies(const at::Tensor& x, int64_t family, at::IntArrayRef meta);
 
