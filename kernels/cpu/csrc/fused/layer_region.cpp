@@ -23,7 +23,6 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
-#include <thread>
 #include <vector>
 
 namespace orcaserve {
@@ -35,38 +34,49 @@ constexpr int64_t kRegionRows = 4;  // a decode step of up to 4 streams (gemm/pa
 struct Aborted {};
 
 // A reusable barrier for the region's threads: spins (the waits are the other thread's share of a
-// GEMM, microseconds), yields to the scheduler after kSpins rounds (a preempted thread on a loaded
-// machine); abort() releases every waiter with Aborted.
+// GEMM, microseconds), then sleeps on the generation's futex (a preempted partner on a loaded
+// machine: the core goes back to the scheduler, as OMP_WAIT_POLICY=passive does for libgomp's own
+// waits); the last thread to arrive wakes sleepers only where there are any. abort() releases every
+// waiter with Aborted.
 class Barrier {
  public:
   // The team's size, before its first wait (a region may get fewer threads than it asks for).
   void join(int64_t threads) { threads_ = threads; }
 
   void wait() {
-    const int64_t gen = gen_.load(std::memory_order_acquire);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
-      count_.store(0, std::memory_order_relaxed);
-      gen_.store(gen + 1, std::memory_order_release);
+    const int gen = gen_.load();
+    if (count_.fetch_add(1) + 1 == threads_) {
+      count_.store(0);
+      gen_.store(gen + 1);
+      if (sleepers_.load() > 0) gen_.notify_all();
       return;
     }
-    for (int64_t spin = 0; gen_.load(std::memory_order_acquire) == gen; ++spin) {
-      if (aborted_.load(std::memory_order_relaxed)) throw Aborted{};
+    for (int64_t spin = 0; gen_.load() == gen; ++spin) {
+      if (aborted_.load()) throw Aborted{};
       if (spin < kSpins) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
-      } else {
-        std::this_thread::yield();
+        continue;
       }
+      sleepers_.fetch_add(1);  // seq_cst: the releaser sees it, or this thread sees the new generation
+      gen_.wait(gen);
+      sleepers_.fetch_sub(1);
     }
+    if (aborted_.load()) throw Aborted{};  // released by abort(), not by the team
   }
 
-  void abort() { aborted_.store(true, std::memory_order_relaxed); }
+  void abort() {
+    aborted_.store(true);
+    gen_.fetch_add(1);  // wakes sleepers into their abort check
+    gen_.notify_all();
+  }
 
  private:
   static constexpr int64_t kSpins = 4096;
   int64_t threads_ = 1;
-  std::atomic<int64_t> count_{0}, gen_{0};
+  std::atomic<int64_t> count_{0};
+  std::atomic<int> gen_{0}, sleepers_{0};
   std::atomic<bool> aborted_{false};
 };
 
