@@ -22,7 +22,8 @@ widens them to fp32, and the one against int8 activations, `gemm/gemm_int8.cpp` 
 Every variant the building CPU can execute is built into the library, and each op is registered
 once per variant as an overload named after it (`torch.ops.orcaserve.paged_attention.avx2`). One
 op is compiled once, like the bindings: `fused/decoder_layer.cpp`, a decoder layer in one call,
-which calls the other ops in the variants its caller names; and `probe/read_sweep.cpp`, the read
+which calls the other ops in the variants its caller names (with `fused/layer_region.cpp`, a
+GEMV-shaped step's layers in one OpenMP region); and `probe/read_sweep.cpp`, the read
 bandwidth behind the benchmarks' DRAM roof. Which
 variant the engine runs, and what it falls back to, is the table in `kernels/dispatch.py`.
 
@@ -67,7 +68,7 @@ _VNNI = tuple((src, ("-mavx512vnni",)) for src in GEMM_INT8)
 BINDINGS = "bindings.cpp"
 # Compiled once like the bindings (no ISA flags, each built variant's ops in reach): a decoder layer in
 # one call, each of its ops in the variant the caller names.
-COMPOSITE = ("fused/decoder_layer.cpp",)
+COMPOSITE = ("fused/decoder_layer.cpp", "fused/layer_region.cpp")
 # Compiled once too: the read-bandwidth probe behind a decode step's DRAM roof (orcaserve.bench.cpu.dram).
 PROBE = ("probe/read_sweep.cpp",)
 

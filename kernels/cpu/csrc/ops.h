@@ -14,6 +14,8 @@
 #include <optional>
 #include <tuple>
 
+#include "gemm/panel_share.h"
+
 #ifndef ORCA_ISA
 #error "ORCA_ISA names the variant being compiled (kernels/cpu/build.py sets it)"
 #endif
@@ -57,6 +59,12 @@ at::Tensor pack_int8_weight(const at::Tensor& q, const at::Tensor& scale, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_rows_int8(const at::Tensor& x);
 at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                        int64_t out_features, int64_t bits, bool has_offset, bool wide);
+// linear_int8 by one thread of a parallel region its caller opened, into y [rows, out_features] (x's
+// dtype), which the region's threads share with `share`'s counters (fused/layer_region.cpp): the
+// calling thread's panels, each bit for bit linear_int8's. Up to 16 rows (GEMV-shaped).
+void linear_int8_shared(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                        int64_t out_features, int64_t bits, bool has_offset, bool wide, const at::Tensor& y,
+                        const PanelShare& share);
 // linear_int8's output rows reduced to their argmax [rows] int64 as it computes them, no logits written
 // (a greedy lm_head; docs/one-stream.md, "The argmax inside the lm_head").
 at::Tensor linear_int8_argmax(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
@@ -84,5 +92,8 @@ void lora_batched(const at::Tensor& y, const at::Tensor& x, const at::Tensor& ro
 at::Tensor pack_linear_weight_bf16(const at::Tensor& weight);
 at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
                               int64_t out_features);
+// linear_packed_bf16 by one thread of a region its caller opened (as linear_int8_shared): up to 4 rows.
+void linear_packed_bf16_shared(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                               int64_t out_features, const at::Tensor& y, const PanelShare& share);
 
 }  // namespace orcaserve::ORCA_ISA

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "fused/decoder_layer.h"
+#include "fused/layer_region.h"
 #include "ops_all.h"
 
 namespace orcaserve {
@@ -78,6 +79,8 @@ ORCA_PICK(rope_store_kv, ORCA_ALL_CASES)
 ORCA_PICK(paged_attention, ORCA_ALL_CASES)
 ORCA_PICK(silu_mul, ORCA_ALL_CASES)
 ORCA_PICK(linear_int8, ORCA_GEMM_CASES)
+ORCA_PICK(linear_int8_shared, ORCA_GEMM_CASES)
+ORCA_PICK(linear_packed_bf16_shared, ORCA_BF16_CASES)
 ORCA_PICK(linear_packed, ORCA_GEMM_CASES)
 ORCA_PICK(linear_packed_bf16, ORCA_BF16_CASES)
 ORCA_PICK(lora_batched, ORCA_GEMM_CASES)
@@ -166,6 +169,14 @@ std::tuple<at::Tensor, at::Tensor> layers_with(
   TORCH_CHECK(n > 0 && post_norms.size() == n && weights.size() == 4 * n && biases.size() == 4 * n &&
                   meta.size() == 16 * n && k_caches.size() == n && v_caches.size() == n,
               "decoder_layers: per layer two norms, 4 weights and biases, 16 ints of meta, a K and a V cache");
+  if (region_applies(x, variants[5], meta))  // a GEMV-shaped step in one OpenMP region, bit for bit this loop
+    return layers_in_region({pick_add_rms_norm(variants[0]), pick_rope_store_kv(variants[1]),
+                             pick_paged_attention(variants[2]), pick_silu_mul(variants[3]),
+                             variants[5] == kInt8 ? pick_linear_int8_shared(variants[4]) : nullptr,
+                             variants[5] == kPackedBf16 ? pick_linear_packed_bf16_shared(variants[4]) : nullptr},
+                            x, aten_rms_norm(x, in_norms[0], eps), in_norms, post_norms, weights, biases, meta, cos,
+                            sin, k_caches, v_caches, slots, cu_seqlens_q, seq_lens, block_tables, scale, eps,
+                            num_heads, num_kv_heads);
   at::Tensor h = x;
   std::optional<at::Tensor> delta;
   for (int64_t i = 0; i < n; ++i) {

@@ -109,8 +109,12 @@ at::Tensor pack_linear_weight_bf16(const at::Tensor& weight) {
   return packed;
 }
 
-at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
-                              int64_t out_features) {
+namespace {
+
+// x [M, in] times the packed weight into y [M, out_features]: every panel, or with `share` (up to kRows
+// rows) the calling thread's panels of a region its caller opened.
+void gemm_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+               int64_t out_features, const at::Tensor& y, const PanelShare* share) {
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
               "linear_packed_bf16: x must be a bf16 [rows, in] CPU tensor");
   TORCH_CHECK(packed.dim() == 4 && packed.size(2) == kCols && packed.size(3) == 2 &&
@@ -122,8 +126,8 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   const at::Tensor xc = x.stride(1) == 1 ? x : x.contiguous();  // rows may be strided
   const int64_t M = xc.size(0), K2 = xc.size(1) / 2, N = out_features, P = packed.size(0), lda = xc.stride(0);
   const at::Tensor bc = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
-  at::Tensor y = at::empty({M, N}, x.options());
-  if (M == 0) return y;
+  TORCH_CHECK(share == nullptr || M <= kRows, "linear_packed_bf16: a shared GEMM is GEMV-shaped");
+  if (M == 0) return;
   const at::BFloat16* a = xc.data_ptr<at::BFloat16>();
   const at::BFloat16* b = packed.data_ptr<at::BFloat16>();
   const float* bp = bc.defined() ? bc.data_ptr<float>() : nullptr;
@@ -146,11 +150,29 @@ at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, con
   };
   // One row tile reads each panel once: its weight's read is its cost (docs/speculative-decoding.md
   // "When it pays").
-  if (M <= kRows)
+  if (share != nullptr)
+    for_each_panel_shared(P, *share, run(std::true_type{}));
+  else if (M <= kRows)
     for_each_panel_streamed(P, run(std::true_type{}));
   else
     for_each_panel(P, false, run(std::false_type{}));
+}
+
+}  // namespace
+
+at::Tensor linear_packed_bf16(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                              int64_t out_features) {
+  at::Tensor y = at::empty({x.size(0), out_features}, x.options());
+  gemm_bf16(x, packed, bias, out_features, y, nullptr);
   return y;
+}
+
+void linear_packed_bf16_shared(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                               int64_t out_features, const at::Tensor& y, const PanelShare& share) {
+  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == at::kBFloat16 && y.dim() == 2 && y.size(0) == x.size(0) &&
+                  y.size(1) == out_features,
+              "linear_packed_bf16_shared: y must be a contiguous bf16 [rows, out_features] tensor");
+  gemm_bf16(x, packed, bias, out_features, y, &share);
 }
 
 }  // namespace orcaserve::ORCA_ISA

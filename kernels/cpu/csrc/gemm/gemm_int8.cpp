@@ -154,8 +154,10 @@ __attribute__((noinline)) void tile(const Rows& a, int64_t m, const uint8_t* pan
 
 // The GEMM's tiles, each tile row's ncols fp32 sums handed to emit(row, panel, sums, bias of the
 // panel or null, ncols): stored into y (linear_int8) or reduced to an argmax (linear_int8_argmax).
+// With `share` (GEMV-shaped calls only) the calling thread's panels of a region its caller opened.
 template <int Bits, bool Offset, bool Wide, typename Emit>
-void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int64_t N, int64_t P, const Emit& emit) {
+void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int64_t N, int64_t P, const Emit& emit,
+         const PanelShare* share) {
   constexpr Int8Format fmt{Bits, Offset, Wide};
   const int64_t panel_bytes = a.nb * fmt.block_bytes();
   // Up to kFewRows rows (a decode step's few streams, a verifying row's 1 + K) each thread walks its
@@ -177,7 +179,9 @@ void run(const Rows& a, const uint8_t* packed, const float* bias, int64_t M, int
         for (int r = 0; r < R; ++r) emit(m + r, p, buf + r * kPanel, bias_p, ncols);
       });
     };
-    if (streamed)
+    if (share != nullptr)
+      for_each_panel_shared(P, *share, body);
+    else if (streamed)
       for_each_panel_streamed(P, body);
     else
       for_each_panel(P, true, body);
@@ -224,7 +228,8 @@ namespace {
 // x [M, K]'s rows quantized and run against the packed codes, each tile row handed to emit (run).
 template <typename Emit>
 void gemm_int8(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias, int64_t N,
-               int64_t bits, bool has_offset, bool wide, const char* op, const Emit& emit) {
+               int64_t bits, bool has_offset, bool wide, const char* op, const Emit& emit,
+               const PanelShare* share = nullptr) {
   TORCH_CHECK((bits == 8 && !has_offset) || (bits == 4 && !wide) || (bits == 4 && has_offset), op,
               ": q8_0 or q6_k (8 bits), q4_0, q4_1 or q4_k (4 bits)");
   const at::Tensor xc = rows_of(x, op);
@@ -236,6 +241,7 @@ void gemm_int8(const at::Tensor& x, const at::Tensor& packed, const std::optiona
               op, ": packed must come from pack_int8_weight of an [out_features, in] weight in this format");
   TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == at::kFloat && bias->numel() == N), op,
               ": bias must be fp32 [out_features]");
+  TORCH_CHECK(share == nullptr || M <= kFewRows, op, ": a shared GEMM is GEMV-shaped");
   if (M == 0) return;
   // One allocation for the quantized rows: codes, then scales, msum, sums and corr (4-byte aligned).
   const int S = fmt.spans();
@@ -253,13 +259,13 @@ void gemm_int8(const at::Tensor& x, const at::Tensor& packed, const std::optiona
   const uint8_t* w = packed.data_ptr<uint8_t>();
   const int64_t P = packed.size(0);
   if (bits == 8 && wide)
-    run<8, false, true>(a, w, bp, M, N, P, emit);
+    run<8, false, true>(a, w, bp, M, N, P, emit, share);
   else if (bits == 8)
-    run<8, false, false>(a, w, bp, M, N, P, emit);
+    run<8, false, false>(a, w, bp, M, N, P, emit, share);
   else if (has_offset)
-    run<4, true, false>(a, w, bp, M, N, P, emit);
+    run<4, true, false>(a, w, bp, M, N, P, emit, share);
   else
-    run<4, false, false>(a, w, bp, M, N, P, emit);
+    run<4, false, false>(a, w, bp, M, N, P, emit, share);
 }
 
 // The GEMM's rows stored as Out (x's dtype) into y, or reduced to their argmax into out [M].
@@ -295,6 +301,26 @@ at::Tensor linear_int8(const at::Tensor& x, const at::Tensor& packed, const std:
   else
     store_or_argmax(x, packed, bias, out_features, bits, has_offset, wide, y.data_ptr<at::BFloat16>(), nullptr);
   return y;
+}
+
+void linear_int8_shared(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,
+                        int64_t out_features, int64_t bits, bool has_offset, bool wide, const at::Tensor& y,
+                        const PanelShare& share) {
+  TORCH_CHECK(y.is_contiguous() && y.scalar_type() == x.scalar_type() && y.dim() == 2 && y.size(0) == x.size(0) &&
+                  y.size(1) == out_features,
+              "linear_int8_shared: y must be a contiguous [rows, out_features] tensor of x's dtype");
+  auto gemm = [&](auto* out) {
+    gemm_int8(
+        x, packed, bias, out_features, bits, has_offset, wide, "linear_int8_shared",
+        [&](int64_t m, int64_t p, const float* sums, const float* bias_p, int64_t ncols) {
+          store_row(sums, bias_p, out + m * out_features + p * kPanel, ncols);
+        },
+        &share);
+  };
+  if (y.scalar_type() == at::kFloat)
+    gemm(y.data_ptr<float>());
+  else
+    gemm(y.data_ptr<at::BFloat16>());
 }
 
 at::Tensor linear_int8_argmax(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias,

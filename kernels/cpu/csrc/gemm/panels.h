@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "gemm/panel_share.h"
+
 namespace orcaserve::ORCA_ISA {
 
 // M rows in tiles of at most Max rows, spread as evenly as the tile count allows (17 rows in tiles
@@ -102,6 +104,20 @@ void for_each_panel_streamed(int64_t P, Body&& body) {
           for (int64_t p = p0, p1 = std::min(end, p0 + kChunk); p < p1; ++p) body(p, p + 1 < end ? p + 1 : P);
       }
   });
+}
+
+// for_each_panel_streamed's walk for one thread of a region the caller opened: the same ranges and
+// chunks, the counters the region's threads share (PanelShare), no region of its own. Which thread
+// computes a panel changes none of its bits.
+template <typename Body>
+void for_each_panel_shared(int64_t P, const PanelShare& share, Body&& body) {
+  constexpr int64_t kChunk = 4;
+  const int64_t T = std::max<int64_t>(1, std::min<int64_t>(share.threads, (P + kChunk - 1) / kChunk));
+  for (int64_t i = 0; i < T; ++i) {  // its own range first (if it has one), then the others'
+    const int64_t r = (share.thread + i) % T, start = r * P / T, end = (r + 1) * P / T;
+    for (int64_t p0 = start + share.taken[r].fetch_add(kChunk); p0 < end; p0 = start + share.taken[r].fetch_add(kChunk))
+      for (int64_t p = p0, p1 = std::min(end, p0 + kChunk); p < p1; ++p) body(p, p + 1 < end ? p + 1 : P);
+  }
 }
 
 // for_each_panel_streamed where M rows are GEMV-shaped, else for_each_panel.
