@@ -170,7 +170,7 @@ std::tuple<at::Tensor, at::Tensor> layers_with(
                   meta.size() == 16 * n && k_caches.size() == n && v_caches.size() == n,
               "decoder_layers: per layer two norms, 4 weights and biases, 16 ints of meta, a K and a V cache");
   // A GEMV-shaped step with no LoRA update in one OpenMP region, bit for bit this loop.
-  if (!lora && region_applies(x, variants[5], meta))
+  if (!lora && region_applies(x, variants[5], meta, seq_lens, k_caches))
     return layers_in_region({pick_add_rms_norm(variants[0]), pick_rope_store_kv(variants[1]),
                              pick_paged_attention(variants[2]), pick_silu_mul(variants[3]),
                              variants[5] == kInt8 ? pick_linear_int8_shared(variants[4]) : nullptr,

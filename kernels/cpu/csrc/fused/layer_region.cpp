@@ -29,6 +29,10 @@ namespace orcaserve {
 namespace {
 
 constexpr int64_t kRegionRows = 4;  // a decode step of up to 4 streams (gemm/panels.h's kStreamRows)
+// The most K and V bytes a step's attention may read in the region, all layers: at one thread's read rate
+// (25-30 GB/s here) about 0.3 ms, under what the region saves a step in forks and joins, so the other
+// thread's idle wait during attention does not outweigh it; a longer context takes the call's own path.
+constexpr int64_t kRegionKvBytes = 8 << 20;
 
 // Thrown at a barrier where another thread of the region failed: every thread leaves the region.
 struct Aborted {};
@@ -82,10 +86,17 @@ class Barrier {
 
 }  // namespace
 
-bool region_applies(const at::Tensor& x, int64_t family, at::IntArrayRef meta) {
+bool region_applies(const at::Tensor& x, int64_t family, at::IntArrayRef meta, const at::Tensor& seq_lens,
+                    at::TensorList k_caches) {
   const char* env = std::getenv("ORCASERVE_LAYER_REGION");
   if ((family != 0 && family != 2) || x.size(0) > kRegionRows || x.size(0) == 0 || (env != nullptr && std::strcmp(env, "0") == 0))
     return false;
+  int64_t context = 0;  // keys read a layer, over the step's requests
+  const int32_t* sl = seq_lens.data_ptr<int32_t>();
+  for (int64_t b = 0; b < seq_lens.size(0); ++b) context += sl[b];
+  const at::Tensor& k = k_caches[0];  // [blocks, block_size, KV heads, D] or alike: a key is a row of its last two
+  const int64_t key_bytes = k.size(-1) * k.size(-2) * static_cast<int64_t>(k.element_size());
+  if (2 * context * key_bytes * static_cast<int64_t>(k_caches.size()) > kRegionKvBytes) return false;
   for (size_t i = 16; i < meta.size(); ++i)
     if (meta[i] != meta[i % 16]) return false;  // the shared outputs are sized by the first layer's
   return true;

@@ -25,9 +25,11 @@ struct RegionOps {
 };
 
 // Whether decoder_layers' step runs in one region: GGUF codes against int8 activations (`family`
-// 0) or dense bf16 on vdpbf16ps (2), at most kRegionRows rows, every layer's projections of the same shapes, and
-// ORCASERVE_LAYER_REGION not "0" (the A/B switch).
-bool region_applies(const at::Tensor& x, int64_t family, at::IntArrayRef meta);
+// 0) or dense bf16 on vdpbf16ps (2), at most kRegionRows rows, every layer's projections of the same shapes, a
+// context short enough that attention on one thread costs little (the region runs it on thread 0; the operator
+// alone splits a long one over the threads), and ORCASERVE_LAYER_REGION not "0" (the A/B switch).
+bool region_applies(const at::Tensor& x, int64_t family, at::IntArrayRef meta, const at::Tensor& seq_lens,
+                    at::TensorList k_caches);
 
 // decoder_layers' result, the first layer's norm `h0` given (its ATen rms_norm), bit for bit.
 std::tuple<at::Tensor, at::Tensor> layers_in_region(
