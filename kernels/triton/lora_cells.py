@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from orcaserve.kernels.cpu.lora import row_indices
 from orcaserve.kernels.pytorch.lora import LoraBatch, LoraGroup, Part
 from orcaserve.kernels.triton.lora import Segments, rank_pad, segmented_update
 
@@ -58,10 +59,6 @@ class SegmentBuffers:
         return self.scratch[:size].view(-1, rank_pad(rank)) if size <= self.scratch.numel() else None
 
 
-def _rows(rows: slice | torch.Tensor) -> torch.Tensor:
-    return torch.arange(rows.start, rows.stop) if isinstance(rows, slice) else rows.cpu()
-
-
 class TritonLora:
     """`sgmv` and `parts`: the Triton twins of `lora_sgmv` and `lora_batched_parts` over `buffers`.
     The segments of the last batch (or of the last one-adapter rows and scale) are kept, so a
@@ -90,7 +87,7 @@ class TritonLora:
             lora_sgmv(y, x, groups)
             return
         key = (groups[0].rows, len(groups), tuple(g.scale for g in groups))
-        seg = self._segments(key, lambda: [(_rows(g.rows), 0, g.scale) for g in groups])
+        seg = self._segments(key, lambda: [(row_indices(g.rows).cpu(), 0, g.scale) for g in groups])
         if seg is not None:
             segmented_update(y, x, seg, a, b, a.shape[0], self.buffers.h(seg, a.shape[0]))
 

@@ -19,21 +19,15 @@ SCRIPT = textwrap.dedent(
     assert os.environ["TRITON_INTERPRET"] == "1"  # before any kernel is defined
     import copy, random, sys, tempfile
     from pathlib import Path
-    import torch
     sys.path.insert(0, "tests")
     from lora_adapters import make_adapter, record_steps, run_mixed
-    from orcaserve.bench.models.tiny import hf_greedy
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from orcaserve.bench.models.tiny import hf_greedy, tiny_family
     from orcaserve.scheduler import Engine
     from orcaserve.bench.gpu.common import ByteTokenizer  # prompts are token ids
     from orcaserve.kernels.triton.lora_cells import TritonLora
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                      max_position_embeddings=256, initializer_range=0.2, eos_token_id=None)
-    base = LlamaForCausalLM(cfg).eval()
-    base.generation_config.eos_token_id = None
+    base = tiny_family("LlamaForCausalLM", vocab_size=64, intermediate_size=96, head_dim=16,
+                       max_position_embeddings=256)
     tmp = Path(tempfile.mkdtemp())
     refs = {
         "a": make_adapter(base, tmp / "a", seed=1, r=8, alpha=16),
