@@ -17,10 +17,10 @@
 //
 // A group is cut into tasks of up to kChunk rows (gemm/lora_task.h), split over the threads by
 // their cost; a task reads its adapter's A and B once, against all its rows, in register blocks of
-// up to 4 rows (8 in the vdpbf16ps expand; the loops over them unrolled, so that the accumulators
+// up to 4 rows (8 in the vdpbf16ps expand and in avx512's, gemm/lora_fma.h; the loops over them unrolled, so that the accumulators
 // stay in registers): the shrink h = A x (r dot products over `in` a row; on
 // avx512_bf16 vdpbf16ps on the bf16 values as stored, four rows of A at a time, gemm/lora_dp.h;
-// else FMAs on fp32), then the expand, kOut outputs at a time: rows of B^T against each row's h
+// else FMAs on fp32, on avx512 bf16 widened in registers), then the expand, kOut outputs at a time: rows of B^T against each row's h
 // values broadcast (on avx512_bf16 vdpbf16ps, two ranks at a time; else widened in registers, FMAs),
 // the [rows, r] intermediate in L1. A's next rows and B^T's next blocks are prefetched. The roundings
 // are PEFT's, as the twins': in bf16 the shrink, the expand and the scale are each rounded to bf16
@@ -60,9 +60,7 @@ void run_all(const std::vector<Task<T>>& tasks, const int64_t* rows, const at::T
     cut[p] = std::lower_bound(cost.begin(), cost.end(), cost.back() * p / nt) - cost.begin();
   at::parallel_for(0, nt, 1, [&](int64_t p0, int64_t p1) {
     const int64_t k0 = cut[p0], k1 = cut[p1];
-    const bool widened = !std::is_same_v<T, float> && !kDpbf16;  // the FMA shrink widens bf16 (shrink)
-    Work work{std::vector<float>(widened ? kChunk * in : 0), std::vector<float>(widened ? rank * in : 0),
-              std::vector<float>(kChunk * rank), std::vector<uint32_t>(kDpbf16 ? kChunk * ((rank + 1) / 2) : 0)};
+    Work& work = thread_work<T>(in, rank);
     for (int64_t k = k0; k < k1; ++k) run_task(tasks[k], k + 1 < k1 ? &tasks[k + 1] : nullptr, rows, xp, yp, ldy, in, work);
   });
 }

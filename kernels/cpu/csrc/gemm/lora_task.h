@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gemm/lora_dp.h"
+#include "gemm/lora_fma.h"
 #include "gemm/lora_vec.h"
 
 namespace orcaserve::ORCA_ISA {
@@ -47,16 +48,41 @@ constexpr bool kDpbf16 = true;  // the vdpbf16ps shrink and expand on bf16
 constexpr bool kDpbf16 = false;
 #endif
 
-// A thread's buffers, reused by its tasks: rows and A's rows widened to fp32, h [rows, r].
+#ifdef ORCA_LORA_FMA512
+constexpr bool kFma512 = true;  // lora_fma.h's shrink and bf16 expand (AVX-512 without BF16)
+#else
+constexpr bool kFma512 = false;
+#endif
+
+// A thread's buffers, reused by its tasks and kept between calls (grown, never shrunk): rows and
+// A's rows widened to fp32, h [rows, r].
 struct Work {
   std::vector<float> xs, a, h;
   std::vector<uint32_t> hp;  // h as bf16 pairs (the vdpbf16ps expand)
 };
 
+// The calling thread's Work with room for tasks of `in` inputs and rank r in T.
+template <typename T>
+Work& thread_work(int64_t in, int64_t r) {
+  thread_local Work work;
+  const bool widened = !std::is_same_v<T, float> && !kDpbf16;  // the FMA shrink widens bf16 rows (and A)
+  auto grow = [](auto& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+  };
+  grow(work.xs, widened ? kChunk * in : 0);
+  grow(work.a, widened && !kFma512 ? r * in : 0);
+  grow(work.h, kChunk * r);
+  grow(work.hp, kDpbf16 ? kChunk * ((r + 1) / 2) : 0);
+  return work;
+}
+
 // h[i r + j] = A row j . x row i, rounded to T, for the task's n rows (xr).
 template <typename T>
 void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work& work, float* h) {
   const int64_t r = w.r;
+#ifdef ORCA_LORA_FMA512
+  shrink_fma(w.a, r, xr, n, in, work.xs.data(), h);
+#else
   // A's rows from j0 on, two at a time, then the last
   auto pairs = [&](const auto* const* rows, const auto* a, int64_t lda, int64_t j0) {
     const int64_t row_bytes = lda * sizeof(*a);
@@ -93,6 +119,7 @@ void shrink(const Adapter<T>& w, const T* const* xr, int64_t n, int64_t in, Work
     to_float(w.a, work.a.data(), r * in);
     pairs(xf, work.a.data(), in, 0);
   }
+#endif
 }
 
 // yr[q][o0, o0 + m) += rounded(rounded(h row q . B^T) * scale) for NR rows: one block of kOut
@@ -178,7 +205,16 @@ void run_task(const Task<T>& task, const Task<T>* next, const int64_t* rows, con
   auto block = [&](auto nr, int64_t i) {
     expand<T, decltype(nr)::value>(task.w, h + i * task.w.r, hp == nullptr ? nullptr : hp + i * pairs, yr + i, out);
   };
-  if constexpr (kDpbf16 && std::is_same_v<T, at::BFloat16>) {
+#ifdef ORCA_LORA_FMA512
+  if constexpr (std::is_same_v<T, at::BFloat16>) {
+    row_blocks8(n, [&](auto nr, int64_t i) {  // B^T's values widened once for 8 rows
+      expand_fma<decltype(nr)::value>(task.w.bt, task.w.ldbt, task.w.bblk, task.w.r, task.w.scale, h + i * task.w.r,
+                                      yr + i, out);
+    });
+    return;
+  }
+#endif
+  if constexpr ((kDpbf16 && std::is_same_v<T, at::BFloat16>) || kFma512) {
     row_blocks8(n, block);  // B^T's pairs unpacked once for 8 rows (the FMA expand too: 32 registers here)
   } else {
     row_blocks(n, block);
