@@ -29,6 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "orcaserve.bench.engine.closed_loop",
         "the HTTP load's requests in-process, closed-loop clients: the engine alone and through its serving thread",
     ),
+    "relay": (
+        "orcaserve.bench.serve.relay_cpu",
+        "the worker's asyncio thread per streamed token: the handler over scripted outputs, no model",
+    ),
     "peers": ("orcaserve.bench.peers.run", "orcaserve vs vLLM's CPU backend and llama.cpp's server, offline and HTTP"),
     "baseline": ("orcaserve.bench.baseline.baseline_archive", "archive of the baseline: TorchServe's batching"),
     "fair": ("orcaserve.bench.fair.fairness", "two tenants, one flooding: token shares and the quiet tenant's latency"),

@@ -43,6 +43,7 @@ from orcaserve.handler.openai.responses import model_list
 from orcaserve.handler.openai.tenancy import with_tenancy
 from orcaserve.handler.protocols import Endpoint, Shapes, count_tokens, endpoint_for
 from orcaserve.handler.reasoning import ReasoningStyle, reasoning_style
+from orcaserve.handler.stream_relay import StreamRelay
 from orcaserve.handler.supervisor.link import SupervisorLink, start_supervisor
 from orcaserve.handler.torchserve import socket_lock
 from orcaserve.handler.torchserve.reply import Reply
@@ -278,20 +279,11 @@ class OrcaHandler:
                 self.engine_loop.abort(request_id)
 
     async def _relay(self, stream: RequestStream, shaper: Shapes, reply: Reply, metrics: EngineMetrics) -> str:
-        """Send each frame's SSE events as tokens arrive; returns the last frame.
-
-        The HTTP status goes out with the first frame, so nothing is sent before the request has
-        produced a token: a validation error or a deadline before it are still real 4xx answers;
-        after it an error travels in-band, as the shaper's protocol tells it (`Reply.fail`)."""
-        async for outputs in stream.chunks():  # what has piled up goes out as one frame
-            if not reply.opened:
-                reply.open("text/event-stream", shaper.error_event)
-            text = shaper.events(outputs)
-            for out in outputs:
-                if out.finished:
-                    metrics.on_finish(out)
-            if shaper.done:
-                return text
-            if text:
-                reply.send(text)
-        raise InternalError("the request stream ended without a final output")
+        """Send each step's SSE events as tokens arrive, from the callback that dispatches the
+        step's outputs (stream_relay.py); returns the last frame's body. After the first frame an
+        error travels in-band, as the shaper's protocol tells it (`Reply.fail`)."""
+        relay = StreamRelay(shaper, reply, metrics)
+        await stream.follow(relay)
+        if relay.final is None:
+            raise InternalError("the request stream ended without a final output")
+        return relay.final

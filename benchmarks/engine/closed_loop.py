@@ -9,7 +9,7 @@ The requests are `orcaserve-bench serve`'s (the same seed, lengths and token ids
 limits. `--via engine`: one thread steps the engine and gives a client's next request to it as
 soon as its previous one finished (no round trip at all): the engine's own throughput on this
 arrival pattern. `--via loop`: the serving thread of the worker (`EngineLoop`, its admission
-thread) and one asyncio thread reading every stream as the handler does (`RequestStream.chunks`),
+thread) and one asyncio thread reading every stream as the handler does (`RequestStream.follow`),
 each client submitting its next request from that thread when its last output came: what the
 worker does without TorchServe's frontend, sockets and frames. The gap between the two, and
 between `loop` and `serve` over HTTP, says where the serving path's cost sits
@@ -102,11 +102,15 @@ def run_loop(loop: EngineLoop, specs: list[Spec], clients: int, tag: str, cpu: l
 
     async def client(event_loop: asyncio.AbstractEventLoop) -> int:
         tokens = 0
+
+        def count(outputs: list) -> None:
+            nonlocal tokens
+            tokens += sum(len(o.new_token_ids) for o in outputs)
+
         while queue:
             s = queue.popleft()
             request = EngineRequest(f"{tag}{s.index}", s.prompt, _params(s))
-            async for outputs in loop.submit(request, event_loop=event_loop).chunks():
-                tokens += sum(len(o.new_token_ids) for o in outputs)
+            await loop.submit(request, event_loop=event_loop).follow(count)
         return tokens
 
     async def main() -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from json.encoder import encode_basestring
 from typing import Any
 
 from orcaserve.handler.openai import reasoning_content
@@ -59,6 +60,8 @@ class Shaper:
         self._finals: list[RequestOutput] = []
         self._held: dict[int, str] = {}  # per choice: text held back to be parsed into tool calls (tools.py)
         self._templates: dict[int, list[str]] = {}  # per choice: its text event around the text (`_text_event`)
+        # New text goes out as it comes: no thinking apart, no tool calls held back (`events`).
+        self._plain = self._thinking is None and not (req.tool_spec is not None and req.tool_spec.parses)
 
     # ---- non-streamed ------------------------------------------------------------------------
     def response(self, finals: dict[int, RequestOutput]) -> str:
@@ -84,6 +87,10 @@ class Shaper:
         """The SSE text for the outputs that piled up since the last frame ('' when there is
         nothing to say yet); the first call opens every choice, the one that finishes the last
         choice adds the usage chunk (when asked) and `[DONE]`."""
+        if self._plain and self.opened and len(outputs) == 1:  # the common case, as below
+            out = outputs[0]
+            if not out.finished and not out.new_logprobs:
+                return self._text_event(out.index, out.new_text) if out.new_text else ""
         req, pieces = self.req, []
         if not self.opened:
             for i in range(req.params.n):  # every choice opens: chat's role, the echoed prompt
@@ -129,7 +136,7 @@ class Shaper:
             template = self._templates[index] = whole.split(_MARK_JSON)
         if len(template) != 2:  # the marker met elsewhere (a model name): no template
             return sse(self._chunk(text, index=index))
-        return json.dumps(text, ensure_ascii=False).join(template)
+        return encode_basestring(text).join(template)  # what json.dumps(text, ensure_ascii=False) returns
 
     def error_event(self, error: HttpError) -> str:
         """An error once the stream's 200 went out: in-band, as OpenAI's streaming API does."""

@@ -105,8 +105,14 @@ class SupervisorLink:
             self._ok = False
             log.error("orcaserve: supervisor unreachable (%s); a dead worker's requests will not be answered", e)
 
-    def writing(self, frame: bytes) -> None:
+    def writing(self, frame: bytes, intermediate: list[str] | None = None) -> None:
         self.flag[0] = 1
+        if intermediate is not None:  # the writer knows them: no final among them
+            for rid in intermediate:
+                if rid not in self._started:
+                    self._started.add(rid)
+                    self._send(f"S {rid}")
+            return
         try:
             updates = written_requests(frame)
         except Exception:  # not a predict frame: nothing to report

@@ -10,7 +10,7 @@ from typing import Any
 from orcaserve.handler.openai.errors import HttpError
 from orcaserve.handler.openai.protocol import HTTP_PHRASES
 from orcaserve.handler.openai.responses import SSE_DONE, sse
-from orcaserve.handler.torchserve.stream_frames import StreamFrames, prediction_head
+from orcaserve.handler.torchserve.stream_frames import PredictionHead, StreamFrames, prediction_head
 
 
 class Reply:
@@ -41,7 +41,7 @@ class Reply:
         self._in_band: Callable[[HttpError], str] | None = None
         # Only rank 0 answers (as `send_intermediate_predict_response` checks).
         self._frames = frames if os.getenv("LOCAL_RANK", "0") == "0" else None
-        self._head: bytes | None = None  # this stream's prediction before its body (stream_frames.py)
+        self._head: PredictionHead | None = None  # this stream's prediction before its body (stream_frames.py)
 
     def open(self, content_type: str, in_band: Callable[[HttpError], str] | None = None) -> None:
         """Choose a streamed 200 answer of `content_type`; its first frame goes out with `send`.
@@ -60,7 +60,10 @@ class Reply:
             if self._head is None:
                 self._head = prediction_head(self.context)
             sock = self.context.cl_socket
-            for start in range(0, max(len(data), 1), self.max_frame_bytes):
+            if len(data) <= self.max_frame_bytes:  # a token's chunk
+                self._frames.add(sock, self._head, data)
+                return
+            for start in range(0, len(data), self.max_frame_bytes):
                 self._frames.add(sock, self._head, data[start : start + self.max_frame_bytes])
             return
         from ts.handler_utils.utils import send_intermediate_predict_response

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Protocol
+from typing import Any, Protocol
 
 _LOCK = threading.Lock()
 
@@ -26,8 +26,9 @@ _LOCK = threading.Lock()
 class SocketObserver(Protocol):
     """Sees what the worker writes (the supervisor's link, supervisor/link.py)."""
 
-    def writing(self, frame: bytes) -> None:
-        """A frame about to be written (under the lock)."""
+    def writing(self, frame: bytes, intermediate: list[str] | None = None) -> None:
+        """A frame about to be written (under the lock). `intermediate`: when the writer knows
+        the frame holds intermediate predictions only, their request ids (no need to parse it)."""
 
     def written(self) -> None:
         """The frame reported by `writing` is entirely on the socket."""
@@ -59,18 +60,35 @@ class LockedSocket(socket.socket):
     __slots__ = ()
 
     def sendall(self, data, flags: int = 0) -> None:
+        self._write(data, flags, None)
+
+    def sendall_intermediate(self, data: bytes, request_ids: list[str]) -> None:
+        """`sendall` of a frame of intermediate predictions of `request_ids` (`send_intermediate`)."""
+        self._write(data, 0, request_ids)
+
+    def _write(self, data, flags: int, intermediate: list[str] | None) -> None:
         with _LOCK:
             obs = _OBSERVER
             if obs is None:
                 super().sendall(data, flags)
                 return
-            obs.writing(bytes(data))
+            obs.writing(bytes(data), intermediate)
             super().sendall(data, flags)
             obs.written()
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
         inbound = _INBOUND
         return super().recv(bufsize, flags) if inbound is None else inbound.recv(bufsize, flags)
+
+
+def send_intermediate(sock: Any, frame: bytes, request_ids: list[str]) -> None:
+    """`sock.sendall(frame)` for a frame whose predictions are all intermediate, of `request_ids`
+    in order: an observer takes the ids instead of parsing the frame (stream_frames.py writes one
+    such frame a step)."""
+    if isinstance(sock, LockedSocket):
+        sock.sendall_intermediate(frame, request_ids)
+    else:
+        sock.sendall(frame)
 
 
 def install(sock: object) -> bool:

@@ -18,7 +18,7 @@ import dataclasses
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,10 @@ class Stream:
         async for frame in self.chunks():
             for o in frame:
                 yield o
+
+    async def follow(self, on_outputs: Callable[[list[RequestOutput]], None]) -> None:
+        async for frame in self.chunks():
+            on_outputs(frame)
 
 
 class Loop:

@@ -5,6 +5,7 @@ for that chunk alone, and `flush` writes at once what is queued (before a final 
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 
 import pytest
@@ -14,6 +15,8 @@ pytest.importorskip("ts")
 from ts.context import Context, RequestProcessor  # noqa: E402
 from ts.protocol.otf_message_handler import create_predict_response  # noqa: E402
 
+from orcaserve.handler.torchserve import socket_lock  # noqa: E402
+from orcaserve.handler.torchserve.frames import written_requests  # noqa: E402
 from orcaserve.handler.torchserve.stream_frames import StreamFrames, prediction_head  # noqa: E402
 
 MESSAGE = "Intermediate Prediction success"
@@ -77,3 +80,33 @@ def test_flush_writes_at_once_and_frames_stay_under_the_limit():
 
     asyncio.run(five_then_flush())
     assert [len(predictions(w)) // len(predictions(alone("a", body))) for w in sock.writes] == [2, 2, 1]
+
+
+def test_the_sockets_observer_is_told_the_ids_it_would_parse():
+    """The supervisor's link sees which requests a frame starts (supervisor/link.py): a round's
+    frame hands it the ids it holds, the same as parsing the frame gives, none of them final."""
+    worker, peer = socket.socketpair()
+    socket_lock.install(worker)
+    seen = []
+
+    class Observer:
+        def writing(self, frame: bytes, intermediate: list[str] | None = None) -> None:
+            seen.append((written_requests(frame), intermediate))
+
+        def written(self) -> None:
+            pass
+
+    async def one_round() -> None:
+        frames = StreamFrames(1 << 20)
+        for rid in ("a", "b", "c"):
+            frames.add(worker, prediction_head(context(rid)), b"data: x\n\n")
+        frames.flush()
+
+    socket_lock.observe(Observer())
+    try:
+        asyncio.run(one_round())
+    finally:
+        socket_lock.observe(None)
+        worker.close()
+        peer.close()
+    assert seen == [([("a", False), ("b", False), ("c", False)], ["a", "b", "c"])]
