@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from orcaserve.scheduler.serving.request_stream import RequestStream
+
+class Receiver(Protocol):
+    """What an inbox dispatches to (a `RequestStream`: request_stream.py, which imports this file)."""
+
+    def _receive(self, items: list[Any]) -> None: ...
+
 
 _INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopInbox] = weakref.WeakKeyDictionary()
 _INBOXES_LOCK = threading.Lock()
@@ -27,7 +31,7 @@ class LoopInbox:
     def __init__(self, event_loop: asyncio.AbstractEventLoop) -> None:
         self._loop = weakref.ref(event_loop)  # the registry's key: no strong reference back
         self._lock = threading.Lock()
-        self._items: list[tuple[RequestStream, Any]] = []
+        self._items: list[tuple[Receiver, Any]] = []
         self._scheduled = False
 
     @staticmethod
@@ -39,7 +43,7 @@ class LoopInbox:
                 inbox = _INBOXES[event_loop] = LoopInbox(event_loop)
             return inbox
 
-    def put(self, items: list[tuple[RequestStream, Any]]) -> None:
+    def put(self, items: list[tuple[Receiver, Any]]) -> None:
         """Called by the engine thread: `items` for the loop's streams, in delivery order."""
         with self._lock:
             self._items += items
@@ -60,7 +64,7 @@ class LoopInbox:
         with self._lock:
             items, self._items = self._items, []
             self._scheduled = False
-        by_stream: dict[RequestStream, list] = {}
+        by_stream: dict[Receiver, list] = {}
         for stream, item in items:
             got = by_stream.get(stream)
             if got is None:

@@ -11,10 +11,17 @@ from __future__ import annotations
 import pytest
 
 from orcaserve.bench.engine.speculative import copy_heavy_prompts
+from orcaserve.kernels.cpu import build
 from orcaserve.scheduler import Engine, SamplingParams
 from orcaserve.scheduler.prompt import ChatPrompt
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=128)
+
+# Where the attention runs its avx2 or avx512 variant (no AVX-512 BF16: Intel Ice Lake, Zen 2-3),
+# a query's attention is not bit for bit the same in a prefill of the whole prompt and alone over
+# its cached prefix, and this canary's tie tips on the prefix cache's hit (docs/engine.md, "Run to
+# run": the known gap). Marked so, not skipped: it passes there once the kernels sum alike.
+_ATTENTION_SPLIT_VARIES = "avx512_bf16" not in build.machine_variants()
 
 
 def chat(text: str) -> ChatPrompt:
@@ -22,6 +29,11 @@ def chat(text: str) -> ChatPrompt:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    _ATTENTION_SPLIT_VARIES,
+    reason="avx2/avx512 attention: a query's sum depends on the queries beside it (docs/engine.md, 'Run to run')",
+    strict=False,
+)
 def test_greedy_answer_is_the_same_on_every_path_and_engine(smollm2_path):
     prompts = [chat(p) for p in copy_heavy_prompts()[:4]]
     first = Engine.from_pretrained(smollm2_path, max_num_seqs=32)  # prefix caching on (the default)
