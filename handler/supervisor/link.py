@@ -108,15 +108,12 @@ class SupervisorLink:
     def writing(self, frame: bytes, intermediate: list[str] | None = None) -> None:
         self.flag[0] = 1
         if intermediate is not None:  # the writer knows them: no final among them
-            for rid in intermediate:
-                if rid not in self._started:
-                    self._started.add(rid)
-                    self._send(f"S {rid}")
-            return
-        try:
-            updates = written_requests(frame)
-        except Exception:  # not a predict frame: nothing to report
-            return
+            updates = [(rid, False) for rid in intermediate]
+        else:
+            try:
+                updates = written_requests(frame)
+            except Exception:  # not a predict frame: nothing to report
+                return
         for rid, final in updates:
             if final:
                 self._started.discard(rid)
