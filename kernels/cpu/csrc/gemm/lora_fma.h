@@ -177,12 +177,6 @@ inline Scaled scaled(float s) {
   return std::fabs(s) >= 1.f && std::fabs(std::frexp(s, &exponent)) == 0.5f ? Scaled::kExact : Scaled::kPlain;
 }
 
-// u + 0x7fff + (bit 16 of u): bf16's nearest even in the high half (c10's integer rounding).
-inline __m512i round_bits(__m512i u) {
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
-}
-
 // v rounded to bf16, in fp32. Not c10's NaN (0x7fc00000): a NaN whose low 16 bits are zero stays
 // itself, as every NaN of the expand is (from bf16 values, or the default NaN), and only the last
 // rounding's NaN (all of them 0xffff, ATen's) reaches y.
